@@ -1,0 +1,1 @@
+"""Privacy auditing library: membership-inference attacks and their settings (knows nothing about OpenFL)."""

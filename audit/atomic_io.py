@@ -1,0 +1,102 @@
+"""Crash-safe file writes: write a temp file next to the target, fsync it, then ``os.replace`` it in.
+
+A reader (or a restarted process) therefore sees either the previous complete file or the new complete
+file, never a truncated one. On any error the temp file is removed and the error re-raised; the previous
+file is left untouched. Parent directories are created as needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Callable
+
+__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_savefig", "TEMP_SUFFIX"]
+
+#: Suffix of the temp files; a leftover one (after a hard kill) is named ``.<target name>.<random>.tmp``.
+TEMP_SUFFIX = ".tmp"
+_DEFAULT_MODE = 0o644
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Persist the rename itself (best effort: not every platform/filesystem allows fsync on a directory)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+    path = Path(path)
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    try:  # keep the permissions of the file being replaced; mkstemp would leave 0600
+        mode = os.stat(path).st_mode & 0o7777
+    except OSError:
+        mode = _DEFAULT_MODE
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(parent)
+    return path
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Atomically replace ``path`` with ``data``; returns the path."""
+    data = bytes(data)
+    return _atomic_write(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
+    """Atomically replace ``path`` with ``text`` (no newline translation); returns the path."""
+    if not isinstance(text, str):
+        raise TypeError(f"{path}: text must be str, got {type(text).__name__}")
+    return atomic_write_bytes(path, text.encode(encoding))
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars / arrays (without importing numpy): np.float32(1).item() -> 1.0, arrays -> lists.
+    if hasattr(obj, "tolist") and callable(obj.tolist):
+        return obj.tolist()
+    raise TypeError(f"Object of type {type(obj).__name__} is not JSON serializable")
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Atomically write ``obj`` as JSON (sorted keys, indent 2, trailing newline).
+
+    NaN/Infinity are rejected (strict JSON) with a ValueError naming ``path``; an unserialisable object
+    raises TypeError naming ``path``. Nothing is written in either case.
+    """
+    try:
+        text = json.dumps(obj, sort_keys=True, indent=2, allow_nan=False, default=_json_default)
+    except ValueError as e:
+        raise ValueError(f"cannot write {path}: {e}") from e
+    except TypeError as e:
+        raise TypeError(f"cannot write {path}: {e}") from e
+    return atomic_write_text(path, text + "\n")
+
+
+def atomic_savefig(fig: Any, path: str | os.PathLike, **kw: Any) -> Path:
+    """Atomically save a matplotlib figure; the format defaults to the extension of ``path``."""
+    path = Path(path)
+    fmt = kw.pop("format", None) or (path.suffix[1:].lower() or None)
+    return _atomic_write(path, lambda f: fig.savefig(f, format=fmt, **kw))

@@ -1,0 +1,341 @@
+"""Privacy Meter's population membership-inference attack, and an update-based variant, on precomputed signals.
+
+`population_attack` is Privacy Meter's ``PopulationMetric.run_metric`` on per-sample signal values that the
+caller computed (members = the model's training samples, non-members = held-out samples, population = a
+third, disjoint set from the same distribution):
+
+* thresholds = ``threshold_function(population_signal, alphas)`` (Privacy Meter's hypothesis-test functions);
+* a sample is predicted a member iff ``signal < threshold``;
+* TP/FP counts and the ROC AUC come from Privacy Meter's ``CombinedMetricResult``.
+
+On top of that, the TPR at each FPR tolerance is read with the threshold set at exactly that tolerance
+(the threshold function evaluated at ``alpha = tolerance``), not at the next point of the alpha grid.
+
+Only ``privacy_meter.hypothesis_test`` and ``privacy_meter.metric_result`` are imported: Privacy Meter's other
+modules import tensorflow at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from dataclasses import dataclass
+from numbers import Real
+from typing import Callable, Mapping
+
+import numpy as np
+from privacy_meter.hypothesis_test import (
+    gaussian_threshold_func,
+    linear_itp_threshold_func,
+    logit_rescale_threshold_func,
+    min_linear_logit_threshold_func,
+)
+from privacy_meter.metric_result import CombinedMetricResult
+
+__all__ = [
+    "DEFAULT_ALPHAS",
+    "THRESHOLD_FUNCTIONS",
+    "AttackResult",
+    "population_attack",
+    "update_attack",
+]
+
+# Privacy Meter's default alpha (FPR) grid, privacy_meter.utils.default_quantile(). Written out rather than
+# imported because the project only imports privacy_meter.hypothesis_test and privacy_meter.metric_result;
+# tests/test_population_attack.py checks that the two are identical.
+DEFAULT_ALPHAS = np.logspace(-5, 0, 100)
+DEFAULT_ALPHAS.setflags(write=False)
+
+THRESHOLD_FUNCTIONS: Mapping[str, Callable] = {
+    "linear_itp": linear_itp_threshold_func,
+    "logit_rescale": logit_rescale_threshold_func,
+    "gaussian": gaussian_threshold_func,
+    "min_linear_logit": min_linear_logit_threshold_func,
+}
+
+# These fit a Gaussian to log(e^-l / (1 - e^-l)), which is only defined for a non-negative, loss-like signal l.
+_LOSS_ONLY_FUNCTIONS = frozenset({"logit_rescale", "min_linear_logit"})
+
+_SET_NAMES = ("members", "non-members", "population")
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: fields hold numpy arrays, which have no single truth value
+class AttackResult:
+    """Outcome of one membership-inference attack on one signal.
+
+    ``fpr``/``tpr``/``thresholds`` run over the alpha grid (one entry per alpha); thresholds are in the
+    signal's own units. ``tpr_at_fpr``/``fpr_at_fpr``/``threshold_at_fpr`` are keyed by tolerance (float).
+    """
+
+    attack: str
+    signal: str
+    fpr: np.ndarray
+    tpr: np.ndarray
+    thresholds: np.ndarray
+    auc: float
+    tolerances: tuple[float, ...]
+    tpr_at_fpr: dict[float, float]
+    fpr_at_fpr: dict[float, float]
+    threshold_at_fpr: dict[float, float]
+    n_members: int
+    n_nonmembers: int
+    n_population: int
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable dict; tolerance keys as f"{tol:g}" strings, non-finite numbers as None."""
+
+        def keyed(values: dict[float, float]) -> dict[str, float | None]:
+            return {f"{tol:g}": _json_float(v) for tol, v in values.items()}
+
+        return {
+            "attack": self.attack,
+            "signal": self.signal,
+            "fpr": [_json_float(v) for v in self.fpr],
+            "tpr": [_json_float(v) for v in self.tpr],
+            "thresholds": [_json_float(v) for v in self.thresholds],
+            "auc": _json_float(self.auc),
+            "tolerances": [float(t) for t in self.tolerances],
+            "tpr_at_fpr": keyed(self.tpr_at_fpr),
+            "fpr_at_fpr": keyed(self.fpr_at_fpr),
+            "threshold_at_fpr": keyed(self.threshold_at_fpr),
+            "n_members": int(self.n_members),
+            "n_nonmembers": int(self.n_nonmembers),
+            "n_population": int(self.n_population),
+        }
+
+
+def _json_float(value) -> float | None:
+    value = float(value)
+    # Thresholds can be +-inf (the Gaussian fits at alpha = 1); strict JSON has no Infinity/NaN.
+    return value if math.isfinite(value) else None
+
+
+def _as_signal(values, name: str) -> np.ndarray:
+    """A 1-D, non-empty, finite float array. Floating dtypes are kept (float32 losses stay float32, so the
+    thresholds and comparisons are bit-for-bit those Privacy Meter computes on the same values)."""
+    try:
+        arr = np.asarray(values)
+    except Exception as exc:  # e.g. ragged sequences
+        raise ValueError(f"{name}: not an array of numbers ({exc})") from exc
+    if arr.dtype == object or not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)
+                                   or arr.dtype == np.bool_):
+        raise ValueError(f"{name}: expected numbers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array of per-sample values, got shape {arr.shape}")
+    if arr.size == 0:
+        raise ValueError(f"{name}: empty")
+    if not np.issubdtype(arr.dtype, np.floating):
+        arr = arr.astype(np.float64)
+    bad = ~np.isfinite(arr)
+    if bad.any():
+        raise ValueError(
+            f"{name}: {int(bad.sum())} of {arr.size} values are not finite (first at index {int(np.argmax(bad))})"
+        )
+    return arr
+
+
+def _as_tolerances(fpr_tolerance) -> tuple[float, ...]:
+    if isinstance(fpr_tolerance, (str, bytes)):
+        raise ValueError(f"fpr_tolerance: expected a number or a sequence of numbers, got {fpr_tolerance!r}")
+    items = [fpr_tolerance] if isinstance(fpr_tolerance, Real) else fpr_tolerance
+    try:
+        items = list(items)
+    except TypeError as exc:
+        raise ValueError(f"fpr_tolerance: expected a number or a sequence of numbers, got {fpr_tolerance!r}") from exc
+    if not items:
+        raise ValueError("fpr_tolerance: empty")
+    tolerances = []
+    for tol in items:
+        if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, Real):
+            raise ValueError(f"fpr_tolerance: {tol!r} is not a number")
+        tol = float(tol)
+        if not 0.0 < tol < 1.0:
+            raise ValueError(f"fpr_tolerance: {tol!r} is outside (0, 1)")
+        tolerances.append(tol)
+    # Duplicates would collapse in the dicts keyed by tolerance; keep the first occurrence's order.
+    return tuple(dict.fromkeys(tolerances))
+
+
+def _as_alphas(alphas) -> np.ndarray:
+    arr = np.asarray(alphas, dtype=np.float64)
+    if arr.ndim != 1 or arr.size < 2:
+        raise ValueError(f"alphas: expected a 1-D grid of at least 2 values, got shape {arr.shape}")
+    if not np.all(np.isfinite(arr)) or arr.min() < 0.0 or arr.max() > 1.0:
+        raise ValueError("alphas: values must lie in [0, 1]")
+    if np.any(np.diff(arr) <= 0):
+        # The ROC AUC integrates FPR against TPR in grid order; an unsorted grid makes it meaningless.
+        raise ValueError("alphas: must be strictly increasing")
+    return arr
+
+
+def _thresholds(func: Callable, distribution: np.ndarray, alphas: np.ndarray) -> np.ndarray:
+    # privacy_meter.hypothesis_test.logit_rescale_threshold_func (also called by min_linear_logit) prints two
+    # debug lines ("none" and a count of -inf values) on every call; keep them out of the federation's logs.
+    with contextlib.redirect_stdout(io.StringIO()):
+        return np.asarray(func(distribution, alphas)).reshape(-1)
+
+
+def _thresholds_at(func: Callable, distribution: np.ndarray, tolerances: tuple[float, ...]) -> np.ndarray:
+    """The threshold function evaluated at alpha = each tolerance exactly.
+
+    linear_itp_threshold_func (and so min_linear_logit) ignores the first and last alpha and puts
+    min - 1e-4 / max + 1e-4 there, so the tolerances go in the middle of a padded grid and the two ends are
+    dropped. The pads are 0.5 rather than 0 / 1 so that the Gaussian-based functions, which do use every
+    alpha, stay finite at the dropped ends (norm.ppf(1) is inf and would warn on inf - inf).
+    """
+    padded = np.array([0.5, *tolerances, 0.5])
+    return _thresholds(func, distribution, padded)[1:-1]
+
+
+def population_attack(
+    member_signal,
+    nonmember_signal,
+    population_signal,
+    fpr_tolerance,
+    *,
+    signal: str = "loss",
+    member_if_lower: bool = True,
+    threshold_function: str = "linear_itp",
+    alphas=DEFAULT_ALPHAS,
+    attack: str = "population",
+) -> AttackResult:
+    """Privacy Meter's population attack (PopulationMetric.run_metric) on precomputed per-sample signals.
+
+    Args:
+        member_signal, nonmember_signal, population_signal: 1-D per-sample signal values of the audited
+            model on its training samples, on held-out samples, and on the attacker's reference population.
+        fpr_tolerance: one tolerance or a sequence, each in (0, 1); TPR is also reported at each of them.
+        signal: name of the signal, recorded in the result.
+        member_if_lower: True when members have lower values (loss, gradient norm); False when they have
+            higher values (e.g. the true-class logit): the signals are then negated before thresholding and
+            the thresholds are reported back in the signal's own units (member iff value > threshold).
+        threshold_function: a key of THRESHOLD_FUNCTIONS.
+        alphas: the alpha (target FPR) grid; defaults to Privacy Meter's.
+        attack: name of the attack, recorded in the result.
+    """
+    if threshold_function not in THRESHOLD_FUNCTIONS:
+        raise ValueError(
+            f"threshold_function: unknown {threshold_function!r}; known: {', '.join(THRESHOLD_FUNCTIONS)}"
+        )
+    if not isinstance(member_if_lower, (bool, np.bool_)):
+        raise ValueError(f"member_if_lower: expected a bool, got {member_if_lower!r}")
+    members = _as_signal(member_signal, "members")
+    nonmembers = _as_signal(nonmember_signal, "non-members")
+    population = _as_signal(population_signal, "population")
+    tolerances = _as_tolerances(fpr_tolerance)
+    alpha_grid = _as_alphas(alphas)
+
+    if threshold_function in _LOSS_ONLY_FUNCTIONS:
+        if not member_if_lower:
+            raise ValueError(
+                f"threshold_function: {threshold_function!r} assumes a non-negative loss-like signal where "
+                f"members are lower; it cannot be used with member_if_lower=False (signal {signal!r})"
+            )
+        for name, values in zip(_SET_NAMES, (members, nonmembers, population)):
+            if values.min() < 0:
+                raise ValueError(
+                    f"{name}: threshold_function {threshold_function!r} needs a non-negative loss-like signal, "
+                    f"got a minimum of {float(values.min())!r}"
+                )
+
+    sign = 1 if member_if_lower else -1
+    if sign < 0:  # attack "-signal < -threshold", i.e. "signal > threshold"
+        members, nonmembers, population = -members, -nonmembers, -population
+
+    func = THRESHOLD_FUNCTIONS[threshold_function]
+
+    # --- Privacy Meter's PopulationMetric.run_metric, on the arrays instead of its InformationSource ---
+    thresholds = _thresholds(func, population, alpha_grid)
+    if thresholds.shape != alpha_grid.shape or np.isnan(thresholds).any():
+        raise ValueError(
+            f"population: threshold function {threshold_function!r} gave no usable thresholds on it "
+            f"(NaN or wrong shape); e.g. logit_rescale on losses too large for exp(-loss)"
+        )
+    column = thresholds.reshape(-1, 1)
+    member_preds = np.less(members.reshape(1, -1), column)
+    nonmember_preds = np.less(nonmembers.reshape(1, -1), column)
+    predictions = np.concatenate([member_preds, nonmember_preds], axis=1)
+    true_labels = np.concatenate([np.ones(members.size), np.zeros(nonmembers.size)])
+    result = CombinedMetricResult(
+        metric_id=f"{attack}_metric",
+        predicted_labels=predictions,
+        true_labels=true_labels,
+        predictions_proba=None,
+        signal_values=np.concatenate([members, nonmembers]),
+    )
+    fpr = np.asarray(result.fp, dtype=np.float64) / nonmembers.size
+    tpr = np.asarray(result.tp, dtype=np.float64) / members.size
+    auc = float(result.roc_auc)
+
+    # --- TPR with the threshold at exactly each tolerance ---
+    at = _thresholds_at(func, population, tolerances)
+    if np.isnan(at).any():
+        raise ValueError(f"population: threshold function {threshold_function!r} gave NaN thresholds on it")
+    tpr_at = {t: float(np.mean(members < thr)) for t, thr in zip(tolerances, at)}
+    fpr_at = {t: float(np.mean(nonmembers < thr)) for t, thr in zip(tolerances, at)}
+    thr_at = {t: float(sign * thr) for t, thr in zip(tolerances, at)}
+
+    reported = (sign * thresholds).astype(np.float64)
+    for arr in (fpr, tpr, reported):
+        arr.setflags(write=False)
+    return AttackResult(
+        attack=attack,
+        signal=signal,
+        fpr=fpr,
+        tpr=tpr,
+        thresholds=reported,
+        auc=auc,
+        tolerances=tolerances,
+        tpr_at_fpr=tpr_at,
+        fpr_at_fpr=fpr_at,
+        threshold_at_fpr=thr_at,
+        n_members=int(members.size),
+        n_nonmembers=int(nonmembers.size),
+        n_population=int(population.size),
+    )
+
+
+def update_attack(
+    member_loss_global,
+    member_loss_local,
+    nonmember_loss_global,
+    nonmember_loss_local,
+    population_loss_global,
+    population_loss_local,
+    fpr_tolerance,
+    *,
+    alphas=DEFAULT_ALPHAS,
+) -> AttackResult:
+    """Membership inference from one party's update, with the received global model as the reference.
+
+    Score = loss under the received global model - loss under the locally trained model ("loss_reduction"):
+    local training lowers the loss of the party's own samples more than that of others, so higher = member.
+    Thresholds are calibrated on the population's scores exactly as in `population_attack` (linear_itp).
+    """
+    pairs = (
+        ("members", member_loss_global, member_loss_local),
+        ("non-members", nonmember_loss_global, nonmember_loss_local),
+        ("population", population_loss_global, population_loss_local),
+    )
+    scores = []
+    for name, under_global, under_local in pairs:
+        g = _as_signal(under_global, f"{name} (loss under the global model)")
+        lo = _as_signal(under_local, f"{name} (loss under the local model)")
+        if g.shape != lo.shape:
+            raise ValueError(
+                f"{name}: {g.size} losses under the global model but {lo.size} under the local model"
+            )
+        scores.append(g - lo)
+    return population_attack(
+        scores[0],
+        scores[1],
+        scores[2],
+        fpr_tolerance,
+        signal="loss_reduction",
+        member_if_lower=False,
+        threshold_function="linear_itp",
+        alphas=alphas,
+        attack="update",
+    )
+

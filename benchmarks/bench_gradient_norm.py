@@ -1,0 +1,194 @@
+"""Benchmark: per-sample gradient norms by audit.signals vs Privacy Meter 1.0.1 vs a naive per-sample loop.
+
+Run on demand (not a test):  .venv/bin/python benchmarks/bench_gradient_norm.py [--samples 200] [--threads 2]
+
+Same model, same samples, same eval-equivalent forward for all three, so the values must agree; prints seconds,
+speed-ups and the largest relative difference between the value vectors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib
+import importlib.util
+import os
+import sys
+import time
+import types
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
+from audit.signals import gradient_norm_signal, loss_signal  # noqa: E402
+
+
+def import_privacy_meter_model():
+    """privacy_meter.model, even though tensorflow is not installed.
+
+    privacy_meter/model.py does `import tensorflow as tf` at module level but only its TensorflowModel class uses it;
+    PytorchModelTensor never touches tf. An empty placeholder module satisfies the import without pulling in the
+    ~1.3 GB tensorflow wheel. The placeholder is removed again right after the import: left in sys.modules (it has
+    no __spec__), it makes torch._dynamo's lazy import -- triggered by torch.func.grad -- fail with
+    "ValueError: tensorflow.__spec__ is None".
+    """
+    if importlib.util.find_spec("tensorflow") is not None:
+        return importlib.import_module("privacy_meter.model")
+    sys.modules["tensorflow"] = types.ModuleType("tensorflow")
+    try:
+        return importlib.import_module("privacy_meter.model")
+    finally:
+        del sys.modules["tensorflow"]
+
+
+class TutorialNet(nn.Module):
+    """The OpenFL Privacy Meter tutorial's AlexNet-style Net (5 conv + 3 FC, ~23.3M parameters), made comparable.
+
+    Two changes, both needed so Privacy Meter's path and ours compute the same thing:
+    - ReLU(inplace=False): opacus' backward hooks fail on in-place ReLU with recent torch/opacus.
+    - Dropout(p=0): PytorchModelTensor.get_gradnorm forces the model into train mode, so real Dropout would make its
+      values random; p=0 keeps the module layout (features.10 is still the tutorial's audited conv) while train and
+      eval mode give the same forward (there is no BatchNorm).
+    """
+
+    def __init__(self, num_classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 64, kernel_size=3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(kernel_size=2),
+            nn.Conv2d(64, 192, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(kernel_size=2),
+            nn.Conv2d(192, 384, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(384, 256, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(256, 256, kernel_size=3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(kernel_size=2),
+        )
+        self.classifier = nn.Sequential(
+            nn.Dropout(p=0.0),
+            nn.Linear(256 * 2 * 2, 4096),
+            nn.ReLU(),
+            nn.Dropout(p=0.0),
+            nn.Linear(4096, 4096),
+            nn.ReLU(),
+            nn.Linear(4096, num_classes),
+        )
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(self.features(x), 1))
+
+
+def digits_net(num_classes: int = 10) -> nn.Module:
+    """A small CNN for 1x8x8 images (sklearn digits size), ~21k parameters."""
+    return nn.Sequential(
+        nn.Conv2d(1, 16, kernel_size=3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(16 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, num_classes),
+    )
+
+
+def naive_grad_norm(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    """One backward per sample on a copy of the model; the reference everyone understands."""
+    model = copy.deepcopy(model).eval()
+    params = [p for p in model.parameters() if p.requires_grad]
+    out = np.empty(len(x))
+    for i in range(len(x)):
+        # Zero in place: re-allocating ~93 MB of .grad per sample (set_to_none) costs more in page faults than the
+        # backward itself on the big net, which would make this baseline look worse than it need be.
+        model.zero_grad(set_to_none=False)
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        out[i] = float(torch.sqrt(sum(p.grad.double().pow(2).sum() for p in params)))
+    return out
+
+
+def privacy_meter_grad_norm(pm_model_module, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    # A copy: GradSampleModule leaves opacus hooks on the modules it wraps, and get_gradnorm switches to train mode.
+    wrapped = pm_model_module.PytorchModelTensor(copy.deepcopy(model), nn.CrossEntropyLoss(), device="cpu")
+    with warnings.catch_warnings():
+        # Benign: opacus' hooks fire on module outputs because the inputs do not require grad.
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        return np.asarray(wrapped.get_gradnorm(x, y), dtype=np.float64)
+
+
+def timed(fn, min_total: float = 1.0, max_runs: int = 5):
+    """Value and wall seconds of fn(); sub-second calls are repeated (best of up to max_runs) to damp noise."""
+    best, total, runs = float("inf"), 0.0, 0
+    while runs < max_runs and (runs == 0 or total < min_total):
+        start = time.perf_counter()
+        value = fn()
+        elapsed = time.perf_counter() - start
+        best, total, runs = min(best, elapsed), total + elapsed, runs + 1
+    return value, best
+
+
+def max_rel_diff(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b) / np.maximum(np.abs(b), np.finfo(np.float64).tiny)))
+
+
+def bench(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, pm_model_module, layer: str | None) -> None:
+    model.eval()
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"\n== {name}: {n_params:,} parameters, {len(x)} samples of shape {tuple(x.shape[1:])}")
+
+    loss, t_loss = timed(lambda: loss_signal(model, x, y))
+    ours, t_ours = timed(lambda: gradient_norm_signal(model, x, y))
+    pm, t_pm = timed(lambda: privacy_meter_grad_norm(pm_model_module, model, x, y))
+    naive, t_naive = timed(lambda: naive_grad_norm(model, x, y))
+    rows = [
+        ("loss_signal (for scale)", t_loss),
+        ("ours: gradient_norm_signal (torch.func vmap)", t_ours),
+        ("Privacy Meter 1.0.1 get_gradnorm (opacus, batch 25)", t_pm),
+        ("naive per-sample backward loop", t_naive),
+    ]
+    if layer is not None:
+        _, t_layer = timed(lambda: gradient_norm_signal(model, x, y, layer=layer))
+        rows.append((f"ours, layer={layer!r} only", t_layer))
+    for label, seconds in rows:
+        print(f"  {label:<55s} {seconds:9.3f} s")
+    print(f"  speed-up ours vs Privacy Meter: {t_pm / t_ours:6.2f}x   ours vs naive loop: {t_naive / t_ours:6.2f}x")
+    print(f"  max relative difference ours vs Privacy Meter: {max_rel_diff(ours, pm):.2e}")
+    print(f"  max relative difference ours vs naive loop:    {max_rel_diff(ours, naive):.2e}")
+    print(f"  max relative difference Privacy Meter vs naive: {max_rel_diff(pm, naive):.2e}")
+    print(f"  (loss range {loss.min():.3f}..{loss.max():.3f}; grad-norm range {ours.min():.3g}..{ours.max():.3g})")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=200, help="samples per model (default 200)")
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default 2)")
+    args = parser.parse_args(argv)
+    if args.samples < 1:
+        parser.error("--samples must be >= 1")
+    torch.set_num_threads(args.threads)
+    pm_model_module = import_privacy_meter_model()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.samples} samples per model")
+    # Timings are wall-clock: other processes on the machine inflate them, so show how busy it was.
+    print("load average at start: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+
+    gen = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    cifar_x = torch.randn(args.samples, 3, 32, 32, generator=gen)
+    cifar_y = torch.randint(0, 10, (args.samples,), generator=gen)
+    bench("CIFAR-size tutorial net", TutorialNet(), cifar_x, cifar_y, pm_model_module, layer="features.10")
+
+    digits_x = torch.randn(args.samples, 1, 8, 8, generator=gen)
+    digits_y = torch.randint(0, 10, (args.samples,), generator=gen)
+    bench("digits-size CNN", digits_net(), digits_x, digits_y, pm_model_module, layer="4")
+    print("\nload average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
+
+
+if __name__ == "__main__":
+    main()

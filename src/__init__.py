@@ -1,0 +1,1 @@
+"""Privacy-audited OpenFL workspace code (data, models, data loader, task runner, auditor)."""

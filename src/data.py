@@ -1,0 +1,362 @@
+"""Datasets and the per-collaborator member / non-member / population split.
+
+No OpenFL imports here: this module is shared by the OpenFL data loader
+(:mod:`src.dataloader`), the auditor and the tests.
+
+Datasets
+--------
+``digits``
+    scikit-learn's bundled 8x8 digits (1,797 images, no download), scaled to [0, 1].
+``cifar10``
+    torchvision's CIFAR-10, train + test concatenated (60,000 images, as the OpenFL
+    Privacy Meter tutorial does), scaled to [0, 1] then normalised with mean = std = 0.5
+    per channel (as the tutorial's ``Normalize((0.5,)*3, (0.5,)*3)``).  Never downloaded
+    unless ``download=True`` is asked for explicitly.
+
+The split (:func:`split_federation`)
+------------------------------------
+Like the tutorial, the pool is cut into a *train* set (the members an attack tries to
+recognise), a *test* set (non-members) and a *population* set (the attacker's audit /
+reference data) by ``train_ratio`` / ``test_ratio`` / ``audit_ratio``; each set is then
+dealt to the parties.  Unlike the tutorial, the pool is shuffled with ``seed`` first (the
+tutorial takes CIFAR-10 in file order: train = first 24k, test = next 24k, population =
+last 12k, so its "test" set mixes the end of CIFAR's train files with the start of its
+test file).  Set sizes are ``floor(N * ratio)``; when the ratios sum to less than 1 the
+leftover samples are not used.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "DATASETS",
+    "DatasetUnavailableError",
+    "DatasetInfo",
+    "dataset_info",
+    "load_dataset",
+    "PartyData",
+    "SPLIT_SETS",
+    "validate_split_settings",
+    "split_indices",
+    "split_federation",
+]
+
+DATASETS = ("digits", "cifar10")
+
+#: Names of the three per-party sets, in the order they are cut from the shuffled pool.
+SPLIT_SETS = ("train", "test", "population")
+
+_CIFAR10_FOLDER = "cifar-10-batches-py"
+_DEFAULT_DATA_DIR = "data"
+
+
+class DatasetUnavailableError(RuntimeError):
+    """The dataset's files are absent (and not downloaded) or could not be fetched."""
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Static description of a dataset (known without loading it)."""
+
+    name: str
+    input_shape: tuple[int, int, int]  # (C, H, W)
+    num_classes: int
+
+
+_INFOS = {
+    "digits": DatasetInfo("digits", (1, 8, 8), 10),
+    "cifar10": DatasetInfo("cifar10", (3, 32, 32), 10),
+}
+
+
+def _check_name(name) -> str:
+    key = name.strip().lower() if isinstance(name, str) else None
+    if key not in _INFOS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
+    return key
+
+
+def dataset_info(name) -> DatasetInfo:
+    """Shape and class count of dataset ``name`` without loading any data.
+
+    Raises ValueError naming ``name`` and the choices for an unknown dataset.
+    """
+    return _INFOS[_check_name(name)]
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def load_dataset(name, data_dir=None, *, download=False) -> tuple[np.ndarray, np.ndarray]:
+    """Load a whole dataset as ``(x, y)``: x float32 (N, C, H, W), y int64 (N,).
+
+    ``data_dir`` is only used by cifar10 (default ``"data"``, relative to the working
+    directory, i.e. the OpenFL workspace).  With ``download=False`` nothing touches the
+    network; missing files raise :class:`DatasetUnavailableError`.
+    """
+    key = _check_name(name)
+    if key == "digits":
+        return _load_digits()
+    return _load_cifar10(data_dir, download=download)
+
+
+def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    x = (bunch.images.astype(np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
+    y = bunch.target.astype(np.int64)
+    return np.ascontiguousarray(x), y
+
+
+def _cifar_unavailable(folder: Path, reason: str) -> DatasetUnavailableError:
+    return DatasetUnavailableError(
+        f"CIFAR-10 is not available: {reason}\n"
+        f"  looked in: {folder}\n"
+        f"  to get it: on a machine with network access run once with --download "
+        f"(data_loader.settings.download: true), or fetch and extract "
+        f"https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz; then copy the resulting "
+        f"'{_CIFAR10_FOLDER}' folder (data_batch_1..5, test_batch, batches.meta) into "
+        f"{folder.parent} (data_dir)\n"
+        f"  offline alternative: --dataset digits (scikit-learn's bundled digits, no download)."
+    )
+
+
+def _load_cifar10(data_dir, *, download: bool) -> tuple[np.ndarray, np.ndarray]:
+    root = Path(_DEFAULT_DATA_DIR if data_dir is None else os.fspath(data_dir)).expanduser()
+    root = root.resolve()
+    folder = root / _CIFAR10_FOLDER
+    if not download and not folder.is_dir():
+        # Decide before importing torchvision: fast, and certainly no network call.
+        raise _cifar_unavailable(folder, "the folder does not exist (download=False)")
+
+    try:
+        from torchvision.datasets import CIFAR10
+    except Exception as exc:  # pragma: no cover - torchvision is a project requirement
+        raise DatasetUnavailableError(f"cannot import torchvision to read CIFAR-10: {exc}") from exc
+
+    try:
+        parts = [CIFAR10(root=str(root), train=train, download=download) for train in (True, False)]
+    except Exception as exc:  # torchvision: RuntimeError (missing/corrupt), URLError/OSError (network)
+        reason = (
+            f"download failed ({type(exc).__name__}: {exc})"
+            if download
+            else f"the files are incomplete or corrupted ({exc})"
+        )
+        raise _cifar_unavailable(folder, reason) from exc
+
+    # Use the datasets' raw arrays (uint8 N,H,W,C), not per-image PIL access.
+    raw = np.concatenate([p.data for p in parts], axis=0)
+    y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
+    x = np.ascontiguousarray(raw.transpose(0, 3, 1, 2), dtype=np.float32)
+    # ToTensor() then Normalize(0.5, 0.5): (v / 255 - 0.5) / 0.5 == v * 2/255 - 1; in place.
+    x *= np.float32(2.0 / 255.0)
+    x -= np.float32(1.0)
+    return x, y
+
+
+# ----------------------------------------------------------------------------- splitting
+
+
+@dataclass(frozen=True)
+class PartyData:
+    """One party's shards: members (train), non-members (test) and population (audit)."""
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    population_x: np.ndarray
+    population_y: np.ndarray
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def validate_split_settings(
+    train_ratio, test_ratio, audit_ratio, n_parties, dirichlet_alpha=None, *, prefix=""
+) -> None:
+    """Raise ValueError naming the offending setting (plan names, with ``prefix``)."""
+    ratios = {
+        "train_dataset_ratio": train_ratio,
+        "test_dataset_ratio": test_ratio,
+        "audit_dataset_ratio": audit_ratio,
+    }
+    for key, value in ratios.items():
+        if not _is_number(value) or not math.isfinite(value) or not value > 0:
+            raise ValueError(f"{prefix}{key}: must be a number > 0, got {value!r}")
+    total = float(sum(ratios.values()))
+    if total > 1.0 + 1e-9:
+        raise ValueError(
+            f"{prefix}train_dataset_ratio + {prefix}test_dataset_ratio + "
+            f"{prefix}audit_dataset_ratio must be <= 1, got "
+            f"{train_ratio} + {test_ratio} + {audit_ratio} = {total:g}"
+        )
+    if not _is_int(n_parties) or n_parties < 1:
+        name = f"{prefix}collaborator_count" if prefix else "n_parties"
+        raise ValueError(f"{name}: must be an integer >= 1, got {n_parties!r}")
+    if dirichlet_alpha is not None and (
+        not _is_number(dirichlet_alpha)
+        or not math.isfinite(dirichlet_alpha)
+        or not dirichlet_alpha > 0
+    ):
+        raise ValueError(
+            f"{prefix}dirichlet_alpha: must be a number > 0 or null (IID), got {dirichlet_alpha!r}"
+        )
+
+
+def _largest_remainder(totals: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """Integer counts C (K, n) with C[k].sum() == totals[k], C[k] ~ totals[k] * weights[k].
+
+    ``weights`` rows sum to 1.  Hamilton's method; ties go to the lower party index.
+    """
+    raw = totals[:, None] * weights
+    base = np.floor(raw).astype(np.int64)
+    short = totals - base.sum(axis=1)  # in [0, n)
+    frac = raw - base
+    order = np.argsort(-frac, axis=1, kind="stable")
+    rank = np.argsort(order, axis=1)  # rank of each party's remainder within its class
+    return base + (rank < short[:, None])
+
+
+def split_indices(
+    y,
+    n_parties,
+    *,
+    train_ratio=0.4,
+    test_ratio=0.4,
+    audit_ratio=0.2,
+    seed=0,
+    dirichlet_alpha=None,
+    _max_draws=100,
+) -> list[dict[str, np.ndarray]]:
+    """Index version of :func:`split_federation`.
+
+    Returns, per party, ``{"train": idx, "test": idx, "population": idx}`` (int64 indices
+    into the pool, each pool index used at most once overall).  Used by the data loader
+    so that a collaborator only copies its own shard.
+    """
+    validate_split_settings(train_ratio, test_ratio, audit_ratio, n_parties, dirichlet_alpha)
+    y = np.asarray(y)
+    if y.ndim != 1:
+        raise ValueError(f"y must be 1-D (one label per sample), got shape {y.shape}")
+    n = int(y.shape[0])
+    sizes = [int(math.floor(n * r + 1e-6)) for r in (train_ratio, test_ratio, audit_ratio)]
+    while sum(sizes) > n:  # only reachable through the 1e-9 tolerance on the ratio sum
+        sizes[2] -= 1
+    names = dict(zip(SPLIT_SETS, ("train_dataset_ratio", "test_dataset_ratio", "audit_dataset_ratio")))
+
+    for set_name, size in zip(SPLIT_SETS, sizes):
+        if size < n_parties:
+            raise ValueError(
+                f"the {set_name} set has {size} samples ({names[set_name]} x {n} samples) "
+                f"but {n_parties} parties need at least 1 each; raise {names[set_name]} or "
+                f"use fewer parties"
+            )
+
+    rng = np.random.default_rng(seed)
+    perm = rng.permutation(n)  # the tutorial does not shuffle; we do (see module docstring)
+    bounds = np.cumsum([0] + sizes)
+    sets = {s: perm[bounds[i] : bounds[i + 1]] for i, s in enumerate(SPLIT_SETS)}
+
+    if dirichlet_alpha is None:
+        # IID: deal each (shuffled) set like the tutorial, set[i::n_parties].
+        return [{s: sets[s][i::n_parties].astype(np.int64) for s in SPLIT_SETS} for i in range(n_parties)]
+
+    # Non-IID (label skew).  For every class k draw q_k ~ Dirichlet(alpha * 1_n): the share
+    # of class k each party receives.  The SAME matrix q is used for the train, test and
+    # population sets, so a party's members, non-members and population samples all follow
+    # the same label mix.  Otherwise a membership-inference attack on that party would
+    # partly measure the distribution shift between its members and non-members (e.g. a
+    # class the model never saw has high loss) instead of memorisation, i.e. leakage.
+    classes, codes = np.unique(y, return_inverse=True)
+    codes = codes.reshape(-1)
+    n_classes = len(classes)
+    for _ in range(_max_draws):
+        q = rng.dirichlet(np.full(n_parties, float(dirichlet_alpha)), size=n_classes)  # (K, n)
+        result = [dict() for _ in range(n_parties)]
+        empty = None
+        for set_name in SPLIT_SETS:
+            idx = sets[set_name]
+            labels = codes[idx]
+            totals = np.bincount(labels, minlength=n_classes)
+            counts = _largest_remainder(totals, q)  # (K, n)
+            per_party = counts.sum(axis=0)
+            if empty is None and (per_party == 0).any():
+                empty = (set_name, int(np.argmin(per_party)))
+            # Positions grouped by class (set order kept within a class), cut into parties.
+            order = np.argsort(labels, kind="stable")
+            owner_sorted = np.repeat(np.tile(np.arange(n_parties), n_classes), counts.ravel())
+            owner = np.empty(len(idx), dtype=np.int64)
+            owner[order] = owner_sorted
+            for i in range(n_parties):
+                result[i][set_name] = idx[owner == i].astype(np.int64)  # keeps shuffled order
+        if empty is None:
+            return result
+    set_name, party = empty
+    raise ValueError(
+        f"dirichlet_alpha={dirichlet_alpha}: party {party} got no sample in the {set_name} set "
+        f"in {_max_draws} seeded draws ({sizes[SPLIT_SETS.index(set_name)]} samples for "
+        f"{n_parties} parties); use a larger dirichlet_alpha, fewer parties or a larger "
+        f"{names[set_name]}"
+    )
+
+
+def split_federation(
+    x,
+    y,
+    n_parties,
+    *,
+    train_ratio=0.4,
+    test_ratio=0.4,
+    audit_ratio=0.2,
+    seed=0,
+    dirichlet_alpha=None,
+) -> list[PartyData]:
+    """Shuffle (seeded) and split ``(x, y)`` into per-party member/non-member/population shards.
+
+    * ``train_ratio`` / ``test_ratio`` / ``audit_ratio`` (plan: ``train_dataset_ratio`` /
+      ``test_dataset_ratio`` / ``audit_dataset_ratio``) must each be > 0 and sum to <= 1.
+    * ``dirichlet_alpha=None``: IID, each set dealt as ``set[i::n_parties]``.
+    * ``dirichlet_alpha=a``: label skew; per class, party shares ~ Dirichlet(a), the same
+      shares for train, test and population (so each party's three shards share one
+      label mix).  If a party would get an empty shard the shares are redrawn from the
+      same seeded generator (at most 100 times), then ValueError.
+    * Every party gets >= 1 sample in every set, else ValueError saying which set.
+    * Deterministic for a given ``seed``.
+    """
+    x = np.asarray(x)
+    y = np.asarray(y)
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x and y differ in length: {x.shape[0]} != {y.shape[0]}")
+    parts = split_indices(
+        y,
+        n_parties,
+        train_ratio=train_ratio,
+        test_ratio=test_ratio,
+        audit_ratio=audit_ratio,
+        seed=seed,
+        dirichlet_alpha=dirichlet_alpha,
+    )
+    return [
+        PartyData(
+            train_x=x[p["train"]],
+            train_y=y[p["train"]],
+            test_x=x[p["test"]],
+            test_y=y[p["test"]],
+            population_x=x[p["population"]],
+            population_y=y[p["population"]],
+        )
+        for p in parts
+    ]

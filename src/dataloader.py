@@ -1,0 +1,283 @@
+"""OpenFL data loader for the audited federation (``data_loader.template: src.dataloader.AuditDataLoader``).
+
+Plan settings (``data_loader.settings``), all optional::
+
+    batch_size: 32
+    dataset: digits            # digits | cifar10
+    data_dir: null             # cifar10 only; default "data" (relative to the workspace)
+    collaborator_count: 2
+    train_dataset_ratio: 0.4   # members
+    test_dataset_ratio: 0.4    # non-members (also the validation set)
+    audit_dataset_ratio: 0.2   # population (audit / reference data)
+    dirichlet_alpha: null      # null = IID; a number > 0 = label skew (see src.data)
+    seed: 0                    # split shuffle and train-batch order
+    download: false            # cifar10 only; never downloads unless true
+
+``data_path`` (from ``plan/data.yaml``) is the 1-based shard number "1".."collaborator_count".
+Every collaborator computes the same seeded split of the whole pool and keeps its own shard:
+members = its train shard (``X_train``), non-members = its test shard (``X_valid``, the
+validation set), population = its population shard.  ``fx plan initialize`` builds the
+loader with ``data_path=None``: nothing is loaded then, but the feature shape and class
+count are known.  Unknown settings raise ValueError (a typo such as ``dirichlet_alph``
+would otherwise silently change the experiment).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+from openfl.federated import PyTorchDataLoader
+
+from src.data import (
+    DATASETS,
+    PartyData,
+    dataset_info,
+    load_dataset,
+    split_indices,
+    validate_split_settings,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AuditDataLoader", "NumpyBatches", "clear_dataset_cache"]
+
+_PREFIX = "data_loader.settings."
+
+# (dataset name, resolved data dir or None) -> (x, y); shared by all loaders of a process.
+_DATASET_CACHE: dict[tuple[str, str | None], tuple[np.ndarray, np.ndarray]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def clear_dataset_cache() -> None:
+    """Forget the datasets loaded in this process."""
+    with _CACHE_LOCK:
+        _DATASET_CACHE.clear()
+
+
+def _cached_dataset(name: str, data_dir, download: bool) -> tuple[np.ndarray, np.ndarray]:
+    key_dir = None if name == "digits" else str(Path("data" if data_dir is None else data_dir).expanduser().resolve())
+    key = (name, key_dir)
+    with _CACHE_LOCK:  # held while loading, so concurrent collaborators load once
+        if key not in _DATASET_CACHE:
+            x, y = load_dataset(name, key_dir, download=download)
+            x.setflags(write=False)  # shared between loaders: nobody may modify it in place
+            y.setflags(write=False)
+            _DATASET_CACHE[key] = (x, y)
+        return _DATASET_CACHE[key]
+
+
+class NumpyBatches:
+    """Re-iterable batches ``(x float32, y int64)`` over fixed index order; has ``len()``."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, idxs: np.ndarray, batch_size: int, num_batches: int):
+        self._x, self._y, self._idxs = x, y, idxs
+        self.batch_size = batch_size
+        self.num_batches = num_batches
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self):
+        for i in range(self.num_batches):
+            sel = self._idxs[i * self.batch_size : (i + 1) * self.batch_size]
+            yield self._x[sel], self._y[sel]
+
+
+def _check_int(name, value, minimum):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{_PREFIX}{name}: must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class AuditDataLoader(PyTorchDataLoader):
+    """Per-collaborator member / non-member / population shards for OpenFL's PyTorch task runner.
+
+    Attributes after construction with a shard: ``X_train``/``y_train`` (members),
+    ``X_valid``/``y_valid`` (non-members), ``X_population``/``y_population``;
+    ``shard`` (1-based, None in init mode), ``dataset``, ``info`` (DatasetInfo).
+    """
+
+    def __init__(
+        self,
+        data_path=None,
+        batch_size=32,
+        dataset="digits",
+        data_dir=None,
+        collaborator_count=2,
+        train_dataset_ratio=0.4,
+        test_dataset_ratio=0.4,
+        audit_dataset_ratio=0.2,
+        dirichlet_alpha=None,
+        seed=0,
+        download=False,
+        **kwargs,
+    ):
+        if kwargs:
+            known = (
+                "batch_size, dataset, data_dir, collaborator_count, train_dataset_ratio, "
+                "test_dataset_ratio, audit_dataset_ratio, dirichlet_alpha, seed, download"
+            )
+            raise ValueError(
+                f"{_PREFIX}{sorted(kwargs)[0]}: unknown setting (unknown: {', '.join(sorted(kwargs))}); "
+                f"known settings: {known}"
+            )
+        batch_size = _check_int("batch_size", batch_size, 1)
+        if not isinstance(dataset, str) or dataset.strip().lower() not in DATASETS:
+            raise ValueError(f"{_PREFIX}dataset: unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
+        dataset = dataset.strip().lower()
+        if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
+            raise ValueError(f"{_PREFIX}data_dir: must be a path or null, got {data_dir!r}")
+        collaborator_count = _check_int("collaborator_count", collaborator_count, 1)
+        seed = _check_int("seed", seed, 0)
+        if not isinstance(download, (bool, np.bool_)):
+            raise ValueError(f"{_PREFIX}download: must be true or false, got {download!r}")
+        validate_split_settings(
+            train_dataset_ratio,
+            test_dataset_ratio,
+            audit_dataset_ratio,
+            collaborator_count,
+            dirichlet_alpha,
+            prefix=_PREFIX,
+        )
+
+        super().__init__(batch_size, random_seed=seed)
+        self.dataset = dataset
+        self.info = dataset_info(dataset)
+        self.data_dir = data_dir
+        self.collaborator_count = collaborator_count
+        self.train_dataset_ratio = float(train_dataset_ratio)
+        self.test_dataset_ratio = float(test_dataset_ratio)
+        self.audit_dataset_ratio = float(audit_dataset_ratio)
+        self.dirichlet_alpha = None if dirichlet_alpha is None else float(dirichlet_alpha)
+        self.seed = seed
+        self.download = bool(download)
+        self.feature_shape = list(self.info.input_shape)
+        self.num_classes = self.info.num_classes
+        self.X_population = None
+        self.y_population = None
+        self.shard = None
+        self._train_rng = None
+
+        if data_path is None:
+            logger.info("AuditDataLoader: data_path=None, initialising for model creation only (no data loaded)")
+            return
+
+        self.shard = self._parse_data_path(data_path, collaborator_count)
+        x, y = _cached_dataset(dataset, data_dir, self.download)
+        parts = split_indices(
+            y,
+            collaborator_count,
+            train_ratio=self.train_dataset_ratio,
+            test_ratio=self.test_dataset_ratio,
+            audit_ratio=self.audit_dataset_ratio,
+            seed=seed,
+            dirichlet_alpha=self.dirichlet_alpha,
+        )[self.shard - 1]
+        # Fancy indexing copies only this party's shard out of the shared (read-only) pool.
+        self.X_train, self.y_train = x[parts["train"]], y[parts["train"]]
+        self.X_valid, self.y_valid = x[parts["test"]], y[parts["test"]]
+        self.X_population, self.y_population = x[parts["population"]], y[parts["population"]]
+        # One generator per (seed, shard), advanced by every get_train_loader() call (epoch):
+        # the same plan + seed gives the same sequence of batches.
+        self._train_rng = np.random.default_rng([seed, self.shard])
+        logger.info(
+            "AuditDataLoader: %s shard %d/%d: %d members, %d non-members, %d population (alpha=%s, seed=%d)",
+            dataset,
+            self.shard,
+            collaborator_count,
+            len(self.y_train),
+            len(self.y_valid),
+            len(self.y_population),
+            self.dirichlet_alpha,
+            seed,
+        )
+
+    @staticmethod
+    def _parse_data_path(data_path, collaborator_count) -> int:
+        allowed = f"allowed: 1..{collaborator_count} (the 1-based shard number from plan/data.yaml)"
+        try:
+            if isinstance(data_path, bool):
+                raise ValueError
+            if isinstance(data_path, numbers.Integral):
+                shard = int(data_path)
+            else:
+                shard = int(str(data_path).strip())
+        except (TypeError, ValueError):
+            raise ValueError(f"data_path: {data_path!r} is not an integer shard number; {allowed}") from None
+        if not 1 <= shard <= collaborator_count:
+            raise ValueError(f"data_path: shard {data_path!r} is out of range; {allowed}")
+        return shard
+
+    def _require_shard(self, what: str) -> None:
+        if self.shard is None:
+            raise RuntimeError(
+                f"AuditDataLoader.{what}: no data loaded (built with data_path=None for model "
+                "initialisation); give a shard number as data_path"
+            )
+
+    # ------------------------------------------------------------------ OpenFL API
+    def get_feature_shape(self) -> list:
+        """[C, H, W] of one sample (known without loading data)."""
+        return list(self.feature_shape)
+
+    def get_num_classes(self) -> int:
+        return self.num_classes
+
+    def get_train_loader(self, batch_size=None, num_batches=None):
+        """Shuffled member batches; each call is one epoch drawn from the (seed, shard) generator.
+
+        ``num_batches`` beyond one epoch continues with further permutations.
+        """
+        self._require_shard("get_train_loader")
+        batch_size = self.batch_size if batch_size is None else _check_int("batch_size", batch_size, 1)
+        n = len(self.y_train)
+        if num_batches is None:
+            num_batches = math.ceil(n / batch_size)
+            idxs = self._train_rng.permutation(n)
+        else:
+            num_batches = _check_int("num_batches", num_batches, 0)
+            epochs = max(1, math.ceil(num_batches * batch_size / n))
+            idxs = np.concatenate([self._train_rng.permutation(n) for _ in range(epochs)])
+        return NumpyBatches(self.X_train, self.y_train, idxs, batch_size, num_batches)
+
+    def get_valid_loader(self, batch_size=None):
+        """The party's test (non-member) shard, in order."""
+        self._require_shard("get_valid_loader")
+        batch_size = self.batch_size if batch_size is None else _check_int("batch_size", batch_size, 1)
+        n = len(self.y_valid)
+        return NumpyBatches(self.X_valid, self.y_valid, np.arange(n), batch_size, math.ceil(n / batch_size))
+
+    def get_train_data_size(self) -> int:
+        self._require_shard("get_train_data_size")
+        return int(self.X_train.shape[0])
+
+    def get_valid_data_size(self) -> int:
+        self._require_shard("get_valid_data_size")
+        return int(self.X_valid.shape[0])
+
+    # ------------------------------------------------------------------ audit API
+    def get_audit_sets(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """``{"members": train shard, "nonmembers": test shard, "population": population shard}``."""
+        self._require_shard("get_audit_sets")
+        return {
+            "members": (self.X_train, self.y_train),
+            "nonmembers": (self.X_valid, self.y_valid),
+            "population": (self.X_population, self.y_population),
+        }
+
+    def get_party_data(self) -> PartyData:
+        self._require_shard("get_party_data")
+        return PartyData(
+            train_x=self.X_train,
+            train_y=self.y_train,
+            test_x=self.X_valid,
+            test_y=self.y_valid,
+            population_x=self.X_population,
+            population_y=self.y_population,
+        )

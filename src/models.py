@@ -1,0 +1,184 @@
+"""Models from the Fidel reconstruction paper, for any (C, H, W) input.
+
+Both models are ``features`` -> ``classifier``, where ``features(x)`` is exactly the
+(flattened) input of the first dense layer ``classifier.fc1`` -- the layer the Fidel
+attack inverts (x = dW_i / db_i) and a natural choice for a gradient-norm signal.
+Sub-modules are named ``nn.Sequential`` entries, so they can be reached by name
+(``model.get_submodule("classifier.fc1")``) or by index (``model.classifier[0]``), and
+state-dict keys are stable (``classifier.fc1.weight`` ...).
+
+``CNN(input_shape, num_classes)``::
+
+    features    conv1  Conv2d(C, 32, 3, padding=1)   [features.0]
+                act1   ReLU                          [features.1]
+                pool1  MaxPool2d(2)                  [features.2]
+                flatten Flatten                      [features.3]   -> 32 * (H//2) * (W//2)
+    classifier  fc1    Linear(32*(H//2)*(W//2), 128) [classifier.0]
+                act1   ReLU                          [classifier.1]
+                fc2    Linear(128, 64)               [classifier.2]
+                act2   ReLU                          [classifier.3]
+                out    Linear(64, num_classes)       [classifier.4]
+
+``FCNN(input_shape, num_classes, activation="relu", dropout=0.0)``::
+
+    features    flatten Flatten                      [features.0]   -> C*H*W
+    classifier  fc1 Linear(C*H*W, 128), act1, drop1  [classifier.0-2]
+                fc2 Linear(128, 128),   act2, drop2  [classifier.3-5]
+                fc3 Linear(128, 64),    act3, drop3  [classifier.6-8]
+                out Linear(64, num_classes)          [classifier.9]
+
+``act*`` is ReLU / Sigmoid / Tanh; ``drop*`` is ``Dropout(dropout)`` when dropout > 0,
+else ``Identity`` (so names and indices do not depend on the dropout setting).
+
+Every model exposes the class attributes ``FIRST_DENSE_LAYER = "classifier.fc1"`` and
+``OUTPUT_LAYER = "classifier.out"`` (module names for ``get_submodule``).
+No activation is in-place (``inplace=True`` breaks per-sample-gradient tools such as
+opacus and torch.func).  Outputs are logits (no softmax).
+"""
+
+from __future__ import annotations
+
+import inspect
+import numbers
+from collections import OrderedDict
+
+import torch
+from torch import nn
+
+__all__ = ["MODELS", "ACTIVATIONS", "CNN", "FCNN", "build_model"]
+
+MODELS = ("cnn", "fcnn")
+ACTIVATIONS = ("relu", "sigmoid", "tanh")
+
+_ACT = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
+
+
+def _check_shape(input_shape) -> tuple[int, int, int]:
+    try:
+        shape = tuple(int(v) for v in input_shape)
+        ok = len(shape) == 3 and all(v >= 1 for v in shape) and all(
+            float(a) == float(b) for a, b in zip(shape, input_shape)
+        )
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"input_shape must be three positive ints (C, H, W), got {input_shape!r}")
+    return shape
+
+
+def _check_classes(num_classes) -> int:
+    if isinstance(num_classes, bool) or not isinstance(num_classes, numbers.Integral) or num_classes < 1:
+        raise ValueError(f"num_classes must be an int >= 1, got {num_classes!r}")
+    return int(num_classes)
+
+
+class CNN(nn.Module):
+    """Fidel-paper CNN: Conv 3x3x32 + ReLU + MaxPool 2, then Dense 128-64-classes (ReLU).
+
+    Module names: see the module docstring (``features.conv1`` ... ``classifier.out``).
+    """
+
+    FIRST_DENSE_LAYER = "classifier.fc1"
+    OUTPUT_LAYER = "classifier.out"
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        c, h, w = _check_shape(input_shape)
+        if h < 2 or w < 2:
+            raise ValueError(f"CNN needs images of at least 2x2 (MaxPool2d(2)), got input_shape {input_shape!r}")
+        num_classes = _check_classes(num_classes)
+        self.input_shape = (c, h, w)
+        self.num_classes = num_classes
+        flat = 32 * (h // 2) * (w // 2)
+        self.features = nn.Sequential(
+            OrderedDict(
+                conv1=nn.Conv2d(c, 32, kernel_size=3, padding=1),
+                act1=nn.ReLU(),
+                pool1=nn.MaxPool2d(2),
+                flatten=nn.Flatten(),
+            )
+        )
+        self.classifier = nn.Sequential(
+            OrderedDict(
+                fc1=nn.Linear(flat, 128),
+                act1=nn.ReLU(),
+                fc2=nn.Linear(128, 64),
+                act2=nn.ReLU(),
+                out=nn.Linear(64, num_classes),
+            )
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+class FCNN(nn.Module):
+    """Fidel-paper FCNN: Flatten, Dense 128-128-64 (activation, optional Dropout), classes.
+
+    Module names: see the module docstring (``features.flatten``, ``classifier.fc1`` ...).
+    """
+
+    FIRST_DENSE_LAYER = "classifier.fc1"
+    OUTPUT_LAYER = "classifier.out"
+
+    def __init__(self, input_shape, num_classes, activation="relu", dropout=0.0):
+        super().__init__()
+        c, h, w = _check_shape(input_shape)
+        num_classes = _check_classes(num_classes)
+        if activation not in _ACT:
+            raise ValueError(f"activation: unknown activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+        if (
+            isinstance(dropout, bool)
+            or not isinstance(dropout, numbers.Real)
+            or not 0.0 <= float(dropout) < 1.0
+        ):
+            raise ValueError(f"dropout: must be a number in [0, 1), got {dropout!r}")
+        self.input_shape = (c, h, w)
+        self.num_classes = num_classes
+        self.activation = activation
+        self.dropout = float(dropout)
+        act = _ACT[activation]
+
+        def drop():
+            return nn.Dropout(self.dropout) if self.dropout > 0 else nn.Identity()
+
+        self.features = nn.Sequential(OrderedDict(flatten=nn.Flatten()))
+        self.classifier = nn.Sequential(
+            OrderedDict(
+                fc1=nn.Linear(c * h * w, 128),
+                act1=act(),
+                drop1=drop(),
+                fc2=nn.Linear(128, 128),
+                act2=act(),
+                drop2=drop(),
+                fc3=nn.Linear(128, 64),
+                act3=act(),
+                drop3=drop(),
+                out=nn.Linear(64, num_classes),
+            )
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+_CLASSES = {"cnn": CNN, "fcnn": FCNN}
+
+
+def build_model(name, input_shape, num_classes, **kwargs) -> nn.Module:
+    """Build model ``name`` ("cnn" | "fcnn") for ``input_shape`` (C, H, W).
+
+    ``kwargs`` go to the model (FCNN: ``activation``, ``dropout``; CNN: none).
+    Unknown name or keyword -> ValueError naming it.
+    """
+    key = name.strip().lower() if isinstance(name, str) else None
+    if key not in _CLASSES:
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+    cls = _CLASSES[key]
+    allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "input_shape", "num_classes")]
+    for k in kwargs:
+        if k not in allowed:
+            raise ValueError(
+                f"{k}: not a setting of model {key!r}; allowed: {', '.join(allowed) if allowed else '(none)'}"
+            )
+    return cls(input_shape, num_classes, **kwargs)

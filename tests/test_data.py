@@ -1,0 +1,398 @@
+"""Tests for src.data (datasets, split) and src.dataloader (the OpenFL data loader). No network."""
+
+import socket
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from src import data as data_mod  # noqa: E402
+from src import dataloader as dl_mod  # noqa: E402
+from src.data import (  # noqa: E402
+    DATASETS,
+    DatasetInfo,
+    DatasetUnavailableError,
+    PartyData,
+    dataset_info,
+    load_dataset,
+    split_federation,
+    split_indices,
+)
+from src.dataloader import AuditDataLoader  # noqa: E402
+
+SETS = ("train", "test", "population")
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return load_dataset("digits")
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def ids_pool(n=1000, n_classes=10, seed=0):
+    """x holds each sample's own index, so shards can be traced back to the pool."""
+    x = np.arange(n, dtype=np.float32).reshape(n, 1, 1, 1)
+    y = np.random.default_rng(seed).integers(0, n_classes, size=n).astype(np.int64)
+    return x, y
+
+
+def set_arrays(p: PartyData, s):
+    return {"train": (p.train_x, p.train_y), "test": (p.test_x, p.test_y), "population": (p.population_x, p.population_y)}[s]
+
+
+def hist(y, k=10):
+    return np.bincount(y, minlength=k) / len(y)
+
+
+def tv(a, b):
+    return 0.5 * np.abs(a - b).sum()
+
+
+# ----------------------------------------------------------------------------- datasets
+
+
+def test_digits_shape_range_dtype(digits):
+    x, y = digits
+    assert x.shape == (1797, 1, 8, 8) and x.dtype == np.float32
+    assert y.shape == (1797,) and y.dtype == np.int64
+    assert x.min() == 0.0 and x.max() == 1.0
+    assert set(np.unique(y)) == set(range(10))
+
+
+def test_dataset_info():
+    assert DATASETS == ("digits", "cifar10")
+    assert dataset_info("digits") == DatasetInfo("digits", (1, 8, 8), 10)
+    assert dataset_info("cifar10") == DatasetInfo("cifar10", (3, 32, 32), 10)
+    with pytest.raises(ValueError, match=r"'mnist'.*digits, cifar10"):
+        dataset_info("mnist")
+    with pytest.raises(ValueError, match="mnist"):
+        load_dataset("mnist")
+
+
+def test_cifar10_missing_raises_helpful_error(tmp_path, no_network):
+    with pytest.raises(DatasetUnavailableError) as err:
+        load_dataset("cifar10", tmp_path, download=False)
+    msg = str(err.value)
+    assert str(tmp_path / "cifar-10-batches-py") in msg  # where it looked
+    assert "--download" in msg and "cifar-10-batches-py" in msg  # how to get it
+    assert "--dataset digits" in msg  # the offline alternative
+    assert isinstance(err.value, RuntimeError)
+
+
+def test_cifar10_corrupt_folder_raises(tmp_path, no_network):
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    with pytest.raises(DatasetUnavailableError, match="incomplete or corrupted"):
+        load_dataset("cifar10", tmp_path)
+
+
+def test_cifar10_conversion_with_stub(tmp_path, monkeypatch, no_network):
+    """train + test concatenated, NHWC uint8 -> NCHW float32 normalised with mean = std = 0.5."""
+    import torchvision.datasets
+
+    rng = np.random.default_rng(0)
+    raw = {True: rng.integers(0, 256, (5, 32, 32, 3), dtype=np.uint8), False: rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)}
+    labels = {True: [0, 1, 2, 3, 4], False: [9, 8, 7]}
+
+    class FakeCIFAR10:
+        def __init__(self, root, train, download):
+            assert download is False
+            self.data, self.targets = raw[train], labels[train]
+
+    monkeypatch.setattr(torchvision.datasets, "CIFAR10", FakeCIFAR10)
+    (tmp_path / "cifar-10-batches-py").mkdir()
+    x, y = load_dataset("cifar10", tmp_path)
+    assert x.shape == (8, 3, 32, 32) and x.dtype == np.float32
+    assert y.tolist() == [0, 1, 2, 3, 4, 9, 8, 7] and y.dtype == np.int64
+    both = np.concatenate([raw[True], raw[False]]).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(x, (both / 255.0 - 0.5) / 0.5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- split
+
+
+@pytest.mark.parametrize("ratios", [(0.4, 0.4, 0.2), (0.5, 0.3, 0.1)])
+@pytest.mark.parametrize("alpha", [None, 0.5])
+def test_split_sizes_match_ratios(digits, ratios, alpha):
+    x, y = digits
+    n = len(y)
+    parts = split_federation(x, y, 3, train_ratio=ratios[0], test_ratio=ratios[1], audit_ratio=ratios[2], dirichlet_alpha=alpha)
+    assert len(parts) == 3
+    for s, r in zip(SETS, ratios):
+        assert sum(len(set_arrays(p, s)[1]) for p in parts) == int(np.floor(n * r + 1e-6))
+        for p in parts:
+            xs, ys = set_arrays(p, s)
+            assert len(xs) == len(ys) >= 1
+            assert xs.dtype == np.float32 and ys.dtype == np.int64 and xs.shape[1:] == (1, 8, 8)
+
+
+def test_tutorial_sizes_on_60k():
+    """60k pool with the tutorial ratios: 24k / 24k / 12k."""
+    y = np.zeros(60000, dtype=np.int64)
+    parts = split_indices(y, 2)
+    assert [sum(len(p[s]) for p in parts) for s in SETS] == [24000, 24000, 12000]
+    assert [len(parts[0][s]) for s in SETS] == [12000, 12000, 6000]
+
+
+@pytest.mark.parametrize("alpha", [None, 0.1, 1.0])
+def test_sets_disjoint_and_each_sample_used_at_most_once(alpha):
+    x, y = ids_pool()
+    parts = split_federation(x, y, 4, dirichlet_alpha=alpha, seed=3)
+    used = np.concatenate([set_arrays(p, s)[0].ravel() for p in parts for s in SETS]).astype(np.int64)
+    assert len(np.unique(used)) == len(used)  # no sample in two shards / sets / parties
+    assert len(used) == 400 + 400 + 200
+    for p in parts:  # labels travel with their samples
+        for s in SETS:
+            xs, ys = set_arrays(p, s)
+            np.testing.assert_array_equal(y[xs.ravel().astype(np.int64)], ys)
+
+
+@pytest.mark.parametrize("alpha", [None, 0.3])
+def test_split_deterministic_per_seed_and_different_across_seeds(digits, alpha):
+    x, y = digits
+    a = split_federation(x, y, 3, seed=7, dirichlet_alpha=alpha)
+    b = split_federation(x, y, 3, seed=7, dirichlet_alpha=alpha)
+    c = split_federation(x, y, 3, seed=8, dirichlet_alpha=alpha)
+    for pa, pb in zip(a, b):
+        for s in SETS:
+            np.testing.assert_array_equal(set_arrays(pa, s)[0], set_arrays(pb, s)[0])
+            np.testing.assert_array_equal(set_arrays(pa, s)[1], set_arrays(pb, s)[1])
+    assert any(
+        pa.train_x.shape != pc.train_x.shape or not np.array_equal(pa.train_x, pc.train_x) for pa, pc in zip(a, c)
+    )
+
+
+def test_iid_shards_dealt_i_mod_n():
+    x, y = ids_pool(n=1003)
+    n_parties = 3
+    parts = split_federation(x, y, n_parties, seed=5)
+    perm = np.random.default_rng(5).permutation(1003)  # the documented seeded shuffle
+    sizes = [401, 401, 200]
+    bounds = np.cumsum([0] + sizes)
+    for j, s in enumerate(SETS):
+        whole = perm[bounds[j] : bounds[j + 1]]
+        for i, p in enumerate(parts):
+            np.testing.assert_array_equal(set_arrays(p, s)[0].ravel().astype(np.int64), whole[i::n_parties])
+
+
+def test_dirichlet_skewed_and_same_mix_in_all_sets(digits):
+    x, y = digits
+    g = hist(y)
+    iid_tv, skew_tv = [], []
+    for seed in range(3):
+        iid = split_federation(x, y, 4, seed=seed)
+        skew = split_federation(x, y, 4, seed=seed, dirichlet_alpha=0.1)
+        iid_tv += [tv(hist(p.train_y), g) for p in iid]
+        skew_tv += [tv(hist(p.train_y), g) for p in skew]
+        for p in skew:
+            # the same label mix for a party's members, non-members and population
+            assert tv(hist(p.train_y), hist(p.test_y)) < 0.2
+            assert tv(hist(p.train_y), hist(p.population_y)) < 0.2
+        # stronger: per class, each party's share of that class is the same in all three sets
+        # (up to one sample of rounding per set)
+        counts = {s: np.stack([np.bincount(set_arrays(p, s)[1], minlength=10) for p in skew], axis=1) for s in SETS}
+        totals = {s: counts[s].sum(axis=1, keepdims=True) for s in SETS}
+        share = {s: counts[s] / np.maximum(totals[s], 1) for s in SETS}
+        for s in ("test", "population"):
+            bound = 1.0 / np.maximum(totals["train"], 1) + 1.0 / np.maximum(totals[s], 1) + 1e-12
+            assert (np.abs(share["train"] - share[s]) <= bound).all()
+    assert np.mean(iid_tv) < 0.12
+    assert np.mean(skew_tv) > 0.4 and np.mean(skew_tv) > 4 * np.mean(iid_tv)
+
+
+def test_dirichlet_every_party_nonempty_or_error():
+    x, y = ids_pool(n=1000)
+    for seed in range(5):
+        parts = split_federation(x, y, 5, seed=seed, dirichlet_alpha=0.05)
+        assert all(len(set_arrays(p, s)[1]) >= 1 for p in parts for s in SETS)
+    x, y = ids_pool(n=100, n_classes=2)  # 2 classes, very skewed shares: 20 parties cannot all be served
+    with pytest.raises(ValueError, match=r"dirichlet_alpha.*no sample in the (train|test|population) set"):
+        split_federation(x, y, 20, dirichlet_alpha=0.01)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(train_ratio=0.0), "train_dataset_ratio"),
+        (dict(test_ratio=-0.1), "test_dataset_ratio"),
+        (dict(audit_ratio=0), "audit_dataset_ratio"),
+        (dict(audit_ratio=float("nan")), "audit_dataset_ratio"),
+        (dict(train_ratio="0.4"), "train_dataset_ratio"),
+        (dict(train_ratio=0.5, test_ratio=0.4, audit_ratio=0.2), "train_dataset_ratio \\+ test_dataset_ratio \\+ audit_dataset_ratio"),
+        (dict(dirichlet_alpha=0), "dirichlet_alpha"),
+        (dict(dirichlet_alpha=-1.0), "dirichlet_alpha"),
+    ],
+)
+def test_split_ratio_errors_name_the_ratio(kwargs, name):
+    x, y = ids_pool(100)
+    with pytest.raises(ValueError, match=name):
+        split_federation(x, y, 2, **kwargs)
+
+
+def test_ratios_summing_to_one_within_tolerance():
+    x, y = ids_pool(100)
+    parts = split_federation(x, y, 2, train_ratio=0.7, test_ratio=0.2, audit_ratio=0.1)
+    assert sum(len(p.train_y) + len(p.test_y) + len(p.population_y) for p in parts) <= 100
+
+
+def test_party_count_errors():
+    x, y = ids_pool(20)
+    with pytest.raises(ValueError, match="n_parties"):
+        split_federation(x, y, 0)
+    with pytest.raises(ValueError, match="population set"):  # 4 population samples for 5 parties
+        split_federation(x, y, 5)
+    with pytest.raises(ValueError, match="length"):
+        split_federation(x, y[:-1], 2)
+
+
+# ----------------------------------------------------------------------------- data loader
+
+
+def test_loader_init_mode_loads_nothing(tmp_path, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("init mode must not load data")
+
+    monkeypatch.setattr(dl_mod, "load_dataset", boom)
+    dl = AuditDataLoader(data_path=None, dataset="cifar10", data_dir=tmp_path / "nothing-here")
+    assert dl.get_feature_shape() == [3, 32, 32]
+    assert dl.get_num_classes() == 10
+    assert dl.X_train is None and dl.shard is None
+    with pytest.raises(RuntimeError, match="data_path=None"):
+        dl.get_audit_sets()
+    dl = AuditDataLoader()
+    assert dl.get_feature_shape() == [1, 8, 8] and dl.get_num_classes() == 10
+
+
+def test_loader_shard_mode_matches_split(digits):
+    x, y = digits
+    parts = split_federation(x, y, 3, seed=4, dirichlet_alpha=0.5)
+    for shard in (1, 2, 3):
+        dl = AuditDataLoader(data_path=str(shard), batch_size=10, collaborator_count=3, seed=4, dirichlet_alpha=0.5)
+        p = dl.get_party_data()
+        ref = parts[shard - 1]
+        for field in ("train_x", "train_y", "test_x", "test_y", "population_x", "population_y"):
+            np.testing.assert_array_equal(getattr(p, field), getattr(ref, field))
+        assert dl.get_train_data_size() == len(ref.train_y)
+        assert dl.get_valid_data_size() == len(ref.test_y)
+        # validation = the non-member shard, in order, numpy float32 / int64 batches
+        batches = list(dl.get_valid_loader())
+        assert len(batches) == int(np.ceil(len(ref.test_y) / 10))
+        assert all(bx.dtype == np.float32 and by.dtype == np.int64 for bx, by in batches)
+        np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), ref.test_x)
+        np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), ref.test_y)
+
+
+def test_loader_train_batches_shuffled_cover_shard_once():
+    dl = AuditDataLoader(data_path=1, batch_size=32)
+    loader = dl.get_train_loader()
+    batches = list(loader)
+    assert len(batches) == len(loader) == int(np.ceil(dl.get_train_data_size() / 32))
+    assert all(b[0].shape[1:] == (1, 8, 8) and b[0].dtype == np.float32 and b[1].dtype == np.int64 for b in batches)
+    xs = np.concatenate([b[0] for b in batches])
+    assert len(xs) == dl.get_train_data_size()
+    assert not np.array_equal(xs, dl.X_train)  # shuffled
+    order = np.lexsort(xs.reshape(len(xs), -1).T)
+    ref = np.lexsort(dl.X_train.reshape(len(xs), -1).T)
+    np.testing.assert_array_equal(xs[order], dl.X_train[ref])  # a permutation of the shard
+    # num_batches beyond one epoch continues with fresh permutations, all batches full
+    more = list(dl.get_train_loader(batch_size=100, num_batches=10))
+    assert len(more) == 10 and all(len(b[1]) == 100 for b in more)
+
+
+def test_loader_train_batches_reproducible_for_same_seed():
+    def epochs(seed, shard=1, n=3):
+        dl = AuditDataLoader(data_path=shard, batch_size=16, seed=seed)
+        return [np.concatenate([b[1] for b in dl.get_train_loader()]) for _ in range(n)], dl
+
+    a, dla = epochs(0)
+    b, _ = epochs(0)
+    for ea, eb in zip(a, b):
+        np.testing.assert_array_equal(ea, eb)  # same plan + seed -> same batches
+    assert not np.array_equal(a[0], a[1])  # the generator advances every epoch
+    _, dlc = epochs(1)
+    assert not np.array_equal(dla.X_train, dlc.X_train)  # another seed, another split
+
+    # each loader has its own (seed, shard) generator: other loaders' epochs do not disturb it
+    one = AuditDataLoader(data_path=1, batch_size=16, seed=0)
+    other = AuditDataLoader(data_path=2, batch_size=16, seed=0)
+    got = []
+    for _ in range(3):
+        list(other.get_train_loader())
+        got.append(np.concatenate([b[1] for b in one.get_train_loader()]))
+    for ea, eg in zip(a, got):
+        np.testing.assert_array_equal(ea, eg)
+
+
+def test_loader_get_audit_sets_shapes():
+    dl = AuditDataLoader(data_path="2", collaborator_count=2)
+    sets = dl.get_audit_sets()
+    assert set(sets) == {"members", "nonmembers", "population"}
+    n = 1797
+    expected = {"members": 718 // 2, "nonmembers": 718 // 2, "population": 359 // 2}  # shard 2 of 2: set[1::2]
+    for name, (xs, ys) in sets.items():
+        assert xs.shape == (expected[name], 1, 8, 8) and ys.shape == (expected[name],)
+        assert xs.dtype == np.float32 and ys.dtype == np.int64
+    assert sum(len(v[1]) for v in sets.values()) < n
+    np.testing.assert_array_equal(sets["members"][0], dl.X_train)
+    np.testing.assert_array_equal(sets["nonmembers"][0], dl.X_valid)
+
+
+@pytest.mark.parametrize("bad", ["0", "3", "abc", "1.5", -1, True, ""])
+def test_loader_bad_data_path(bad):
+    with pytest.raises(ValueError) as err:
+        AuditDataLoader(data_path=bad, collaborator_count=2)
+    msg = str(err.value)
+    assert "data_path" in msg and repr(bad) in msg and "1..2" in msg
+
+
+@pytest.mark.parametrize(
+    "settings, name",
+    [
+        (dict(dataset="mnist"), "data_loader.settings.dataset"),
+        (dict(batch_size=0), "data_loader.settings.batch_size"),
+        (dict(collaborator_count=0), "data_loader.settings.collaborator_count"),
+        (dict(train_dataset_ratio=0), "data_loader.settings.train_dataset_ratio"),
+        (dict(test_dataset_ratio=0.9), "data_loader.settings.train_dataset_ratio"),
+        (dict(audit_dataset_ratio=-0.2), "data_loader.settings.audit_dataset_ratio"),
+        (dict(dirichlet_alpha=0), "data_loader.settings.dirichlet_alpha"),
+        (dict(seed=-1), "data_loader.settings.seed"),
+        (dict(download="yes"), "data_loader.settings.download"),
+        (dict(dirichlet_alph=0.5), "data_loader.settings.dirichlet_alph"),
+    ],
+)
+def test_loader_bad_settings_name_the_setting(settings, name):
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        AuditDataLoader(data_path=None, **settings)
+
+
+def test_loader_cifar_missing_raises_dataset_unavailable(tmp_path, no_network):
+    with pytest.raises(DatasetUnavailableError, match="--dataset digits"):
+        AuditDataLoader(data_path="1", dataset="cifar10", data_dir=tmp_path)
+
+
+def test_loader_caches_dataset_per_process(monkeypatch):
+    dl_mod.clear_dataset_cache()
+    calls = []
+    real = data_mod.load_dataset
+
+    def counting(*a, **k):
+        calls.append(a)
+        return real(*a, **k)
+
+    monkeypatch.setattr(dl_mod, "load_dataset", counting)
+    a = AuditDataLoader(data_path="1")
+    b = AuditDataLoader(data_path="2")
+    assert len(calls) == 1
+    assert not np.shares_memory(a.X_train, b.X_train)
+    a.X_train[0] += 1.0  # a party's shard is its own, writable copy
+    dl_mod.clear_dataset_cache()

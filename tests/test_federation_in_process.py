@@ -1,0 +1,86 @@
+"""The in-process federation: real OpenFL Aggregator and Collaborators, audits every round, reports."""
+
+import copy
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from audit.population_attack import population_attack
+from audit.signals import loss_signal
+from workspace.in_process import collaborator_names, initial_tensor_dict, parse_plan, run_in_process
+
+ROUNDS = 3
+# Few members and several local epochs: the local model overfits, as the audit should then show.
+OVERRIDES = {
+    "tasks": {"train": {"kwargs": {"epochs": 3}}},
+    "data_loader": {"settings": {"dataset": "digits", "seed": 3, "train_dataset_ratio": 0.1,
+                                 "test_dataset_ratio": 0.45, "audit_dataset_ratio": 0.45}},
+    "task_runner": {"settings": {"seed": 3, "audit": {"fpr_tolerance": [0.05, 0.1]}}},
+}
+
+
+@pytest.fixture(scope="module")
+def federation(tmp_path_factory):
+    return run_in_process(tmp_path_factory.mktemp("fed"), collaborators=2, rounds=ROUNDS, overrides=OVERRIDES)
+
+
+def test_every_collaborator_and_round_has_its_reports(federation):
+    for name in collaborator_names(2):
+        party = federation.report_dir / name
+        for round_num in range(ROUNDS):
+            round_dir = party / f"round_{round_num:04d}"
+            record = json.loads((round_dir / "audit.json").read_text())
+            assert record["party"] == name and record["round"] == round_num
+            assert set(record["attacks"]) == {"local", "global", "update"}
+            assert set(record["attacks"]["local"]) == {"loss", "logits", "gradient_norm"}
+            assert (round_dir / "roc.png").stat().st_size > 0
+        for summary in ("auc.png", "tpr_at_0.05.png", "tpr_at_0.1.png", "metrics.csv", "index.html"):
+            assert (party / summary).stat().st_size > 0, summary
+        rows = list(csv.DictReader((party / "metrics.csv").open()))
+        assert [int(r["round"]) for r in rows] == list(range(ROUNDS))
+
+
+def test_audit_metrics_reach_the_aggregator_as_scalars(federation):
+    last = federation.collaborator_metrics[-1]
+    for name in collaborator_names(2):
+        for key in ("mia_local_loss_auc", "mia_global_logits_auc", "mia_local_gradient_norm_tpr_at_fpr_0.1",
+                    "mia_update_loss_reduction_auc"):
+            value = last[f"{name}/train/{key}"]
+            assert 0.0 <= value <= 1.0 and math.isfinite(value)
+    # The aggregator holds only scalars for these metrics, never per-sample values.
+    db = federation.aggregator.tensor_db.tensor_db
+    audit_rows = db[db["tensor_name"].str.startswith("mia_")]
+    assert len(audit_rows) > 0
+    assert all(np.asarray(a).size == 1 for a in audit_rows["nparray"])
+    # ... and averages them in its own round logs.
+    assert any("mia_local_loss_auc" in key for key in federation.round_logs[-1])
+
+
+def test_local_model_leaks_more_than_chance_once_it_overfits(federation):
+    last = federation.collaborator_metrics[-1]
+    aucs = [last[f"{name}/train/mia_local_loss_auc"] for name in collaborator_names(2)]
+    assert np.mean(aucs) > 0.55, aucs
+
+
+def test_round_zero_audits_the_model_the_parties_start_from(federation):
+    """The round-0 'global' model is the initial model every party received, not a fresh random init."""
+    init = initial_tensor_dict(parse_plan(federation.plan_dir))
+    runner = federation.runner("collaborator1")
+    model = copy.deepcopy(runner.model)
+    model.load_state_dict({k.removeprefix("model."): torch.as_tensor(v) for k, v in init.items()})
+    sets = runner.audit_sets()
+    losses = [loss_signal(model, torch.as_tensor(x), torch.as_tensor(y))
+              for x, y in (sets.members, sets.nonmembers, sets.population)]
+    direct = population_attack(*losses, (0.05, 0.1))
+    record = json.loads((federation.report_dir / "collaborator1" / "round_0000" / "audit.json").read_text())
+    assert record["attacks"]["global"]["loss"]["auc"] == pytest.approx(direct.auc, abs=1e-12)
+    assert record["attacks"]["global"]["loss"]["tpr_at_fpr"]["0.1"] == pytest.approx(direct.tpr_at_fpr[0.1], abs=1e-12)
+
+
+def test_same_plan_and_seed_give_the_same_metrics(federation, tmp_path):
+    again = run_in_process(tmp_path, collaborators=2, rounds=ROUNDS, overrides=OVERRIDES)
+    assert again.collaborator_metrics == federation.collaborator_metrics

@@ -1,0 +1,43 @@
+"""The repository root is an OpenFL workspace: `fx plan initialize` works in (a copy of) it."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FX = Path(sys.executable).parent / "fx"
+
+
+def copy_workspace(dest: Path) -> Path:
+    # workspace/ too: fx imports its command modules by bare name with the workspace first on sys.path, so a
+    # regular package named `workspace` there would shadow fx's own and break every fx command.
+    for name in ("plan", "src", "audit", "workspace", "save"):
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pbuf"))
+    shutil.copy(ROOT / ".workspace", dest / ".workspace")
+    return dest
+
+
+def fx(cwd, *args):
+    return subprocess.run([str(FX), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv")
+def test_fx_plan_initialize_writes_the_initial_model(tmp_path):
+    ws = copy_workspace(tmp_path)
+    result = fx(ws, "plan", "initialize")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert (ws / "save" / "init.pbuf").stat().st_size > 0
+
+
+@pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv")
+def test_fx_plan_initialize_rejects_a_bad_audit_key(tmp_path):
+    ws = copy_workspace(tmp_path)
+    plan = ws / "plan" / "plan.yaml"
+    plan.write_text(plan.read_text().replace("fpr_tolerance: [0.01, 0.1, 0.5]", "fpr_tolerance: [0.01, 2.0]"))
+    result = fx(ws, "plan", "initialize")
+    assert result.returncode != 0
+    assert "task_runner.settings.audit.fpr_tolerance" in result.stdout + result.stderr
+    assert not (ws / "save" / "init.pbuf").exists()

@@ -1,0 +1,473 @@
+"""Tests for audit.population_attack: equality with Privacy Meter's own PopulationMetric pipeline, the exact
+TPR-at-FPR reading, the member-if-higher and update attacks, and input validation."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.machinery
+import io
+import json
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from audit.population_attack import (
+    DEFAULT_ALPHAS,
+    THRESHOLD_FUNCTIONS,
+    AttackResult,
+    population_attack,
+    update_attack,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+TOLERANCES = (0.01, 0.1, 0.5)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Privacy Meter's real pipeline on a small overfitted classifier
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _digits_sets(seed: int = 0):
+    from sklearn.datasets import load_digits  # bundled with scikit-learn, no download
+
+    x, y = load_digits(return_X_y=True)
+    x = (x / 16.0).astype(np.float32)
+    order = np.random.default_rng(seed).permutation(len(y))
+    members, nonmembers, population = order[:100], order[100:800], order[800:1175]
+    as_tensors = lambda idx: (torch.from_numpy(x[idx]), torch.from_numpy(y[idx]).long())  # noqa: E731
+    return as_tensors(members), as_tensors(nonmembers), as_tensors(population)
+
+
+def _train_mlp(x: torch.Tensor, y: torch.Tensor) -> nn.Module:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(300):  # full batch; enough to overfit 100 samples
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    model.eval()
+    return model
+
+
+def _plain_torch_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+    model.eval()
+    with torch.no_grad():
+        return F.cross_entropy(model(x), y, reduction="none").numpy()
+
+
+@pytest.fixture(scope="module")
+def pm_pipeline(tmp_path_factory):
+    """Privacy Meter's PopulationMetric, prepared on an MLP overfitted to 100 digits.
+
+    privacy_meter.model (imported by information_source, information_source_signal and metric) does
+    `import tensorflow as tf` at module level but only uses tf inside the TensorFlow model classes, which this
+    test never touches. tensorflow is not installed (and is ~1.3 GB), so the test - and only the test - puts an
+    empty placeholder module in sys.modules for the duration of this fixture, then removes it together with the
+    privacy_meter modules that were imported through it, so no other test sees them.
+    """
+    (xm, ym), (xn, yn), (xp, yp) = _digits_sets()
+    model = _train_mlp(xm, ym)  # before the placeholder exists: torch's optimizers import torch._dynamo, which
+    # looks tensorflow up with importlib.util.find_spec
+    with torch.no_grad():
+        train_acc = (model(xm).argmax(1) == ym).float().mean().item()
+        test_acc = (model(xn).argmax(1) == yn).float().mean().item()
+
+    placeholder = types.ModuleType("tensorflow")
+    # A spec without an origin: importlib.util.find_spec("tensorflow") works and points at no files.
+    placeholder.__spec__ = importlib.machinery.ModuleSpec("tensorflow", loader=None)
+    before = set(sys.modules)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "tensorflow", placeholder)
+        from privacy_meter.dataset import Dataset
+        from privacy_meter.hypothesis_test import linear_itp_threshold_func
+        from privacy_meter.information_source import InformationSource
+        from privacy_meter.information_source_signal import ModelLoss
+        from privacy_meter.metric import PopulationMetric
+        from privacy_meter.model import PytorchModelTensor
+
+        pm_model = PytorchModelTensor(model_obj=model, loss_fn=nn.CrossEntropyLoss())
+        # PopulationMetric's default mappings (unique_dataset=False): the target model is queried on the
+        # target dataset's "train" (members) and "test" (non-members) splits, and each reference model k on
+        # the "train" split of reference dataset k; for the population attack the reference model is the
+        # target model itself and the reference dataset is the population.
+        target_dataset = Dataset(
+            data_dict={"train": {"x": xm, "y": ym}, "test": {"x": xn, "y": yn}},
+            default_input="x",
+            default_output="y",
+        )
+        reference_dataset = Dataset(data_dict={"train": {"x": xp, "y": yp}}, default_input="x", default_output="y")
+        metric = PopulationMetric(
+            target_info_source=InformationSource(models=[pm_model], datasets=[target_dataset]),
+            reference_info_source=InformationSource(models=[pm_model], datasets=[reference_dataset]),
+            signals=[ModelLoss()],
+            hypothesis_test_func=linear_itp_threshold_func,
+            logs_dirname=str(tmp_path_factory.mktemp("pm_logs")),
+        )
+        metric.prepare_metric()
+        losses = {
+            "members": _plain_torch_loss(model, xm, ym),
+            "nonmembers": _plain_torch_loss(model, xn, yn),
+            "population": _plain_torch_loss(model, xp, yp),
+        }
+        yield types.SimpleNamespace(
+            metric=metric,
+            model=model,
+            sets={"members": (xm, ym), "nonmembers": (xn, yn), "population": (xp, yp)},
+            losses=losses,
+            train_acc=train_acc,
+            test_acc=test_acc,
+        )
+    for name in set(sys.modules) - before:
+        if name == "privacy_meter" or name.startswith("privacy_meter."):
+            if name not in ("privacy_meter.hypothesis_test", "privacy_meter.metric_result"):
+                del sys.modules[name]
+
+
+def _run_pm(metric, threshold_function: str):
+    metric.hypothesis_test_func = THRESHOLD_FUNCTIONS[threshold_function]
+    # logit_rescale_threshold_func prints debug lines; keep pytest's output clean.
+    with contextlib.redirect_stdout(io.StringIO()):
+        (result,) = metric.run_metric()
+    n_members, n_nonmembers = len(metric.member_signals), len(metric.non_member_signals)
+    return result.fp / n_nonmembers, result.tp / n_members, result.roc_auc
+
+
+def test_pipeline_overfits_and_losses_match_privacy_meter(pm_pipeline):
+    assert pm_pipeline.train_acc == 1.0
+    assert pm_pipeline.test_acc < 0.97  # there is a generalisation gap to attack
+    metric = pm_pipeline.metric
+    np.testing.assert_allclose(metric.member_signals, pm_pipeline.losses["members"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(metric.non_member_signals, pm_pipeline.losses["nonmembers"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(metric.reference_signals, pm_pipeline.losses["population"], rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("threshold_function", sorted(THRESHOLD_FUNCTIONS))
+def test_equals_privacy_meter_population_metric(pm_pipeline, threshold_function):
+    metric = pm_pipeline.metric
+    pm_fpr, pm_tpr, pm_auc = _run_pm(metric, threshold_function)
+    assert 0.55 < pm_auc < 0.95  # an actual attack, not a degenerate curve
+
+    # On Privacy Meter's own signal arrays: bit-for-bit the same ROC.
+    ours = population_attack(
+        metric.member_signals, metric.non_member_signals, metric.reference_signals, TOLERANCES,
+        threshold_function=threshold_function,
+    )
+    np.testing.assert_array_equal(ours.fpr, pm_fpr)
+    np.testing.assert_array_equal(ours.tpr, pm_tpr)
+    assert ours.auc == pm_auc
+
+    # On losses computed independently with plain torch (eval mode, reduction="none").
+    losses = pm_pipeline.losses
+    plain = population_attack(
+        losses["members"], losses["nonmembers"], losses["population"], TOLERANCES,
+        threshold_function=threshold_function,
+    )
+    np.testing.assert_allclose(plain.fpr, pm_fpr, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(plain.tpr, pm_tpr, rtol=0, atol=1e-12)
+    assert plain.auc == pytest.approx(pm_auc, abs=1e-12)
+    assert plain.n_members == 100 and plain.n_nonmembers == 700 and plain.n_population == 375
+
+
+def test_equals_privacy_meter_with_audit_signals_loss(pm_pipeline):
+    """Same check with the project's loss signal, when audit/signals.py (another module) is present.
+
+    audit.signals computes the loss in float64, Privacy Meter in float32, whose losses near 0 are multiples of
+    ~1.2e-7; that reorders a few near-zero losses and moves a couple of non-members across the lowest
+    thresholds. So the losses are compared to float32 precision, and the attack is compared with Privacy
+    Meter's run_metric fed the very same float64 values (bit-for-bit), and with its own float32 run (closely).
+    """
+    signals = pytest.importorskip("audit.signals")
+    if not hasattr(signals, "loss_signal"):
+        pytest.skip("audit.signals has no loss_signal yet")
+    metric = pm_pipeline.metric
+    values = {name: signals.loss_signal(pm_pipeline.model, x, y) for name, (x, y) in pm_pipeline.sets.items()}
+    for name, pm_values in [
+        ("members", metric.member_signals),
+        ("nonmembers", metric.non_member_signals),
+        ("population", metric.reference_signals),
+    ]:
+        np.testing.assert_allclose(values[name], pm_values, rtol=1e-5, atol=1e-6)
+
+    result = population_attack(values["members"], values["nonmembers"], values["population"], TOLERANCES)
+    pm_fpr, pm_tpr, pm_auc = _run_pm(metric, "linear_itp")
+    assert np.max(np.abs(result.fpr - pm_fpr)) * result.n_nonmembers <= 3
+    assert np.max(np.abs(result.tpr - pm_tpr)) * result.n_members <= 3
+    assert result.auc == pytest.approx(pm_auc, abs=2e-3)
+
+    saved = metric.member_signals, metric.non_member_signals, metric.reference_signals
+    try:
+        metric.member_signals = values["members"]
+        metric.non_member_signals = values["nonmembers"]
+        metric.reference_signals = values["population"]
+        same_fpr, same_tpr, same_auc = _run_pm(metric, "linear_itp")
+    finally:
+        metric.member_signals, metric.non_member_signals, metric.reference_signals = saved
+    np.testing.assert_array_equal(result.fpr, same_fpr)
+    np.testing.assert_array_equal(result.tpr, same_tpr)
+    assert result.auc == same_auc
+
+
+def test_default_alphas_are_privacy_meters():
+    # privacy_meter.utils imports only numpy, so the test may import it to check the copied grid.
+    from privacy_meter.utils import default_quantile
+
+    np.testing.assert_array_equal(DEFAULT_ALPHAS, default_quantile())
+
+
+def test_threshold_functions_are_privacy_meters():
+    import privacy_meter.hypothesis_test as ht
+
+    assert THRESHOLD_FUNCTIONS == {
+        "linear_itp": ht.linear_itp_threshold_func,
+        "logit_rescale": ht.logit_rescale_threshold_func,
+        "gaussian": ht.gaussian_threshold_func,
+        "min_linear_logit": ht.min_linear_logit_threshold_func,
+    }
+
+
+def test_imports_only_allowed_privacy_meter_modules():
+    code = (
+        "import sys, audit.population_attack, audit.settings\n"
+        "pm = sorted(m for m in sys.modules if m.startswith('privacy_meter.'))\n"
+        "assert pm == ['privacy_meter.hypothesis_test', 'privacy_meter.metric_result'], pm\n"
+        "assert 'tensorflow' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The TPR at an FPR tolerance is read with the threshold at exactly that tolerance
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shifted():
+    rng = np.random.default_rng(1)
+    return types.SimpleNamespace(
+        population=rng.normal(0.0, 1.0, 20001),
+        nonmembers=rng.normal(0.0, 1.0, 5000),
+        members=rng.normal(-1.0, 1.0, 5000),  # members lower, like a loss
+    )
+
+
+def test_threshold_at_tolerance_is_exact(shifted):
+    result = population_attack(shifted.members, shifted.nonmembers, shifted.population, TOLERANCES)
+    n = shifted.population.size
+    for t in TOLERANCES:
+        threshold = result.threshold_at_fpr[t]
+        below = int(np.sum(shifted.population < threshold))
+        assert abs(below - t * n) <= 1, (t, below)  # exactly fraction t of the population, to one sample
+        assert result.tpr_at_fpr[t] == np.mean(shifted.members < threshold)
+        assert result.fpr_at_fpr[t] == np.mean(shifted.nonmembers < threshold)
+        assert result.fpr_at_fpr[t] == pytest.approx(t, abs=0.03)  # non-members: same distribution, sampling noise
+        assert threshold == pytest.approx(np.quantile(shifted.population, t), abs=1e-12)
+    assert result.tolerances == TOLERANCES
+
+
+def test_exact_reading_differs_from_grid_readings(shifted):
+    """Reading "TPR at FPR 0.1" off the alpha grid gives another operating point: the tutorial takes the first
+    grid point whose measured FPR exceeds the tolerance, and the next grid alpha above 0.1 is ~0.1097."""
+    t = 0.1
+    result = population_attack(shifted.members, shifted.nonmembers, shifted.population, [t])
+    exact_threshold = result.threshold_at_fpr[t]
+
+    # The next grid alpha above the tolerance: its threshold leaves ~11% of the population below it.
+    k = int(np.argmax(DEFAULT_ALPHAS >= t))
+    assert DEFAULT_ALPHAS[k] == pytest.approx(0.1097, abs=1e-4)
+    below = np.sum(shifted.population < result.thresholds[k]) / shifted.population.size
+    assert below - t > 0.009
+    assert result.tpr[k] - result.tpr_at_fpr[t] > 0.01
+
+    # The tutorial's reading: the first grid point whose measured FPR exceeds the tolerance.
+    j = int(np.argmax(result.fpr > t))
+    assert result.fpr[j] > t and result.thresholds[j] != exact_threshold
+    assert result.tpr[j] != result.tpr_at_fpr[t]
+    assert abs(np.sum(shifted.population < exact_threshold) - t * shifted.population.size) <= 1
+
+
+def test_linear_itp_end_replacement_does_not_affect_tolerances(shifted):
+    # linear_itp_threshold_func replaces the first and last alpha of its grid with min-1e-4 / max+1e-4; a
+    # single tolerance, or the smallest/largest of several, must still get its own quantile.
+    for tolerances in ([0.2], [0.05, 0.95], [0.999], [1e-4]):
+        result = population_attack(shifted.members, shifted.nonmembers, shifted.population, tolerances)
+        for t in tolerances:
+            assert result.threshold_at_fpr[t] == pytest.approx(np.quantile(shifted.population, t), abs=1e-12)
+
+
+def test_grid_matches_privacy_meter_formula(shifted):
+    result = population_attack(shifted.members, shifted.nonmembers, shifted.population, TOLERANCES)
+    expected = np.quantile(shifted.population, DEFAULT_ALPHAS[1:-1], method="linear")
+    np.testing.assert_allclose(result.thresholds[1:-1], expected, rtol=0, atol=1e-12)
+    assert result.thresholds[0] == pytest.approx(shifted.population.min() - 1e-4)
+    assert result.thresholds[-1] == pytest.approx(shifted.population.max() + 1e-4)
+    assert result.fpr[-1] == 1.0 and result.tpr[-1] == 1.0
+    assert result.fpr.shape == result.tpr.shape == result.thresholds.shape == DEFAULT_ALPHAS.shape
+    assert 0.7 < result.auc < 0.8  # N(-1,1) vs N(0,1): 0.76 in theory
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Members higher, update attack, chance level
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_member_if_higher(shifted):
+    members, nonmembers, population = -shifted.members, -shifted.nonmembers, -shifted.population  # members higher
+    result = population_attack(members, nonmembers, population, TOLERANCES, signal="logits", member_if_lower=False)
+    assert result.auc > 0.7
+    assert result.signal == "logits" and result.attack == "population"
+    mirrored = population_attack(shifted.members, shifted.nonmembers, shifted.population, TOLERANCES)
+    np.testing.assert_array_equal(result.fpr, mirrored.fpr)
+    np.testing.assert_array_equal(result.tpr, mirrored.tpr)
+    np.testing.assert_array_equal(result.thresholds, -mirrored.thresholds)  # in the signal's own units
+    assert result.auc == mirrored.auc
+    for t in TOLERANCES:
+        threshold = result.threshold_at_fpr[t]
+        assert threshold == pytest.approx(np.quantile(population, 1 - t), abs=1e-12)
+        assert abs(np.sum(population > threshold) - t * population.size) <= 1
+        assert result.tpr_at_fpr[t] == np.mean(members > threshold)
+        assert result.fpr_at_fpr[t] == np.mean(nonmembers > threshold)
+
+
+def test_update_attack():
+    rng = np.random.default_rng(2)
+
+    def losses(n, reduction):
+        under_global = rng.gamma(2.0, 0.5, n)
+        return under_global, under_global - rng.normal(reduction, 0.2, n)
+
+    mg, ml = losses(2000, 0.3)  # local training lowers the members' loss more
+    ng, nl = losses(2000, 0.1)
+    pg, pl = losses(4000, 0.1)
+    result = update_attack(mg, ml, ng, nl, pg, pl, TOLERANCES)
+    assert result.attack == "update" and result.signal == "loss_reduction"
+    assert result.auc > 0.7
+    reference = population_attack(
+        mg - ml, ng - nl, pg - pl, TOLERANCES, signal="loss_reduction", member_if_lower=False, attack="update"
+    )
+    np.testing.assert_array_equal(result.tpr, reference.tpr)
+    np.testing.assert_array_equal(result.fpr, reference.fpr)
+    assert result.tpr_at_fpr == reference.tpr_at_fpr
+    for t in TOLERANCES:
+        assert result.tpr_at_fpr[t] == np.mean((mg - ml) > result.threshold_at_fpr[t])
+        assert result.tpr_at_fpr[t] > t
+
+
+def test_identical_distributions_are_at_chance():
+    rng = np.random.default_rng(3)
+    result = population_attack(rng.normal(size=5000), rng.normal(size=5000), rng.normal(size=10000), TOLERANCES)
+    assert result.auc == pytest.approx(0.5, abs=0.03)
+    for t in TOLERANCES:
+        assert result.tpr_at_fpr[t] == pytest.approx(t, abs=0.03)
+
+
+def test_logit_rescale_prints_nothing(capsys, shifted):
+    result = population_attack(
+        np.abs(shifted.members), np.abs(shifted.nonmembers), np.abs(shifted.population), TOLERANCES,
+        threshold_function="logit_rescale",
+    )
+    assert capsys.readouterr().out == ""
+    assert np.all(np.diff(result.fpr) >= 0)
+
+
+def test_to_dict_is_json():
+    rng = np.random.default_rng(4)
+    result = population_attack(
+        rng.normal(-1, 1, 300), rng.normal(size=300), rng.normal(size=1000), TOLERANCES, threshold_function="gaussian"
+    )
+    assert isinstance(result, AttackResult)
+    d = result.to_dict()
+    back = json.loads(json.dumps(d, allow_nan=False))
+    assert back == d
+    assert set(d["tpr_at_fpr"]) == {"0.01", "0.1", "0.5"}
+    assert d["tpr_at_fpr"]["0.1"] == result.tpr_at_fpr[0.1]
+    assert d["tolerances"] == [0.01, 0.1, 0.5]
+    assert d["thresholds"][-1] is None  # the Gaussian's quantile at alpha = 1 is +inf; JSON has no inf
+    assert len(d["fpr"]) == len(d["tpr"]) == len(d["thresholds"]) == 100
+    assert (d["n_members"], d["n_nonmembers"], d["n_population"]) == (300, 300, 1000)
+    assert d["attack"] == "population" and d["signal"] == "loss"
+    with pytest.raises(Exception):
+        result.auc = 0.0  # frozen
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------------------------------
+
+_OK = np.array([0.1, 0.2, 0.3])
+
+
+@pytest.mark.parametrize("position, name", [(0, "members"), (1, "non-members"), (2, "population")])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_values_name_the_set(position, name, bad):
+    sets = [_OK.copy(), _OK.copy(), _OK.copy()]
+    sets[position][1] = bad
+    with pytest.raises(ValueError, match="not finite") as info:
+        population_attack(*sets, [0.1])
+    assert str(info.value).startswith(f"{name}:")
+
+
+@pytest.mark.parametrize("position, name", [(0, "members"), (1, "non-members"), (2, "population")])
+@pytest.mark.parametrize("bad", [np.array([]), np.ones((3, 2)), 1.0, ["a", "b"]])
+def test_bad_arrays_name_the_set(position, name, bad):
+    sets = [_OK, _OK, _OK]
+    sets[position] = bad
+    with pytest.raises(ValueError) as info:
+        population_attack(*sets, [0.1])
+    assert str(info.value).startswith(f"{name}:")
+
+
+@pytest.mark.parametrize("tolerance", [0, 1, 0.0, 1.0, -0.1, 1.5, [], [0.1, 1.0], "0.1", [True], np.nan])
+def test_tolerances_must_be_in_open_unit_interval(tolerance):
+    with pytest.raises(ValueError, match="fpr_tolerance"):
+        population_attack(_OK, _OK, _OK, tolerance)
+
+
+def test_single_tolerance_and_integer_signals():
+    result = population_attack([0, 1, 2], [3, 4, 5], [0, 1, 2, 3, 4, 5], 0.5)
+    assert result.tolerances == (0.5,)
+    assert result.tpr_at_fpr[0.5] == 1.0 and result.fpr_at_fpr[0.5] == 0.0
+
+
+@pytest.mark.parametrize("function", ["logit_rescale", "min_linear_logit"])
+def test_loss_only_threshold_functions(function):
+    with pytest.raises(ValueError, match="member_if_lower"):
+        population_attack(_OK, _OK, _OK, [0.1], threshold_function=function, member_if_lower=False)
+    for position, name in [(0, "members"), (1, "non-members"), (2, "population")]:
+        sets = [_OK.copy(), _OK.copy(), _OK.copy()]
+        sets[position][0] = -0.5
+        with pytest.raises(ValueError, match="non-negative") as info:
+            population_attack(*sets, [0.1], threshold_function=function)
+        assert str(info.value).startswith(f"{name}:")
+
+
+def test_other_argument_errors():
+    with pytest.raises(ValueError, match="threshold_function"):
+        population_attack(_OK, _OK, _OK, [0.1], threshold_function="linear")
+    with pytest.raises(ValueError, match="alphas"):
+        population_attack(_OK, _OK, _OK, [0.1], alphas=[0.5, 0.1, 1.0])
+    with pytest.raises(ValueError, match="alphas"):
+        population_attack(_OK, _OK, _OK, [0.1], alphas=[0.1, 2.0])
+    with pytest.raises(ValueError, match="member_if_lower"):
+        population_attack(_OK, _OK, _OK, [0.1], member_if_lower="yes")
+
+
+def test_update_attack_validation():
+    with pytest.raises(ValueError) as info:
+        update_attack(_OK, _OK[:2], _OK, _OK, _OK, _OK, [0.1])
+    assert str(info.value).startswith("members:")
+    with pytest.raises(ValueError) as info:
+        update_attack(_OK, _OK, _OK, _OK, _OK, np.array([0.1, np.nan, 0.3]), [0.1])
+    assert str(info.value).startswith("population (loss under the local model):")
+    with pytest.raises(ValueError) as info:
+        update_attack(_OK, _OK, [np.inf, 0, 0], _OK, _OK, _OK, [0.1])
+    assert str(info.value).startswith("non-members (loss under the global model):")

@@ -1,0 +1,210 @@
+"""Tests for audit.settings: defaults, validation errors naming the dotted key, round trip, schedule."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from audit.population_attack import THRESHOLD_FUNCTIONS
+from audit.settings import AuditSettings, AuditSettingsError
+
+REPO = Path(__file__).resolve().parents[1]
+
+DEFAULTS = {
+    "enabled": True,
+    "signals": ["loss", "logits", "gradient_norm"],
+    "fpr_tolerance": [0.01, 0.1, 0.5],
+    "interval": 1,
+    "gradient_layer": None,
+    "threshold_function": "linear_itp",
+    "batch_size": 256,
+    "audit_global": True,
+    "update_attack": True,
+    "log_scale": False,
+    "report_dir": "reports",
+}
+DEFAULTS_SIGNALS = tuple(DEFAULTS["signals"])
+
+
+@pytest.mark.parametrize("mapping", [None, {}])
+def test_defaults(mapping):
+    settings = AuditSettings.from_mapping(mapping)
+    assert settings == AuditSettings()
+    assert settings.to_dict() == DEFAULTS
+    assert settings.signals == ("loss", "logits", "gradient_norm")
+    assert settings.fpr_tolerance == (0.01, 0.1, 0.5)
+    assert settings.gradient_layer is None
+
+
+def test_plan_values():
+    settings = AuditSettings.from_mapping(
+        {
+            "enabled": False,
+            "signals": ["gradient_norm", "loss"],
+            "fpr_tolerance": [0.001, 0.2],
+            "interval": 3,
+            "gradient_layer": "classifier.0",
+            "threshold_function": "min_linear_logit",
+            "batch_size": 32,
+            "audit_global": False,
+            "update_attack": False,
+            "log_scale": True,
+            "report_dir": "out/reports",
+        }
+    )
+    assert settings.enabled is False
+    assert settings.signals == ("gradient_norm", "loss")
+    assert settings.fpr_tolerance == (0.001, 0.2)
+    assert settings.interval == 3 and settings.batch_size == 32
+    assert settings.gradient_layer == "classifier.0"
+    assert settings.threshold_function == "min_linear_logit"
+    assert (settings.audit_global, settings.update_attack, settings.log_scale) == (False, False, True)
+    assert settings.report_dir == "out/reports"
+
+
+def test_single_values_are_wrapped():
+    settings = AuditSettings.from_mapping({"signals": "loss", "fpr_tolerance": 0.1})
+    assert settings.signals == ("loss",)
+    assert settings.fpr_tolerance == (0.1,)
+    assert isinstance(settings.fpr_tolerance[0], float)
+
+
+def test_tuples_and_direct_construction_are_normalised():
+    settings = AuditSettings(signals=["loss"], fpr_tolerance=[0.25])
+    assert settings.signals == ("loss",) and settings.fpr_tolerance == (0.25,)
+    hash(settings)  # frozen and hashable
+    with pytest.raises(Exception):
+        settings.interval = 2
+
+
+@pytest.mark.parametrize(
+    "mapping",
+    [
+        {},
+        {"signals": ["loss"], "fpr_tolerance": [0.05], "interval": 5, "gradient_layer": "fc1"},
+        {"threshold_function": "logit_rescale", "signals": ["loss", "gradient_norm"], "log_scale": True},
+        {"enabled": False, "report_dir": "elsewhere", "batch_size": 1, "threshold_function": "gaussian"},
+    ],
+)
+def test_round_trip(mapping):
+    settings = AuditSettings.from_mapping(mapping)
+    as_dict = settings.to_dict()
+    assert json.loads(json.dumps(as_dict)) == as_dict
+    assert AuditSettings.from_mapping(as_dict) == settings
+    assert AuditSettings.from_mapping(json.loads(json.dumps(as_dict))) == settings
+
+
+# (mapping, offending key, words the message must contain)
+BAD = [
+    ({"signalz": ["loss"]}, "signalz", "unknown setting"),
+    ({"enabled": "yes"}, "enabled", "true or false"),
+    ({"enabled": 1}, "enabled", "true or false"),
+    ({"audit_global": 0}, "audit_global", "true or false"),
+    ({"update_attack": None}, "update_attack", "true or false"),
+    ({"log_scale": "false"}, "log_scale", "true or false"),
+    ({"signals": []}, "signals", "empty"),
+    ({"signals": ["loss", "entropy"]}, "signals", "entropy"),
+    ({"signals": ["loss", "loss"]}, "signals", "twice"),
+    ({"signals": [1]}, "signals", "not a signal name"),
+    ({"signals": {"loss": True}}, "signals", "list"),
+    ({"signals": "Loss"}, "signals", "unknown signal"),
+    ({"fpr_tolerance": []}, "fpr_tolerance", "empty"),
+    ({"fpr_tolerance": [0.1, 1.5]}, "fpr_tolerance", "outside (0, 1)"),
+    ({"fpr_tolerance": 0}, "fpr_tolerance", "outside (0, 1)"),
+    ({"fpr_tolerance": [1]}, "fpr_tolerance", "outside (0, 1)"),
+    ({"fpr_tolerance": [-0.1]}, "fpr_tolerance", "outside (0, 1)"),
+    ({"fpr_tolerance": [float("nan")]}, "fpr_tolerance", "outside (0, 1)"),
+    ({"fpr_tolerance": ["0.1"]}, "fpr_tolerance", "not a number"),
+    ({"fpr_tolerance": "0.1"}, "fpr_tolerance", "list"),
+    ({"fpr_tolerance": [True]}, "fpr_tolerance", "not a number"),
+    ({"interval": 0}, "interval", ">= 1"),
+    ({"interval": -2}, "interval", ">= 1"),
+    ({"interval": 1.0}, "interval", "integer"),
+    ({"interval": True}, "interval", "integer"),
+    ({"batch_size": 0}, "batch_size", ">= 1"),
+    ({"batch_size": "256"}, "batch_size", "integer"),
+    ({"batch_size": False}, "batch_size", "integer"),
+    ({"gradient_layer": 3}, "gradient_layer", "module name"),
+    ({"gradient_layer": ""}, "gradient_layer", "module name"),
+    ({"threshold_function": "magic"}, "threshold_function", "magic"),
+    ({"threshold_function": None}, "threshold_function", "unknown threshold function"),
+    ({"report_dir": ""}, "report_dir", "directory"),
+    ({"report_dir": 5}, "report_dir", "directory"),
+    ({"threshold_function": "logit_rescale"}, "threshold_function", "logits"),  # default signals include logits
+    ({"threshold_function": "min_linear_logit", "signals": ["logits"]}, "threshold_function", "logits"),
+]
+
+
+@pytest.mark.parametrize("mapping, key, words", BAD, ids=[f"{k}-{i}" for i, (_, k, _) in enumerate(BAD)])
+def test_errors_name_the_dotted_key(mapping, key, words):
+    with pytest.raises(AuditSettingsError) as info:
+        AuditSettings.from_mapping(mapping)
+    message = str(info.value)
+    assert message.startswith(f"audit.{key}: "), message
+    assert words in message
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.parametrize("mapping, key, words", BAD[:6] + BAD[-2:])
+def test_errors_use_the_given_prefix(mapping, key, words):
+    prefix = "task_runner.settings.audit"
+    with pytest.raises(AuditSettingsError) as info:
+        AuditSettings.from_mapping(mapping, prefix=prefix)
+    assert str(info.value).startswith(f"{prefix}.{key}: ")
+
+
+def test_unknown_key_lists_the_known_ones():
+    with pytest.raises(AuditSettingsError) as info:
+        AuditSettings.from_mapping({"fpr": [0.1]})
+    message = str(info.value)
+    assert message.startswith("audit.fpr: unknown setting; known: ")
+    for name in DEFAULTS:
+        assert name in message
+
+
+def test_not_a_mapping():
+    with pytest.raises(AuditSettingsError) as info:
+        AuditSettings.from_mapping(["loss"], prefix="x.audit")
+    assert str(info.value).startswith("x.audit: ")
+
+
+def test_direct_construction_is_validated():
+    with pytest.raises(AuditSettingsError, match=r"^audit\.interval: "):
+        AuditSettings(interval=0)
+    with pytest.raises(AuditSettingsError, match=r"^audit\.signals: "):
+        AuditSettings(signals=("loss", "entropy"))
+
+
+def test_every_threshold_function_is_accepted_without_logits():
+    for name in THRESHOLD_FUNCTIONS:
+        settings = AuditSettings.from_mapping({"threshold_function": name, "signals": ["loss", "gradient_norm"]})
+        assert settings.threshold_function == name
+    for name in ("linear_itp", "gaussian"):
+        assert AuditSettings.from_mapping({"threshold_function": name}).signals == DEFAULTS_SIGNALS
+
+
+
+@pytest.mark.parametrize(
+    "interval, audited",
+    [(1, [0, 1, 2, 3, 4, 5, 6]), (2, [0, 2, 4, 6]), (3, [0, 3, 6]), (10, [0])],
+)
+def test_due(interval, audited):
+    settings = AuditSettings(interval=interval)
+    assert [r for r in range(7) if settings.due(r)] == audited
+
+
+def test_due_when_disabled_and_bad_rounds():
+    assert not any(AuditSettings(enabled=False).due(r) for r in range(5))
+    with pytest.raises(ValueError):
+        AuditSettings().due(-1)
+    with pytest.raises(TypeError):
+        AuditSettings().due(1.0)
+
+
+def test_settings_does_not_import_torch():
+    code = "import sys, audit.settings\nassert 'torch' not in sys.modules, 'torch imported'\n"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)

@@ -1,0 +1,349 @@
+"""Tests of audit.signals against naive one-sample-at-a-time references."""
+
+import copy
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from audit.signals import (
+    SIGNALS,
+    compute_signals,
+    gradient_norm_signal,
+    logit_signal,
+    loss_signal,
+    member_if_lower,
+)
+
+N_CLASSES = 5
+RTOL = 1e-4
+
+
+def make_cnn(seed: int = 0) -> nn.Module:
+    """Small CNN with the layer kinds the tutorial net uses (inplace ReLU, Dropout) plus a BatchNorm."""
+    torch.manual_seed(seed)
+    model = nn.Sequential()
+    model.add_module(
+        "features",
+        nn.Sequential(
+            nn.Conv2d(3, 6, kernel_size=3, padding=1),
+            nn.BatchNorm2d(6),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(6, 8, kernel_size=3, padding=1),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+        ),
+    )
+    model.add_module("flatten", nn.Flatten())
+    model.add_module(
+        "classifier",
+        nn.Sequential(
+            nn.Dropout(0.5),
+            nn.Linear(8 * 2 * 2, 16),
+            nn.ReLU(inplace=True),
+            nn.Dropout(0.5),
+            nn.Linear(16, N_CLASSES),
+        ),
+    )
+    # Non-trivial running statistics, so eval mode (running stats) and train mode (batch stats) really differ.
+    bn = model.features[1]
+    bn.running_mean.uniform_(-0.5, 0.5)
+    bn.running_var.uniform_(0.5, 2.0)
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5)
+        bn.bias.uniform_(-0.2, 0.2)
+    return model
+
+
+def make_data(n: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, N_CLASSES, (n,), generator=g)
+
+
+@pytest.fixture
+def cnn():
+    return make_cnn()
+
+
+@pytest.fixture
+def data():
+    return make_data(13)
+
+
+# ---------------------------------------------------------------- naive references (one sample at a time, eval mode)
+
+
+def naive_loss(model, x, y):
+    model = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        return np.array([F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).item() for i in range(len(x))])
+
+
+def naive_logit_margin(model, x, y):
+    model = copy.deepcopy(model).eval()
+    out = []
+    with torch.no_grad():
+        for i in range(len(x)):
+            z = model(x[i : i + 1]).double()[0]
+            others = [z[j].item() for j in range(len(z)) if j != int(y[i])]
+            out.append(z[int(y[i])].item() - max(others))
+    return np.array(out)
+
+
+def naive_grad_norm(model, x, y, layer=None):
+    model = copy.deepcopy(model).eval()
+    params = list(model.parameters() if layer is None else model.get_submodule(layer).parameters())
+    out = []
+    for i in range(len(x)):
+        model.zero_grad()
+        F.cross_entropy(model(x[i : i + 1]), y[i : i + 1]).backward()
+        out.append(math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params)))
+    return np.array(out)
+
+
+# ---------------------------------------------------------------- values
+
+
+def test_member_if_lower():
+    assert member_if_lower("loss") is True
+    assert member_if_lower("gradient_norm") is True
+    assert member_if_lower("logits") is False
+    assert SIGNALS == ("loss", "logits", "gradient_norm")
+
+
+def test_loss_matches_naive(cnn, data):
+    x, y = data
+    got = loss_signal(cnn, x, y, batch_size=4)
+    assert got.dtype == np.float64 and got.shape == (len(x),)
+    np.testing.assert_allclose(got, naive_loss(cnn, x, y), rtol=RTOL)
+
+
+def test_logits_matches_naive_margin(cnn, data):
+    x, y = data
+    got = logit_signal(cnn, x, y, batch_size=4)
+    assert got.dtype == np.float64 and got.shape == (len(x),)
+    np.testing.assert_allclose(got, naive_logit_margin(cnn, x, y), rtol=RTOL, atol=1e-6)
+
+
+class FixedLogits(nn.Module):
+    """Returns the logits it was given, row by row, whatever the input."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.register_buffer("table", torch.tensor(logits, dtype=torch.float32))
+        self.dummy = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x):
+        return self.table[x[:, 0].long()] + 0 * self.dummy
+
+
+def test_logits_signal_is_not_the_loss_again():
+    """The tutorial's "logits" signal ranked samples exactly as the loss did; the margin does not."""
+    # A: margin 1.0, loss 0.551;  B: margin 0.5, loss 0.474 - B has the lower loss but the smaller margin.
+    model = FixedLogits([[2.0, 1.0, 1.0], [2.0, 1.5, -10.0]])
+    x, y = torch.tensor([[0.0], [1.0]]), torch.tensor([0, 0])
+    loss, margin = loss_signal(model, x, y), logit_signal(model, x, y)
+    np.testing.assert_allclose(margin, [1.0, 0.5], rtol=1e-6)
+    assert loss[1] < loss[0] and margin[1] < margin[0]  # members: low loss but HIGH margin -> opposite verdicts
+
+
+@pytest.mark.parametrize("layer", [None, "features.0", "features.4", "classifier.4", "features"])
+def test_gradient_norm_matches_naive(cnn, data, layer):
+    x, y = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the vmap path must handle inplace ReLU without falling back
+        got = gradient_norm_signal(cnn, x, y, layer=layer, batch_size=4)
+    assert got.dtype == np.float64 and got.shape == (len(x),)
+    np.testing.assert_allclose(got, naive_grad_norm(cnn, x, y, layer), rtol=RTOL)
+
+
+def test_layer_norm_is_part_of_full_norm(cnn, data):
+    x, y = data
+    full = gradient_norm_signal(cnn, x, y)
+    parts = [gradient_norm_signal(cnn, x, y, layer=name) for name in ("features", "classifier")]
+    np.testing.assert_allclose(full, np.sqrt(parts[0] ** 2 + parts[1] ** 2), rtol=RTOL)
+
+
+def test_frozen_parameters_are_left_out(cnn, data):
+    x, y = data
+    for p in cnn.features.parameters():
+        p.requires_grad_(False)
+    np.testing.assert_allclose(
+        gradient_norm_signal(cnn, x, y), gradient_norm_signal(cnn, x, y, layer="classifier"), rtol=1e-12
+    )
+
+
+def test_compute_signals_order_and_values(cnn, data):
+    x, y = data
+    names = ["gradient_norm", "loss", "logits"]
+    got = compute_signals(cnn, x, y, names, layer="classifier.1", batch_size=4)
+    assert list(got) == names
+    np.testing.assert_allclose(got["loss"], loss_signal(cnn, x, y, batch_size=4), rtol=1e-12)
+    np.testing.assert_allclose(got["logits"], logit_signal(cnn, x, y, batch_size=4), rtol=1e-12)
+    want = gradient_norm_signal(cnn, x, y, layer="classifier.1", batch_size=4)
+    np.testing.assert_allclose(got["gradient_norm"], want, rtol=1e-12)
+
+
+def test_numpy_inputs(cnn, data):
+    x, y = data
+    got = compute_signals(cnn, x.numpy().astype(np.float64), y.numpy().astype(np.int32), SIGNALS)
+    want = compute_signals(cnn, x, y, SIGNALS)
+    for name in SIGNALS:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
+
+
+@pytest.mark.parametrize("n", [1, 7, 5])  # 5 = batch_size + 1
+def test_set_sizes(cnn, n):
+    x, y = make_data(n, seed=n)
+    got = compute_signals(cnn, x, y, SIGNALS, batch_size=4)
+    for name in SIGNALS:
+        assert got[name].shape == (n,)
+        assert np.isfinite(got[name]).all()
+    np.testing.assert_allclose(got["loss"], naive_loss(cnn, x, y), rtol=RTOL)
+    np.testing.assert_allclose(got["logits"], naive_logit_margin(cnn, x, y), rtol=RTOL, atol=1e-6)
+    np.testing.assert_allclose(got["gradient_norm"], naive_grad_norm(cnn, x, y), rtol=RTOL)
+
+
+# ---------------------------------------------------------------- eval mode, no side effects
+
+
+def test_eval_mode_deterministic_and_state_restored(cnn, data):
+    x, y = data
+    cnn.train()
+    cnn.features[1].eval()  # a submodule kept in eval mode inside a training model must stay so
+    before = {n: t.clone() for n, t in cnn.state_dict().items()}
+    first = gradient_norm_signal(cnn, x, y, batch_size=4)
+    second = gradient_norm_signal(cnn, x, y, batch_size=4)
+    np.testing.assert_array_equal(first, second)  # Dropout off: no noise between calls
+    np.testing.assert_array_equal(loss_signal(cnn, x, y), loss_signal(cnn, x, y))
+    assert cnn.training and cnn.classifier[0].training and not cnn.features[1].training
+    for name, tensor in cnn.state_dict().items():  # parameters and BatchNorm running stats untouched
+        assert torch.equal(tensor, before[name]), name
+    assert all(p.grad is None for p in cnn.parameters())
+
+
+def test_existing_grads_untouched(cnn, data):
+    x, y = data
+    for p in cnn.parameters():
+        p.grad = torch.full_like(p, 0.5)
+    cnn.eval()
+    compute_signals(cnn, x, y, SIGNALS)
+    assert not cnn.training
+    assert all(torch.equal(p.grad, torch.full_like(p, 0.5)) for p in cnn.parameters())
+
+
+def test_mode_restored_after_error(cnn):
+    cnn.train()
+    bad_x = torch.randn(3, 3, 5, 5)  # wrong spatial size: the classifier's Linear fails
+    with pytest.raises(RuntimeError):
+        loss_signal(cnn, bad_x, torch.zeros(3, dtype=torch.long))
+    assert cnn.training and all(m.training for m in cnn.modules())
+
+
+# ---------------------------------------------------------------- numerical stability
+
+
+class Scaled(nn.Module):
+    def __init__(self, inner, scale):
+        super().__init__()
+        self.inner, self.scale = inner, scale
+
+    def forward(self, x):
+        return self.inner(x) * self.scale
+
+
+def test_logits_stable_for_huge_logits(cnn, data):
+    x, y = data
+    model = Scaled(cnn, 1e4)  # softmax saturates: p_y is exactly 0 or 1 in float64
+    got = logit_signal(model, x, y)
+    assert np.isfinite(got).all()
+    assert np.abs(got).max() > 100  # really saturated, not a trivially small case
+    np.testing.assert_allclose(got, naive_logit_margin(model, x, y), rtol=RTOL)
+    with torch.no_grad():
+        correct = (model.eval()(x).argmax(dim=1) == y).numpy()
+    assert np.all((got > 0) == correct)
+    loss = loss_signal(model, x, y)
+    assert np.isfinite(loss).all() and (loss >= 0).all()
+
+
+def test_gradient_norm_finite_for_huge_logits(cnn, data):
+    x, y = data
+    got = gradient_norm_signal(Scaled(cnn, 1e4), x, y)
+    assert np.isfinite(got).all()
+
+
+# ---------------------------------------------------------------- fallback when vmap cannot batch the forward
+
+
+class VmapUnfriendly(nn.Module):
+    """Writes its output in place into a freshly allocated tensor: fine for autograd, impossible under vmap."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 10), nn.ReLU(inplace=True), nn.Dropout())
+        self.head = nn.Linear(10, N_CLASSES)
+
+    def forward(self, x):
+        out = torch.zeros(x.shape[0], N_CLASSES)
+        out.copy_(self.head(self.body(x)))
+        return out
+
+
+@pytest.mark.parametrize("layer", [None, "head"])
+def test_fallback_when_vmap_fails(data, layer):
+    x, y = data
+    model = VmapUnfriendly().train()
+    with pytest.warns(RuntimeWarning, match="falling back"):
+        got = gradient_norm_signal(model, x, y, layer=layer, batch_size=4)
+    np.testing.assert_allclose(got, naive_grad_norm(model, x, y, layer), rtol=RTOL)
+    assert model.training and all(p.grad is None for p in model.parameters())
+
+
+# ---------------------------------------------------------------- errors
+
+
+def test_unknown_signal(cnn, data):
+    x, y = data
+    with pytest.raises(ValueError, match="bogus") as err:
+        member_if_lower("bogus")
+    assert "gradient_norm" in str(err.value)
+    with pytest.raises(ValueError, match="bogus"):
+        compute_signals(cnn, x, y, ["loss", "bogus"])
+
+
+def test_unknown_layer(cnn, data):
+    x, y = data
+    with pytest.raises(ValueError, match="fc9") as err:
+        gradient_norm_signal(cnn, x, y, layer="fc9")
+    assert "features.0" in str(err.value) and "classifier.4" in str(err.value)
+    with pytest.raises(ValueError, match="fc9"):
+        compute_signals(cnn, x, y, ["gradient_norm"], layer="fc9")
+
+
+def test_layer_without_parameters(cnn, data):
+    x, y = data
+    with pytest.raises(ValueError, match=r"features\.2"):  # the inplace ReLU
+        gradient_norm_signal(cnn, x, y, layer="features.2")
+
+
+@pytest.mark.parametrize("fn", [loss_signal, logit_signal, gradient_norm_signal])
+def test_empty_set(cnn, fn):
+    with pytest.raises(ValueError, match="empty"):
+        fn(cnn, torch.empty(0, 3, 8, 8), torch.empty(0, dtype=torch.long))
+
+
+def test_empty_set_compute_signals(cnn):
+    with pytest.raises(ValueError, match="empty"):
+        compute_signals(cnn, np.empty((0, 3, 8, 8), dtype=np.float32), np.empty(0, dtype=np.int64), SIGNALS)
+
+
+def test_mismatched_lengths(cnn, data):
+    x, y = data
+    with pytest.raises(ValueError):
+        loss_signal(cnn, x, y[:-1])

@@ -1,0 +1,192 @@
+"""Run a federation of this workspace in one process with OpenFL's real Aggregator and Collaborators.
+
+OpenFL 1.9 has no simulation mode. Each participant gets its own parsed Plan (a Plan caches its runner,
+loader and client), the collaborators get a client that calls the aggregator's RPC handlers directly
+instead of over gRPC, and each collaborator runs its round's tasks with `Collaborator.do_task`, as
+`Collaborator.run()` would. Everything else - task assignment, tensor codecs, aggregation, end of round -
+is OpenFL's own code. Used by the demo and the tests; `fx` runs the same plan across processes.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import yaml
+
+logger = logging.getLogger(__name__)
+
+WORKSPACE_ROOT = Path(__file__).resolve().parent.parent
+
+
+class DirectClient:
+    """Stands in for AggregatorGRPCClient: the same calls, answered by the aggregator object itself."""
+
+    def __init__(self, aggregator, collaborator_name: str):
+        self.aggregator = aggregator
+        self.collaborator_name = collaborator_name
+
+    def ping(self):
+        return True
+
+    def get_tasks(self):
+        tasks, round_number, sleep_time, time_to_quit = self.aggregator.get_tasks(self.collaborator_name)
+        return tasks or [], round_number, sleep_time, time_to_quit
+
+    def get_aggregated_tensor(self, tensor_name, round_number, report, tags, require_lossless):
+        return self.aggregator.get_aggregated_tensor(
+            tensor_name, round_number, report, tuple(tags), require_lossless, self.collaborator_name
+        )
+
+    def send_local_task_results(self, round_number, task_name, data_size, named_tensors):
+        self.aggregator.send_local_task_results(
+            self.collaborator_name, round_number, task_name, data_size, named_tensors
+        )
+
+
+def deep_merge(base: dict, overrides: Mapping) -> dict:
+    """A copy of `base` with `overrides` merged in, key by key for nested mappings."""
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def collaborator_names(count: int) -> list[str]:
+    return [f"collaborator{i}" for i in range(1, count + 1)]
+
+
+def write_run_plan(run_dir: Path, *, collaborators: int, rounds: int, overrides: Mapping | None = None,
+                   plan_path: Path | None = None) -> Path:
+    """Write the workspace plan, with overrides and this run's paths, into run_dir/plan; returns that folder.
+
+    The aggregator's state files go to run_dir/save and the reports to run_dir/reports unless the
+    overrides say otherwise; no checkpoint database is kept, so a new run never resumes an old one.
+    """
+    if collaborators < 1:
+        raise ValueError(f"collaborators: need at least 1, got {collaborators}")
+    if rounds < 1:
+        raise ValueError(f"rounds: need at least 1, got {rounds}")
+    run_dir = Path(run_dir).resolve()
+    plan_path = Path(plan_path or WORKSPACE_ROOT / "plan" / "plan.yaml")
+    config = yaml.safe_load(plan_path.read_text())
+    run_settings = {
+        "aggregator": {"settings": {
+            "rounds_to_train": rounds,
+            "init_state_path": str(run_dir / "save" / "init.pbuf"),
+            "best_state_path": str(run_dir / "save" / "best.pbuf"),
+            "last_state_path": str(run_dir / "save" / "last.pbuf"),
+            "persist_checkpoint": False,
+            "write_logs": False,
+        }},
+        "collaborator": {"settings": {"write_logs": False}},
+        "data_loader": {"settings": {"collaborator_count": collaborators}},
+        "task_runner": {"settings": {"audit": {"report_dir": str(run_dir / "reports")}}},
+    }
+    config = deep_merge(deep_merge(config, run_settings), overrides or {})
+    plan_dir = run_dir / "plan"
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "save").mkdir(exist_ok=True)
+    (plan_dir / "plan.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    names = collaborator_names(collaborators)
+    (plan_dir / "cols.yaml").write_text(yaml.safe_dump({"collaborators": names}))
+    (plan_dir / "data.yaml").write_text("".join(f"{name},{i}\n" for i, name in enumerate(names, 1)))
+    return plan_dir
+
+
+def parse_plan(plan_dir: Path):
+    from openfl.federated import Plan
+
+    if str(WORKSPACE_ROOT) not in sys.path:  # the plan's templates are `src.*` modules of this workspace
+        sys.path.insert(0, str(WORKSPACE_ROOT))
+    return Plan.parse(plan_dir / "plan.yaml", cols_config_path=plan_dir / "cols.yaml",
+                      data_config_path=plan_dir / "data.yaml")
+
+
+def initial_tensor_dict(plan) -> dict:
+    """The initial global model, built the way `fx plan initialize` builds save/init.pbuf."""
+    from openfl.utilities.dataloading import initialize_minimal_dataloader
+    from openfl.utilities.split import split_tensor_dict_for_holdouts
+
+    runner = plan.get_task_runner(initialize_minimal_dataloader(plan))
+    tensor_dict, _holdout = split_tensor_dict_for_holdouts(
+        runner.get_tensor_dict(False), **runner.tensor_dict_split_fn_kwargs
+    )
+    return tensor_dict
+
+
+@dataclass
+class FederationResult:
+    """What an in-process run produced."""
+
+    plan_dir: Path
+    report_dir: Path
+    aggregator: object
+    collaborators: dict
+    round_logs: list[dict] = field(default_factory=list)      # aggregator's averaged metrics per round
+    collaborator_metrics: list[dict] = field(default_factory=list)  # per round: {"col/task/metric": value}
+
+    def runner(self, name: str):
+        return self.collaborators[name].task_runner
+
+    @property
+    def final_weights(self) -> dict:
+        return self.aggregator.last_tensor_dict
+
+
+def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, overrides: Mapping | None = None,
+                   on_round_end: Callable[[int, dict], None] | None = None,
+                   on_task: Callable[[str, str, int], None] | None = None) -> FederationResult:
+    """Run the whole federation; `on_task(collaborator, task, round)` is called before each task."""
+    from openfl.callbacks import LambdaCallback
+
+    plan_dir = write_run_plan(Path(run_dir), collaborators=collaborators, rounds=rounds, overrides=overrides)
+    agg_plan = parse_plan(plan_dir)
+    report_dir = Path(agg_plan.config["task_runner"]["settings"]["audit"]["report_dir"])
+
+    round_logs: list[dict] = []
+
+    def record_round(round_num, logs=None):
+        round_logs.append(dict(logs or {}))
+        if on_round_end is not None:
+            on_round_end(round_num, dict(logs or {}))
+
+    # A fresh list each time: OpenFL's Aggregator appends to its (shared) default `callbacks` argument.
+    agg_plan.config["aggregator"]["settings"]["callbacks"] = [LambdaCallback(on_round_end=record_round)]
+    aggregator = agg_plan.get_aggregator(tensor_dict=initial_tensor_dict(agg_plan))
+
+    cols, clients = {}, {}
+    for name in collaborator_names(collaborators):
+        plan = parse_plan(plan_dir)
+        plan.config["collaborator"]["settings"]["callbacks"] = []
+        clients[name] = DirectClient(aggregator, name)
+        cols[name] = plan.get_collaborator(name, client=clients[name])
+
+    collaborator_metrics: list[dict] = []
+    while not aggregator._time_to_quit():
+        round_num = aggregator.round_number
+        metrics: dict = {}
+        for name, col in cols.items():
+            tasks, task_round, _sleep, quit_now = clients[name].get_tasks()
+            if quit_now:
+                break
+            for task in tasks:
+                if on_task is not None:
+                    on_task(name, task if isinstance(task, str) else task.name, task_round)
+                metrics.update(col.do_task(task, task_round))
+            col.tensor_db.clean_up(col.db_store_rounds)
+        if aggregator.round_number == round_num:
+            raise RuntimeError(f"round {round_num} did not complete: a collaborator got no tasks")
+        collaborator_metrics.append(metrics)
+    for name in cols:  # let every collaborator receive its quit signal, as after a real run
+        clients[name].get_tasks()
+
+    return FederationResult(plan_dir=plan_dir, report_dir=report_dir, aggregator=aggregator, collaborators=cols,
+                            round_logs=round_logs, collaborator_metrics=collaborator_metrics)
