@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--collaborators", type=int, default=2)
     p.add_argument("--model", choices=["cnn", "fcnn"], default="cnn")
     p.add_argument("--learning_rate", type=float, default=None, help="default: 0.005 for SGD, 0.001 for Adam")
+    p.add_argument("--local_epochs", type=int, default=1, help="local epochs per round (the tutorial: 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--log_scale", type=str2bool, default=False, help="ROC plots with log-scale axes")
@@ -57,12 +58,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def feature_layer(model_name: str, dataset: str, layer_number: int | None) -> str | None:
+    """The module name of `features[layer_number]` (the tutorial's --layer_number), or None for all parameters.
+
+    Without a number: the first layer of `features` that has parameters, if any.
+    """
+    from src.data import dataset_info
+    from src.models import build_model
+
+    info = dataset_info(dataset)
+    children = list(build_model(model_name, info.input_shape, info.num_classes).features.named_children())
+    with_params = [i for i, (_, m) in enumerate(children) if any(True for _ in m.parameters())]
+    if layer_number is None:
+        return f"features.{children[with_params[0]][0]}" if with_params else None
+    if not 0 <= layer_number < len(children) or layer_number not in with_params:
+        described = ", ".join(f"{i}={name}" for i, (name, _) in enumerate(children))
+        raise ValueError(f"--layer_number: features[{layer_number}] of model {model_name!r} is not a layer with "
+                         f"parameters; its layers: {described}; layers with parameters: {with_params}")
+    return f"features.{children[layer_number][0]}"
+
+
 def overrides_from_args(args) -> dict:
-    gradient_layer = None
-    if args.is_features:
-        gradient_layer = f"features.{args.layer_number if args.layer_number is not None else 0}"
+    gradient_layer = feature_layer(args.model, args.dataset, args.layer_number) if args.is_features else None
     lr = args.learning_rate if args.learning_rate is not None else (0.005 if args.optimizer_type == "SGD" else 0.001)
     return {
+        "tasks": {"train": {"kwargs": {"epochs": args.local_epochs}}},
         "data_loader": {"settings": {
             "dataset": args.dataset,
             "data_dir": args.data_dir,
@@ -107,9 +127,10 @@ def main(argv=None) -> int:
         print(f"round {round_num + 1}/{args.comm_round}  {col}: {task} ...", flush=True)
 
     try:
+        overrides = overrides_from_args(args)
         result = run_in_process(
             args.report_dir / "_run", collaborators=args.collaborators, rounds=args.comm_round,
-            overrides=overrides_from_args(args), on_task=on_task,
+            overrides=overrides, on_task=on_task,
         )
     except DatasetUnavailableError as err:
         print(f"error: {err}", file=sys.stderr)

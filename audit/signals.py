@@ -129,7 +129,7 @@ def logit_signal(model: nn.Module, x, y, *, batch_size: int = 256) -> np.ndarray
     return _logit_margin_from_logits(_logits(model, x, batch_size), y)
 
 
-def _trainable_names(model: nn.Module, layer: str | None) -> list[str]:
+def gradient_parameter_names(model: nn.Module, layer: str | None) -> list[str]:
     """Full names (as in model.named_parameters()) of the parameters to differentiate."""
     if layer is None:
         names = [name for name, p in model.named_parameters() if p.requires_grad]
@@ -159,7 +159,7 @@ def gradient_norm_signal(model: nn.Module, x, y, *, layer: str | None = None, ba
     constant, which skips their gradients.
     """
     x, y = _prepare(model, x, y, batch_size)
-    names = _trainable_names(model, layer)
+    names = gradient_parameter_names(model, layer)
     wanted = set(names)
     # Detached copies share storage with the model but are outside autograd, so neither the parameters nor their
     # .grad fields can be touched; torch.func tracks the trainable ones itself.

@@ -22,11 +22,12 @@ from openfl.utilities import TensorKey
 from audit.report import ReportWriter
 from audit.round_audit import AuditSets, audit_round, record_to_json
 from audit.settings import AuditSettings
+from audit.signals import gradient_parameter_names
 from src.models import build_model
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZERS = {"SGD": torch.optim.SGD, "Adam": torch.optim.Adam}
+OPTIMIZERS = ("SGD", "Adam")
 SETTINGS_PREFIX = "task_runner.settings"
 
 
@@ -65,7 +66,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
     ):
         super().__init__(device=device, **kwargs)
         if optimizer not in OPTIMIZERS:
-            raise ValueError(f"{SETTINGS_PREFIX}.optimizer: unknown optimizer {optimizer!r}; choose one of {sorted(OPTIMIZERS)}")
+            raise ValueError(f"{SETTINGS_PREFIX}.optimizer: unknown optimizer {optimizer!r}; choose one of {list(OPTIMIZERS)}")
         _check_number("learning_rate", learning_rate, minimum=0, exclusive=True)
         _check_number("momentum", momentum, minimum=0)
         _check_number("seed", seed, minimum=0, integer=True)
@@ -76,16 +77,18 @@ class AuditedTaskRunner(PyTorchTaskRunner):
 
         data_loader = self.data_loader
         torch.manual_seed(seed)  # the initial model `fx plan initialize` saves depends only on the seed
-        self.model = build_model(
-            model, tuple(data_loader.get_feature_shape()), data_loader.get_num_classes(), **(model_settings or {})
-        )
+        try:
+            self.model = build_model(
+                model, tuple(data_loader.get_feature_shape()), data_loader.get_num_classes(), **(model_settings or {})
+            )
+        except ValueError as err:
+            key = "model" if model_settings is None or str(err).startswith("unknown model") else "model_settings"
+            raise ValueError(f"{SETTINGS_PREFIX}.{key}: {err}") from None
         if self.audit_settings.gradient_layer is not None:
-            layers = {name for name, module in self.model.named_modules() if any(True for _ in module.parameters(recurse=False))}
-            if self.audit_settings.gradient_layer not in layers:
-                raise ValueError(
-                    f"{SETTINGS_PREFIX}.audit.gradient_layer: no layer {self.audit_settings.gradient_layer!r} "
-                    f"with parameters in model {model!r}; layers: {sorted(layers)}"
-                )
+            try:  # fail at start-up, not in the first audit
+                gradient_parameter_names(self.model, self.audit_settings.gradient_layer)
+            except ValueError as err:
+                raise ValueError(f"{SETTINGS_PREFIX}.audit.gradient_layer: {err}") from None
         self.to(self.device)
         if optimizer == "SGD":
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=learning_rate, momentum=momentum)

@@ -31,7 +31,8 @@ def test_bad_audit_setting_names_its_key(tmp_path, audit, key):
     [
         ({"optimizer": "Adagrad"}, "task_runner.settings.optimizer"),
         ({"learning_rate": -1}, "task_runner.settings.learning_rate"),
-        ({"model": "resnet"}, "model"),
+        ({"model": "resnet"}, "task_runner.settings.model"),
+        ({"model_settings": {"activation": "swish"}}, "task_runner.settings.model_settings"),
     ],
 )
 def test_bad_runner_setting_names_its_key(tmp_path, settings, key):
