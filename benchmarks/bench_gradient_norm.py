@@ -88,16 +88,10 @@ class TutorialNet(nn.Module):
 
 
 def digits_net(num_classes: int = 10) -> nn.Module:
-    """A small CNN for 1x8x8 images (sklearn digits size), ~21k parameters."""
-    return nn.Sequential(
-        nn.Conv2d(1, 16, kernel_size=3, padding=1),
-        nn.ReLU(),
-        nn.MaxPool2d(2),
-        nn.Flatten(),
-        nn.Linear(16 * 4 * 4, 64),
-        nn.ReLU(),
-        nn.Linear(64, num_classes),
-    )
+    """The workspace's own CNN (src.models) on 1x8x8 digits, as the audit runs it."""
+    from src.models import build_model
+
+    return build_model("cnn", (1, 8, 8), num_classes)
 
 
 def naive_grad_norm(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
@@ -186,7 +180,7 @@ def main(argv=None) -> None:
 
     digits_x = torch.randn(args.samples, 1, 8, 8, generator=gen)
     digits_y = torch.randint(0, 10, (args.samples,), generator=gen)
-    bench("digits-size CNN", digits_net(), digits_x, digits_y, pm_model_module, layer="4")
+    bench("digits-size CNN (src.models cnn)", digits_net(), digits_x, digits_y, pm_model_module, layer="classifier.fc1")
     print("\nload average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 
 
