@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench fx-init clean
+.PHONY: demo test bench fx-init clean federation
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,11 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_audit.py
 	$(PY) benchmarks/bench_gradient_norm.py
+
+# A real federation on this machine: aggregator + 3 collaborators as separate `fx` processes on 127.0.0.1, each in
+# its own workspace under runs/<timestamp>, with mTLS certificates made by OpenFL's commands (README).
+federation: $(STAMP)
+	$(PY) -m workspace run --collaborators 3 --rounds 3
 
 # Initialise the plan the way a deployment does (writes save/init.pbuf).
 fx-init: $(STAMP)

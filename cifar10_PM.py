@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--log_scale", type=str2bool, default=False, help="ROC plots with log-scale axes")
+    p.add_argument("--fidel", type=str2bool, nargs="?", const=True, default=False,
+                   help="also run the Fidel reconstruction audit of each update")
     p.add_argument("--verbose", action="store_true", help="show OpenFL's own log lines")
     return p
 
@@ -104,6 +106,7 @@ def overrides_from_args(args) -> dict:
                 "gradient_layer": gradient_layer,
                 "log_scale": args.log_scale,
                 "report_dir": str(args.report_dir),
+                "fidel": args.fidel,
             },
         }},
     }
@@ -142,6 +145,8 @@ def main(argv=None) -> int:
     print_summary(result)
     print(f"\nfinished {args.comm_round} rounds in {time.perf_counter() - start:.1f}s")
     print(f"reports: {result.report_dir}  (open {result.report_dir / 'index.html'})")
+    if result.aggregator_report_dir is not None:
+        print(f"aggregator report (kept/gated per round): {result.aggregator_report_dir / 'index.html'}")
     return 0
 
 

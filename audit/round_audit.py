@@ -16,6 +16,8 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from audit.fidel import fidel_audit
+from audit.fidel_decoder import train_decoder
 from audit.population_attack import population_attack, update_attack
 from audit.settings import AuditSettings
 from audit.signals import compute_signals, member_if_lower
@@ -128,22 +130,47 @@ def audit_round(
                 )
             }
 
+    metrics = scalar_metrics(attacks)
+    extra: dict = {}
+    timings = {"signals_s": signal_seconds}
+    fidel = None
+    if settings.fidel and global_model is not None:
+        fidel_start = time.perf_counter()
+        fidel = run_fidel(local_model, global_model, sets, settings, seed=seed)
+        metrics.update(fidel.metrics())
+        extra["fidel"] = fidel.to_dict()
+        timings["fidel_s"] = time.perf_counter() - fidel_start
+    timings["audit_s"] = time.perf_counter() - start
+
     return {
         "party": party,
         "round": int(round_num),
         "seed": seed,
         "settings": settings.to_dict(),
-        "timings": {"audit_s": time.perf_counter() - start, "signals_s": signal_seconds},
+        "timings": timings,
         "attacks": attacks,
-        "metrics": scalar_metrics(attacks),
+        "metrics": metrics,
         "sizes": {name: int(len(getattr(sets, name)[1])) for name in SETS},
-        "extra": {},
+        "extra": extra,
+        # In-memory only (record_to_json drops it): the reconstructions, for the collaborator's own grid image.
+        "_fidel": fidel,
     }
+
+
+def run_fidel(local_model, global_model, sets: AuditSets, settings: AuditSettings, *, seed: int | None):
+    """The Fidel reconstruction audit of this update against the round's training samples (the members)."""
+    decoder = None
+    if settings.fidel_decoder:  # fitted on the population under the received model, never on members
+        decoder = train_decoder(global_model, sets.population[0], layer=settings.fidel_layer)
+    return fidel_audit(
+        global_model, local_model, sets.members[0], layer=settings.fidel_layer,
+        threshold=settings.fidel_threshold, seed=seed or 0, decoder=decoder, batch_size=settings.batch_size,
+    )
 
 
 def record_to_json(record: dict) -> dict:
     """The round record with every AttackResult replaced by its JSON-able dict."""
-    out = dict(record)
+    out = {key: value for key, value in record.items() if not key.startswith("_")}
     out["attacks"] = {
         kind: {signal: result.to_dict() for signal, result in per_signal.items()}
         for kind, per_signal in record["attacks"].items()

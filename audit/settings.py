@@ -40,6 +40,11 @@ class AuditSettings:
     update_attack: bool = True  # run the update-based attack
     log_scale: bool = False  # ROC plots with log axes
     report_dir: str = "reports"
+    # Fidel (first-dense-layer) reconstruction audit of the update (audit.fidel); off by default.
+    fidel: bool = False
+    fidel_layer: str | None = None  # the dense layer to attack; None = the first nn.Linear in forward order
+    fidel_threshold: float = 0.98  # Pearson r of a full reveal (the paper's threshold)
+    fidel_decoder: bool = False  # CNNs: also score decoded (pixel-level) reconstructions
 
     def __post_init__(self):
         # Direct construction is validated too; values are normalised (lists -> tuples, ints -> floats).
@@ -150,6 +155,12 @@ def _threshold_function(key: str, value) -> str:
     return value
 
 
+def _fraction(key: str, value) -> float:
+    if not _is_real(value) or not 0 < value <= 1:
+        raise AuditSettingsError(f"{key}: expected a number in (0, 1], got {value!r}")
+    return float(value)
+
+
 def _directory(key: str, value) -> str:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
@@ -170,6 +181,10 @@ _CHECKS = {
     "update_attack": _bool,
     "log_scale": _bool,
     "report_dir": _directory,
+    "fidel": _bool,
+    "fidel_layer": _optional_name,
+    "fidel_threshold": _fraction,
+    "fidel_decoder": _bool,
 }
 
 

@@ -1,15 +1,17 @@
 """The task runner OpenFL loads (`task_runner.template: src.taskrunner.AuditedTaskRunner`).
 
 `train_task` trains locally, then audits the trained model (and the received global model) before it
-returns: OpenFL sends a task's results as soon as the task returns, so any later decision about the update
-(gating) has to be taken here. Only scalar metrics leave the collaborator; the full round record, with
-per-sample-derived ROC curves, stays in its own report folder.
+returns: OpenFL sends a task's results as soon as the task returns, so the gate (audit.gate) decides here
+what is sent: the local update, a DP-SGD retrain of it, or the received global weights (withheld).
+Only scalar metrics leave the collaborator; the full round record, with per-sample-derived ROC curves and
+the gate's verdict, stays in its own report folder.
 """
 
 from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 import zlib
 
@@ -19,16 +21,21 @@ import torch.nn.functional as F
 from openfl.federated import PyTorchTaskRunner
 from openfl.utilities import TensorKey
 
+from audit.gate import NON_FINITE_UPDATE, GatePolicy, GateVerdict, non_finite_tensors
+from audit.fidel import save_reveal_grid
 from audit.report import ReportWriter
-from audit.round_audit import AuditSets, audit_round, record_to_json
+from audit.round_audit import SETS, AuditSets, audit_round, record_to_json
 from audit.settings import AuditSettings
 from audit.signals import gradient_parameter_names
+from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
+from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
 
 logger = logging.getLogger(__name__)
 
 OPTIMIZERS = ("SGD", "Adam")
 SETTINGS_PREFIX = "task_runner.settings"
+GATE_TRIPPED_PREFIX = "gate_tripped__"
 
 
 def cross_entropy(output, target):
@@ -62,6 +69,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         momentum: float = 0.9,
         seed: int = 0,
         audit: dict | None = None,
+        gate: dict | None = None,
+        per_collaborator: dict | None = None,
         **kwargs,
     ):
         super().__init__(device=device, **kwargs)
@@ -73,7 +82,18 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         if model_settings is not None and not isinstance(model_settings, dict):
             raise ValueError(f"{SETTINGS_PREFIX}.model_settings: expected a mapping, got {model_settings!r}")
         self.audit_settings = AuditSettings.from_mapping(audit, prefix=f"{SETTINGS_PREFIX}.audit")
+        self.gate_policy, self.per_collaborator = parse_per_collaborator(
+            per_collaborator, gate=gate, audit_settings=self.audit_settings
+        )
+        # OpenFL's aggregator fails at the end of a round when a reported metric is missing from some
+        # collaborators: every collaborator parses the same plan, so all send gate_tripped__<name> for
+        # every metric any gate in the plan watches (0.0 when not tripped).
+        watched = set(self.gate_policy.thresholds)
+        for col in self.per_collaborator.values():
+            watched |= set(col.gate.thresholds)
+        self.gate_tripped_names = tuple(sorted(watched)) + (NON_FINITE_UPDATE,)
         self.seed = seed
+        self.optimizer_name, self.learning_rate, self.momentum = optimizer, float(learning_rate), float(momentum)
 
         data_loader = self.data_loader
         torch.manual_seed(seed)  # the initial model `fx plan initialize` saves depends only on the seed
@@ -90,13 +110,21 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             except ValueError as err:
                 raise ValueError(f"{SETTINGS_PREFIX}.audit.gradient_layer: {err}") from None
         self.to(self.device)
-        if optimizer == "SGD":
-            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=learning_rate, momentum=momentum)
-        else:
-            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=learning_rate)
+        self.optimizer = self.make_optimizer(self.model)
         self.loss_fn = cross_entropy
         self._audit_sets: AuditSets | None = None
         self.last_record: dict | None = None  # the latest round record, for in-process callers
+
+    def make_optimizer(self, model: torch.nn.Module, learning_rate: float | None = None) -> torch.optim.Optimizer:
+        """The plan's optimizer for `model` (the DP retrain uses the same recipe)."""
+        lr = self.learning_rate if learning_rate is None else learning_rate
+        if self.optimizer_name == "SGD":
+            return torch.optim.SGD(model.parameters(), lr=lr, momentum=self.momentum)
+        return torch.optim.Adam(model.parameters(), lr=lr)
+
+    def collaborator_settings(self, col_name: str) -> CollaboratorSettings:
+        """`per_collaborator` settings for `col_name`, else the plan-wide ones."""
+        return self.per_collaborator.get(col_name) or CollaboratorSettings(gate=self.gate_policy)
 
     def forward(self, x):
         return self.model(x)
@@ -113,34 +141,187 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         return copy.deepcopy(self.model)
 
     def train_task(self, col_name, round_num, input_tensor_dict, epochs=1, **kwargs):
+        col = self.collaborator_settings(col_name)
+        epochs = col.epochs if col.epochs is not None else epochs
+        learning_rate = col.learning_rate if col.learning_rate is not None else self.learning_rate
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
         settings = self.audit_settings
         audit_now = settings.enabled and settings.due(round_num)
+        # What withholding sends back; rebuild_model pops from input_tensor_dict, so copy first.
+        received = {name: np.array(value, copy=True) for name, value in input_tensor_dict.items()}
         global_model = self.received_model(round_num, input_tensor_dict) if audit_now else None
 
         torch.manual_seed(round_seed(self.seed, col_name, round_num))
         start = time.perf_counter()
         global_out, local_out = super().train_task(col_name, round_num, input_tensor_dict, epochs=epochs, **kwargs)
         train_seconds = time.perf_counter() - start
-        if not audit_now:
-            return global_out, local_out
+        train_loss = float(next(v for k, v in global_out.items() if k.tensor_name == cross_entropy.__name__))
+        trained = {k.tensor_name: v for k, v in {**global_out, **local_out}.items() if "trained" in k.tags}
 
-        record = audit_round(
-            self.model, global_model, self.audit_sets(), settings, party=col_name, round_num=round_num, seed=self.seed
+        gate = col.gate
+        verdict, outcome, record = self._gate(
+            gate, trained, received, global_model, global_out, local_out, col_name, round_num, epochs, learning_rate
         )
-        record["timings"]["train_s"] = train_seconds
-        record["metrics"]["train_loss"] = float(
-            next(v for k, v in global_out.items() if k.tensor_name == cross_entropy.__name__)
-        )
-        self.last_record = record
-        ReportWriter(settings.report_dir, col_name, log_scale=settings.log_scale).write_round(record_to_json(record))
-        logger.info(
-            "%s round %d audit: %s (audit %.2fs, train %.2fs)",
-            col_name, round_num,
-            ", ".join(f"{k}={v:.3f}" for k, v in record["metrics"].items() if k.endswith("_auc")),
-            record["timings"]["audit_s"], train_seconds,
-        )
-        for name, value in record["metrics"].items():
-            if name == "train_loss":
-                continue
+        if record is not None:
+            record["timings"]["train_s"] = train_seconds
+            if math.isfinite(train_loss):  # report metrics are finite numbers
+                record["metrics"]["train_loss"] = train_loss
+            record["extra"]["gate"] = self._gate_record(gate, verdict, outcome, audited=bool(record["attacks"]))
+            self.last_record = record
+            round_dir = ReportWriter(settings.report_dir, col_name, log_scale=settings.log_scale).write_round(
+                record_to_json(record)
+            )
+            if record.get("_fidel") is not None:  # private images: written only to this collaborator's report
+                save_reveal_grid(record["_fidel"], self.audit_sets().members[0], round_dir / "fidel_grid.png")
+            logger.info(
+                "%s round %d audit: %s (audit %.2fs, train %.2fs); gate: %s%s",
+                col_name, round_num,
+                ", ".join(f"{k}={v:.3f}" for k, v in record["metrics"].items() if k.endswith("_auc")),
+                record["timings"].get("audit_s", 0.0), train_seconds, outcome["verdict"],
+                f" (tripped {', '.join(verdict.tripped)})" if verdict.tripped else "",
+            )
+            for name, value in record["metrics"].items():
+                if name != "train_loss":
+                    global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
+        for name, value in self._gate_metrics(verdict, outcome).items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out
+
+    # ------------------------------------------------------------------ gate
+    def _gate(self, gate: GatePolicy, trained: dict, received: dict, global_model, global_out: dict,
+              local_out: dict, col_name: str, round_num: int, epochs: int, learning_rate: float):
+        """Decide what this round sends and put it into the outputs; returns (verdict, outcome, record).
+
+        The record is the round's audit record (None if the round is not audited and nothing was withheld).
+        """
+        outcome = {"verdict": "kept", "retries": 0, "epsilon": 0.0, "tries": []}
+        bad = non_finite_tensors(trained)
+        if bad:
+            self._send(global_out, local_out, received, withheld=True)
+            outcome.update(verdict="withheld", reason=NON_FINITE_UPDATE, non_finite_tensors=bad)
+            logger.warning("%s round %d: update has NaN/Inf in %s; withheld", col_name, round_num, bad)
+            # Audit what is actually sent (the received weights), so the metric names match the others';
+            # off the audit schedule the report still records the withheld round, without attacks.
+            record = (self._audit(self.model, global_model, col_name, round_num) if global_model is not None
+                      else self._empty_record(col_name, round_num))
+            return GateVerdict.non_finite(), outcome, record
+        if global_model is None:
+            return GateVerdict(passed=True), outcome, None  # rounds without an audit are not gated
+
+        record = self._audit(self.model, global_model, col_name, round_num)
+        verdict = gate.decide(record["metrics"])
+        if verdict.passed or gate.action == "report_only":
+            return verdict, outcome, record
+        if gate.action == "dp_retrain":
+            outcome.update(self._dp_retrain(gate, global_model, col_name, round_num, epochs, learning_rate))
+            if outcome["verdict"] == "dp_retrained":
+                self._send(global_out, local_out, outcome.pop("state_dict"), withheld=False)
+                # the loss reported is the one of the training whose result is sent
+                self._set_metric(global_out, cross_entropy.__name__, outcome["train_loss"])
+                return verdict, outcome, record
+        self._send(global_out, local_out, received, withheld=True)
+        outcome["verdict"] = "withheld"
+        return verdict, outcome, record
+
+    @staticmethod
+    def _gate_record(gate: GatePolicy, verdict: GateVerdict, outcome: dict, *, audited: bool) -> dict:
+        """The gate's part of the round record (record["extra"]["gate"])."""
+        out = {
+            "verdict": outcome["verdict"],
+            "action": gate.action,
+            "reason": outcome.get("reason") or ("over_threshold" if not verdict.passed else None),
+            **verdict.to_dict(),
+            "thresholds": dict(gate.thresholds),
+            "retries": outcome["retries"],
+            "epsilon": outcome["epsilon"],
+            "delta": gate.dp.delta if outcome["retries"] else None,
+            "tries": outcome["tries"],
+            "audited": audited,
+        }
+        if "non_finite_tensors" in outcome:
+            out["non_finite_tensors"] = outcome["non_finite_tensors"]
+        if outcome["verdict"] == "dp_retrained" and math.isfinite(outcome["train_loss"]):
+            out["dp_train_loss"] = outcome["train_loss"]
+        return out
+
+    def _gate_metrics(self, verdict: GateVerdict, outcome: dict) -> dict[str, float]:
+        """The scalars the aggregator gets (the names are a contract with src.aggregation and its report)."""
+        metrics = {
+            "gate_kept": 0.0 if outcome["verdict"] == "withheld" else 1.0,
+            "gate_retries": float(outcome["retries"]),
+            "gate_epsilon": float(outcome["epsilon"]),
+        }
+        for name in self.gate_tripped_names:
+            metrics[GATE_TRIPPED_PREFIX + name] = float(verdict.tripped[name][0]) if name in verdict.tripped else 0.0
+        return metrics
+
+    def _audit(self, model, global_model, col_name: str, round_num: int) -> dict:
+        return audit_round(
+            model, global_model, self.audit_sets(), self.audit_settings, party=col_name, round_num=round_num,
+            seed=self.seed,
+        )
+
+    def _empty_record(self, col_name: str, round_num: int) -> dict:
+        return {
+            "party": col_name, "round": int(round_num), "seed": self.seed, "settings": self.audit_settings.to_dict(),
+            "timings": {}, "attacks": {}, "metrics": {},
+            "sizes": {name: int(len(getattr(self.audit_sets(), name)[1])) for name in SETS}, "extra": {},
+        }
+
+    def _send(self, global_out: dict, local_out: dict, weights: dict, *, withheld: bool) -> None:
+        """Replace this round's trained tensors with `weights` (tensor name -> array, or a model state dict
+        when not withheld) and load them into the model, so the model holds what is sent."""
+        if withheld:
+            self.set_tensor_dict(dict(weights), with_opt_vars=False)
+        else:
+            self.model.load_state_dict(weights)
+        sent = self.get_tensor_dict(with_opt_vars=False)
+        for out in (global_out, local_out):
+            for key in list(out):
+                if "metric" in key.tags:
+                    continue
+                if key.tensor_name not in sent:
+                    raise RuntimeError(f"gate: no value to send for trained tensor {key.tensor_name!r}")
+                out[key] = sent[key.tensor_name]
+
+    @staticmethod
+    def _set_metric(global_out: dict, name: str, value: float) -> None:
+        for key in global_out:
+            if key.tensor_name == name and "metric" in key.tags:
+                global_out[key] = np.array(value)
+
+    def _dp_retrain(self, gate: GatePolicy, global_model, col_name: str, round_num: int, epochs: int,
+                    learning_rate: float) -> dict:
+        """DP-SGD retrains from the received weights, each re-audited, until one passes the gate.
+
+        The noise multiplier doubles on each try; the epsilon composes every try of the round.
+        Returns the outcome: verdict "dp_retrained" (with the passing state_dict) or "withheld".
+        """
+        dp = gate.dp
+        accountant = RoundAccountant((self.data_loader.X_train, self.data_loader.y_train))
+        tries = []
+        for attempt in range(1, dp.max_retries + 1):
+            result = dp_retrain(
+                global_model, lambda m: self.make_optimizer(m, learning_rate), accountant,
+                batch_size=self.data_loader.batch_size, epochs=epochs, noise_multiplier=dp.noise_for_try(attempt),
+                max_grad_norm=dp.max_grad_norm, seed=round_seed(self.seed, f"{col_name}/dp{attempt}", round_num),
+            )
+            candidate = copy.deepcopy(global_model)
+            candidate.load_state_dict(result.state_dict)
+            if non_finite_tensors({k: v.numpy() for k, v in result.state_dict.items()}):
+                verdict, metrics = GateVerdict.non_finite(), {}
+            else:
+                metrics = self._audit(candidate, global_model, col_name, round_num)["metrics"]
+                verdict = gate.decide(metrics)
+            epsilon = accountant.epsilon(dp.delta)
+            tries.append({"attempt": attempt, "noise_multiplier": result.noise_multiplier, "steps": result.steps,
+                          "train_loss": result.loss if math.isfinite(result.loss) else None,
+                          "epsilon": epsilon, **verdict.to_dict(), "metrics": metrics})
+            logger.info("%s round %d: DP retrain %d (noise %.3g): epsilon %.3g, %s", col_name, round_num, attempt,
+                        result.noise_multiplier, epsilon, "passes" if verdict.passed else "still gated")
+            if verdict.passed:
+                return {"verdict": "dp_retrained", "retries": attempt, "epsilon": epsilon, "tries": tries,
+                        "state_dict": result.state_dict, "train_loss": result.loss}
+        return {"verdict": "withheld", "retries": dp.max_retries, "epsilon": accountant.epsilon(dp.delta),
+                "tries": tries}

@@ -26,6 +26,10 @@ DEFAULTS = {
     "update_attack": True,
     "log_scale": False,
     "report_dir": "reports",
+    "fidel": False,
+    "fidel_layer": None,
+    "fidel_threshold": 0.98,
+    "fidel_decoder": False,
 }
 DEFAULTS_SIGNALS = tuple(DEFAULTS["signals"])
 

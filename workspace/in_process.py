@@ -67,8 +67,10 @@ def write_run_plan(run_dir: Path, *, collaborators: int, rounds: int, overrides:
                    plan_path: Path | None = None) -> Path:
     """Write the workspace plan, with overrides and this run's paths, into run_dir/plan; returns that folder.
 
-    The aggregator's state files go to run_dir/save and the reports to run_dir/reports unless the
-    overrides say otherwise; no checkpoint database is kept, so a new run never resumes an old one.
+    The aggregator's state files go to run_dir/save, the collaborators' reports to run_dir/reports and the
+    aggregator's report to run_dir/aggregator_report (not inside run_dir/reports, whose index lists the parties
+    the audit reports are about) unless the overrides say otherwise; no checkpoint database is kept, so a new
+    run never resumes an old one.
     """
     if collaborators < 1:
         raise ValueError(f"collaborators: need at least 1, got {collaborators}")
@@ -85,6 +87,7 @@ def write_run_plan(run_dir: Path, *, collaborators: int, rounds: int, overrides:
             "last_state_path": str(run_dir / "save" / "last.pbuf"),
             "persist_checkpoint": False,
             "write_logs": False,
+            "report_dir": str(run_dir / "aggregator_report"),
         }},
         "collaborator": {"settings": {"write_logs": False}},
         "data_loader": {"settings": {"collaborator_count": collaborators}},
@@ -128,6 +131,7 @@ class FederationResult:
 
     plan_dir: Path
     report_dir: Path
+    aggregator_report_dir: Path | None  # None if the plan's aggregator is not src.aggregator.AuditingAggregator
     aggregator: object
     collaborators: dict
     round_logs: list[dict] = field(default_factory=list)      # aggregator's averaged metrics per round
@@ -136,9 +140,16 @@ class FederationResult:
     def runner(self, name: str):
         return self.collaborators[name].task_runner
 
-    @property
-    def final_weights(self) -> dict:
-        return self.aggregator.last_tensor_dict
+    def global_weights(self, round_num: int) -> dict:
+        """The global model the parties receive at the start of `round_num` (= rounds: the final model).
+
+        Read from the aggregator's tensor store: OpenFL's `last_tensor_dict` holds the model a round started
+        from, one round behind the newly aggregated one. The store keeps the last `db_store_rounds` rounds.
+        """
+        tensors = self.aggregator.tensor_db.get_tensors_by_round_and_tags(round_num, ("model",))
+        if not tensors:
+            raise KeyError(f"no global model for round {round_num} in the aggregator's tensor store")
+        return {key.tensor_name: value for key, value in tensors.items()}
 
 
 def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, overrides: Mapping | None = None,
@@ -158,8 +169,10 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
         if on_round_end is not None:
             on_round_end(round_num, dict(logs or {}))
 
-    # A fresh list each time: OpenFL's Aggregator appends to its (shared) default `callbacks` argument.
-    agg_plan.config["aggregator"]["settings"]["callbacks"] = [LambdaCallback(on_round_end=record_round)]
+    # Callback objects go in next to the plan's {template, settings} entries; AuditingAggregator (the plan's
+    # template) hands OpenFL a fresh list, so nothing leaks into OpenFL's shared default `callbacks=[]`.
+    agg_settings = agg_plan.config["aggregator"]["settings"]
+    agg_settings["callbacks"] = [*(agg_settings.get("callbacks") or []), LambdaCallback(on_round_end=record_round)]
     aggregator = agg_plan.get_aggregator(tensor_dict=initial_tensor_dict(agg_plan))
 
     cols, clients = {}, {}
@@ -188,5 +201,7 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     for name in cols:  # let every collaborator receive its quit signal, as after a real run
         clients[name].get_tasks()
 
-    return FederationResult(plan_dir=plan_dir, report_dir=report_dir, aggregator=aggregator, collaborators=cols,
+    return FederationResult(plan_dir=plan_dir, report_dir=report_dir,
+                            aggregator_report_dir=getattr(aggregator, "report_dir", None),
+                            aggregator=aggregator, collaborators=cols,
                             round_logs=round_logs, collaborator_metrics=collaborator_metrics)

@@ -1,0 +1,54 @@
+"""Make `fx aggregator start` listen on the plan's `network.settings.agg_addr` only.
+
+OpenFL 1.9's `AggregatorGRPCServer.__init__` hard-codes `self.uri = f"[::]:{agg_port}"`: the aggregator
+accepts connections on every interface whatever the plan says. `Plan.get_server` already passes every
+`network.settings` key, `agg_addr` included, to the server's constructor (which swallows it in **kwargs), and
+`Plan._get_server` looks the class up by name in `openfl.federated.plan.plan` when it builds the server.
+
+The least invasive fix found: a subclass that changes nothing but `self.uri`, put under that name.
+`install()` is called by `AuditingAggregator.__init__`, which `Plan.get_server` runs (via `get_aggregator`)
+just before `_get_server`, so the plan that loads our aggregator also gets the bound server, with no change
+to OpenFL's files, no copied server code, and TLS, interop and request checks untouched. Rejected: a copy of
+`Plan.get_server` (duplicates OpenFL code), rewriting the URI inside `create_grpc_server` (string surgery on
+every server), `transport_protocol: rest` (another transport).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+
+from openfl.transport import AggregatorGRPCServer
+
+logger = logging.getLogger(__name__)
+
+
+def bind_uri(agg_addr: str, agg_port) -> str:
+    """The gRPC listening address for `agg_addr`; IPv6 literals need brackets ("[::1]:50051")."""
+    host = str(agg_addr).strip()
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]:{agg_port}"
+    except ValueError:
+        pass  # a host name such as localhost: gRPC resolves it and binds each of its addresses
+    return f"{host}:{agg_port}"
+
+
+class AddressBoundGRPCServer(AggregatorGRPCServer):
+    """OpenFL's gRPC server, listening on `agg_addr` instead of on every interface."""
+
+    def __init__(self, aggregator, agg_port, agg_addr=None, **kwargs):
+        super().__init__(aggregator, agg_port, **kwargs)
+        if agg_addr:
+            self.uri = bind_uri(agg_addr, agg_port)
+        logger.info("Aggregator gRPC server will listen on %s", self.uri)
+
+
+def install() -> None:
+    """Have `Plan._get_server` build `AddressBoundGRPCServer` (idempotent)."""
+    import openfl.federated.plan.plan as plan_module
+
+    if plan_module.AggregatorGRPCServer is not AddressBoundGRPCServer:
+        plan_module.AggregatorGRPCServer = AddressBoundGRPCServer

@@ -1,0 +1,89 @@
+"""Per-collaborator settings (`task_runner.settings.per_collaborator`), applied by the task runner.
+
+    per_collaborator:
+      collaborator2:
+        epochs: 20               # overrides the train task's `epochs` kwarg (plan tasks section)
+        learning_rate: 0.01
+        gate: {action: withhold} # merged into the plan-wide `gate`, see merge_gate
+
+Every collaborator parses the same plan, so each knows every other's gate: the runner uses that to send
+the same metric names as all others (OpenFL's aggregator needs that, see src.taskrunner).
+A collaborator name the plan does not list is not an error here (the runner never learns the federation's
+names), so a misspelt name simply has no effect.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from numbers import Integral, Real
+
+from audit.gate import GATE_PREFIX, GatePolicy, GateSettingsError
+from audit.settings import AuditSettings
+
+PREFIX = "task_runner.settings.per_collaborator"
+KEYS = ("epochs", "learning_rate", "gate")
+
+
+@dataclass(frozen=True)
+class CollaboratorSettings:
+    """The settings one collaborator trains and gates with."""
+
+    gate: GatePolicy
+    epochs: int | None = None  # None: the train task's `epochs` kwarg
+    learning_rate: float | None = None  # None: task_runner.settings.learning_rate
+
+
+def merge_gate(base: Mapping | None, override: Mapping | None) -> dict:
+    """A collaborator's gate mapping: `override` merged into `base` key by key, `dp` too;
+    `thresholds` is replaced as a whole (so a collaborator can drop a plan-wide threshold)."""
+    merged = dict(base or {})
+    for key, value in (override or {}).items():
+        if key == "dp" and isinstance(value, Mapping) and isinstance(merged.get("dp"), Mapping):
+            merged["dp"] = {**merged["dp"], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def parse_per_collaborator(
+    mapping, *, gate: Mapping | None, audit_settings: AuditSettings
+) -> tuple[GatePolicy, dict[str, CollaboratorSettings]]:
+    """The plan-wide gate policy and each listed collaborator's settings; errors name the dotted key."""
+    default_gate = GatePolicy.from_mapping(gate, audit_settings=audit_settings, prefix=GATE_PREFIX)
+    if mapping is None:
+        return default_gate, {}
+    if not isinstance(mapping, Mapping):
+        raise GateSettingsError(f"{PREFIX}: expected a mapping of collaborator name -> settings, got {mapping!r}")
+    out = {}
+    for name, entry in mapping.items():
+        key = f"{PREFIX}.{name}"
+        if not isinstance(name, str) or not name.strip():
+            raise GateSettingsError(f"{PREFIX}: collaborator names must be non-empty strings, got {name!r}")
+        if entry is None:
+            entry = {}
+        if not isinstance(entry, Mapping):
+            raise GateSettingsError(f"{key}: expected a mapping of settings, got {entry!r}")
+        for setting in entry:
+            if setting not in KEYS:
+                raise GateSettingsError(f"{key}.{setting}: unknown setting; known: {', '.join(KEYS)}")
+        epochs = entry.get("epochs")
+        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, Integral) or epochs < 1):
+            raise GateSettingsError(f"{key}.epochs: expected an integer >= 1, got {epochs!r}")
+        lr = entry.get("learning_rate")
+        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, Real) or not math.isfinite(lr) or lr <= 0):
+            raise GateSettingsError(f"{key}.learning_rate: expected a finite number > 0, got {lr!r}")
+        col_gate = default_gate
+        if entry.get("gate") is not None:
+            if not isinstance(entry["gate"], Mapping):
+                raise GateSettingsError(f"{key}.gate: expected a mapping, got {entry['gate']!r}")
+            col_gate = GatePolicy.from_mapping(
+                merge_gate(gate, entry["gate"]), audit_settings=audit_settings, prefix=f"{key}.gate"
+            )
+        out[name] = CollaboratorSettings(
+            gate=col_gate,
+            epochs=None if epochs is None else int(epochs),
+            learning_rate=None if lr is None else float(lr),
+        )
+    return default_gate, out

@@ -1,0 +1,197 @@
+"""src.aggregator.AuditingAggregator: plan settings, poll interval, bound gRPC server, callbacks."""
+
+import inspect
+import ipaddress
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+from openfl.callbacks import Callback
+from openfl.component import Aggregator
+from openfl.transport import AggregatorGRPCServer
+from openfl.transport.grpc.common import create_grpc_server
+
+from src.aggregator import AuditingAggregator
+from src.aggregator_server import AddressBoundGRPCServer, bind_uri
+from workspace.in_process import parse_plan, write_run_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+TENSORS = {"w": np.zeros(3, dtype=np.float32)}
+
+
+def make_aggregator(tmp_path, callback_objects=(), **settings):
+    """A real AuditingAggregator built from the workspace plan the way `fx aggregator start` builds it."""
+    plan = parse_plan(write_run_plan(tmp_path, collaborators=2, rounds=2,
+                                     overrides={"aggregator": {"settings": settings}}))
+    if callback_objects:  # objects cannot be written into a YAML plan; in-process runs add them like this
+        agg_settings = plan.config["aggregator"]["settings"]
+        agg_settings["callbacks"] = [*(agg_settings.get("callbacks") or []), *callback_objects]
+    return plan.get_aggregator(tensor_dict=TENSORS)
+
+
+def test_the_plan_loads_the_auditing_aggregator(tmp_path):
+    agg = make_aggregator(tmp_path)
+    assert type(agg) is AuditingAggregator
+    assert agg.poll_interval_s == 1  # plan/plan.yaml
+    assert agg.report_dir == tmp_path.resolve() / "aggregator_report"  # in-process runs put it there
+
+
+def test_idle_collaborators_wait_the_plan_poll_interval(tmp_path):
+    agg = make_aggregator(tmp_path, poll_interval_s=3)
+    tasks, round_number, sleep_time, quit_now = agg.get_tasks("collaborator1")
+    assert tasks and sleep_time == 0 and not quit_now  # work to do: no waiting
+    agg.stragglers = ["collaborator1"]  # OpenFL then has nothing for it this round
+    tasks, _, sleep_time, quit_now = agg.get_tasks("collaborator1")
+    assert not tasks and not quit_now
+    assert sleep_time == 3
+
+
+def test_overriding_openfls_sleep_staticmethod_would_not_work(tmp_path):
+    """Why AuditingAggregator rewrites get_tasks' answer: OpenFL calls Aggregator._get_sleep_time() on the class."""
+
+    class StaticOverride(Aggregator):
+        @staticmethod
+        def _get_sleep_time():
+            return 1
+
+    agg = make_aggregator(tmp_path)
+    agg.__class__ = StaticOverride  # the same object, with only OpenFL's get_tasks and the override
+    agg.stragglers = ["collaborator1"]
+    assert agg.get_tasks("collaborator1")[2] == 10
+
+
+def test_quit_signal_is_not_delayed(tmp_path):
+    agg = make_aggregator(tmp_path, poll_interval_s=7)
+    agg.round_number = agg.rounds_to_train
+    tasks, _, sleep_time, quit_now = agg.get_tasks("collaborator1")
+    assert quit_now and not tasks and sleep_time == 0
+
+
+@pytest.mark.parametrize("key, value, expected", [
+    ("poll_interval_s", 0, "must be >= 1"),
+    ("poll_interval_s", -5, "must be >= 1"),
+    ("poll_interval_s", 0.5, "whole number of seconds"),
+    ("poll_interval_s", "1", "whole number of seconds"),
+    ("poll_interval_s", True, "whole number of seconds"),
+    ("report_dir", 5, "expected a folder path"),
+    ("report_dir", ["reports"], "expected a folder path"),
+    ("report_dir", " ", "must not be empty"),
+    ("callbacks", "src.x.Y", "expected a list"),
+    ("callbacks", [{"template": "no.such.Module"}], "callbacks[0].template: cannot import"),
+    ("callbacks", [{"template": "openfl.callbacks.Callback", "setings": {}}], "callbacks[0]: unknown keys"),
+    ("callbacks", [{"template": "collections.OrderedDict"}], "is not an openfl.callbacks.Callback"),
+])
+def test_bad_settings_fail_at_start_naming_the_key(tmp_path, key, value, expected):
+    with pytest.raises(ValueError) as err:
+        make_aggregator(tmp_path, **{key: value})
+    assert f"aggregator.settings.{key}" in str(err.value)
+    assert expected in str(err.value)
+
+
+class Recorder(Callback):
+    def __init__(self):
+        super().__init__()
+        self.rounds, self.aggregator = [], None
+
+    def set_aggregator(self, aggregator):
+        self.aggregator = aggregator
+
+    def on_round_end(self, round_num, logs=None):
+        self.rounds.append(round_num)
+
+
+def test_more_callbacks_from_the_plan_or_as_objects(tmp_path):
+    recorder = Recorder()
+    agg = make_aggregator(tmp_path, [recorder], callbacks=[{"template": "openfl.callbacks.Callback"}])
+    kinds = [type(c).__name__ for c in agg.callbacks.callbacks]
+    assert kinds[:3] == ["AggregatorReportCallback", "Callback", "Recorder"]
+    assert recorder.aggregator is agg and recorder.tensor_db is agg.tensor_db  # what an audit callback needs
+    agg.callbacks.on_round_end(0, {})
+    assert recorder.rounds == [0]
+
+
+def test_aggregators_do_not_share_callbacks(tmp_path):
+    """OpenFL's `callbacks=[]` default is one list that every Aggregator appends to; ours never touches it."""
+    default_list = inspect.signature(Aggregator.__init__).parameters["callbacks"].default
+    before = list(default_list)
+    first = make_aggregator(tmp_path / "a")
+    second = make_aggregator(tmp_path / "b")
+    assert default_list == before
+    assert first.callbacks.callbacks is not second.callbacks.callbacks
+    assert not set(map(id, first.callbacks.callbacks)) & set(map(id, second.callbacks.callbacks))
+    assert first.report is not second.report
+
+
+def _listening_addresses(port):
+    return {c.laddr.ip for c in psutil.Process().net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr.port == port}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _NoConnector:
+    connector = None
+
+
+@pytest.mark.parametrize("server_class, agg_addr", [(AggregatorGRPCServer, None), (AddressBoundGRPCServer, "localhost"),
+                                                    (AddressBoundGRPCServer, "127.0.0.1")])
+def test_grpc_server_listening_address(server_class, agg_addr):
+    port = _free_port()
+    kwargs = {"agg_addr": agg_addr} if agg_addr else {}
+    uri = server_class(_NoConnector(), port, use_tls=False, **kwargs).uri
+    server = create_grpc_server(uri, False, None, None, None, False)  # what serve() does with self.uri
+    server.start()
+    try:
+        addresses = _listening_addresses(port)
+    finally:
+        server.stop(0)
+    assert addresses
+    if server_class is AggregatorGRPCServer:  # OpenFL as shipped: every interface
+        assert addresses <= {"::", "0.0.0.0"}
+    else:
+        assert all(ipaddress.ip_address(a.removeprefix("::ffff:")).is_loopback for a in addresses), addresses
+
+
+def test_bind_uri_brackets_ipv6_literals():
+    assert bind_uri("localhost", 5) == "localhost:5"
+    assert bind_uri("::1", 5) == "[::1]:5"
+    assert bind_uri("[::1]", 5) == "[::1]:5"
+    assert bind_uri("10.0.0.2", 5) == "10.0.0.2:5"
+
+
+def test_plan_get_server_builds_the_bound_server(tmp_path):
+    plan = parse_plan(write_run_plan(tmp_path, collaborators=2, rounds=1, overrides={
+        "network": {"settings": {"agg_addr": "localhost", "agg_port": 50123, "use_tls": False}}}))
+    plan.get_aggregator(tensor_dict=TENSORS)
+    server = plan.get_server()
+    assert isinstance(server, AddressBoundGRPCServer)
+    assert server.uri == "localhost:50123"
+
+
+@pytest.mark.skipif(not (Path(sys.executable).parent / "fx").exists(), reason="fx comes with openfl in the venv")
+def test_fx_aggregator_start_rejects_a_bad_poll_interval(tmp_path):
+    """The real entry point: `fx aggregator start` fails at once, naming the key, before serving anything."""
+    for name in ("plan", "src", "audit"):
+        subprocess.run(["cp", "-r", str(ROOT / name), str(tmp_path / name)], check=True)
+    (tmp_path / ".workspace").write_text((ROOT / ".workspace").read_text())
+    plan = tmp_path / "plan" / "plan.yaml"
+    text = plan.read_text()
+    assert "poll_interval_s: 1 " in text
+    plan.write_text(text.replace("poll_interval_s: 1 ", "poll_interval_s: 0 "))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    start = time.monotonic()
+    result = subprocess.run([str(Path(sys.executable).parent / "fx"), "aggregator", "start"], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "aggregator.settings.poll_interval_s: must be >= 1 second, got 0" in result.stdout + result.stderr
+    assert time.monotonic() - start < 60

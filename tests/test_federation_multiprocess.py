@@ -1,0 +1,330 @@
+"""A real multi-process federation on this machine with mTLS (`python -m workspace`), intruders and faults.
+
+One `prepare` (workspaces, CA, certificates: the slow part) is shared: each federation below starts from a
+fresh copy of it, as `start` requires. The main federation runs with two intruders knocking at the same time.
+Every process is stopped by process group in the fixtures' finalizers, whatever happens.
+"""
+
+import ipaddress
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+FX = Path(sys.executable).parent / "fx"
+pytestmark = pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv")
+
+COLLABORATORS = ["collaborator1", "collaborator2"]
+ROUNDS = 2
+FAST = ["tasks.train.kwargs.epochs=1", "task_runner.settings.audit.signals=[loss, logits]",
+        "task_runner.settings.audit.fpr_tolerance=[0.1]"]
+FEDERATION_TIMEOUT_S = 240
+
+
+def workspace_cli(*args, timeout):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-m", "workspace", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def start_cli(run_dir: Path, out: Path, *extra) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with open(out, "wb") as log:
+        return subprocess.Popen([sys.executable, "-m", "workspace", "start", "--dir", str(run_dir),
+                                 "--timeout", str(FEDERATION_TIMEOUT_S), *extra], cwd=ROOT, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_group(popen: subprocess.Popen, sig=signal.SIGKILL) -> None:
+    if popen.poll() is None:
+        try:
+            os.killpg(popen.pid, sig)
+        except ProcessLookupError:
+            pass
+    try:
+        popen.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def wait_until(condition, timeout_s, what, tooling=None, log=None):
+    """Wait for condition(); fail at once if the tooling exited meanwhile (its output tells why)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        if tooling is not None and tooling.poll() is not None:
+            raise AssertionError(f"the tooling exited ({tooling.returncode}) while waiting for {what}:\n"
+                                 + (log.read_text()[-3000:] if log else ""))
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def state(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "federation.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def is_gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def fresh_copy(prepared: Path, dest: Path) -> Path:
+    shutil.copytree(prepared, dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("multiprocess") / "prepared"
+    sets = [arg for s in FAST for arg in ("--set", s)]
+    started = time.monotonic()
+    result = workspace_cli("prepare", "--collaborators", len(COLLABORATORS), "--rounds", ROUNDS, "--dir", run_dir,
+                           *sets, timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(f"prepare: {time.monotonic() - started:.1f} s")
+    return run_dir
+
+
+# ---------------------------------------------------------------------------------------------------------
+# intruders: a copy of a real collaborator's workspace with another identity
+
+
+def make_intruders(run_dir: Path, dest: Path) -> dict:
+    from openfl.cryptography.ca import generate_root_cert, sign_certificate
+    from openfl.cryptography.io import read_crt, read_key, write_crt, write_key
+    from openfl.cryptography.participant import generate_csr
+
+    def workspace_copy(name):
+        ws = dest / name
+        shutil.copytree(run_dir / "collaborator1", ws, ignore=shutil.ignore_patterns("logs", "reports"))
+        (ws / "logs").mkdir()
+        return ws
+
+    def issue(ws, common_name, issuer_key, issuer_name):
+        key, csr = generate_csr(common_name, server=False)
+        write_crt(sign_certificate(csr, issuer_key, issuer_name), ws / f"cert/client/col_{common_name}.crt")
+        write_key(key, ws / f"cert/client/col_{common_name}.key")
+
+    # Claims to be collaborator1, with a certificate from a CA the federation never trusted.
+    foreign = workspace_copy("foreign_ca")
+    rogue_key, rogue_cert = generate_root_cert()
+    issue(foreign, "collaborator1", rogue_key, rogue_cert.subject)
+    # A certificate signed by the federation's own CA, for a name that is not in plan/cols.yaml.
+    unlisted = workspace_copy("unlisted")
+    ca = run_dir / "aggregator" / "cert" / "ca"
+    issue(unlisted, "intruder", read_key(ca / "signing-ca/private/signing-ca.key"), read_crt(ca / "signing-ca.crt").subject)
+    with open(unlisted / "plan" / "data.yaml", "a") as f:
+        f.write("intruder,1\n")
+    return {"foreign_ca": (foreign, "collaborator1"), "unlisted": (unlisted, "intruder")}
+
+
+def start_collaborator(ws: Path, name: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["LOG_FILE"] = "logs/intruder.log"
+    with open(ws / "logs" / "console.log", "wb") as log:
+        return subprocess.Popen([str(FX), "collaborator", "start", "-n", name], cwd=ws, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@dataclass
+class Federation:
+    run_dir: Path
+    returncode: int
+    output: str
+    seconds: float
+    listening: set
+    port: int
+    intruders: dict  # name -> (workspace, returncode when stopped: None = was still running)
+
+
+@pytest.fixture(scope="module")
+def federation(prepared, tmp_path_factory):
+    base = tmp_path_factory.mktemp("federation")
+    run_dir = fresh_copy(prepared, base / "run")
+    intruders = make_intruders(run_dir, base / "intruders")
+    processes = {}
+    try:
+        # The intruders first: they retry until the aggregator answers, so they knock during the whole run.
+        for name, (ws, claimed) in intruders.items():
+            processes[name] = start_collaborator(ws, claimed)
+        # An fx collaborator takes several seconds to start; a short federation could be over before an intruder
+        # knocks once. So wait until both are up and retrying against the not-yet-started aggregator.
+        for name, (ws, _claimed) in intruders.items():
+            log = ws / "logs" / "intruder.log"
+            wait_until(lambda log=log: log.exists() and "Failed to send data request" in log.read_text(), 180,
+                       f"intruder {name} to be retrying")
+        started = time.monotonic()
+        processes["tooling"] = tooling = start_cli(run_dir, base / "tooling.log")
+        pids = wait_until(lambda: state(run_dir).get("extra", {}).get("pids"), 60, "the participants' pids",
+                          tooling, base / "tooling.log")
+        port = state(run_dir)["port"]
+        aggregator = psutil.Process(pids["aggregator"])
+        listening = wait_until(lambda: {c.laddr.ip for c in aggregator.net_connections(kind="tcp")
+                                        if c.status == psutil.CONN_LISTEN and c.laddr.port == port}, 120,
+                               "the aggregator's listening socket")
+        tooling.wait(timeout=FEDERATION_TIMEOUT_S + 60)
+        seconds = time.monotonic() - started
+        intruder_codes = {name: processes[name].poll() for name in intruders}
+    finally:
+        for popen in processes.values():
+            stop_group(popen)
+    print(f"federation: {seconds:.1f} s")
+    return Federation(run_dir, tooling.returncode, (base / "tooling.log").read_text(), seconds, listening, port,
+                      {name: (intruders[name][0], intruder_codes[name]) for name in intruders})
+
+
+def test_the_federation_finishes_and_says_where_the_reports_are(federation):
+    assert federation.returncode == 0, federation.output[-4000:]
+    assert f"federation finished: {ROUNDS}/{ROUNDS} rounds" in federation.output
+    for name in ["aggregator", *COLLABORATORS]:
+        assert str(federation.run_dir / name / "reports") in federation.output
+    assert state(federation.run_dir)["status"] == "finished"
+
+
+def test_each_collaborator_reports_every_round_in_its_own_workspace(federation):
+    for name in COLLABORATORS:
+        party = federation.run_dir / name / "reports" / name
+        for round_num in range(ROUNDS):
+            record = json.loads((party / f"round_{round_num:04d}" / "audit.json").read_text())
+            assert record["party"] == name and record["round"] == round_num
+            assert set(record["attacks"]["local"]) == {"loss", "logits"}
+        assert (party / "index.html").stat().st_size > 0
+        others = set(COLLABORATORS) - {name}
+        assert not any((federation.run_dir / name / "reports" / other).exists() for other in others)
+
+
+def test_the_aggregator_reports_every_round_with_scalars_only(federation):
+    agg = federation.run_dir / "aggregator"
+    report = agg / "reports" / "aggregator"
+    for round_num in range(ROUNDS):
+        record = json.loads((report / f"round_{round_num:04d}.json").read_text())
+        assert record["authorized_collaborators"] == COLLABORATORS
+        assert record["kept"] == COLLABORATORS and record["stragglers"] == []
+        for entry in record["collaborators"].values():
+            assert entry["audit_metrics"]["mia_local_loss_auc"] is not None
+            assert all(v is None or isinstance(v, float) for v in entry["audit_metrics"].values())
+        assert record["averaged_audit_metrics"]["mia_local_loss_auc"]["n"] == len(COLLABORATORS)
+    assert (report / "decisions.csv").read_text().count("\n") == 1 + ROUNDS * len(COLLABORATORS)
+    # Private data stays with the collaborators: no per-sample audit record or ROC on the aggregator's side.
+    assert not list(agg.rglob("audit.json")) and not list(agg.rglob("roc.png"))
+
+
+def test_the_aggregator_listens_on_loopback_only(federation):
+    assert federation.listening, "no listening socket seen"
+    for address in federation.listening:
+        assert ipaddress.ip_address(address.removeprefix("::ffff:")).is_loopback, federation.listening
+    assert not federation.listening & {"::", "0.0.0.0"}
+
+
+def test_mtls_was_on_and_only_the_certified_collaborators_are_authorised(federation):
+    agg = federation.run_dir / "aggregator"
+    plan = yaml.safe_load((agg / "plan" / "plan.yaml").read_text())
+    assert plan["network"]["settings"]["use_tls"] is True
+    assert plan["network"]["settings"]["agg_addr"] == "localhost"
+    assert sorted(yaml.safe_load((agg / "plan" / "cols.yaml").read_text())["collaborators"]) == COLLABORATORS
+    for name in ["aggregator", *COLLABORATORS]:
+        log = (federation.run_dir / name / "logs" / f"{name}.console.log").read_text()
+        assert "TLS disabled" not in log and "insecure channel" not in log
+
+
+def test_a_collaborator_with_a_certificate_from_another_ca_is_refused(federation):
+    ws, returncode = federation.intruders["foreign_ca"]
+    assert returncode is None  # still knocking when the federation had finished: it never got a quit signal
+    log = (ws / "logs" / "intruder.log").read_text()
+    assert "Failed to send data request" in log and "Received Tasks" not in log
+    assert not (ws / "reports").exists()
+    agg_console = (federation.run_dir / "aggregator" / "logs" / "aggregator.console.log").read_text()
+    assert "Handshake failed" in agg_console  # the TLS handshake, before any request was read
+    assert federation.returncode == 0
+
+
+def test_a_collaborator_not_in_cols_yaml_is_refused(federation):
+    ws, returncode = federation.intruders["unlisted"]
+    assert returncode is None
+    log = (ws / "logs" / "intruder.log").read_text()
+    assert "StatusCode.UNAUTHENTICATED" in log  # the aggregator answered, and said no
+    assert "Received Tasks" not in log and not (ws / "reports").exists()
+    report = (federation.run_dir / "aggregator" / "reports" / "aggregator" / "round_0000.json").read_text()
+    assert "intruder" not in report
+
+
+def test_a_run_starts_fresh_and_only_once(federation):
+    assert not list(federation.run_dir.rglob("tensor.db"))  # persist_checkpoint: false, fresh folders
+    plan = yaml.safe_load((federation.run_dir / "aggregator" / "plan" / "plan.yaml").read_text())
+    assert plan["aggregator"]["settings"]["persist_checkpoint"] is False
+    again = workspace_cli("start", "--dir", federation.run_dir, timeout=120)
+    assert again.returncode == 2
+    assert "already started" in again.stderr
+
+
+def test_a_killed_collaborator_fails_the_run_naming_it_and_keeps_earlier_reports(prepared, tmp_path):
+    run_dir = fresh_copy(prepared, tmp_path / "run")
+    tooling = start_cli(run_dir, tmp_path / "tooling.log")
+    try:
+        agg_report = run_dir / "aggregator" / "reports" / "aggregator"
+        wait_until(lambda: (agg_report / "round_0000.json").exists(), 180, "round 0", tooling, tmp_path / "tooling.log")
+        pids = state(run_dir)["extra"]["pids"]
+        os.kill(pids["collaborator2"], signal.SIGKILL)
+        tooling.wait(timeout=90)  # not hanging: it notices the death at once
+    finally:
+        stop_group(tooling)
+    output = (tmp_path / "tooling.log").read_text()
+    assert tooling.returncode == 1, output[-3000:]
+    assert f"collaborator2 (pid {pids['collaborator2']}) killed by SIGKILL" in output
+    assert "FAILED" in output
+    assert all(is_gone(pid) for pid in pids.values()), pids
+    # Round 0 stays readable everywhere.
+    for name in COLLABORATORS:
+        json.loads((run_dir / name / "reports" / name / "round_0000" / "audit.json").read_text())
+    record = json.loads((agg_report / "round_0000.json").read_text())
+    assert record["kept"] == COLLABORATORS
+    assert state(run_dir)["status"] == "failed"
+
+
+def test_ctrl_c_stops_every_process_it_started(prepared, tmp_path):
+    run_dir = fresh_copy(prepared, tmp_path / "run")
+    tooling = start_cli(run_dir, tmp_path / "tooling.log")
+    try:
+        pids = wait_until(lambda: state(run_dir).get("extra", {}).get("pids"), 60, "the participants' pids",
+                          tooling, tmp_path / "tooling.log")
+        wait_until(lambda: all(not is_gone(p) for p in pids.values()) and (
+            run_dir / "aggregator" / "logs" / "aggregator.log").exists(), 30, "the participants running",
+            tooling, tmp_path / "tooling.log")
+        tooling.send_signal(signal.SIGINT)
+        tooling.wait(timeout=60)
+    finally:
+        stop_group(tooling)
+    output = (tmp_path / "tooling.log").read_text()
+    assert tooling.returncode == 130, output[-3000:]
+    assert "interrupted (SIGINT); stopped 3 running process(es)" in output
+    assert all(is_gone(pid) for pid in pids.values()), pids
+    assert state(run_dir)["status"] == "failed"
+
+
+@pytest.mark.parametrize("setting, key", [
+    ("aggregator.settings.poll_interval_s=0", "aggregator.settings.poll_interval_s"),
+    ("aggregator.settings.report_dir=[a, b]", "aggregator.settings.report_dir"),
+])
+def test_bad_settings_fail_before_any_certificate_is_made(tmp_path, setting, key):
+    run_dir = tmp_path / "run"
+    result = workspace_cli("prepare", "--dir", run_dir, "--set", setting, timeout=120)
+    assert result.returncode == 2
+    assert key in result.stderr
+    assert not run_dir.exists()

@@ -1,0 +1,285 @@
+"""Unit tests of audit.gate: parsing and validation of the plan's gate, and its decisions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from audit.gate import (
+    NON_FINITE_UPDATE,
+    DPSettings,
+    GatePolicy,
+    GateSettingsError,
+    GateVerdict,
+    audit_metric_names,
+    metric_range,
+    non_finite_tensors,
+    register_metric,
+    registered_metrics,
+    unregister_metric,
+)
+from audit.round_audit import AuditSets, audit_round
+from audit.settings import AuditSettings
+from src.collaborator_overrides import merge_gate, parse_per_collaborator
+
+AUDIT = AuditSettings()
+PREFIX = "task_runner.settings.gate"
+
+
+def policy(mapping, audit=AUDIT):
+    return GatePolicy.from_mapping(mapping, audit_settings=audit)
+
+
+# ---------------------------------------------------------------------------------------------- decisions
+
+
+def test_update_is_gated_when_any_metric_is_above_its_threshold():
+    gate = policy({"action": "withhold", "thresholds": {"mia_local_loss_auc": 0.7, "mia_update_loss_reduction_auc": 0.6}})
+    verdict = gate.decide({"mia_local_loss_auc": 0.71, "mia_update_loss_reduction_auc": 0.6, "other": 9.0})
+    assert not verdict.passed
+    assert verdict.tripped == {"mia_local_loss_auc": (0.71, 0.7)}  # 0.6 is not above 0.6
+    assert verdict.missing == ()
+
+
+def test_update_passes_at_or_below_every_threshold():
+    gate = policy({"thresholds": {"mia_local_loss_auc": 0.7, "mia_local_loss_tpr_at_fpr_0.1": 0.3}})
+    verdict = gate.decide({"mia_local_loss_auc": 0.7, "mia_local_loss_tpr_at_fpr_0.1": 0.29})
+    assert verdict.passed and verdict.tripped == {}
+
+
+def test_several_tripped_metrics_are_all_reported():
+    gate = policy({"thresholds": {"mia_local_loss_auc": 0.6, "mia_global_logits_tpr_at_fpr_0.01": 0.05}})
+    verdict = gate.decide({"mia_local_loss_auc": 0.65, "mia_global_logits_tpr_at_fpr_0.01": 0.2})
+    assert verdict.tripped == {"mia_local_loss_auc": (0.65, 0.6), "mia_global_logits_tpr_at_fpr_0.01": (0.2, 0.05)}
+
+
+def test_no_thresholds_never_gates():
+    for mapping in (None, {}, {"action": "withhold"}, {"thresholds": {}}):
+        gate = policy(mapping)
+        assert not gate.enabled
+        assert gate.decide({"mia_local_loss_auc": 1.0}).passed
+
+
+def test_missing_metric_is_listed_and_does_not_trip():
+    gate = policy({"thresholds": {"mia_local_loss_auc": 0.6, "mia_update_loss_reduction_auc": 0.6}})
+    verdict = gate.decide({"mia_local_loss_auc": 0.5})
+    assert verdict.passed and verdict.missing == ("mia_update_loss_reduction_auc",)
+    assert gate.decide({}).missing == ("mia_local_loss_auc", "mia_update_loss_reduction_auc")
+
+
+def test_non_finite_metric_trips_the_gate():
+    gate = policy({"thresholds": {"mia_local_loss_auc": 0.6}})
+    verdict = gate.decide({"mia_local_loss_auc": float("nan")})
+    assert not verdict.passed and "mia_local_loss_auc" in verdict.tripped
+    assert verdict.to_dict()["tripped"]["mia_local_loss_auc"] == {"value": None, "threshold": 0.6}  # strict JSON
+
+
+def test_non_finite_verdict_and_dict():
+    verdict = GateVerdict.non_finite()
+    assert not verdict.passed and verdict.tripped == {NON_FINITE_UPDATE: (1.0, 0.0)}
+    assert verdict.to_dict() == {
+        "passed": False, "tripped": {NON_FINITE_UPDATE: {"value": 1.0, "threshold": 0.0}}, "missing": [],
+    }
+
+
+def test_non_finite_tensors_names_every_broken_tensor():
+    tensors = {
+        "a": np.zeros((2, 2), np.float32),
+        "b": np.array([1.0, np.nan], np.float32),
+        "c": np.array([np.inf]),
+        "d": np.array(["true"]),  # non-numeric (e.g. OpenFL's __opt_state_needed) is skipped
+        "e": np.array([1, 2]),
+    }
+    assert non_finite_tensors(tensors) == ["b", "c"]
+    assert non_finite_tensors({"a": tensors["a"]}) == []
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def test_defaults():
+    gate = policy(None)
+    assert gate.action == "report_only" and dict(gate.thresholds) == {}
+    assert gate.dp == DPSettings(noise_multiplier=1.0, max_grad_norm=1.0, max_retries=2, delta=1e-5)
+
+
+def test_plan_values_are_parsed_and_normalised():
+    gate = policy({
+        "action": "dp_retrain",
+        "thresholds": {"mia_local_loss_tpr_at_fpr_0.1": 0.3, "mia_update_loss_reduction_auc": 1},
+        "dp": {"noise_multiplier": 2, "max_grad_norm": 0.5, "max_retries": 3, "delta": 1e-6},
+    })
+    assert gate.action == "dp_retrain"
+    assert dict(gate.thresholds) == {"mia_local_loss_tpr_at_fpr_0.1": 0.3, "mia_update_loss_reduction_auc": 1.0}
+    assert isinstance(gate.thresholds["mia_update_loss_reduction_auc"], float)
+    assert gate.dp.to_dict() == {"noise_multiplier": 2.0, "max_grad_norm": 0.5, "max_retries": 3, "delta": 1e-6}
+    assert gate.to_dict()["action"] == "dp_retrain"
+    with pytest.raises(TypeError):
+        gate.thresholds["x"] = 1.0  # read-only
+
+
+def test_noise_doubles_on_each_try():
+    dp = DPSettings(noise_multiplier=0.5)
+    assert [dp.noise_for_try(i) for i in (1, 2, 3)] == [0.5, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(
+    "mapping, key, words",
+    [
+        ({"action": "block"}, f"{PREFIX}.action", "unknown action"),
+        ({"thresholds": {"mia_local_foo_auc": 0.5}}, f"{PREFIX}.thresholds.mia_local_foo_auc", "unknown metric"),
+        ({"thresholds": {"mia_local_loss_tpr_at_fpr_0.2": 0.5}}, f"{PREFIX}.thresholds.mia_local_loss_tpr_at_fpr_0.2",
+         "unknown metric"),
+        ({"thresholds": {"mia_local_loss_auc": 1.5}}, f"{PREFIX}.thresholds.mia_local_loss_auc", "out of range"),
+        ({"thresholds": {"mia_local_loss_auc": -0.1}}, f"{PREFIX}.thresholds.mia_local_loss_auc", "out of range"),
+        ({"thresholds": {"mia_local_loss_auc": "high"}}, f"{PREFIX}.thresholds.mia_local_loss_auc", "expected a number"),
+        ({"thresholds": {"mia_local_loss_auc": True}}, f"{PREFIX}.thresholds.mia_local_loss_auc", "expected a number"),
+        ({"thresholds": {"mia_local_loss_auc": float("nan")}}, f"{PREFIX}.thresholds.mia_local_loss_auc",
+         "expected a number"),
+        ({"thresholds": [0.5]}, f"{PREFIX}.thresholds", "expected a mapping"),
+        ({"dp": {"noise_multiplier": 0}}, f"{PREFIX}.dp.noise_multiplier", "> 0"),
+        ({"dp": {"max_grad_norm": float("inf")}}, f"{PREFIX}.dp.max_grad_norm", "finite"),
+        ({"dp": {"max_retries": 0}}, f"{PREFIX}.dp.max_retries", ">= 1"),
+        ({"dp": {"max_retries": 1.5}}, f"{PREFIX}.dp.max_retries", "integer"),
+        ({"dp": {"delta": 1.0}}, f"{PREFIX}.dp.delta", "(0, 1)"),
+        ({"dp": {"epsilon": 1.0}}, f"{PREFIX}.dp.epsilon", "unknown setting"),
+        ({"treshold": {}}, f"{PREFIX}.treshold", "unknown setting"),
+        ("withhold", PREFIX, "expected a mapping"),
+    ],
+)
+def test_bad_values_name_the_dotted_key(mapping, key, words):
+    with pytest.raises(GateSettingsError) as err:
+        policy(mapping)
+    message = str(err.value)
+    assert message.startswith(key + ":"), message
+    assert words in message
+
+
+def test_unknown_metric_message_lists_what_the_audit_produces():
+    audit = AuditSettings(signals=("loss",), fpr_tolerance=(0.1,), audit_global=False)
+    with pytest.raises(GateSettingsError) as err:
+        policy({"thresholds": {"mia_global_loss_auc": 0.6}}, audit)
+    assert str(err.value) == (
+        f"{PREFIX}.thresholds.mia_global_loss_auc: unknown metric; the audit produces: mia_local_loss_auc, "
+        "mia_local_loss_tpr_at_fpr_0.1, mia_update_loss_reduction_auc, mia_update_loss_reduction_tpr_at_fpr_0.1"
+    )
+
+
+def test_thresholds_need_an_enabled_audit():
+    with pytest.raises(GateSettingsError, match=r"audit\.enabled is false"):
+        policy({"thresholds": {"mia_local_loss_auc": 0.6}}, AuditSettings(enabled=False))
+    assert not policy({"action": "withhold"}, AuditSettings(enabled=False)).enabled
+
+
+# ---------------------------------------------------------------------------------------------- metric names
+
+
+def _random_sets(seed=0, n=24):
+    rng = np.random.default_rng(seed)
+    make = lambda: (rng.normal(size=(n, 1, 8, 8)).astype(np.float32), rng.integers(0, 10, n))  # noqa: E731
+    return AuditSets(members=make(), nonmembers=make(), population=make())
+
+
+@pytest.mark.parametrize(
+    "audit",
+    [
+        AuditSettings(),
+        AuditSettings(signals=("gradient_norm",), fpr_tolerance=(0.05, 0.25), audit_global=False),
+        AuditSettings(signals=("logits", "loss"), update_attack=False, fpr_tolerance=(0.001,)),
+    ],
+)
+def test_audit_metric_names_are_what_a_real_audit_reports(audit):
+    torch.manual_seed(0)
+    local = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    received = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    record = audit_round(local, received, _random_sets(), audit, party="p", round_num=0)
+    assert audit_metric_names(audit) == tuple(sorted(record["metrics"]))
+
+
+# ---------------------------------------------------------------------------------------------- registry
+
+
+@pytest.fixture
+def fidel_registered():
+    register_metric("fidel_revealed_fraction")
+    register_metric("deanon_ap_over_chance")
+    yield
+    unregister_metric("fidel_revealed_fraction")
+    unregister_metric("deanon_ap_over_chance")
+
+
+def test_registered_metrics_can_be_gated_within_their_range(fidel_registered):
+    assert registered_metrics() == ("deanon_ap_over_chance", "fidel_revealed_fraction")
+    gate = policy({"thresholds": {"fidel_revealed_fraction": 0.1, "deanon_ap_over_chance": 3.0}})
+    assert gate.decide({"fidel_revealed_fraction": 0.2, "deanon_ap_over_chance": 2.0}).tripped == {
+        "fidel_revealed_fraction": (0.2, 0.1)
+    }
+    with pytest.raises(GateSettingsError, match=r"thresholds\.fidel_revealed_fraction: 1\.2 is out of range"):
+        policy({"thresholds": {"fidel_revealed_fraction": 1.2}})
+    with pytest.raises(GateSettingsError, match=r"thresholds\.deanon_ap_over_chance: -1 is out of range; allowed: >= 0"):
+        policy({"thresholds": {"deanon_ap_over_chance": -1}})
+
+
+def test_unregistered_later_metrics_are_unknown():
+    assert "fidel_revealed_fraction" not in registered_metrics()
+    with pytest.raises(GateSettingsError, match="unknown metric"):
+        policy({"thresholds": {"fidel_revealed_fraction": 0.1}})
+
+
+def test_metric_ranges_and_registration_rules():
+    assert metric_range("mia_local_loss_auc") == (0.0, 1.0)
+    assert metric_range("mia_local_loss_tpr_at_fpr_0.01") == (0.0, 1.0)
+    assert metric_range("x_ap_over_chance") == (0.0, math.inf)
+    assert metric_range("something_else") is None
+    with pytest.raises(ValueError, match="no range rule"):
+        register_metric("something_else")
+    register_metric("something_else", low=0, high=10)
+    try:
+        assert policy({"thresholds": {"something_else": 10}}).thresholds["something_else"] == 10.0
+    finally:
+        unregister_metric("something_else")
+
+
+# ---------------------------------------------------------------------------------------------- per collaborator
+
+
+def test_per_collaborator_gate_is_merged_into_the_plan_wide_one():
+    plan_gate = {"action": "withhold", "thresholds": {"mia_local_loss_auc": 0.7}, "dp": {"max_retries": 3}}
+    assert merge_gate(plan_gate, {"dp": {"delta": 1e-6}}) == {
+        "action": "withhold", "thresholds": {"mia_local_loss_auc": 0.7}, "dp": {"max_retries": 3, "delta": 1e-6},
+    }
+    default, cols = parse_per_collaborator(
+        {"collaborator2": {"epochs": 20, "learning_rate": 0.01,
+                           "gate": {"action": "dp_retrain", "thresholds": {"mia_update_loss_reduction_auc": 0.6}}},
+         "collaborator3": {"epochs": 2}},
+        gate=plan_gate, audit_settings=AUDIT,
+    )
+    assert default.action == "withhold" and default.dp.max_retries == 3
+    two = cols["collaborator2"]
+    assert (two.epochs, two.learning_rate, two.gate.action) == (20, 0.01, "dp_retrain")
+    assert dict(two.gate.thresholds) == {"mia_update_loss_reduction_auc": 0.6}  # replaced as a whole
+    assert two.gate.dp.max_retries == 3  # dp merged key by key
+    assert cols["collaborator3"].gate == default and cols["collaborator3"].learning_rate is None
+
+
+@pytest.mark.parametrize(
+    "per_collaborator, key",
+    [
+        ({"collaborator2": {"epoch": 20}}, "task_runner.settings.per_collaborator.collaborator2.epoch"),
+        ({"collaborator2": {"epochs": 0}}, "task_runner.settings.per_collaborator.collaborator2.epochs"),
+        ({"collaborator2": {"learning_rate": -1}}, "task_runner.settings.per_collaborator.collaborator2.learning_rate"),
+        ({"collaborator2": {"gate": {"action": "drop"}}}, "task_runner.settings.per_collaborator.collaborator2.gate.action"),
+        ({"collaborator2": {"gate": {"thresholds": {"mia_x_auc": 0.5}}}},
+         "task_runner.settings.per_collaborator.collaborator2.gate.thresholds.mia_x_auc"),
+        ({"collaborator2": 20}, "task_runner.settings.per_collaborator.collaborator2"),
+        ([{"collaborator2": {}}], "task_runner.settings.per_collaborator"),
+    ],
+)
+def test_bad_per_collaborator_values_name_the_dotted_key(per_collaborator, key):
+    with pytest.raises(GateSettingsError) as err:
+        parse_per_collaborator(per_collaborator, gate=None, audit_settings=AUDIT)
+    assert str(err.value).startswith(key + ":"), str(err.value)

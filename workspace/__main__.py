@@ -1,0 +1,145 @@
+"""`python -m workspace`: a real multi-process OpenFL federation on this machine (README "A real federation").
+
+    python -m workspace run --collaborators 3 --rounds 3      # prepare + start
+    python -m workspace prepare --dir runs/x ...              # workspaces and certificates only
+    python -m workspace start --dir runs/x                    # start a prepared folder (once)
+
+Exit codes: 0 finished, 1 the federation failed (a participant died, timeout), 2 bad options or set-up
+failure, 130 interrupted (Ctrl-C) / 143 terminated; every process started is stopped in all cases.
+
+`workspace/` has no __init__.py on purpose (fx imports its own `workspace` command module by bare name with
+the workspace folder first on sys.path); `python -m` runs this file in the namespace package all the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from workspace.in_process import WORKSPACE_ROOT
+
+if str(WORKSPACE_ROOT) not in sys.path:  # src.aggregator_settings, audit.atomic_io
+    sys.path.insert(0, str(WORKSPACE_ROOT))
+
+from workspace.federation import start  # noqa: E402
+from workspace.prepare import FederationLayout, SetupError, prepare  # noqa: E402
+from workspace.processes import FxNotFoundError, ProcessRegistry  # noqa: E402
+from workspace.progress import ProgressLine  # noqa: E402
+from workspace.run_plan import merge_overrides  # noqa: E402
+
+
+class Interrupted(KeyboardInterrupt):
+    """Raised by the SIGINT/SIGTERM handler so that the `finally` blocks stop every process started."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_interrupted(signum, _frame):
+    raise Interrupted(signum)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m workspace", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def setup_options(p):
+        p.add_argument("--collaborators", type=int, default=3, help="number of collaborators (default 3)")
+        p.add_argument("--rounds", type=int, default=3, help="rounds to train (default 3)")
+        p.add_argument("--dir", type=Path, default=None, help="run folder (default runs/<timestamp>); must be new or empty")
+        p.add_argument("--no-tls", action="store_true", help="plain gRPC, no certificates (debugging only)")
+        p.add_argument("--poll-interval", type=int, default=None, metavar="SECONDS",
+                       help="aggregator.settings.poll_interval_s: how long an idle collaborator waits before asking again")
+        p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                       help="plan override, dotted key and YAML value, e.g. --set tasks.train.kwargs.epochs=1 (repeatable)")
+        p.add_argument("--port", type=int, default=None, help="aggregator port on 127.0.0.1 (default: a free one)")
+        p.add_argument("--plan", type=Path, default=WORKSPACE_ROOT / "plan" / "plan.yaml", help="base plan")
+
+    def start_options(p):
+        p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                       help="stop everything and fail after this long (default: no limit)")
+        p.add_argument("--keep-going", action="store_true",
+                       help="if a collaborator dies, let the others finish (the plan's straggler policy ends each "
+                            "round without it); the run still fails, naming it")
+
+    setup_options(run := sub.add_parser("run", help="prepare and start a federation"))
+    start_options(run)
+    setup_options(sub.add_parser("prepare", help="make the workspaces and certificates only"))
+    start_options(st := sub.add_parser("start", help="start a prepared federation folder (once)"))
+    st.add_argument("--dir", type=Path, required=True, help="a folder made by `prepare`")
+    return parser
+
+
+def default_run_dir() -> Path:
+    base = WORKSPACE_ROOT / "runs" / time.strftime("%Y%m%d-%H%M%S")
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def print_reports(outcome_or_layout, say=print) -> None:
+    from workspace.federation import report_locations
+
+    reports = outcome_or_layout.reports if hasattr(outcome_or_layout, "reports") else report_locations(outcome_or_layout)
+    say("reports (each party's own folder):")
+    for name, path in reports.items():
+        page = path / "index.html"
+        say(f"  {name:<14} {page if page.exists() else path}{'' if path.exists() else '  (none written)'}")
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    registry = ProcessRegistry()
+    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        if args.command in ("run", "prepare"):
+            overrides = list(args.overrides)
+            if args.poll_interval is not None:
+                overrides.append(f"aggregator.settings.poll_interval_s={args.poll_interval}")
+            layout = prepare(args.dir or default_run_dir(), collaborators=args.collaborators, rounds=args.rounds,
+                             use_tls=not args.no_tls, port=args.port, overrides=merge_overrides(overrides),
+                             base_plan=args.plan, registry=registry)
+            if args.command == "prepare":
+                print(f"prepared {layout.root}; start it with: python -m workspace start --dir {layout.root}")
+                return 0
+        else:
+            layout = FederationLayout.load(args.dir)
+        outcome = start(layout, registry=registry, timeout_s=args.timeout, keep_going=args.keep_going,
+                        progress=ProgressLine())
+        for problem in outcome.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        status = "finished" if outcome.ok else "FAILED"
+        print(f"federation {status}: {outcome.rounds_done}/{outcome.rounds} rounds in {outcome.seconds:.1f} s "
+              f"({layout.root})")
+        if outcome.round_seconds:
+            print("aggregator's seconds per round: " + ", ".join(f"{s:.1f}" for s in outcome.round_seconds))
+        print_reports(outcome)
+        return 0 if outcome.ok else 1
+    except Interrupted as stop:
+        for s in previous:  # a second Ctrl-C must not cut the clean-up short
+            signal.signal(s, signal.SIG_IGN)
+        registry.stop_all()
+        stopped = registry.stopped_running
+        print(f"\ninterrupted ({stop}); stopped {len(stopped)} running process(es): {', '.join(stopped) or '-'}",
+              file=sys.stderr)
+        return 128 + stop.signum
+    except (SetupError, ValueError, FxNotFoundError, TimeoutError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    finally:
+        for s in previous:
+            signal.signal(s, signal.SIG_IGN)
+        registry.stop_all()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

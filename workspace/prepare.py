@@ -1,0 +1,261 @@
+"""Prepare a local federation the way a deployment does, with OpenFL's own `fx` commands.
+
+    <run>/aggregator/      the aggregator's workspace: this repository's plan (for this run), src/, audit/,
+                           the federation's CA and the aggregator's certificate
+    <run>/<collaborator>/  one workspace per collaborator, imported from the aggregator's export, with its
+                           own key and a certificate the aggregator's CA signed
+    <run>/federation.json  what `start` needs (port, TLS, names); <run>/setup.log: every command's output
+
+mTLS (default): `fx plan initialize`, `fx workspace certify`, `fx aggregator generate-cert-request` and
+`certify`, `fx workspace export`; per collaborator `fx workspace import`, `fx collaborator create`,
+`generate-cert-request`; the aggregator signs each request (`fx collaborator certify --request-pkg`, which also
+adds the name to plan/cols.yaml), the collaborator imports the signed certificate (`--import`).
+Without TLS (debugging) no certificates are made and plan/cols.yaml is written here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import yaml
+
+from audit.atomic_io import atomic_write_json, atomic_write_text
+from workspace.in_process import WORKSPACE_ROOT, collaborator_names
+from workspace.processes import ProcessRegistry, fx_environment, fx_executable
+from workspace.run_plan import (AGG_ADDR, aggregator_report_dir, build_run_plan, collaborator_report_dir, dump_plan,
+                                free_port)
+
+AGGREGATOR = "aggregator"
+STATE_FILE = "federation.json"
+# What the aggregator's workspace is made of: what OpenFL loads (plan/, src/), what our task runner imports
+# (audit/), and what `fx workspace export` insists on packing (requirements.txt, .workspace).
+WORKSPACE_PARTS = ("src", "audit")
+WORKSPACE_FILES = ("requirements.txt", ".workspace")
+# What each imported workspace must hold for `fx collaborator start` to run our task runner.
+ARCHIVE_MUST_HOLD = ("plan/plan.yaml", "plan/data.yaml", "src/taskrunner.py", "src/dataloader.py", "audit/__init__.py")
+FX_TIMEOUT_S = 300
+
+
+class SetupError(RuntimeError):
+    pass
+
+
+@dataclass
+class FederationLayout:
+    """What `prepare` made; saved as <run>/federation.json and read back by `start`."""
+
+    run_dir: str
+    collaborators: list[str]
+    rounds: int
+    port: int
+    use_tls: bool
+    agg_addr: str = AGG_ADDR
+    status: str = "prepared"
+    prepared_at: str = ""
+    setup_seconds: float = 0.0
+    aggregator_report_dir: str = ""
+    collaborator_report_dir: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def root(self) -> Path:
+        return Path(self.run_dir)
+
+    def workspace(self, name: str) -> Path:
+        return self.root / name
+
+    def save(self) -> None:
+        atomic_write_json(self.root / STATE_FILE, asdict(self))
+
+    @classmethod
+    def load(cls, run_dir: Path) -> "FederationLayout":
+        path = Path(run_dir) / STATE_FILE
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise SetupError(f"{path} not found: {run_dir} is not a prepared federation "
+                             "(make one with `python -m workspace prepare --dir ...`)") from None
+        except (OSError, ValueError) as err:
+            raise SetupError(f"{path}: unreadable ({err})") from None
+        data["run_dir"] = str(Path(run_dir).resolve())  # a prepared folder may have been copied
+        return cls(**data)
+
+
+class FxRunner:
+    """Runs `fx` commands in participants' folders, logging their output to <run>/setup.log."""
+
+    def __init__(self, registry: ProcessRegistry, setup_log: Path):
+        self.registry = registry
+        self.setup_log = setup_log
+        self.fx = fx_executable()
+        self.log_dir = setup_log.parent / ".setup_logs"  # one file per running command, merged into setup.log
+
+    def __call__(self, cwd: Path, *args: str) -> None:
+        command = "fx " + " ".join(args)
+        log_path = self.log_dir / f"{time.monotonic_ns()}.log"
+        began = time.monotonic()
+        rc = self.registry.run(cwd.name + ": " + command, [str(self.fx), *args], cwd=cwd, log_path=log_path,
+                               env=fx_environment(), timeout_s=FX_TIMEOUT_S)
+        output = log_path.read_text(errors="replace") if log_path.exists() else ""
+        log_path.unlink(missing_ok=True)
+        with open(self.setup_log, "a", encoding="utf-8") as log:
+            log.write(f"\n===== [{cwd}] {command}  (exit code {rc}, {time.monotonic() - began:.1f} s)\n{output}")
+        if rc != 0:
+            tail = "\n".join(output.strip().splitlines()[-15:])
+            raise SetupError(f"`{command}` failed in {cwd} (exit code {rc}); last lines:\n{tail}\n"
+                             f"(full output: {self.setup_log})")
+
+
+def prepare(run_dir: Path, *, collaborators: int, rounds: int, use_tls: bool = True, port: int | None = None,
+            overrides: Mapping | None = None, base_plan: Path | None = None, registry: ProcessRegistry,
+            say: Callable[[str], None] = print) -> FederationLayout:
+    """Make every participant's workspace (and, with TLS, its certificates) under run_dir."""
+    start = time.monotonic()
+    run_dir = Path(run_dir).resolve()
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise SetupError(f"{run_dir} is not empty: every run gets fresh folders (so no participant can pick up "
+                         "an earlier run's state); choose another --dir")
+    port = port or free_port()
+    config = build_run_plan(base_plan or WORKSPACE_ROOT / "plan" / "plan.yaml", collaborators=collaborators,
+                            rounds=rounds, port=port, use_tls=use_tls, overrides=overrides)
+    names = collaborator_names(collaborators)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    layout = FederationLayout(run_dir=str(run_dir), collaborators=names, rounds=rounds, port=port, use_tls=use_tls,
+                              aggregator_report_dir=aggregator_report_dir(config),
+                              collaborator_report_dir=collaborator_report_dir(config))
+    fx = FxRunner(registry, run_dir / "setup.log")
+    agg = run_dir / AGGREGATOR
+
+    say(f"preparing {len(names)} collaborators + aggregator in {run_dir} ({'mTLS' if use_tls else 'no TLS'}, "
+        f"port {port})")
+    make_aggregator_workspace(agg, config, names, use_tls)
+
+    def aggregator_certificates():
+        fx(agg, "workspace", "certify")
+        fx(agg, "aggregator", "generate-cert-request", "--fqdn", AGG_ADDR)
+        fx(agg, "aggregator", "certify", "--fqdn", AGG_ADDR, "--silent")
+
+    # Independent: the initial model (slow: builds the model) and the federation's CA + server certificate.
+    in_parallel([lambda: fx(agg, "plan", "initialize"), *([aggregator_certificates] if use_tls else [])])
+    say("  aggregator workspace ready; exporting it for the collaborators")
+    fx(agg, "workspace", "export")
+    archive = complete_archive(agg / f"{AGGREGATOR}.zip", agg)
+
+    signing = threading.Lock()
+
+    def collaborator_chain(index: int, name: str) -> None:
+        received = run_dir / f"{name}.zip"  # "sent" to the collaborator; import unpacks it into <run>/<name>
+        shutil.copy2(archive, received)
+        fx(run_dir, "workspace", "import", "--archive", received.name)
+        received.unlink()
+        ws = run_dir / name
+        fx(ws, "collaborator", "create", "-n", name, "-d", str(index), "--silent")
+        if not use_tls:
+            return
+        fx(ws, "collaborator", "generate-cert-request", "-n", name, "--silent")
+        request, signed = f"col_{name}_to_agg_cert_request.zip", f"agg_to_col_{name}_signed_cert.zip"
+        # The request package travels to the aggregator, the signed certificate back. One signature at a time:
+        # `fx collaborator certify --request-pkg` signs the first *.csr it finds in cert/client and rewrites
+        # plan/cols.yaml.
+        with signing:
+            shutil.move(ws / request, agg / request)
+            fx(agg, "collaborator", "certify", "--request-pkg", request, "--silent")
+            (agg / request).unlink()
+            shutil.move(agg / signed, ws / signed)
+        fx(ws, "collaborator", "certify", "--import", signed)
+        (ws / signed).unlink()
+
+    in_parallel([lambda i=i, n=n: collaborator_chain(i, n) for i, n in enumerate(names, 1)])
+    check_prepared(run_dir, names, use_tls)
+    shutil.rmtree(fx.log_dir, ignore_errors=True)
+    layout.prepared_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    layout.setup_seconds = round(time.monotonic() - start, 1)
+    layout.save()
+    say(f"  prepared in {layout.setup_seconds:.0f} s")
+    return layout
+
+
+def in_parallel(jobs: list[Callable[[], object]], workers: int = 2) -> None:
+    """Run jobs two at a time (two cores: fx commands are mostly Python imports); the first error is raised.
+
+    The pool is not waited for on an error or Ctrl-C: the caller stops every process the jobs started
+    (ProcessRegistry.stop_all), which also keeps the remaining jobs from starting new ones.
+    """
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        for future in [pool.submit(job) for job in jobs]:
+            future.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
+def make_aggregator_workspace(agg: Path, config: Mapping, names: list[str], use_tls: bool) -> None:
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    agg.mkdir(parents=True)
+    for part in WORKSPACE_PARTS:
+        shutil.copytree(WORKSPACE_ROOT / part, agg / part, ignore=ignore)
+    for name in WORKSPACE_FILES:
+        shutil.copy2(WORKSPACE_ROOT / name, agg / name)
+    for folder in ("plan", "save", "logs", "data"):
+        (agg / folder).mkdir(exist_ok=True)
+    atomic_write_text(agg / "plan" / "plan.yaml", dump_plan(config))
+    # With TLS, `fx collaborator certify` registers each collaborator it signs; without, the list is written here.
+    atomic_write_text(agg / "plan" / "cols.yaml", yaml.safe_dump({"collaborators": [] if use_tls else names}))
+    # Each collaborator's `fx collaborator create` adds its own `name,shard` line to its copy.
+    atomic_write_text(agg / "plan" / "data.yaml",
+                      "# collaborator_name,shard number (1-based; data_loader.settings.collaborator_count shards)\n")
+
+
+def complete_archive(archive: Path, agg: Path) -> Path:
+    """Make the exported workspace hold what our task runner imports, and no secrets.
+
+    OpenFL 1.9's `fx workspace export` packs src/, plan/, save/, requirements.txt and .workspace only; our task
+    runner also imports the `audit` package, so it is added to the same archive. `fx workspace import` only
+    unpacks the archive (it installs nothing from requirements.txt), so nothing is fetched from the network:
+    the collaborators here run in the project's venv.
+    """
+    if not archive.exists():
+        raise SetupError(f"`fx workspace export` did not write {archive}")
+    with zipfile.ZipFile(archive) as zf:
+        present = set(zf.namelist())
+    if not any(n.startswith("audit/") for n in present):
+        with zipfile.ZipFile(archive, "a", compression=zipfile.ZIP_DEFLATED) as zf:
+            for path in sorted((agg / "audit").rglob("*")):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    zf.write(path, path.relative_to(agg).as_posix())
+        with zipfile.ZipFile(archive) as zf:
+            present = set(zf.namelist())
+    missing = [n for n in ARCHIVE_MUST_HOLD if n not in present]
+    if missing:
+        raise SetupError(f"{archive} lacks {missing}: the collaborators could not run the task runner")
+    secrets = [n for n in present if n.startswith("cert/") or n.endswith((".key", ".pem"))]
+    if secrets:
+        raise SetupError(f"{archive} holds private material {secrets}; it must not leave the aggregator")
+    return archive
+
+
+def check_prepared(run_dir: Path, names: list[str], use_tls: bool) -> None:
+    agg = run_dir / AGGREGATOR
+    cols = (yaml.safe_load((agg / "plan" / "cols.yaml").read_text()) or {}).get("collaborators") or []
+    if sorted(cols) != sorted(names):
+        raise SetupError(f"{agg / 'plan' / 'cols.yaml'} lists {cols}, expected {names}")
+    for name in names:
+        ws = run_dir / name
+        data_lines = [line.split(",")[0] for line in (ws / "plan" / "data.yaml").read_text().splitlines()
+                      if line and not line.startswith("#")]
+        if name not in data_lines:
+            raise SetupError(f"{ws / 'plan' / 'data.yaml'} has no line for {name}")
+        if use_tls:
+            for cert in (f"cert/client/col_{name}.crt", f"cert/client/col_{name}.key", "cert/cert_chain.crt"):
+                if not (ws / cert).is_file():
+                    raise SetupError(f"{ws / cert} missing after the certificate exchange")
+        if (ws / "plan" / "plan.yaml").read_bytes() != (agg / "plan" / "plan.yaml").read_bytes():
+            raise SetupError(f"{ws}/plan/plan.yaml differs from the aggregator's: the federation ids would not match")

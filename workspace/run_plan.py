@@ -1,0 +1,131 @@
+"""The plan of a local multi-process run: the workspace plan plus this run's network, rounds and overrides.
+
+Everything here is decided before `fx workspace export`: the plan's hash names the federation
+(`federation_uuid`), so the aggregator and the collaborators must run the very same plan file.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import yaml
+
+from workspace.in_process import deep_merge
+
+AGG_ADDR = "localhost"  # the aggregator's certificate is made for this name; gRPC binds it to 127.0.0.1
+
+
+class PlanOverrideError(ValueError):
+    pass
+
+
+def parse_set_option(text: str) -> dict:
+    """`a.b.c=value` -> {"a": {"b": {"c": value}}}; the value is read as YAML (1, 0.5, true, [1, 2], {k: v})."""
+    key, sep, raw = text.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise PlanOverrideError(f"--set {text!r}: expected KEY=VALUE with a dotted plan key, "
+                                "e.g. --set aggregator.settings.poll_interval_s=2")
+    parts = key.split(".")
+    if any(not p for p in parts):
+        raise PlanOverrideError(f"--set {text!r}: empty part in the key {key!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as err:
+        raise PlanOverrideError(f"--set {key}: the value {raw!r} is not valid YAML: {err}") from None
+    nested: dict = {parts[-1]: value}
+    for part in reversed(parts[:-1]):
+        nested = {part: nested}
+    return nested
+
+
+def merge_overrides(items: Iterable[str | Mapping]) -> dict:
+    merged: dict = {}
+    for item in items:
+        merged = deep_merge(merged, parse_set_option(item) if isinstance(item, str) else item)
+    return merged
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on now (it could be taken before the aggregator binds it; `port_is_free` rechecks)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    # SO_REUSEADDR as gRPC sets it (connections of an earlier run in TIME_WAIT do not block the port), but no
+    # SO_REUSEPORT: gRPC servers set that too, so a leftover aggregator here would silently share the port.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def build_run_plan(base_plan: Path, *, collaborators: int, rounds: int, port: int, use_tls: bool,
+                   overrides: Mapping | None = None) -> dict:
+    """The run's plan: the base plan, this run's settings, then the user's overrides (which win)."""
+    if collaborators < 1:
+        raise PlanOverrideError(f"--collaborators: need at least 1, got {collaborators}")
+    if rounds < 1:
+        raise PlanOverrideError(f"--rounds: need at least 1, got {rounds}")
+    try:
+        config = yaml.safe_load(Path(base_plan).read_text())
+    except (OSError, yaml.YAMLError) as err:
+        raise PlanOverrideError(f"cannot read the plan {base_plan}: {err}") from None
+    if not isinstance(config, dict):
+        raise PlanOverrideError(f"{base_plan}: not a plan (a YAML mapping)")
+    run_settings = {
+        "aggregator": {"settings": {
+            "rounds_to_train": rounds,
+            # Fresh folders already make every run start from round 0; no checkpoint database either.
+            "persist_checkpoint": False,
+            "write_logs": True,  # logs/aggregator_metrics.txt: one line per finished round, read for progress
+        }},
+        "data_loader": {"settings": {"collaborator_count": collaborators}},
+        "network": {"settings": {"agg_addr": AGG_ADDR, "agg_port": port, "use_tls": use_tls}},
+    }
+    config = deep_merge(deep_merge(config, run_settings), overrides or {})
+    check_run_plan(config)
+    return config
+
+
+def check_run_plan(config: Mapping) -> None:
+    """Fail before any certificate is made on what would only fail at `fx aggregator start`."""
+    from src.aggregator_settings import AggregatorSettings
+
+    aggregator = config.get("aggregator")
+    if not isinstance(aggregator, Mapping) or not isinstance(aggregator.get("settings", {}), Mapping):
+        raise PlanOverrideError("aggregator.settings: expected a mapping")
+    AggregatorSettings.from_mapping(aggregator.get("settings"))
+    rounds = aggregator["settings"].get("rounds_to_train")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise PlanOverrideError(f"aggregator.settings.rounds_to_train: expected a whole number >= 1, got {rounds!r}")
+    network = config.get("network", {}).get("settings", {})
+    if network.get("agg_addr") != AGG_ADDR:
+        raise PlanOverrideError(f"network.settings.agg_addr: a local run uses {AGG_ADDR!r} (the certificate's name), "
+                                f"got {network.get('agg_addr')!r}")
+
+
+def rounds_to_train(config: Mapping) -> int:
+    return int(config["aggregator"]["settings"]["rounds_to_train"])
+
+
+def collaborator_report_dir(config: Mapping) -> str:
+    return str(config.get("task_runner", {}).get("settings", {}).get("audit", {}).get("report_dir", "reports"))
+
+
+def aggregator_report_dir(config: Mapping) -> str:
+    from src.aggregator_settings import DEFAULT_REPORT_DIR
+
+    return str(config.get("aggregator", {}).get("settings", {}).get("report_dir", DEFAULT_REPORT_DIR))
+
+
+def dump_plan(config: Mapping) -> str:
+    return yaml.safe_dump(copy.deepcopy(dict(config)), sort_keys=False)
