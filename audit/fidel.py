@@ -34,18 +34,19 @@ Knows nothing about OpenFL: weights come in as ``nn.Module`` or state dicts (ten
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import numbers
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
+
+from audit.signals import eval_mode
 
 __all__ = [
     "FIDEL_METRICS",
@@ -109,18 +110,6 @@ def _model_dtype(model: nn.Module) -> torch.dtype:
     return torch.get_default_dtype()
 
 
-@contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
-    # Dropout off, BatchNorm on running statistics; every submodule's own flag is restored afterwards.
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, training in flags:
-            m.training = training
-
-
 def _linear_names(model: nn.Module) -> str:
     names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     return ", ".join(names) if names else "(none)"
@@ -165,7 +154,7 @@ def find_first_dense_layer(model: nn.Module, sample_input=None, layer: str | Non
 
     handles = [m.register_forward_pre_hook(hook(n)) for n, m in modules.items() if isinstance(m, nn.Linear)]
     try:
-        with _eval_mode(model), torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             model(x)
     except _Stop:
         pass
@@ -209,7 +198,7 @@ def layer_inputs(model: nn.Module, layer: str, samples, *, batch_size: int = 256
     handles = [m.register_forward_pre_hook(flatten_hook) for m in model.modules() if isinstance(m, nn.Flatten)]
     handles.append(target.register_forward_pre_hook(layer_hook))
     try:
-        with _eval_mode(model), torch.no_grad():
+        with eval_mode(model), torch.no_grad():
             for start in range(0, x.shape[0], batch_size):
                 try:
                     model(x[start : start + batch_size])

@@ -75,7 +75,8 @@ def _prepare(model: nn.Module, x, y, batch_size: int) -> tuple[torch.Tensor, tor
 
 
 @contextlib.contextmanager
-def _eval_mode(model: nn.Module) -> Iterator[None]:
+def eval_mode(model: nn.Module) -> Iterator[None]:
+    """Run a block with the model in eval mode, then give every submodule its own train/eval flag back."""
     # Remember every submodule's flag, not only the top one: a caller may keep e.g. a frozen BatchNorm in eval mode
     # inside a model that is in train mode.
     flags = [(module, module.training) for module in model.modules()]
@@ -95,7 +96,7 @@ def _chunks(n: int, size: int) -> Iterator[slice]:
 def _logits(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
     """Model outputs for all samples in float64, shape (N, C); eval mode, no autograd graph."""
     outs = []
-    with _eval_mode(model), torch.no_grad():
+    with eval_mode(model), torch.no_grad():
         for part in _chunks(x.shape[0], batch_size):
             out = model(x[part])
             if not isinstance(out, torch.Tensor) or out.ndim != 2:
@@ -193,7 +194,7 @@ def gradient_norm_signal(model: nn.Module, x, y, *, layer: str | None = None, ba
 
     result = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     use_vmap = True
-    with _eval_mode(model), torch.no_grad():  # torch.func.grad and enable_grad() below still see gradients
+    with eval_mode(model), torch.no_grad():  # torch.func.grad and enable_grad() below still see gradients
         for part in _chunks(x.shape[0], chunk):
             if use_vmap:
                 try:
