@@ -2,18 +2,24 @@
 
 Accepts the command line of OpenFL's Privacy Meter tutorial (cifar10_PM.py) and runs the same plan and
 tasks as `fx` does, with OpenFL's real Aggregator and Collaborator objects (workspace/in_process.py).
-Reports land in --log_dir. `--dataset digits` runs offline on scikit-learn's bundled digits.
+Reports land in --log_dir, with copies of the plots under the tutorial's file names
+(`<col>_roc_at_<round>.png`, `<col>_auc.png`, `<col>_tpr_at_<fpr>.png`; workspace/tutorial_outputs.py).
+`--model alexnet` is the tutorial's net (`--layer_number 10` is its `features[10]`).
+`--dataset digits` runs offline on scikit-learn's bundled digits. Progress bars (rounds, and the phases of
+the current round: validate, train, audit) with ETAs go to stderr; the summary lines to stdout.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
+MODEL_CHOICES = ("cnn", "fcnn", "alexnet")  # = src.models.ALL_MODELS (not imported here: keep --help light)
 
 
 def str2bool(text: str) -> bool:
@@ -48,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", choices=["cifar10", "digits"], default="cifar10")
     p.add_argument("--data-dir", dest="data_dir", default="data", help="where CIFAR-10 is (torchvision layout)")
     p.add_argument("--collaborators", type=int, default=2)
-    p.add_argument("--model", choices=["cnn", "fcnn"], default="cnn")
+    p.add_argument("--model", choices=MODEL_CHOICES, default="cnn",
+                   help="cnn, fcnn (the Fidel paper's) or alexnet (the tutorial's Net, ~23.3M parameters)")
     p.add_argument("--learning_rate", type=float, default=None, help="default: 0.005 for SGD, 0.001 for Adam")
     p.add_argument("--local_epochs", type=int, default=1, help="local epochs per round (the tutorial: 1)")
     p.add_argument("--seed", type=int, default=0)
@@ -57,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fidel", type=str2bool, nargs="?", const=True, default=False,
                    help="also run the Fidel reconstruction audit of each update")
     p.add_argument("--verbose", action="store_true", help="show OpenFL's own log lines")
+    p.add_argument("--no_progress", action="store_true", help="no progress bars")
     return p
 
 
@@ -124,23 +132,31 @@ def main(argv=None) -> int:
     from src.data import DatasetUnavailableError
     from workspace.in_process import run_in_process
 
-    start = time.perf_counter()
+    from workspace.in_process import collaborator_names
+    from workspace.tutorial_outputs import write_tutorial_outputs
 
-    def on_task(col, task, round_num):
-        print(f"round {round_num + 1}/{args.comm_round}  {col}: {task} ...", flush=True)
+    start = time.perf_counter()
+    names = collaborator_names(args.collaborators)
+    progress = Progress(args.comm_round, args.collaborators, args.auditing_interval, enabled=not args.no_progress)
+
+    def on_round_end(round_num, _logs):
+        progress.end_round()
+        write_tutorial_outputs(args.report_dir, names)  # after each round: a crash keeps earlier rounds' files
 
     try:
         overrides = overrides_from_args(args)
-        result = run_in_process(
-            args.report_dir / "_run", collaborators=args.collaborators, rounds=args.comm_round,
-            overrides=overrides, on_task=on_task,
-        )
+        with progress, audit_phase_hook(progress.phase):
+            result = run_in_process(
+                args.report_dir / "_run", collaborators=args.collaborators, rounds=args.comm_round,
+                overrides=overrides, on_task=progress.phase, on_round_end=on_round_end,
+            )
     except DatasetUnavailableError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except ValueError as err:  # bad settings: the message names the setting
         print(f"error: {err}", file=sys.stderr)
         return 2
+    write_tutorial_outputs(args.report_dir, names)
 
     print_summary(result)
     print(f"\nfinished {args.comm_round} rounds in {time.perf_counter() - start:.1f}s")
@@ -148,6 +164,90 @@ def main(argv=None) -> int:
     if result.aggregator_report_dir is not None:
         print(f"aggregator report (kept/gated per round): {result.aggregator_report_dir / 'index.html'}")
     return 0
+
+
+PHASE_NAMES = {
+    "aggregated_model_validation": "validate global model",
+    "train": "train",
+    "audit": "audit",
+    "locally_tuned_model_validation": "validate local model",
+}
+
+
+class Progress:
+    """tqdm bars on stderr: one over the rounds (ETA of the run) and one over the phases of the current round
+    (each collaborator's validate / train / audit / validate; ETA of the round). `phase(col, phase, round)` is
+    the in-process runner's `on_task` hook, and is also called when an audit starts (`audit_phase_hook`)."""
+
+    def __init__(self, rounds: int, collaborators: int, interval: int, *, enabled: bool = True):
+        self.rounds, self.collaborators, self.interval = rounds, collaborators, max(1, interval)
+        self.enabled = enabled
+        self.rounds_bar = self.phase_bar = None
+        self.round: int | None = None
+        self.pending = False  # a phase has started and is not counted yet
+
+    def __enter__(self):
+        from tqdm import tqdm
+
+        self._tqdm = tqdm
+        self.rounds_bar = tqdm(total=self.rounds, desc="rounds", unit="round", position=0, file=sys.stderr,
+                               disable=not self.enabled, dynamic_ncols=True)
+        return self
+
+    def __exit__(self, *exc):
+        self.end_round()
+        if self.rounds_bar is not None:
+            self.rounds_bar.close()
+        return False
+
+    def phase(self, col: str, phase: str, round_num: int) -> None:
+        if self.rounds_bar is None:
+            return
+        if self.round != round_num:
+            self.end_round()
+            self.round = round_num
+            audits = self.collaborators if round_num % self.interval == 0 else 0
+            self.phase_bar = self._tqdm(
+                total=3 * self.collaborators + audits, desc=f"round {round_num + 1}/{self.rounds}", unit="phase",
+                position=1, leave=False, file=sys.stderr, disable=not self.enabled, dynamic_ncols=True)
+        elif self.pending:
+            self._count()
+        self.pending = True
+        self.phase_bar.set_postfix_str(f"{col}: {PHASE_NAMES.get(phase, phase)}")
+
+    def _count(self) -> None:
+        if self.phase_bar.n >= self.phase_bar.total:  # an extra phase (e.g. a DP retrain's re-audit)
+            self.phase_bar.total += 1
+        self.phase_bar.update(1)
+
+    def end_round(self) -> None:
+        if self.phase_bar is None:
+            return
+        if self.pending:
+            self._count()
+        self.phase_bar.close()
+        self.phase_bar, self.pending = None, False
+        self.rounds_bar.update(1)
+
+
+@contextlib.contextmanager
+def audit_phase_hook(on_phase):
+    """Call `on_phase(col, "audit", round)` when a collaborator's audit starts (the audit runs inside the train
+    task, which the runner's `on_task` hook sees only as a whole). Patches this process's task runner class for
+    the duration of the run and restores it."""
+    from src.taskrunner import AuditedTaskRunner
+
+    original = AuditedTaskRunner._audit
+
+    def _audit(self, model, global_model, col_name, round_num):
+        on_phase(col_name, "audit", round_num)
+        return original(self, model, global_model, col_name, round_num)
+
+    AuditedTaskRunner._audit = _audit
+    try:
+        yield
+    finally:
+        AuditedTaskRunner._audit = original
 
 
 def print_summary(result) -> None:

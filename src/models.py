@@ -30,6 +30,37 @@ state-dict keys are stable (``classifier.fc1.weight`` ...).
 ``act*`` is ReLU / Sigmoid / Tanh; ``drop*`` is ``Dropout(dropout)`` when dropout > 0,
 else ``Identity`` (so names and indices do not depend on the dropout setting).
 
+``AlexNet(input_shape, num_classes)`` -- the Net of OpenFL's Privacy Meter tutorial (5 conv + 3 FC,
+Dropout, ~23.3M parameters on 3x32x32), with the tutorial's indices in ``features`` (its
+``--layer_number 10`` is ``features[10]`` = ``features.conv5``) and no in-place ReLU::
+
+    features    conv1  Conv2d(C, 64, 3, stride=2, padding=1)  [features.0]
+                act1   ReLU                                 [features.1]
+                pool1  MaxPool2d(2)                         [features.2]
+                conv2  Conv2d(64, 192, 3, padding=1)        [features.3]
+                act2   ReLU                                 [features.4]
+                pool2  MaxPool2d(2)                         [features.5]
+                conv3  Conv2d(192, 384, 3, padding=1)       [features.6]
+                act3   ReLU                                 [features.7]
+                conv4  Conv2d(384, 256, 3, padding=1)       [features.8]
+                act4   ReLU                                 [features.9]
+                conv5  Conv2d(256, 256, 3, padding=1)       [features.10]
+                act5   ReLU                                 [features.11]
+                pool3  MaxPool2d(2)                         [features.12]
+                avgpool AdaptiveAvgPool2d((2, 2))           [features.13]
+                flatten Flatten                             [features.14]  -> 256 * 2 * 2
+    classifier  drop1  Dropout(0.5)                         [classifier.0]
+                fc1    Linear(1024, 4096)                   [classifier.1]
+                act1   ReLU                                 [classifier.2]
+                drop2  Dropout(0.5)                         [classifier.3]
+                fc2    Linear(4096, 4096)                   [classifier.4]
+                act2   ReLU                                 [classifier.5]
+                out    Linear(4096, num_classes)            [classifier.6]
+
+On 3x32x32 the stack reaches 2x2 at ``pool3`` and ``avgpool`` changes nothing (the tutorial's net).
+Small inputs still build: a ``pool*`` whose input is already 1x1 is an ``Identity`` (same name and
+index), and ``avgpool`` brings any map to 2x2 (1x8x8 digits: 4 -> 2 -> 1 -> 1 -> 2x2 by replication).
+
 Every model exposes the class attributes ``FIRST_DENSE_LAYER = "classifier.fc1"`` and
 ``OUTPUT_LAYER = "classifier.out"`` (module names for ``get_submodule``).
 No activation is in-place (``inplace=True`` breaks per-sample-gradient tools such as
@@ -45,9 +76,12 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-__all__ = ["MODELS", "ACTIVATIONS", "CNN", "FCNN", "build_model"]
+__all__ = ["MODELS", "ALL_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model"]
 
+#: The Fidel-paper models (``classifier.fc1`` is ``classifier[0]``, 128 units; tests parametrize over these).
 MODELS = ("cnn", "fcnn")
+#: Every name ``build_model`` accepts: the Fidel-paper models plus the tutorial's ``alexnet``.
+ALL_MODELS = MODELS + ("alexnet",)
 ACTIVATIONS = ("relu", "sigmoid", "tanh")
 
 _ACT = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
@@ -162,18 +196,71 @@ class FCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-_CLASSES = {"cnn": CNN, "fcnn": FCNN}
+class AlexNet(nn.Module):
+    """The AlexNet-style Net of OpenFL's Privacy Meter tutorial, for any (C, H, W) input.
+
+    Module names and indices: see the module docstring (``features.conv1`` ... ``classifier.out``);
+    ``features[10]`` is ``features.conv5`` as in the tutorial. Outputs are logits.
+    """
+
+    FIRST_DENSE_LAYER = "classifier.fc1"
+    OUTPUT_LAYER = "classifier.out"
+
+    def __init__(self, input_shape, num_classes):
+        super().__init__()
+        c, h, w = _check_shape(input_shape)
+        num_classes = _check_classes(num_classes)
+        self.input_shape = (c, h, w)
+        self.num_classes = num_classes
+        size = [(h + 2 - 3) // 2 + 1, (w + 2 - 3) // 2 + 1]  # after conv1 (stride 2, padding 1)
+
+        def pool():
+            # MaxPool2d(2) needs at least 2x2; on a 1-pixel side keep the slot (and the indices) as Identity.
+            if min(size) < 2:
+                return nn.Identity()
+            size[0], size[1] = size[0] // 2, size[1] // 2
+            return nn.MaxPool2d(kernel_size=2)
+
+        layers = OrderedDict(conv1=nn.Conv2d(c, 64, kernel_size=3, stride=2, padding=1), act1=nn.ReLU())
+        layers["pool1"] = pool()
+        layers.update(conv2=nn.Conv2d(64, 192, kernel_size=3, padding=1), act2=nn.ReLU())
+        layers["pool2"] = pool()
+        layers.update(
+            conv3=nn.Conv2d(192, 384, kernel_size=3, padding=1), act3=nn.ReLU(),
+            conv4=nn.Conv2d(384, 256, kernel_size=3, padding=1), act4=nn.ReLU(),
+            conv5=nn.Conv2d(256, 256, kernel_size=3, padding=1), act5=nn.ReLU(),
+        )
+        layers["pool3"] = pool()
+        layers.update(avgpool=nn.AdaptiveAvgPool2d((2, 2)), flatten=nn.Flatten())
+        self.features = nn.Sequential(layers)
+        self.classifier = nn.Sequential(
+            OrderedDict(
+                drop1=nn.Dropout(0.5),
+                fc1=nn.Linear(256 * 2 * 2, 4096),
+                act1=nn.ReLU(),
+                drop2=nn.Dropout(0.5),
+                fc2=nn.Linear(4096, 4096),
+                act2=nn.ReLU(),
+                out=nn.Linear(4096, num_classes),
+            )
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+_CLASSES = {"cnn": CNN, "fcnn": FCNN, "alexnet": AlexNet}
 
 
 def build_model(name, input_shape, num_classes, **kwargs) -> nn.Module:
-    """Build model ``name`` ("cnn" | "fcnn") for ``input_shape`` (C, H, W).
+    """Build model ``name`` ("cnn" | "fcnn" | "alexnet") for ``input_shape`` (C, H, W).
 
-    ``kwargs`` go to the model (FCNN: ``activation``, ``dropout``; CNN: none).
+    ``kwargs`` go to the model (FCNN: ``activation``, ``dropout``; CNN, AlexNet: none).
     Unknown name or keyword -> ValueError naming it.
     """
     key = name.strip().lower() if isinstance(name, str) else None
     if key not in _CLASSES:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ALL_MODELS)}")
     cls = _CLASSES[key]
     allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "input_shape", "num_classes")]
     for k in kwargs:
