@@ -1,16 +1,14 @@
 """Tests for src.models.AlexNet (the OpenFL Privacy Meter tutorial's Net) and its `--layer_number` mapping."""
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import cifar10_PM  # noqa: E402
-from src.models import ALL_MODELS, MODELS, AlexNet, build_model  # noqa: E402
+import cifar10_PM
+from src.models import ALL_MODELS, MODELS, AlexNet, build_model
 
 SHAPES = [(3, 32, 32), (1, 8, 8)]
 

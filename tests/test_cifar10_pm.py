@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-import cifar10_PM  # noqa: E402
+import cifar10_PM
 
 COLLABORATORS = ("collaborator1", "collaborator2")
 FPRS = ("0.1", "0.5", "0.9")  # the tutorial's default --fpr_tolerance

@@ -1,17 +1,14 @@
 """Tests for src.data (datasets, split) and src.dataloader (the OpenFL data loader). No network."""
 
 import socket
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from src import data as data_mod  # noqa: E402
-from src import dataloader as dl_mod  # noqa: E402
-from src.data import (  # noqa: E402
+from src import data as data_mod
+from src import dataloader as dl_mod
+from src.data import (
     DATASETS,
     DatasetInfo,
     DatasetUnavailableError,
@@ -21,7 +18,7 @@ from src.data import (  # noqa: E402
     split_federation,
     split_indices,
 )
-from src.dataloader import AuditDataLoader  # noqa: E402
+from src.dataloader import AuditDataLoader
 
 SETS = ("train", "test", "population")
 

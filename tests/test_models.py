@@ -1,15 +1,12 @@
 """Tests for src.models (Fidel-style CNN and FCNN)."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from src.models import ACTIVATIONS, CNN, FCNN, MODELS, build_model  # noqa: E402
+from src.models import ACTIVATIONS, CNN, FCNN, MODELS, build_model
 
 SHAPES = [(1, 8, 8), (3, 32, 32)]
 
