@@ -45,11 +45,16 @@ ACTIONS = ("withhold", "dp_retrain", "report_only")
 NON_FINITE_UPDATE = "non_finite_update"
 GATE_PREFIX = "task_runner.settings.gate"
 
-# Allowed threshold ranges by metric-name suffix: rates are fractions, "AP over chance" is a ratio >= 0.
+# Allowed threshold ranges by metric-name suffix: rates and APs are fractions, "AP over chance" is a ratio >= 0,
+# a rank starts at 1.
 _RANGES_BY_SUFFIX = (
     ("_auc", (0.0, 1.0)),
     ("_fraction", (0.0, 1.0)),
     ("_ap_over_chance", (0.0, math.inf)),
+    ("_ap", (0.0, 1.0)),
+    ("_top1", (0.0, 1.0)),
+    ("_top5", (0.0, 1.0)),
+    ("_rank", (1.0, math.inf)),
 )
 _TPR_MARKER = "_tpr_at_fpr_"
 
@@ -116,6 +121,8 @@ def audit_metric_names(settings: AuditSettings) -> tuple[str, ...]:
         names += [f"{prefix}_tpr_at_fpr_{t:g}" for t in settings.fpr_tolerance]  # as scalar_metrics names them
     if settings.fidel:
         names += FIDEL_METRICS
+    if settings.deanon.enabled:
+        names += settings.deanon.metric_names()
     return tuple(sorted(names))
 
 

@@ -3,7 +3,8 @@
 Given the model the party received this round (global) and the model it trained from it (local), compute
 the per-sample signals on its members (train shard), non-members (test shard) and population (audit shard),
 run the population attack for each signal and model, and the update-based attack (loss under the received
-model minus loss under the trained one). Returns a JSON-able round record the report writer stores and
+model minus loss under the trained one); optionally the Fidel reconstruction audit and the deanonymization
+self-audit (the non-members are the adversary's prior data of this party). Returns a JSON-able round record the report writer stores and
 flat scalar metrics that may leave the party.
 """
 
@@ -16,10 +17,12 @@ from typing import Mapping
 import numpy as np
 import torch
 
+from audit.deanon_audit import deanon_self_audit
 from audit.fidel import fidel_audit
 from audit.fidel_decoder import train_decoder
 from audit.population_attack import population_attack, update_attack
 from audit.settings import AuditSettings
+from audit.shadow_training import TrainingRecipe
 from audit.signals import compute_signals, member_if_lower
 
 SETS = ("members", "nonmembers", "population")
@@ -43,6 +46,15 @@ class AuditSets:
     def tensors(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = getattr(self, name)
         return torch.as_tensor(np.asarray(x), dtype=torch.float32), torch.as_tensor(np.asarray(y), dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class DeanonContext:
+    """The collaborator's facts the deanonymization self-audit needs (audit.deanon_audit)."""
+
+    recipe: TrainingRecipe          # the local training recipe, for the shadow updates
+    member_count: int               # how many samples the real update was trained on (before any mitigation)
+    federation_alpha: float | None  # the federation's label skew (None = IID)
 
 
 def _signals_per_set(model, sets: AuditSets, names, settings: AuditSettings) -> tuple[dict, dict]:
@@ -96,10 +108,12 @@ def audit_round(
     party: str,
     round_num: int,
     seed: int | None = None,
+    deanon: DeanonContext | None = None,
 ) -> dict:
     """Audit one round; returns the round record (see audit.report for its layout).
 
     The record's "attacks" hold AttackResult objects; `record_to_json` turns them into dicts.
+    `deanon`: what the deanonymization self-audit needs besides the sets (run when settings.deanon is due).
     """
     start = time.perf_counter()
     wanted = list(settings.signals)
@@ -140,6 +154,15 @@ def audit_round(
         metrics.update(fidel.metrics())
         extra["fidel"] = fidel.to_dict()
         timings["fidel_s"] = time.perf_counter() - fidel_start
+    if deanon is not None and global_model is not None and settings.deanon.due(round_num):
+        deanon_start = time.perf_counter()
+        result = deanon_self_audit(
+            global_model, local_model, sets.nonmembers, deanon.member_count, sets.population, deanon.recipe,
+            settings.deanon, federation_alpha=deanon.federation_alpha, seed=seed or 0,
+        )
+        metrics.update(result.metrics)
+        extra["deanon"] = result.to_dict()
+        timings["deanon_s"] = time.perf_counter() - deanon_start
     timings["audit_s"] = time.perf_counter() - start
 
     return {

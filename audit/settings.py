@@ -10,9 +10,11 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from numbers import Integral, Real
+from numbers import Integral
 
+from audit.deanon_settings import DeanonSettings, deanon_settings
 from audit.population_attack import THRESHOLD_FUNCTIONS
+from audit.setting_checks import AuditSettingsError, check_bool, check_positive_int, is_real, with_defaults
 
 __all__ = ["AuditSettingsError", "AuditSettings", "SIGNALS"]
 
@@ -21,10 +23,6 @@ SIGNALS = ("loss", "logits", "gradient_norm")
 # Threshold functions that assume a non-negative, loss-like signal where members are lower
 # (see audit.population_attack); the logits signal is higher for members.
 _LOSS_ONLY_FUNCTIONS = ("logit_rescale", "min_linear_logit")
-
-
-class AuditSettingsError(ValueError):
-    """An invalid audit setting; the message starts with the setting's full dotted key."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +43,8 @@ class AuditSettings:
     fidel_layer: str | None = None  # the dense layer to attack; None = the first nn.Linear in forward order
     fidel_threshold: float = 0.98  # Pearson r of a full reveal (the paper's threshold)
     fidel_decoder: bool = False  # CNNs: also score decoded (pixel-level) reconstructions
+    # Deanonymization self-audit of the update (audit.deanon_audit): a mapping, see audit.deanon_settings.
+    deanon: DeanonSettings = DeanonSettings()
 
     def __post_init__(self):
         # Direct construction is validated too; values are normalised (lists -> tuples, ints -> floats).
@@ -57,14 +57,7 @@ class AuditSettings:
         """Settings from a plan's mapping (None or {} -> defaults); unknown keys and bad values are errors."""
         if mapping is None:
             return cls()
-        if not isinstance(mapping, Mapping):
-            raise AuditSettingsError(f"{prefix}: expected a mapping of settings, got {type(mapping).__name__}")
-        known = [f.name for f in fields(cls)]
-        for key in mapping:
-            if key not in known:
-                raise AuditSettingsError(f"{prefix}.{key}: unknown setting; known: {', '.join(known)}")
-        values = {f.name: getattr(cls, f.name) for f in fields(cls)}  # class attributes hold the defaults
-        values.update(mapping)
+        values = with_defaults(cls, mapping, prefix)
         return cls(**_validate(values, prefix))
 
     def to_dict(self) -> dict:
@@ -72,6 +65,8 @@ class AuditSettings:
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
+            if isinstance(value, DeanonSettings):
+                value = value.to_dict()
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -82,28 +77,6 @@ class AuditSettings:
         if round_num < 0:
             raise ValueError(f"round_num: expected >= 0, got {round_num}")
         return self.enabled and int(round_num) % self.interval == 0
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
-
-
-def _bool(key: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise AuditSettingsError(f"{key}: expected true or false, got {value!r}")
-    return value
-
-
-def _positive_int(key: str, value) -> int:
-    if not _is_int(value):
-        raise AuditSettingsError(f"{key}: expected an integer >= 1, got {value!r}")
-    if value < 1:
-        raise AuditSettingsError(f"{key}: expected an integer >= 1, got {value}")
-    return int(value)
 
 
 def _signals(key: str, value) -> tuple[str, ...]:
@@ -125,14 +98,14 @@ def _signals(key: str, value) -> tuple[str, ...]:
 
 
 def _fpr_tolerance(key: str, value) -> tuple[float, ...]:
-    items = [value] if _is_real(value) else value
+    items = [value] if is_real(value) else value
     if not isinstance(items, (list, tuple)):
         raise AuditSettingsError(f"{key}: expected a list of numbers in (0, 1), got {value!r}")
     if not items:
         raise AuditSettingsError(f"{key}: empty; give at least one FPR in (0, 1)")
     out = []
     for i, item in enumerate(items):
-        if not _is_real(item):
+        if not is_real(item):
             raise AuditSettingsError(f"{key}: item {i} is not a number: {item!r}")
         item = float(item)
         if not (math.isfinite(item) and 0.0 < item < 1.0):
@@ -156,7 +129,7 @@ def _threshold_function(key: str, value) -> str:
 
 
 def _fraction(key: str, value) -> float:
-    if not _is_real(value) or not 0 < value <= 1:
+    if not is_real(value) or not 0 < value <= 1:
         raise AuditSettingsError(f"{key}: expected a number in (0, 1], got {value!r}")
     return float(value)
 
@@ -170,21 +143,22 @@ def _directory(key: str, value) -> str:
 
 
 _CHECKS = {
-    "enabled": _bool,
+    "enabled": check_bool,
     "signals": _signals,
     "fpr_tolerance": _fpr_tolerance,
-    "interval": _positive_int,
+    "interval": check_positive_int,
     "gradient_layer": _optional_name,
     "threshold_function": _threshold_function,
-    "batch_size": _positive_int,
-    "audit_global": _bool,
-    "update_attack": _bool,
-    "log_scale": _bool,
+    "batch_size": check_positive_int,
+    "audit_global": check_bool,
+    "update_attack": check_bool,
+    "log_scale": check_bool,
     "report_dir": _directory,
-    "fidel": _bool,
+    "fidel": check_bool,
     "fidel_layer": _optional_name,
     "fidel_threshold": _fraction,
-    "fidel_decoder": _bool,
+    "fidel_decoder": check_bool,
+    "deanon": deanon_settings,
 }
 
 

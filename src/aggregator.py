@@ -9,6 +9,8 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
   (`[{template: module.Class, settings: {...}}]`) or passed as objects (in-process runs).
 - `aggregator.settings.report_dir` (default reports/aggregator): the aggregator's report, per round which
   collaborators were kept, gated or left out and why, and the averaged audit metrics (src/aggregator_report.py).
+- `aggregator.settings.deanon` (default `enabled: false`): the aggregator-side deanonymization audit, the paper's
+  honest-but-curious server attacking the real updates; writes `<report_dir>/deanon/` (src/deanon_callback.py).
 
 Bad values fail when the aggregator is built (`fx aggregator start`), naming the key.
 """
@@ -100,11 +102,22 @@ class AuditingAggregator(Aggregator):
     """OpenFL's Aggregator with a plan-set poll interval, a bound gRPC server and aggregator-side audit callbacks."""
 
     def __init__(self, *, poll_interval_s: int = DEFAULT_POLL_INTERVAL_S, report_dir: str = DEFAULT_REPORT_DIR,
-                 callbacks: Iterable | None = None, **kwargs):
-        settings = AggregatorSettings.from_mapping({"poll_interval_s": poll_interval_s, "report_dir": report_dir})
+                 deanon: dict | None = None, callbacks: Iterable | None = None, **kwargs):
+        settings = AggregatorSettings.from_mapping({"poll_interval_s": poll_interval_s, "report_dir": report_dir,
+                                                    "deanon": deanon})
         self.poll_interval_s = settings.poll_interval_s
         self.report = AggregatorReportCallback(settings.report_dir)
-        own = [self.report, *build_callbacks(callbacks)]
+        self.deanon = None  # the DeanonymizationCallback, if aggregator.settings.deanon.enabled
+        own = [self.report]
+        if settings.deanon.enabled:
+            # Imported only when enabled: the audit brings torch and scikit-learn into the aggregator process.
+            from src.deanon_callback import DeanonymizationCallback
+
+            options = settings.deanon.to_dict()
+            options.pop("enabled")
+            self.deanon = DeanonymizationCallback(settings.report_dir, **options)
+            own.append(self.deanon)
+        own += build_callbacks(callbacks)
         for callback in own:
             if hasattr(callback, "set_aggregator"):
                 callback.set_aggregator(self)

@@ -31,13 +31,12 @@ import csv
 import datetime as _dt
 import html
 import io
-import json
 import logging
 import math
-import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+from audit.round_files import load_round_records, round_file_name
 from audit.atomic_io import atomic_write_json, atomic_write_text
 
 logger = logging.getLogger(__name__)
@@ -50,13 +49,6 @@ NON_FINITE_UPDATE = "non_finite_update"
 AUDIT_PREFIX = "mia_"
 
 KEPT, GATED, STRAGGLER = "kept", "gated", "straggler"
-_ROUND_FILE_RE = re.compile(r"^round_(\d{4,})\.json$")
-
-
-def round_file_name(round_num: int) -> str:
-    return f"round_{round_num:04d}.json"
-
-
 def _finite_or_none(value: Any) -> float | None:
     try:
         number = float(value)
@@ -187,21 +179,7 @@ class AggregatorReportWriter:
         return path
 
     def load_rounds(self) -> list[dict]:
-        records = []
-        for path in sorted(self.root.glob("round_*.json")):
-            match = _ROUND_FILE_RE.match(path.name)
-            if not match:
-                continue
-            try:
-                record = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError) as err:
-                logger.warning("skipping unreadable aggregator round record %s: %s", path, err)
-                continue
-            if not isinstance(record, dict) or record.get("round") != int(match.group(1)):
-                logger.warning("skipping aggregator round record %s: not the record of its round", path)
-                continue
-            records.append(record)
-        return sorted(records, key=lambda r: r["round"])
+        return load_round_records(self.root, "aggregator round")
 
     def rebuild_summary(self) -> None:
         records = self.load_rounds()

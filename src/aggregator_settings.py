@@ -7,18 +7,98 @@ plan before it spends a minute on certificates, and `fx aggregator start` fails 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
+from audit.deanon_settings import ATTACKS  # names only: reading a plan imports neither torch nor sklearn
+from audit.setting_checks import is_int
+
 PREFIX = "aggregator.settings"
+DEANON_PREFIX = f"{PREFIX}.deanon"
 DEFAULT_POLL_INTERVAL_S = 1
 DEFAULT_REPORT_DIR = "reports/aggregator"
+
+
+@dataclass(frozen=True)
+class DeanonServerSettings:
+    """`aggregator.settings.deanon`: the aggregator-side deanonymization audit (src/deanon_callback.py)."""
+
+    enabled: bool = False
+    layer: str | None = None            # module whose update is attacked; None = the module of the model's last tensor
+    attacks: tuple[str, ...] = ATTACKS  # mlp, svm, knn (re-identification), siamese (matching)
+    min_history_rounds: int = 2         # earlier rounds the attacks train on before a round is evaluated
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["attacks"] = list(self.attacks)
+        return out
+
+    @classmethod
+    def from_mapping(cls, value: Any, prefix: str = DEANON_PREFIX) -> "DeanonServerSettings":
+        """Checked settings (None -> defaults); unknown keys and bad values fail naming `<prefix>.<key>`."""
+        if isinstance(value, DeanonServerSettings):
+            return value
+        if value is None:
+            return cls()
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{prefix}: expected a mapping of settings ({', '.join(_DEANON_CHECKS)}), got {value!r}")
+        for name in value:
+            if name not in _DEANON_CHECKS:
+                raise ValueError(f"{prefix}.{name}: unknown setting; known: {', '.join(_DEANON_CHECKS)}")
+        return cls(**{name: _DEANON_CHECKS[name](f"{prefix}.{name}", v) for name, v in value.items()})
+
+
+def _deanon_enabled(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}: expected true or false, got {value!r}")
+    return value
+
+
+def _deanon_layer(key: str, value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise ValueError(f"{key}: expected a module name (e.g. classifier.out) or null (the model's last layer), "
+                         f"got {value!r}")
+    return None if value is None else value.strip()
+
+
+def _deanon_attacks(key: str, value: Any) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{key}: expected a non-empty list of attacks from {', '.join(ATTACKS)}, got {value!r}")
+    for item in value:
+        if item not in ATTACKS:
+            raise ValueError(f"{key}: unknown attack {item!r}; known: {', '.join(ATTACKS)}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"{key}: an attack is listed twice: {list(value)}")
+    return tuple(value)
+
+
+def _deanon_min_history(key: str, value: Any) -> int:
+    if not is_int(value) or value < 1:
+        raise ValueError(f"{key}: expected an integer >= 1 (earlier rounds to train the attacks on), got {value!r}")
+    return int(value)
+
+
+def _deanon_seed(key: str, value: Any) -> int:
+    if not is_int(value) or value < 0:
+        raise ValueError(f"{key}: expected an integer >= 0, got {value!r}")
+    return int(value)
+
+
+_DEANON_CHECKS = {
+    "enabled": _deanon_enabled,
+    "layer": _deanon_layer,
+    "attacks": _deanon_attacks,
+    "min_history_rounds": _deanon_min_history,
+    "seed": _deanon_seed,
+}
 
 
 @dataclass(frozen=True)
 class AggregatorSettings:
     poll_interval_s: int = DEFAULT_POLL_INTERVAL_S
     report_dir: str = DEFAULT_REPORT_DIR
+    deanon: DeanonServerSettings = field(default_factory=DeanonServerSettings)
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any] | None) -> "AggregatorSettings":
@@ -27,6 +107,7 @@ class AggregatorSettings:
         return cls(
             poll_interval_s=check_poll_interval(settings.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)),
             report_dir=check_report_dir(settings.get("report_dir", DEFAULT_REPORT_DIR)),
+            deanon=DeanonServerSettings.from_mapping(settings.get("deanon")),
         )
 
 

@@ -5,6 +5,7 @@
         epochs: 20               # overrides the train task's `epochs` kwarg (plan tasks section)
         learning_rate: 0.01
         gate: {action: withhold} # merged into the plan-wide `gate`, see merge_gate
+        mitigation: {method: mm_aug, alpha: 0.5}  # replaces the plan-wide `mitigation` (audit.deanon_mitigation)
 
 Every collaborator parses the same plan, so each knows every other's gate: the runner uses that to send
 the same metric names as all others (OpenFL's aggregator needs that, see src.taskrunner).
@@ -19,11 +20,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
 
+from audit.deanon_mitigation import Mitigation
 from audit.gate import GATE_PREFIX, GatePolicy, GateSettingsError
 from audit.settings import AuditSettings
 
 PREFIX = "task_runner.settings.per_collaborator"
-KEYS = ("epochs", "learning_rate", "gate")
+KEYS = ("epochs", "learning_rate", "gate", "mitigation")
+MITIGATION_PREFIX = "task_runner.settings.mitigation"
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,7 @@ class CollaboratorSettings:
     gate: GatePolicy
     epochs: int | None = None  # None: the train task's `epochs` kwarg
     learning_rate: float | None = None  # None: task_runner.settings.learning_rate
+    mitigation: Mitigation = Mitigation()  # deanonymization mitigation; default: task_runner.settings.mitigation
 
 
 def merge_gate(base: Mapping | None, override: Mapping | None) -> dict:
@@ -48,12 +52,14 @@ def merge_gate(base: Mapping | None, override: Mapping | None) -> dict:
 
 
 def parse_per_collaborator(
-    mapping, *, gate: Mapping | None, audit_settings: AuditSettings
-) -> tuple[GatePolicy, dict[str, CollaboratorSettings]]:
-    """The plan-wide gate policy and each listed collaborator's settings; errors name the dotted key."""
+    mapping, *, gate: Mapping | None, audit_settings: AuditSettings, mitigation: Mapping | None = None
+) -> tuple[CollaboratorSettings, dict[str, CollaboratorSettings]]:
+    """The plan-wide settings and each listed collaborator's; errors name the dotted key."""
     default_gate = GatePolicy.from_mapping(gate, audit_settings=audit_settings, prefix=GATE_PREFIX)
+    default_mitigation = Mitigation.from_mapping(mitigation, prefix=MITIGATION_PREFIX)
+    default = CollaboratorSettings(gate=default_gate, mitigation=default_mitigation)
     if mapping is None:
-        return default_gate, {}
+        return default, {}
     if not isinstance(mapping, Mapping):
         raise GateSettingsError(f"{PREFIX}: expected a mapping of collaborator name -> settings, got {mapping!r}")
     out = {}
@@ -81,9 +87,13 @@ def parse_per_collaborator(
             col_gate = GatePolicy.from_mapping(
                 merge_gate(gate, entry["gate"]), audit_settings=audit_settings, prefix=f"{key}.gate"
             )
+        col_mitigation = default_mitigation
+        if entry.get("mitigation") is not None:
+            col_mitigation = Mitigation.from_mapping(entry["mitigation"], prefix=f"{key}.mitigation")
         out[name] = CollaboratorSettings(
             gate=col_gate,
             epochs=None if epochs is None else int(epochs),
             learning_rate=None if lr is None else float(lr),
+            mitigation=col_mitigation,
         )
-    return default_gate, out
+    return default, out

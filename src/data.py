@@ -23,6 +23,19 @@ tutorial takes CIFAR-10 in file order: train = first 24k, test = next 24k, popul
 last 12k, so its "test" set mixes the end of CIFAR's train files with the start of its
 test file).  Set sizes are ``floor(N * ratio)``; when the ratios sum to less than 1 the
 leftover samples are not used.
+
+Users with several devices (``devices_per_user``)
+-------------------------------------------------
+For the shadow-device protocol of the deanonymization attack (an adversary trains its
+attack model on the updates of *shadow devices* K_prior of the target users and
+deanonymizes their other, anonymous devices K_anon) each *user* owns ``devices_per_user``
+FL devices (collaborators) whose data follow the same user-specific label mix.  The split
+is first made for ``n_users = n_parties // devices_per_user`` users exactly as without
+devices (same seed, IID or Dirichlet label skew), then each user's train, test and
+population index sets are dealt to its devices as ``set[j::devices_per_user]`` for
+device j.  Party index p belongs to user ``p // devices_per_user``, device
+``p % devices_per_user`` (:func:`user_of_party`).  ``devices_per_user=1`` is the plain
+split, bit for bit.
 """
 
 from __future__ import annotations
@@ -45,6 +58,7 @@ __all__ = [
     "validate_split_settings",
     "split_indices",
     "split_federation",
+    "user_of_party",
 ]
 
 DATASETS = ("digits", "cifar10")
@@ -185,9 +199,12 @@ def _is_int(v) -> bool:
 
 
 def validate_split_settings(
-    train_ratio, test_ratio, audit_ratio, n_parties, dirichlet_alpha=None, *, prefix=""
+    train_ratio, test_ratio, audit_ratio, n_parties, dirichlet_alpha=None, *, prefix="", devices_per_user=1
 ) -> None:
-    """Raise ValueError naming the offending setting (plan names, with ``prefix``)."""
+    """Raise ValueError naming the offending setting (plan names, with ``prefix``).
+
+    ``n_parties`` must be a multiple of ``devices_per_user`` (an integer >= 1).
+    """
     ratios = {
         "train_dataset_ratio": train_ratio,
         "test_dataset_ratio": test_ratio,
@@ -203,9 +220,19 @@ def validate_split_settings(
             f"{prefix}audit_dataset_ratio must be <= 1, got "
             f"{train_ratio} + {test_ratio} + {audit_ratio} = {total:g}"
         )
+    parties_name = f"{prefix}collaborator_count" if prefix else "n_parties"
     if not _is_int(n_parties) or n_parties < 1:
-        name = f"{prefix}collaborator_count" if prefix else "n_parties"
-        raise ValueError(f"{name}: must be an integer >= 1, got {n_parties!r}")
+        raise ValueError(f"{parties_name}: must be an integer >= 1, got {n_parties!r}")
+    devices_name = f"{prefix}devices_per_user"
+    if not _is_int(devices_per_user) or devices_per_user < 1:
+        raise ValueError(f"{devices_name}: must be an integer >= 1, got {devices_per_user!r}")
+    if n_parties % devices_per_user:
+        raise ValueError(
+            f"{devices_name}: the collaborator count ({parties_name}={n_parties}) must be a "
+            f"multiple of {devices_name}={devices_per_user} (every user owns "
+            f"{devices_per_user} devices); use a collaborator count such as "
+            f"{max(1, n_parties // devices_per_user) * devices_per_user} or another {devices_name}"
+        )
     if dirichlet_alpha is not None and (
         not _is_number(dirichlet_alpha)
         or not math.isfinite(dirichlet_alpha)
@@ -230,6 +257,19 @@ def _largest_remainder(totals: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return base + (rank < short[:, None])
 
 
+def user_of_party(party_index, devices_per_user=1) -> tuple[int, int]:
+    """``(user, device)`` of 0-based party (collaborator) index ``party_index``.
+
+    Party p is device ``p % devices_per_user`` of user ``p // devices_per_user`` (both 0-based).
+    """
+    if not _is_int(party_index) or party_index < 0:
+        raise ValueError(f"party_index: must be an integer >= 0, got {party_index!r}")
+    if not _is_int(devices_per_user) or devices_per_user < 1:
+        raise ValueError(f"devices_per_user: must be an integer >= 1, got {devices_per_user!r}")
+    user, device = divmod(int(party_index), int(devices_per_user))
+    return user, device
+
+
 def split_indices(
     y,
     n_parties,
@@ -239,6 +279,7 @@ def split_indices(
     audit_ratio=0.2,
     seed=0,
     dirichlet_alpha=None,
+    devices_per_user=1,
     _max_draws=100,
 ) -> list[dict[str, np.ndarray]]:
     """Index version of :func:`split_federation`.
@@ -247,7 +288,59 @@ def split_indices(
     into the pool, each pool index used at most once overall).  Used by the data loader
     so that a collaborator only copies its own shard.
     """
-    validate_split_settings(train_ratio, test_ratio, audit_ratio, n_parties, dirichlet_alpha)
+    validate_split_settings(
+        train_ratio, test_ratio, audit_ratio, n_parties, dirichlet_alpha, devices_per_user=devices_per_user
+    )
+    devices_per_user = int(devices_per_user)
+    n_users = n_parties // devices_per_user
+    users = _split_users(
+        y,
+        n_users,
+        devices_per_user,
+        train_ratio=train_ratio,
+        test_ratio=test_ratio,
+        audit_ratio=audit_ratio,
+        seed=seed,
+        dirichlet_alpha=dirichlet_alpha,
+        max_draws=_max_draws,
+    )
+    if devices_per_user == 1:
+        return users
+    # Deal each user's (shuffled-order) sets to its devices: device j gets set[j::d].
+    parts = [
+        {s: np.ascontiguousarray(user[s][j::devices_per_user]) for s in SPLIT_SETS} for user in users for j in range(devices_per_user)
+    ]
+    for p, part in enumerate(parts):  # guaranteed by _split_users; kept as a clear safety net
+        for s in SPLIT_SETS:
+            if len(part[s]) == 0:
+                u, j = user_of_party(p, devices_per_user)
+                raise ValueError(
+                    f"devices_per_user={devices_per_user}: device {j} of user {u} (party {p}) got no "
+                    f"sample in the {s} set; use fewer devices_per_user or fewer parties"
+                )
+    return parts
+
+
+def _split_users(
+    y,
+    n_users,
+    devices_per_user,
+    *,
+    train_ratio,
+    test_ratio,
+    audit_ratio,
+    seed,
+    dirichlet_alpha,
+    max_draws,
+) -> list[dict[str, np.ndarray]]:
+    """The plain split for ``n_users`` users (parties when ``devices_per_user == 1``).
+
+    With ``devices_per_user = d > 1`` every user set must hold >= d samples (so that each
+    of the user's devices gets one); Dirichlet shares are redrawn otherwise.  ``d == 1`` is
+    the original party split, bit for bit (same generator calls, same checks).
+    """
+    d = devices_per_user
+    n_devices = n_users * d
     y = np.asarray(y)
     if y.ndim != 1:
         raise ValueError(f"y must be 1-D (one label per sample), got shape {y.shape}")
@@ -258,10 +351,15 @@ def split_indices(
     names = dict(zip(SPLIT_SETS, ("train_dataset_ratio", "test_dataset_ratio", "audit_dataset_ratio")))
 
     for set_name, size in zip(SPLIT_SETS, sizes):
-        if size < n_parties:
+        if size < n_devices:
+            who = (
+                f"{n_devices} parties"
+                if d == 1
+                else f"{n_devices} parties ({n_users} users x devices_per_user={d})"
+            )
             raise ValueError(
                 f"the {set_name} set has {size} samples ({names[set_name]} x {n} samples) "
-                f"but {n_parties} parties need at least 1 each; raise {names[set_name]} or "
+                f"but {who} need at least 1 each; raise {names[set_name]} or "
                 f"use fewer parties"
             )
 
@@ -271,8 +369,8 @@ def split_indices(
     sets = {s: perm[bounds[i] : bounds[i + 1]] for i, s in enumerate(SPLIT_SETS)}
 
     if dirichlet_alpha is None:
-        # IID: deal each (shuffled) set like the tutorial, set[i::n_parties].
-        return [{s: sets[s][i::n_parties].astype(np.int64) for s in SPLIT_SETS} for i in range(n_parties)]
+        # IID: deal each (shuffled) set like the tutorial, set[i::n_users].
+        return [{s: sets[s][i::n_users].astype(np.int64) for s in SPLIT_SETS} for i in range(n_users)]
 
     # Non-IID (label skew).  For every class k draw q_k ~ Dirichlet(alpha * 1_n): the share
     # of class k each party receives.  The SAME matrix q is used for the train, test and
@@ -283,9 +381,9 @@ def split_indices(
     classes, codes = np.unique(y, return_inverse=True)
     codes = codes.reshape(-1)
     n_classes = len(classes)
-    for _ in range(_max_draws):
-        q = rng.dirichlet(np.full(n_parties, float(dirichlet_alpha)), size=n_classes)  # (K, n)
-        result = [dict() for _ in range(n_parties)]
+    for _ in range(max_draws):
+        q = rng.dirichlet(np.full(n_users, float(dirichlet_alpha)), size=n_classes)  # (K, n)
+        result = [dict() for _ in range(n_users)]
         empty = None
         for set_name in SPLIT_SETS:
             idx = sets[set_name]
@@ -293,23 +391,31 @@ def split_indices(
             totals = np.bincount(labels, minlength=n_classes)
             counts = _largest_remainder(totals, q)  # (K, n)
             per_party = counts.sum(axis=0)
-            if empty is None and (per_party == 0).any():
-                empty = (set_name, int(np.argmin(per_party)))
+            if empty is None and (per_party < d).any():  # d == 1: a party with no sample
+                empty = (set_name, int(np.argmin(per_party)), int(per_party.min()))
             # Positions grouped by class (set order kept within a class), cut into parties.
             order = np.argsort(labels, kind="stable")
-            owner_sorted = np.repeat(np.tile(np.arange(n_parties), n_classes), counts.ravel())
+            owner_sorted = np.repeat(np.tile(np.arange(n_users), n_classes), counts.ravel())
             owner = np.empty(len(idx), dtype=np.int64)
             owner[order] = owner_sorted
-            for i in range(n_parties):
+            for i in range(n_users):
                 result[i][set_name] = idx[owner == i].astype(np.int64)  # keeps shuffled order
         if empty is None:
             return result
-    set_name, party = empty
+    set_name, user, got = empty
+    if d == 1:
+        raise ValueError(
+            f"dirichlet_alpha={dirichlet_alpha}: party {user} got no sample in the {set_name} set "
+            f"in {max_draws} seeded draws ({sizes[SPLIT_SETS.index(set_name)]} samples for "
+            f"{n_users} parties); use a larger dirichlet_alpha, fewer parties or a larger "
+            f"{names[set_name]}"
+        )
     raise ValueError(
-        f"dirichlet_alpha={dirichlet_alpha}: party {party} got no sample in the {set_name} set "
-        f"in {_max_draws} seeded draws ({sizes[SPLIT_SETS.index(set_name)]} samples for "
-        f"{n_parties} parties); use a larger dirichlet_alpha, fewer parties or a larger "
-        f"{names[set_name]}"
+        f"dirichlet_alpha={dirichlet_alpha}, devices_per_user={d}: user {user} got {got} "
+        f"sample(s) in the {set_name} set, fewer than its {d} devices, in {max_draws} seeded draws, "
+        f"so a device would get no sample ({sizes[SPLIT_SETS.index(set_name)]} samples for {n_users} users x "
+        f"{d} devices); use a larger dirichlet_alpha, fewer devices_per_user, fewer parties or a "
+        f"larger {names[set_name]}"
     )
 
 
@@ -323,6 +429,7 @@ def split_federation(
     audit_ratio=0.2,
     seed=0,
     dirichlet_alpha=None,
+    devices_per_user=1,
 ) -> list[PartyData]:
     """Shuffle (seeded) and split ``(x, y)`` into per-party member/non-member/population shards.
 
@@ -333,6 +440,11 @@ def split_federation(
       shares for train, test and population (so each party's three shards share one
       label mix).  If a party would get an empty shard the shares are redrawn from the
       same seeded generator (at most 100 times), then ValueError.
+    * ``devices_per_user=d`` (>= 1; ``n_parties`` must be a multiple of it): the split
+      above is made for ``n_parties // d`` users, then each user's train / test /
+      population sets are dealt to its d devices as ``set[j::d]`` (device j); party p is
+      device ``p % d`` of user ``p // d`` (:func:`user_of_party`), so a user's devices
+      share one label mix.  ``d=1`` gives exactly the plain split.
     * Every party gets >= 1 sample in every set, else ValueError saying which set.
     * Deterministic for a given ``seed``.
     """
@@ -348,6 +460,7 @@ def split_federation(
         audit_ratio=audit_ratio,
         seed=seed,
         dirichlet_alpha=dirichlet_alpha,
+        devices_per_user=devices_per_user,
     )
     return [
         PartyData(

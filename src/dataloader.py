@@ -12,14 +12,25 @@ Plan settings (``data_loader.settings``), all optional::
     dirichlet_alpha: null      # null = IID; a number > 0 = label skew (see src.data)
     seed: 0                    # split shuffle and train-batch order
     download: false            # cifar10 only; never downloads unless true
+    devices_per_user: 1        # FL devices (collaborators) per user; divides collaborator_count
 
 ``data_path`` (from ``plan/data.yaml``) is the 1-based shard number "1".."collaborator_count".
 Every collaborator computes the same seeded split of the whole pool and keeps its own shard:
 members = its train shard (``X_train``), non-members = its test shard (``X_valid``, the
 validation set), population = its population shard.  ``fx plan initialize`` builds the
 loader with ``data_path=None``: nothing is loaded then, but the feature shape and class
-count are known.  Unknown settings raise ValueError (a typo such as ``dirichlet_alph``
-would otherwise silently change the experiment).
+count are known.
+
+``devices_per_user: d`` (the deanonymization paper's shadow-device protocol): each user
+owns d devices whose data follow the same user-specific label mix.  The split is made for
+``collaborator_count // d`` users (IID or Dirichlet, same seed), then each user's sets are
+dealt to its devices (see :func:`src.data.split_indices`).  Shard s (1-based) is device
+``(s - 1) % d`` of user ``(s - 1) // d`` (0-based), exposed as ``loader.user`` /
+``loader.device``; ``loader.dirichlet_alpha`` tells how skewed the partition is.  d = 1
+(default) is the plain split.
+
+Unknown settings raise ValueError (a typo such as ``dirichlet_alph`` would otherwise
+silently change the experiment).
 """
 
 from __future__ import annotations
@@ -40,6 +51,7 @@ from src.data import (
     dataset_info,
     load_dataset,
     split_indices,
+    user_of_party,
     validate_split_settings,
 )
 
@@ -100,7 +112,9 @@ class AuditDataLoader(PyTorchDataLoader):
 
     Attributes after construction with a shard: ``X_train``/``y_train`` (members),
     ``X_valid``/``y_valid`` (non-members), ``X_population``/``y_population``;
-    ``shard`` (1-based, None in init mode), ``dataset``, ``info`` (DatasetInfo).
+    ``shard`` (1-based, None in init mode), ``dataset``, ``info`` (DatasetInfo),
+    ``dirichlet_alpha`` (None = IID), ``devices_per_user``, ``user`` / ``device`` (0-based
+    user of the shard and its device number within that user; None in init mode).
     """
 
     def __init__(
@@ -116,12 +130,13 @@ class AuditDataLoader(PyTorchDataLoader):
         dirichlet_alpha=None,
         seed=0,
         download=False,
+        devices_per_user=1,
         **kwargs,
     ):
         if kwargs:
             known = (
                 "batch_size, dataset, data_dir, collaborator_count, train_dataset_ratio, "
-                "test_dataset_ratio, audit_dataset_ratio, dirichlet_alpha, seed, download"
+                "test_dataset_ratio, audit_dataset_ratio, dirichlet_alpha, seed, download, devices_per_user"
             )
             raise ValueError(
                 f"{_PREFIX}{sorted(kwargs)[0]}: unknown setting (unknown: {', '.join(sorted(kwargs))}); "
@@ -134,6 +149,7 @@ class AuditDataLoader(PyTorchDataLoader):
         if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
             raise ValueError(f"{_PREFIX}data_dir: must be a path or null, got {data_dir!r}")
         collaborator_count = _check_int("collaborator_count", collaborator_count, 1)
+        devices_per_user = _check_int("devices_per_user", devices_per_user, 1)
         seed = _check_int("seed", seed, 0)
         if not isinstance(download, (bool, np.bool_)):
             raise ValueError(f"{_PREFIX}download: must be true or false, got {download!r}")
@@ -144,6 +160,7 @@ class AuditDataLoader(PyTorchDataLoader):
             collaborator_count,
             dirichlet_alpha,
             prefix=_PREFIX,
+            devices_per_user=devices_per_user,
         )
 
         super().__init__(batch_size, random_seed=seed)
@@ -157,11 +174,14 @@ class AuditDataLoader(PyTorchDataLoader):
         self.dirichlet_alpha = None if dirichlet_alpha is None else float(dirichlet_alpha)
         self.seed = seed
         self.download = bool(download)
+        self.devices_per_user = devices_per_user
         self.feature_shape = list(self.info.input_shape)
         self.num_classes = self.info.num_classes
         self.X_population = None
         self.y_population = None
         self.shard = None
+        self.user = None
+        self.device = None
         self._train_rng = None
 
         if data_path is None:
@@ -169,6 +189,7 @@ class AuditDataLoader(PyTorchDataLoader):
             return
 
         self.shard = self._parse_data_path(data_path, collaborator_count)
+        self.user, self.device = user_of_party(self.shard - 1, devices_per_user)
         x, y = _cached_dataset(dataset, data_dir, self.download)
         parts = split_indices(
             y,
@@ -178,7 +199,14 @@ class AuditDataLoader(PyTorchDataLoader):
             audit_ratio=self.audit_dataset_ratio,
             seed=seed,
             dirichlet_alpha=self.dirichlet_alpha,
-        )[self.shard - 1]
+            devices_per_user=devices_per_user,
+        )
+        # The whole federation's population set (every party's population shard): public reference data of the
+        # global distribution, the background deanonymization mitigations draw from (get_background).
+        self._pool = (x, y)
+        self.background_index = np.sort(np.concatenate([p["population"] for p in parts]))
+        parts = parts[self.shard - 1]
+        self.population_index = parts["population"]
         # Fancy indexing copies only this party's shard out of the shared (read-only) pool.
         self.X_train, self.y_train = x[parts["train"]], y[parts["train"]]
         self.X_valid, self.y_valid = x[parts["test"]], y[parts["test"]]
@@ -187,10 +215,14 @@ class AuditDataLoader(PyTorchDataLoader):
         # the same plan + seed gives the same sequence of batches.
         self._train_rng = np.random.default_rng([seed, self.shard])
         logger.info(
-            "AuditDataLoader: %s shard %d/%d: %d members, %d non-members, %d population (alpha=%s, seed=%d)",
+            "AuditDataLoader: %s shard %d/%d (user %d, device %d of %d): %d members, %d non-members, "
+            "%d population (alpha=%s, seed=%d)",
             dataset,
             self.shard,
             collaborator_count,
+            self.user,
+            self.device,
+            devices_per_user,
             len(self.y_train),
             len(self.y_valid),
             len(self.y_population),
@@ -262,6 +294,15 @@ class AuditDataLoader(PyTorchDataLoader):
         return int(self.X_valid.shape[0])
 
     # ------------------------------------------------------------------ audit API
+    def get_background(self) -> tuple[np.ndarray, np.ndarray]:
+        """(x, y) of the federation's whole population set, in `background_index` order (pool indices).
+
+        A party's own population shard follows its label mix (see src.data); a mitigation that blends a user into
+        the crowd needs data of the global distribution instead."""
+        self._require_shard("get_background")
+        x, y = self._pool
+        return x[self.background_index], y[self.background_index]
+
     def get_audit_sets(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{"members": train shard, "nonmembers": test shard, "population": population shard}``."""
         self._require_shard("get_audit_sets")

@@ -21,11 +21,13 @@ import torch.nn.functional as F
 from openfl.federated import PyTorchTaskRunner
 from openfl.utilities import TensorKey
 
+from audit.deanon_mitigation import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation, mitigate_data, mitigate_update, update_norm
 from audit.gate import NON_FINITE_UPDATE, GatePolicy, GateVerdict, non_finite_tensors
 from audit.fidel import save_reveal_grid
 from audit.report import ReportWriter
-from audit.round_audit import SETS, AuditSets, audit_round, record_to_json
+from audit.round_audit import SETS, AuditSets, DeanonContext, audit_round, record_to_json
 from audit.settings import AuditSettings
+from audit.shadow_training import TrainingRecipe
 from audit.signals import gradient_parameter_names
 from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
 from src.dp_training import RoundAccountant, dp_retrain
@@ -70,6 +72,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         seed: int = 0,
         audit: dict | None = None,
         gate: dict | None = None,
+        mitigation: dict | None = None,
         per_collaborator: dict | None = None,
         **kwargs,
     ):
@@ -82,9 +85,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         if model_settings is not None and not isinstance(model_settings, dict):
             raise ValueError(f"{SETTINGS_PREFIX}.model_settings: expected a mapping, got {model_settings!r}")
         self.audit_settings = AuditSettings.from_mapping(audit, prefix=f"{SETTINGS_PREFIX}.audit")
-        self.gate_policy, self.per_collaborator = parse_per_collaborator(
-            per_collaborator, gate=gate, audit_settings=self.audit_settings
+        self.default_settings, self.per_collaborator = parse_per_collaborator(
+            per_collaborator, gate=gate, audit_settings=self.audit_settings, mitigation=mitigation
         )
+        self.gate_policy = self.default_settings.gate
         # OpenFL's aggregator fails at the end of a round when a reported metric is missing from some
         # collaborators: every collaborator parses the same plan, so all send gate_tripped__<name> for
         # every metric any gate in the plan watches (0.0 when not tripped).
@@ -113,6 +117,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.optimizer = self.make_optimizer(self.model)
         self.loss_fn = cross_entropy
         self._audit_sets: AuditSets | None = None
+        self._deanon: DeanonContext | None = None  # set each round train_task audits
+        self._data_mitigation: dict | None = None  # what the data mitigation did, once per collaborator
         self.last_record: dict | None = None  # the latest round record, for in-process callers
 
     def make_optimizer(self, model: torch.nn.Module, learning_rate: float | None = None) -> torch.optim.Optimizer:
@@ -124,7 +130,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
 
     def collaborator_settings(self, col_name: str) -> CollaboratorSettings:
         """`per_collaborator` settings for `col_name`, else the plan-wide ones."""
-        return self.per_collaborator.get(col_name) or CollaboratorSettings(gate=self.gate_policy)
+        return self.per_collaborator.get(col_name) or self.default_settings
 
     def forward(self, x):
         return self.model(x)
@@ -147,7 +153,12 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         for group in self.optimizer.param_groups:
             group["lr"] = learning_rate
         settings = self.audit_settings
+        self._mitigate_data(col_name, col.mitigation)
         audit_now = settings.enabled and settings.due(round_num)
+        self._deanon = DeanonContext(
+            recipe=TrainingRecipe(self.optimizer_name, learning_rate, self.momentum, epochs, self.data_loader.batch_size),
+            member_count=len(self.audit_sets().members[1]), federation_alpha=self.data_loader.dirichlet_alpha,
+        )
         # What withholding sends back; rebuild_model pops from input_tensor_dict, so copy first.
         received = {name: np.array(value, copy=True) for name, value in input_tensor_dict.items()}
         global_model = self.received_model(round_num, input_tensor_dict) if audit_now else None
@@ -158,6 +169,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         train_seconds = time.perf_counter() - start
         train_loss = float(next(v for k, v in global_out.items() if k.tensor_name == cross_entropy.__name__))
         trained = {k.tensor_name: v for k, v in {**global_out, **local_out}.items() if "trained" in k.tags}
+        mitigation_record = self._mitigate_update(col.mitigation, trained, received, global_out, local_out,
+                                                  col_name, round_num)
 
         gate = col.gate
         verdict, outcome, record = self._gate(
@@ -168,6 +181,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             if math.isfinite(train_loss):  # report metrics are finite numbers
                 record["metrics"]["train_loss"] = train_loss
             record["extra"]["gate"] = self._gate_record(gate, verdict, outcome, audited=bool(record["attacks"]))
+            if mitigation_record is not None:
+                record["extra"]["mitigation"] = mitigation_record
             self.last_record = record
             round_dir = ReportWriter(settings.report_dir, col_name, log_scale=settings.log_scale).write_round(
                 record_to_json(record)
@@ -188,6 +203,48 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out
 
+    # ------------------------------------------------------------ mitigation
+    def _mitigate_data(self, col_name: str, mitigation: Mitigation) -> None:
+        """Once per collaborator, before its first training: the data mitigation (bkg_repl, rand_aug, mm_aug) of
+        audit.deanon_mitigation, with the federation's whole population set as the background data.
+
+        The membership audit keeps the original members (the private data whose leakage matters) and drops
+        from its population the samples of its shard now trained on (they are no longer non-members)."""
+        if self._data_mitigation is not None or mitigation.method not in DATA_MITIGATIONS or not mitigation.active:
+            return
+        loader = self.data_loader
+        sets = self.audit_sets()  # fixed before the training data changes
+        result = mitigate_data(mitigation, loader.X_train, loader.y_train, *loader.get_background(),
+                               seed=round_seed(self.seed, f"{col_name}/mitigation", 0))
+        trained_on = loader.background_index[result.background_used]  # pool indices
+        keep = ~np.isin(loader.population_index, trained_on)
+        self._audit_sets = AuditSets(sets.members, sets.nonmembers,
+                                     (sets.population[0][keep], sets.population[1][keep]))
+        loader.X_train, loader.y_train = result.x, result.y
+        self._data_mitigation = {**mitigation.to_dict(), "cluster": result.cluster,
+                                 "background_trained_on": int(np.unique(trained_on).size),
+                                 "own_population_trained_on": int((~keep).sum()),
+                                 "training_set_size": int(len(result.y))}
+        logger.info("%s: %s mitigation, training on %d samples (%d members)", col_name, mitigation.method,
+                    len(result.y), len(sets.members[1]))
+
+    def _mitigate_update(self, mitigation: Mitigation, trained: dict, received: dict, global_out: dict,
+                         local_out: dict, col_name: str, round_num: int) -> dict | None:
+        """The update mitigation (noise, dp_fedavg) of what is about to be sent; `trained` is updated in place.
+        Returns the record's "mitigation" entry (None without a mitigation)."""
+        if mitigation.method in DATA_MITIGATIONS:
+            return self._data_mitigation
+        if mitigation.method not in UPDATE_MITIGATIONS or not mitigation.active:
+            return None
+        names = [n for n in trained if n in received]
+        start = {n: received[n] for n in names}
+        before = {n: trained[n] for n in names}
+        sent = mitigate_update(mitigation, start, before, seed=round_seed(self.seed, f"{col_name}/mitigation", round_num))
+        self._send(global_out, local_out, sent)
+        trained.update(sent)
+        return {**mitigation.to_dict(), "update_norm": update_norm(start, before),
+                "sent_update_norm": update_norm(start, sent)}
+
     # ------------------------------------------------------------------ gate
     def _gate(self, gate: GatePolicy, trained: dict, received: dict, global_model, global_out: dict,
               local_out: dict, col_name: str, round_num: int, epochs: int, learning_rate: float):
@@ -198,7 +255,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         outcome = {"verdict": "kept", "retries": 0, "epsilon": 0.0, "tries": []}
         bad = non_finite_tensors(trained)
         if bad:
-            self._send(global_out, local_out, received, withheld=True)
+            self._send(global_out, local_out, received)
             outcome.update(verdict="withheld", reason=NON_FINITE_UPDATE, non_finite_tensors=bad)
             logger.warning("%s round %d: update has NaN/Inf in %s; withheld", col_name, round_num, bad)
             # Audit what is actually sent (the received weights), so the metric names match the others';
@@ -216,11 +273,11 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         if gate.action == "dp_retrain":
             outcome.update(self._dp_retrain(gate, global_model, col_name, round_num, epochs, learning_rate))
             if outcome["verdict"] == "dp_retrained":
-                self._send(global_out, local_out, outcome.pop("state_dict"), withheld=False)
+                self._send(global_out, local_out, outcome.pop("state_dict"))
                 # the loss reported is the one of the training whose result is sent
                 self._set_metric(global_out, cross_entropy.__name__, outcome["train_loss"])
                 return verdict, outcome, record
-        self._send(global_out, local_out, received, withheld=True)
+        self._send(global_out, local_out, received)
         outcome["verdict"] = "withheld"
         return verdict, outcome, record
 
@@ -259,7 +316,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
     def _audit(self, model, global_model, col_name: str, round_num: int) -> dict:
         return audit_round(
             model, global_model, self.audit_sets(), self.audit_settings, party=col_name, round_num=round_num,
-            seed=self.seed,
+            seed=self.seed, deanon=self._deanon,
         )
 
     def _empty_record(self, col_name: str, round_num: int) -> dict:
@@ -269,13 +326,13 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             "sizes": {name: int(len(getattr(self.audit_sets(), name)[1])) for name in SETS}, "extra": {},
         }
 
-    def _send(self, global_out: dict, local_out: dict, weights: dict, *, withheld: bool) -> None:
-        """Replace this round's trained tensors with `weights` (tensor name -> array, or a model state dict
-        when not withheld) and load them into the model, so the model holds what is sent."""
-        if withheld:
-            self.set_tensor_dict(dict(weights), with_opt_vars=False)
-        else:
+    def _send(self, global_out: dict, local_out: dict, weights: dict) -> None:
+        """Replace this round's trained tensors with `weights` (tensor name -> numpy array, or a model state
+        dict of torch tensors) and load them into the model, so the model holds what is sent."""
+        if any(isinstance(v, torch.Tensor) for v in weights.values()):
             self.model.load_state_dict(weights)
+        else:
+            self.set_tensor_dict(dict(weights), with_opt_vars=False)
         sent = self.get_tensor_dict(with_opt_vars=False)
         for out in (global_out, local_out):
             for key in list(out):

@@ -393,3 +393,163 @@ def test_loader_caches_dataset_per_process(monkeypatch):
     assert not np.shares_memory(a.X_train, b.X_train)
     a.X_train[0] += 1.0  # a party's shard is its own, writable copy
     dl_mod.clear_dataset_cache()
+
+
+# ----------------------------------------------------------------------------- devices per user
+# The deanonymization paper's shadow-device protocol: every user owns several FL devices
+# (collaborators) whose data follow the same user-specific label mix.
+
+
+def test_user_of_party():
+    assert data_mod.user_of_party(0, 1) == (0, 0)
+    assert data_mod.user_of_party(5, 1) == (5, 0)
+    assert [data_mod.user_of_party(p, 2) for p in range(6)] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    assert data_mod.user_of_party(np.int64(7), 3) == (2, 1)
+    for bad_party in (-1, 1.0, True, "0"):
+        with pytest.raises(ValueError, match="party_index"):
+            data_mod.user_of_party(bad_party, 2)
+    for bad_d in (0, -2, 2.0, True, None):
+        with pytest.raises(ValueError, match="devices_per_user"):
+            data_mod.user_of_party(0, bad_d)
+
+
+@pytest.mark.parametrize("alpha", [None, 0.1, 0.5])
+def test_devices_per_user_one_is_the_plain_split(alpha):
+    x, y = ids_pool()
+    for n in (1, 3, 4):
+        a = split_indices(y, n, seed=2, dirichlet_alpha=alpha)
+        b = split_indices(y, n, seed=2, dirichlet_alpha=alpha, devices_per_user=1)
+        assert len(a) == len(b) == n
+        for pa, pb in zip(a, b):
+            for s in SETS:
+                assert pa[s].dtype == pb[s].dtype == np.int64
+                np.testing.assert_array_equal(pa[s], pb[s])
+
+
+@pytest.mark.parametrize("alpha", [None, 0.1, 1.0])
+@pytest.mark.parametrize("n_users, d", [(2, 2), (3, 2), (2, 3), (1, 4)])
+def test_devices_deal_each_user_split(alpha, n_users, d):
+    """user u's sets (the plain n_users split, same seed) dealt as set[j::d] to its devices."""
+    x, y = ids_pool()
+    users = split_indices(y, n_users, seed=3, dirichlet_alpha=alpha)
+    parts = split_indices(y, n_users * d, seed=3, dirichlet_alpha=alpha, devices_per_user=d)
+    assert len(parts) == n_users * d
+    for p, part in enumerate(parts):
+        u, j = data_mod.user_of_party(p, d)
+        assert (u, j) == (p // d, p % d)
+        for s in SETS:
+            assert part[s].dtype == np.int64 and len(part[s]) >= 1
+            np.testing.assert_array_equal(part[s], users[u][s][j::d])
+    # disjoint, and together the devices of a user cover exactly the user's set
+    for s in SETS:
+        used = np.concatenate([part[s] for part in parts])
+        assert len(np.unique(used)) == len(used)
+        for u in range(n_users):
+            mine = np.concatenate([parts[u * d + j][s] for j in range(d)])
+            np.testing.assert_array_equal(np.sort(mine), np.sort(users[u][s]))
+    everything = np.concatenate([part[s] for part in parts for s in SETS])
+    assert len(np.unique(everything)) == len(everything) == 400 + 400 + 200
+
+
+def test_devices_of_a_user_share_its_label_mix(digits):
+    x, y = digits
+    d, n_users = 2, 3
+    same, other = [], []
+    for seed in range(3):
+        parts = split_federation(x, y, n_users * d, seed=seed, dirichlet_alpha=0.3, devices_per_user=d)
+        h = [hist(p.train_y) for p in parts]
+        same += [tv(h[u * d], h[u * d + 1]) for u in range(n_users)]
+        other += [tv(h[u * d], h[v * d]) for u in range(n_users) for v in range(u + 1, n_users)]
+        for p in parts:  # each device keeps the user's mix in all three sets
+            assert tv(hist(p.train_y), hist(p.test_y)) < 0.3
+        # sizes of a user's devices differ by at most one sample per set
+        for u in range(n_users):
+            for s in SETS:
+                sizes = [len(set_arrays(parts[u * d + j], s)[1]) for j in range(d)]
+                assert max(sizes) - min(sizes) <= 1
+    assert max(same) < 0.25
+    assert min(other) > 0.4
+    assert np.mean(other) > 4 * np.mean(same)
+
+
+def test_split_federation_devices_traceable():
+    x, y = ids_pool()
+    parts = split_federation(x, y, 4, seed=1, dirichlet_alpha=0.5, devices_per_user=2)
+    ref = split_indices(y, 4, seed=1, dirichlet_alpha=0.5, devices_per_user=2)
+    for p, r in zip(parts, ref):
+        for s in SETS:
+            xs, ys = set_arrays(p, s)
+            np.testing.assert_array_equal(xs.ravel().astype(np.int64), r[s])
+            np.testing.assert_array_equal(ys, y[r[s]])
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2", None])
+def test_devices_per_user_bad_values_name_the_setting(bad):
+    x, y = ids_pool(100)
+    with pytest.raises(ValueError, match="devices_per_user"):
+        split_federation(x, y, 2, devices_per_user=bad)
+    with pytest.raises(ValueError, match="devices_per_user"):
+        split_indices(y, 2, devices_per_user=bad)
+
+
+def test_devices_per_user_must_divide_party_count():
+    x, y = ids_pool(100)
+    with pytest.raises(ValueError, match=r"devices_per_user.*n_parties=5.*multiple") as err:
+        split_federation(x, y, 5, devices_per_user=2)
+    assert "devices_per_user=2" in str(err.value)
+    with pytest.raises(ValueError, match="devices_per_user"):
+        split_indices(y, 2, devices_per_user=3)
+
+
+def test_devices_per_user_every_device_needs_a_sample():
+    x, y = ids_pool(20)  # 4 population samples: 2 users x 3 devices cannot all get one
+    with pytest.raises(ValueError, match=r"population set.*6 parties \(2 users x devices_per_user=3\)"):
+        split_federation(x, y, 6, devices_per_user=3)
+    # one class, tiny alpha: one user gets (nearly) everything, its partner less than 2 samples
+    y1 = np.zeros(100, dtype=np.int64)
+    with pytest.raises(ValueError, match=r"dirichlet_alpha=0.001, devices_per_user=2: user \d+ got \d+ sample\(s\) in the (train|test|population) set, fewer than its 2 devices"):
+        split_indices(y1, 4, seed=0, dirichlet_alpha=0.001, devices_per_user=2)
+
+
+def test_loader_devices_per_user_shards_know_their_user(digits):
+    x, y = digits
+    parts = split_federation(x, y, 4, seed=2, dirichlet_alpha=0.5, devices_per_user=2)
+    for shard, (user, device) in zip((1, 2, 3, 4), [(0, 0), (0, 1), (1, 0), (1, 1)]):
+        dl = AuditDataLoader(data_path=str(shard), collaborator_count=4, devices_per_user=2, seed=2, dirichlet_alpha=0.5)
+        assert (dl.user, dl.device) == (user, device)
+        assert dl.devices_per_user == 2 and dl.dirichlet_alpha == 0.5
+        p, ref = dl.get_party_data(), parts[shard - 1]
+        for field in ("train_x", "train_y", "test_x", "test_y", "population_x", "population_y"):
+            np.testing.assert_array_equal(getattr(p, field), getattr(ref, field))
+    # default: one device per user, user == shard - 1; IID alpha is None; init mode has no user
+    dl = AuditDataLoader(data_path="2", collaborator_count=3)
+    assert (dl.devices_per_user, dl.user, dl.device, dl.dirichlet_alpha) == (1, 1, 0, None)
+    dl = AuditDataLoader(data_path=None, collaborator_count=4, devices_per_user=4)
+    assert dl.devices_per_user == 4 and dl.user is None and dl.device is None
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        dict(devices_per_user=0),
+        dict(devices_per_user=1.5),
+        dict(devices_per_user="2"),
+        dict(devices_per_user=True),
+        dict(collaborator_count=3, devices_per_user=2),
+    ],
+)
+def test_loader_bad_devices_per_user_names_the_setting(settings):
+    with pytest.raises(ValueError, match=r"data_loader\.settings\.devices_per_user"):
+        AuditDataLoader(data_path=None, **settings)
+
+
+def test_loader_devices_per_user_not_dividing_names_collaborator_count():
+    with pytest.raises(ValueError, match=r"data_loader\.settings\.collaborator_count=3") as err:
+        AuditDataLoader(data_path="1", collaborator_count=3, devices_per_user=2)
+    assert "data_loader.settings.devices_per_user=2" in str(err.value)
+
+
+def test_loader_unknown_setting_lists_devices_per_user():
+    with pytest.raises(ValueError, match="devices_per_user") as err:
+        AuditDataLoader(data_path=None, device_per_user=2)
+    assert "data_loader.settings.device_per_user: unknown setting" in str(err.value)

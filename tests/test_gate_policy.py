@@ -258,12 +258,36 @@ def test_per_collaborator_gate_is_merged_into_the_plan_wide_one():
          "collaborator3": {"epochs": 2}},
         gate=plan_gate, audit_settings=AUDIT,
     )
-    assert default.action == "withhold" and default.dp.max_retries == 3
+    assert default.gate.action == "withhold" and default.gate.dp.max_retries == 3
     two = cols["collaborator2"]
     assert (two.epochs, two.learning_rate, two.gate.action) == (20, 0.01, "dp_retrain")
     assert dict(two.gate.thresholds) == {"mia_update_loss_reduction_auc": 0.6}  # replaced as a whole
     assert two.gate.dp.max_retries == 3  # dp merged key by key
-    assert cols["collaborator3"].gate == default and cols["collaborator3"].learning_rate is None
+    assert cols["collaborator3"].gate == default.gate and cols["collaborator3"].learning_rate is None
+
+
+def test_per_collaborator_mitigation_replaces_the_plan_wide_one():
+    default, cols = parse_per_collaborator(
+        {"collaborator2": {"mitigation": {"method": "mm_aug", "alpha": 0.5}}, "collaborator3": {"epochs": 2}},
+        gate=None, audit_settings=AUDIT, mitigation={"method": "noise", "sigma": 0.01},
+    )
+    assert (default.mitigation.method, default.mitigation.sigma) == ("noise", 0.01)
+    assert (cols["collaborator2"].mitigation.method, cols["collaborator2"].mitigation.alpha) == ("mm_aug", 0.5)
+    assert cols["collaborator3"].mitigation == default.mitigation
+
+
+@pytest.mark.parametrize(
+    "plan_wide, per_collaborator, key",
+    [
+        ({"method": "blur"}, None, "task_runner.settings.mitigation.method"),
+        (None, {"collaborator2": {"mitigation": {"method": "bkg_repl", "alpha": 2}}},
+         "task_runner.settings.per_collaborator.collaborator2.mitigation.alpha"),
+    ],
+)
+def test_bad_mitigation_names_the_dotted_key(plan_wide, per_collaborator, key):
+    with pytest.raises(ValueError) as err:
+        parse_per_collaborator(per_collaborator, gate=None, audit_settings=AUDIT, mitigation=plan_wide)
+    assert str(err.value).startswith(key + ":"), str(err.value)
 
 
 @pytest.mark.parametrize(

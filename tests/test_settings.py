@@ -30,6 +30,10 @@ DEFAULTS = {
     "fidel_layer": None,
     "fidel_threshold": 0.98,
     "fidel_decoder": False,
+    "deanon": {
+        "enabled": False, "interval": 1, "crowd_users": 10, "shadows_per_user": 8, "shadow_size": None,
+        "layer": None, "attacks": ["mlp", "svm", "knn", "siamese"], "crowd_alpha": "federation",
+    },
 }
 DEFAULTS_SIGNALS = tuple(DEFAULTS["signals"])
 

@@ -1,0 +1,121 @@
+"""Settings of the deanonymization self-audit (`task_runner.settings.audit.deanon` in the plan)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+from audit.setting_checks import AuditSettingsError, check_bool, check_positive_int, is_int, is_real
+
+__all__ = ["DeanonSettings", "deanon_settings", "FEDERATION", "ATTACKS", "REID_ATTACKS"]
+
+# The attacks audit.deanon_attacks runs (named here so that reading a plan does not import torch).
+REID_ATTACKS = ("mlp", "svm", "knn")
+ATTACKS = REID_ATTACKS + ("siamese",)
+FEDERATION = "federation"  # crowd_alpha: as skewed as the federation's own partition
+
+
+@dataclass(frozen=True)
+class DeanonSettings:
+    enabled: bool = False
+    interval: int = 1                  # rounds where round % interval == 0 (and the audit itself is due)
+    crowd_users: int = 10              # K synthetic users drawn from the population data
+    shadows_per_user: int = 8          # S shadow updates per user (and for this collaborator)
+    shadow_size: int | None = None     # samples per shadow update; None = this collaborator's member count
+    layer: str | None = None           # the module whose update is compared; None = the last layer
+    attacks: tuple[str, ...] = ATTACKS
+    crowd_alpha: float | str | None = FEDERATION  # crowd label skew: "federation", a Dirichlet alpha, or None (IID)
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["attacks"] = list(self.attacks)
+        return out
+
+    def due(self, round_num: int) -> bool:
+        return self.enabled and round_num % self.interval == 0
+
+    def metric_names(self) -> list[str]:
+        """The scalar metrics audit.deanon_audit.deanon_self_audit reports under these settings."""
+        names = []
+        for attack in self.attacks:
+            if attack in REID_ATTACKS:
+                names += [f"deanon_{attack}_{m}"
+                          for m in ("ap", "ap_over_chance", "top1", "top5", "own_rank", "own_ap_over_chance")]
+            else:
+                names += [f"deanon_{attack}_ap", f"deanon_{attack}_ap_over_chance"]
+        if any(a in REID_ATTACKS for a in self.attacks):
+            names.append("deanon_ap_over_chance")  # the strongest re-identification attack's: the gate's metric
+        return names
+
+    def crowd_skew(self, federation_alpha: float | None) -> float | None:
+        return federation_alpha if self.crowd_alpha == FEDERATION else self.crowd_alpha
+
+
+def _attacks(key, value) -> tuple[str, ...]:
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise AuditSettingsError(f"{key}: expected a non-empty list of attacks from {', '.join(ATTACKS)}, got {value!r}")
+    for item in items:
+        if item not in ATTACKS:
+            raise AuditSettingsError(f"{key}: unknown attack {item!r}; known: {', '.join(ATTACKS)}")
+    if len(set(items)) != len(items):
+        raise AuditSettingsError(f"{key}: an attack is listed twice: {list(items)}")
+    return tuple(items)
+
+
+def _optional_positive_int(key, value):
+    return None if value is None else check_positive_int(key, value)
+
+
+def _optional_layer(key, value):
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise AuditSettingsError(f"{key}: expected a module name (e.g. 'classifier.out') or null, got {value!r}")
+    return value
+
+
+def _crowd_alpha(key, value):
+    if value is None or value == FEDERATION:
+        return value
+    if not is_real(value) or not (math.isfinite(value) and value > 0):
+        raise AuditSettingsError(f"{key}: expected {FEDERATION!r}, a Dirichlet alpha > 0 or null (IID), got {value!r}")
+    return float(value)
+
+
+def _crowd_users(key, value):
+    if not is_int(value) or value < 2:
+        raise AuditSettingsError(f"{key}: expected an integer >= 2 (the crowd to hide in), got {value!r}")
+    return int(value)
+
+
+def _shadows(key, value):
+    if not is_int(value) or value < 2:
+        raise AuditSettingsError(f"{key}: expected an integer >= 2 (attacks learn a user from several updates), "
+                                 f"got {value!r}")
+    return int(value)
+
+
+_CHECKS = {
+    "enabled": check_bool,
+    "interval": check_positive_int,
+    "crowd_users": _crowd_users,
+    "shadows_per_user": _shadows,
+    "shadow_size": _optional_positive_int,
+    "layer": _optional_layer,
+    "attacks": _attacks,
+    "crowd_alpha": _crowd_alpha,
+}
+
+
+def deanon_settings(key: str, value) -> DeanonSettings:
+    """DeanonSettings from a plan mapping (None -> defaults); unknown keys and bad values name their dotted key."""
+    if isinstance(value, DeanonSettings):
+        return value
+    if value is None:
+        return DeanonSettings()
+    if not isinstance(value, Mapping):
+        raise AuditSettingsError(f"{key}: expected a mapping of settings, got {value!r}")
+    for name in value:
+        if name not in _CHECKS:
+            raise AuditSettingsError(f"{key}.{name}: unknown setting; known: {', '.join(_CHECKS)}")
+    return DeanonSettings(**{name: _CHECKS[name](f"{key}.{name}", v) for name, v in value.items()})

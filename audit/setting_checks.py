@@ -1,0 +1,49 @@
+"""Checks shared by the auditor's settings modules; each error message starts with the offending dotted key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import fields
+from numbers import Integral, Real
+
+__all__ = ["AuditSettingsError", "is_int", "is_real", "check_bool", "check_positive_int", "with_defaults"]
+
+
+class AuditSettingsError(ValueError):
+    """An invalid audit setting; the message starts with the setting's full dotted key."""
+
+
+def is_int(value) -> bool:
+    return isinstance(value, Integral) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+
+
+def is_real(value) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool) and type(value).__name__ != "bool_"
+
+
+def check_bool(key: str, value) -> bool:
+    if not isinstance(value, bool):
+        raise AuditSettingsError(f"{key}: expected true or false, got {value!r}")
+    return value
+
+
+def check_positive_int(key: str, value) -> int:
+    if not is_int(value):
+        raise AuditSettingsError(f"{key}: expected an integer >= 1, got {value!r}")
+    if value < 1:
+        raise AuditSettingsError(f"{key}: expected an integer >= 1, got {value}")
+    return int(value)
+
+
+def with_defaults(cls, mapping, prefix: str) -> dict:
+    """A settings dataclass's field values: its defaults updated with a plan's `mapping` (a Mapping whose keys
+    must all be fields). Raises AuditSettingsError naming `prefix` or `prefix.key`."""
+    if not isinstance(mapping, Mapping):
+        raise AuditSettingsError(f"{prefix}: expected a mapping of settings, got {type(mapping).__name__}")
+    known = [f.name for f in fields(cls)]
+    for key in mapping:
+        if key not in known:
+            raise AuditSettingsError(f"{prefix}.{key}: unknown setting; known: {', '.join(known)}")
+    values = {f.name: getattr(cls, f.name) for f in fields(cls)}  # class attributes hold the defaults
+    values.update(mapping)
+    return values
