@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import sys
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 MODEL_CHOICES = ("cnn", "fcnn", "alexnet")  # = src.models.ALL_MODELS (not imported here: keep --help light)
+GATE_ACTIONS = ("withhold", "dp_retrain", "report_only")  # = audit.gate.ACTIONS (same reason)
 
 
 def str2bool(text: str) -> bool:
@@ -30,6 +32,35 @@ def str2bool(text: str) -> bool:
     if value in {"false", "f", "no", "n", "0"}:
         return False
     raise argparse.ArgumentTypeError(f"expected a boolean (True/False), got {text!r}")
+
+
+class GateArgument(argparse.Action):
+    """`--gate ACTION METRIC=THRESHOLD ...` -> {"action": ..., "thresholds": {metric: float}}.
+
+    Checks the syntax here; whether the metrics exist and the thresholds are in range depends on the audit
+    settings (--signals, --fpr_tolerance, --fidel), so `parse_args` checks that with audit.gate.GatePolicy.
+    """
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        action, *items = values
+        if action not in GATE_ACTIONS:
+            parser.error(f"{option_string}: unknown action {action!r}; choose one of {', '.join(GATE_ACTIONS)}")
+        if not items:
+            parser.error(f"{option_string} {action}: give at least one METRIC=THRESHOLD, "
+                         f"e.g. {option_string} {action} mia_local_loss_auc=0.6")
+        thresholds = {}
+        for item in items:
+            name, sep, text = item.partition("=")
+            name = name.strip()
+            if not sep or not name:
+                parser.error(f"{option_string}: {item!r} is not METRIC=THRESHOLD (e.g. mia_local_loss_auc=0.6)")
+            if name in thresholds:
+                parser.error(f"{option_string}: metric {name!r} is given twice")
+            try:
+                thresholds[name] = float(text)
+            except ValueError:
+                parser.error(f"{option_string}: the threshold of {name} is not a number: {text!r}")
+        setattr(namespace, self.dest, {"action": action, "thresholds": thresholds})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,11 +92,60 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
     p.add_argument("--log_scale", type=str2bool, default=False, help="ROC plots with log-scale axes")
+    p.add_argument("--deanon", type=str2bool, nargs="?", const=True, default=False,
+                   help="also run the deanonymization audits: each collaborator's self-audit (metrics deanon_*) and "
+                        "the aggregator's attack on the real updates (its report's deanon/ folder)")
+    p.add_argument("--dirichlet_alpha", type=float, default=None,
+                   help="label skew of the collaborators' data (Dirichlet alpha; default IID, as the tutorial)")
     p.add_argument("--fidel", type=str2bool, nargs="?", const=True, default=False,
                    help="also run the Fidel reconstruction audit of each update")
+    p.add_argument("--gate", nargs="+", action=GateArgument, default=None, metavar=("ACTION", "METRIC=THRESHOLD"),
+                   help="gate leaky updates: ACTION is withhold, dp_retrain or report_only; an update is gated if an "
+                        "audit metric is above its threshold, e.g. --gate withhold mia_local_loss_auc=0.6 "
+                        "(task_runner.settings.gate)")
     p.add_argument("--verbose", action="store_true", help="show OpenFL's own log lines")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
     return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with --gate's metric names and thresholds checked against the audit it configures."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.gate is not None:
+        try:
+            gate_policy(args)
+        except ValueError as err:
+            parser.error(str(err))
+    return args
+
+
+def gate_policy(args):
+    """audit.gate.GatePolicy of --gate for the audit the other flags configure (on plan/plan.yaml's audit settings);
+    ValueError naming --gate and the offending metric or value."""
+    import yaml
+
+    _workspace_on_path()
+    from audit.gate import GatePolicy, GateSettingsError
+    from audit.settings import AuditSettings
+
+    plan = yaml.safe_load((ROOT / "plan" / "plan.yaml").read_text())
+    audit = dict(plan["task_runner"]["settings"].get("audit") or {})
+    # The audit keys that decide which metrics exist; the others keep the plan's values.
+    audit.update(signals=list(dict.fromkeys(args.signals)), fpr_tolerance=list(args.fpr_tolerance), fidel=args.fidel,
+                 interval=args.auditing_interval, deanon={**(audit.get("deanon") or {}), "enabled": args.deanon})
+    settings = AuditSettings.from_mapping(audit, prefix="audit")
+    try:
+        return GatePolicy.from_mapping(args.gate, audit_settings=settings, prefix="--gate")
+    except GateSettingsError as err:
+        # "--gate.thresholds.<metric>: ..." -> "--gate: <metric>: ..."
+        raise ValueError(str(err).replace("--gate.thresholds.", "--gate: ", 1)) from None
+
+
+def _workspace_on_path() -> None:
+    """This workspace first on sys.path: its `src`, `audit` and `workspace` packages win over any others."""
+    if not sys.path or sys.path[0] != str(ROOT):
+        sys.path.insert(0, str(ROOT))
 
 
 def feature_layer(model_name: str, dataset: str, layer_number: int | None) -> str | None:
@@ -91,7 +171,7 @@ def feature_layer(model_name: str, dataset: str, layer_number: int | None) -> st
 def overrides_from_args(args) -> dict:
     gradient_layer = feature_layer(args.model, args.dataset, args.layer_number) if args.is_features else None
     lr = args.learning_rate if args.learning_rate is not None else (0.005 if args.optimizer_type == "SGD" else 0.001)
-    return {
+    overrides = {
         "tasks": {"train": {"kwargs": {"epochs": args.local_epochs}}},
         "data_loader": {"settings": {
             "dataset": args.dataset,
@@ -99,8 +179,14 @@ def overrides_from_args(args) -> dict:
             "train_dataset_ratio": args.train_dataset_ratio,
             "test_dataset_ratio": args.test_dataset_ratio,
             "audit_dataset_ratio": args.audit_dataset_ratio,
+            "dirichlet_alpha": args.dirichlet_alpha,
             "seed": args.seed,
         }},
+        # One process holds every party's TensorDB: keep one round of tensors in each (OpenFL's default) instead of
+        # the plan's 2. Nothing here reads an older round (the aggregator's report and callbacks read the round that
+        # ends, before OpenFL cleans up); for the tutorial's AlexNet the second round costs ~0.85 GB.
+        "aggregator": {"settings": {"deanon": {"enabled": args.deanon}, "db_store_rounds": 1}},
+        "collaborator": {"settings": {"db_store_rounds": 1}},
         "task_runner": {"settings": {
             "device": args.device,
             "model": args.model,
@@ -115,21 +201,27 @@ def overrides_from_args(args) -> dict:
                 "log_scale": args.log_scale,
                 "report_dir": str(args.report_dir),
                 "fidel": args.fidel,
+                "deanon": {"enabled": args.deanon},
             },
         }},
     }
+    if args.gate is not None:  # merged into the plan's gate: its dp settings stay
+        overrides["task_runner"]["settings"]["gate"] = {"action": args.gate["action"],
+                                                         "thresholds": dict(args.gate["thresholds"])}
+    return overrides
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     log_dir = Path(args.log_dir)
     args.report_dir = (log_dir if log_dir.is_absolute() else ROOT / "reports" / log_dir).resolve()
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         logging.getLogger("openfl").setLevel(logging.ERROR)
 
-    sys.path.insert(0, str(ROOT))
+    _workspace_on_path()
     from src.data import DatasetUnavailableError
+    from src.dataloader import clear_dataset_cache
     from workspace.in_process import run_in_process
 
     from workspace.in_process import collaborator_names
@@ -143,12 +235,22 @@ def main(argv=None) -> int:
         progress.end_round()
         write_tutorial_outputs(args.report_dir, names)  # after each round: a crash keeps earlier rounds' files
 
+    pool_cached = [True]
+
+    def on_task(col, phase, round_num):
+        if pool_cached:
+            # Every collaborator is built before its first task and holds a copy of its own shards: the loaders'
+            # shared copy of the whole dataset (0.74 GB of float32 for CIFAR-10) is dead weight from here on.
+            pool_cached.clear()
+            clear_dataset_cache()
+        progress.phase(col, phase, round_num)
+
     try:
         overrides = overrides_from_args(args)
         with progress, audit_phase_hook(progress.phase):
             result = run_in_process(
                 args.report_dir / "_run", collaborators=args.collaborators, rounds=args.comm_round,
-                overrides=overrides, on_task=progress.phase, on_round_end=on_round_end,
+                overrides=overrides, on_task=on_task, on_round_end=on_round_end,
             )
     except DatasetUnavailableError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -159,6 +261,8 @@ def main(argv=None) -> int:
     write_tutorial_outputs(args.report_dir, names)
 
     print_summary(result)
+    if args.gate is not None:
+        print_gate_summary(result.report_dir, result.aggregator_report_dir, names, args.comm_round, args.gate)
     print(f"\nfinished {args.comm_round} rounds in {time.perf_counter() - start:.1f}s")
     print(f"reports: {result.report_dir}  (open {result.report_dir / 'index.html'})")
     if result.aggregator_report_dir is not None:
@@ -262,6 +366,47 @@ def print_summary(result) -> None:
     last = result.collaborator_metrics[-1] if result.collaborator_metrics else {}
     for key in sorted(k for k in last if k.endswith("_auc")):
         print(f"last round {key} = {last[key]:.4f}")
+
+
+def gate_verdicts(report_dir: Path, names, rounds: int) -> list[dict[str, dict | None]]:
+    """Per round, collaborator -> the gate's part of its round record (`extra.gate`), or None for a round without
+    a record (not audited, hence not gated)."""
+    out = []
+    for r in range(rounds):
+        per_col = {}
+        for name in names:
+            path = Path(report_dir) / name / f"round_{r:04d}" / "audit.json"
+            per_col[name] = json.loads(path.read_text()).get("extra", {}).get("gate") if path.is_file() else None
+        out.append(per_col)
+    return out
+
+
+def print_gate_summary(report_dir: Path, aggregator_report_dir: Path | None, names, rounds: int, gate: dict) -> None:
+    """Per round: each collaborator's verdict (kept, dp_retrained, withheld) and what tripped the gate, from its
+    round record, and the updates the aggregator averaged, from its report."""
+    limits = ", ".join(f"{name} > {value:g}" for name, value in gate["thresholds"].items())
+    print(f"\ngate: {gate['action']} if {limits}")
+    for r, per_col in enumerate(gate_verdicts(report_dir, names, rounds)):
+        parts = []
+        for name, verdict in per_col.items():
+            if verdict is None:
+                parts.append(f"{name} kept (not audited)")
+                continue
+            text = f"{name} {verdict['verdict']}"
+            tripped = verdict.get("tripped") or {}
+            if tripped:
+                text += " (" + ", ".join(
+                    f"{metric} = {'nan' if t['value'] is None else format(t['value'], '.4f')} > {t['threshold']:g}"
+                    for metric, t in tripped.items()) + ")"
+            if verdict.get("retries"):
+                text += f" after {verdict['retries']} DP retrain(s), epsilon {verdict['epsilon']:.3g}"
+            parts.append(text)
+        line = f"round {r}: " + "; ".join(parts)
+        agg_file = None if aggregator_report_dir is None else Path(aggregator_report_dir) / f"round_{r:04d}.json"
+        if agg_file is not None and agg_file.is_file():
+            kept = json.loads(agg_file.read_text()).get("kept") or []
+            line += f" | averaged: {', '.join(kept) if kept else 'none (global model unchanged)'}"
+        print(line)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""End to end: cifar10_PM.py (the tutorial's command line) on digits, its parser, and the CIFAR-10-missing error."""
+"""End to end: cifar10_PM.py (the tutorial's command line) on digits, its parser (--gate too), the gate's verdicts
+in the reports and the summary, and the CIFAR-10-missing error."""
 
 import csv
 import json
@@ -8,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,6 +78,10 @@ def test_project_reports(digits_run):
         rows = list(csv.DictReader((party / "metrics.csv").open()))
         assert len(rows) == 2
         assert "<html" in (party / "index.html").read_text().lower()
+    # All parties share this process: each TensorDB keeps one round of tensors (memory), not the plan's 2.
+    plan = yaml.safe_load((log_dir / "_run" / "plan" / "plan.yaml").read_text())
+    assert plan["aggregator"]["settings"]["db_store_rounds"] == 1
+    assert plan["collaborator"]["settings"]["db_store_rounds"] == 1
 
 
 def test_parser_booleans():
@@ -127,3 +133,149 @@ def test_tutorial_outputs_module(tmp_path):
     (party / "auc.png").write_bytes(b"auc2")
     assert [p.name for p in write_tutorial_outputs(tmp_path, ["alice"])] == ["alice_auc.png"]
     assert (tmp_path / "alice_auc.png").read_bytes() == b"auc2"
+
+
+# ---------------------------------------------------------------- --gate
+
+
+def _parse_error(capsys, argv) -> str:
+    """The argparse error of a bad command line (exit code 2), as printed."""
+    with pytest.raises(SystemExit) as exc:
+        cifar10_PM.parse_args(argv)
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+def test_gate_actions_match_audit_gate():
+    from audit.gate import ACTIONS
+
+    assert cifar10_PM.GATE_ACTIONS == ACTIONS
+
+
+@pytest.mark.parametrize("argv, gate", [
+    (["--gate", "withhold", "mia_local_loss_auc=0.6"], {"action": "withhold", "thresholds": {"mia_local_loss_auc": 0.6}}),
+    (["--gate", "dp_retrain", "mia_local_loss_tpr_at_fpr_0.1=0.3", "mia_update_loss_reduction_auc=0.7"],
+     {"action": "dp_retrain",
+      "thresholds": {"mia_local_loss_tpr_at_fpr_0.1": 0.3, "mia_update_loss_reduction_auc": 0.7}}),
+    # metric names follow --fpr_tolerance and --signals, wherever they stand on the line
+    (["--gate", "report_only", "mia_global_gradient_norm_tpr_at_fpr_0.01=0", "--fpr_tolerance", "0.01",
+      "--signals", "gradient_norm"],
+     {"action": "report_only", "thresholds": {"mia_global_gradient_norm_tpr_at_fpr_0.01": 0.0}}),
+])
+def test_gate_parsing_and_overrides(argv, gate):
+    args = cifar10_PM.parse_args(["--dataset", "digits", *argv])
+    assert args.gate == gate
+    overrides = cifar10_PM.overrides_from_args(_with_report_dir(args))
+    assert overrides["task_runner"]["settings"]["gate"] == gate
+    assert "dp" not in overrides["task_runner"]["settings"]["gate"]  # the plan's dp settings are kept
+
+
+def test_no_gate_leaves_the_plan_gate():
+    args = cifar10_PM.parse_args(["--dataset", "digits"])
+    assert args.gate is None
+    assert "gate" not in cifar10_PM.overrides_from_args(_with_report_dir(args))["task_runner"]["settings"]
+
+
+def _with_report_dir(args):
+    args.report_dir = Path("unused")  # main() sets it from --log_dir
+    return args
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--gate", "block", "mia_local_loss_auc=0.6"], ["--gate", "'block'", "withhold, dp_retrain, report_only"]),
+    (["--gate", "withhold"], ["--gate withhold", "at least one METRIC=THRESHOLD"]),
+    (["--gate", "withhold", "mia_local_loss_auc"], ["--gate", "'mia_local_loss_auc' is not METRIC=THRESHOLD"]),
+    (["--gate", "withhold", "=0.5"], ["--gate", "'=0.5' is not METRIC=THRESHOLD"]),
+    (["--gate", "withhold", "mia_local_loss_auc=high"], ["--gate", "mia_local_loss_auc", "not a number: 'high'"]),
+    (["--gate", "withhold", "mia_local_loss_auc=0.5", "mia_local_loss_auc=0.6"], ["'mia_local_loss_auc' is given twice"]),
+    (["--gate", "withhold", "mia_local_foo_auc=0.6"], ["--gate: mia_local_foo_auc: unknown metric", "mia_local_loss_auc"]),
+    # a real metric name, but not one this audit produces
+    (["--signals", "loss", "--gate", "withhold", "mia_local_logits_auc=0.6"], ["--gate: mia_local_logits_auc: unknown metric"]),
+    (["--gate", "withhold", "mia_local_loss_tpr_at_fpr_0.01=0.3"], ["--gate: mia_local_loss_tpr_at_fpr_0.01: unknown"]),
+    (["--gate", "withhold", "mia_local_loss_auc=1.5"], ["--gate: mia_local_loss_auc: 1.5 is out of range", "[0, 1]"]),
+    (["--gate", "withhold", "mia_local_loss_auc=-0.1"], ["--gate: mia_local_loss_auc: -0.1 is out of range"]),
+    (["--gate", "withhold", "mia_local_loss_auc=nan"], ["--gate: mia_local_loss_auc", "nan"]),
+])
+def test_gate_parse_errors_name_the_offending_value(capsys, argv, expected):
+    err = _parse_error(capsys, ["--dataset", "digits", *argv])
+    assert "error:" in err and "Traceback" not in err
+    for text in expected:
+        assert text in err
+
+
+@pytest.fixture(scope="module")
+def gated_run(tmp_path_factory):
+    """Digits, 2 rounds, a gate that trips on every update: AUC is above 0 unless members all rank last."""
+    tmp = tmp_path_factory.mktemp("pm_gate")
+    log_dir = tmp / "logs"
+    proc = _run(["--dataset", "digits", "--comm_round", "2", "--train_dataset_ratio", "0.1",
+                 "--test_dataset_ratio", "0.45", "--audit_dataset_ratio", "0.45", "--local_epochs", "1",
+                 "--signals", "loss", "--no_progress", "--log_dir", str(log_dir),
+                 "--gate", "withhold", "mia_local_loss_auc=0.0"], tmp)
+    return proc, log_dir
+
+
+def test_gate_verdicts_in_collaborator_reports(gated_run):
+    proc, log_dir = gated_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for col in COLLABORATORS:
+        records = [json.loads((log_dir / col / f"round_{r:04d}" / "audit.json").read_text()) for r in (0, 1)]
+        for record in records:
+            gate = record["extra"]["gate"]
+            assert gate["verdict"] == "withheld" and gate["action"] == "withhold"
+            assert gate["reason"] == "over_threshold" and gate["passed"] is False
+            assert gate["thresholds"] == {"mia_local_loss_auc": 0.0}
+            tripped = gate["tripped"]["mia_local_loss_auc"]
+            assert tripped["threshold"] == 0.0
+            assert tripped["value"] == pytest.approx(record["metrics"]["mia_local_loss_auc"]) and tripped["value"] > 0
+        # Both updates withheld in round 0: round 1 starts from the same global model, so its audit is unchanged.
+        assert records[1]["metrics"]["mia_global_loss_auc"] == pytest.approx(records[0]["metrics"]["mia_global_loss_auc"])
+
+
+def test_gate_verdicts_in_aggregator_report(gated_run):
+    proc, log_dir = gated_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in (0, 1):
+        record = json.loads((log_dir / "_run" / "aggregator_report" / f"round_{r:04d}.json").read_text())
+        assert record["gated"] == list(COLLABORATORS) and record["kept"] == []
+        for col in COLLABORATORS:
+            entry = record["collaborators"][col]
+            assert entry["status"] == "gated" and entry["gate_kept"] == 0.0
+            assert "mia_local_loss_auc" in entry["tripped"] and entry["reason"].startswith("update withheld")
+
+
+def test_gate_summary_lines(gated_run):
+    proc, log_dir = gated_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    assert "gate: withhold if mia_local_loss_auc > 0" in out
+    for r in (0, 1):
+        line = next(line for line in out.splitlines() if line.startswith(f"round {r}: "))
+        for col in COLLABORATORS:
+            assert f"{col} withheld (mia_local_loss_auc = " in line
+        assert line.endswith("| averaged: none (global model unchanged)")
+
+
+def test_deanon_gate_metric_needs_deanon(capsys):
+    args = cifar10_PM.parse_args(["--deanon", "--gate", "withhold", "deanon_ap_over_chance=2"])
+    assert args.deanon and args.gate["thresholds"] == {"deanon_ap_over_chance": 2.0}
+    with pytest.raises(SystemExit):
+        cifar10_PM.parse_args(["--gate", "withhold", "deanon_ap_over_chance=2"])
+    assert "deanon_ap_over_chance" in capsys.readouterr().err
+
+
+def test_deanon_run_writes_both_sides_reports(tmp_path):
+    """--deanon on skewed digits: the collaborators' self-audit metrics and the aggregator's deanon/ report."""
+    log_dir = tmp_path / "logs"
+    proc = _run(["--dataset", "digits", "--comm_round", "3", "--collaborators", "3", "--dirichlet_alpha", "0.3",
+                 "--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45", "--audit_dataset_ratio", "0.45",
+                 "--local_epochs", "1", "--signals", "loss", "--no_progress", "--deanon", "--log_dir", str(log_dir)],
+                tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for col in ("collaborator1", "collaborator2", "collaborator3"):
+        record = json.loads((log_dir / col / "round_0002" / "audit.json").read_text())
+        assert record["extra"]["deanon"]["crowd_alpha"] == 0.3
+        assert record["metrics"]["deanon_ap_over_chance"] > 0
+    server = json.loads((log_dir / "_run" / "aggregator_report" / "deanon" / "round_0002.json").read_text())
+    assert server["status"] == "evaluated"
+    assert (log_dir / "_run" / "aggregator_report" / "deanon" / "summary.csv").is_file()

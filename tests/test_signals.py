@@ -1,6 +1,7 @@
 """Tests of audit.signals against naive one-sample-at-a-time references."""
 
 import copy
+import functools
 import math
 import warnings
 
@@ -10,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import audit.signals as signals_module
 from audit.signals import (
     SIGNALS,
     compute_signals,
@@ -286,7 +288,9 @@ class VmapUnfriendly(nn.Module):
     def __init__(self):
         super().__init__()
         torch.manual_seed(3)
-        self.body = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 10), nn.ReLU(inplace=True), nn.Dropout())
+        # The LayerNorm's parameters are not a Linear's or Conv2d's: they need the general (torch.func) path.
+        self.body = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 10), nn.LayerNorm(10), nn.ReLU(inplace=True),
+                                  nn.Dropout())
         self.head = nn.Linear(10, N_CLASSES)
 
     def forward(self, x):
@@ -295,7 +299,7 @@ class VmapUnfriendly(nn.Module):
         return out
 
 
-@pytest.mark.parametrize("layer", [None, "head"])
+@pytest.mark.parametrize("layer", [None, "body.2"])
 def test_fallback_when_vmap_fails(data, layer):
     x, y = data
     model = VmapUnfriendly().train()
@@ -303,6 +307,165 @@ def test_fallback_when_vmap_fails(data, layer):
         got = gradient_norm_signal(model, x, y, layer=layer, batch_size=4)
     np.testing.assert_allclose(got, naive_grad_norm(model, x, y, layer), rtol=RTOL)
     assert model.training and all(p.grad is None for p in model.parameters())
+
+
+def test_layerwise_path_needs_no_vmap(data):
+    """A Linear layer's norms come from one batched backward, so a forward vmap cannot batch is no obstacle."""
+    x, y = data
+    model = VmapUnfriendly().train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = gradient_norm_signal(model, x, y, layer="head", batch_size=4)
+    np.testing.assert_allclose(got, naive_grad_norm(model, x, y, "head"), rtol=RTOL)
+    assert model.training and all(p.grad is None for p in model.parameters())
+
+
+# ---------------------------------------------------------------- layer-wise (Linear / Conv2d) per-sample norms
+
+
+@functools.lru_cache(maxsize=None)
+def _project_model(name, shape):
+    """Built once per module run (the signals leave models untouched, as tests above check)."""
+    from src.models import build_model
+
+    torch.manual_seed(0)
+    return build_model(name, shape, 10)
+
+
+def _no_functorch(monkeypatch):
+    """Make the general torch.func path fail loudly: the layer-wise path must be the one that runs."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the torch.func path ran")
+
+    monkeypatch.setattr(signals_module, "_functorch_squared_norms", forbidden)
+
+
+@pytest.mark.parametrize(
+    "model_name, shape, layer",
+    [
+        ("alexnet", (3, 32, 32), "features.conv5"),  # the tutorial's --layer_number 10: Gram matrices (16 positions)
+        ("alexnet", (3, 32, 32), "features.conv1"),  # 256 positions: per-sample gradients built in full
+        ("cnn", (1, 8, 8), None),  # every parameter: convolution and dense layers in one backward
+        ("fcnn", (1, 8, 8), "classifier.fc1"),
+    ],
+)
+def test_layerwise_matches_naive_on_project_models(monkeypatch, model_name, shape, layer):
+    model = _project_model(model_name, shape)
+    torch.manual_seed(0)
+    x = torch.randn(6, *shape)
+    y = torch.randint(0, 10, (6,))
+    _no_functorch(monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = gradient_norm_signal(model, x, y, layer=layer, batch_size=4)
+    np.testing.assert_allclose(got, naive_grad_norm(model, x, y, layer), rtol=RTOL)
+
+
+class Odd(nn.Module):
+    """Layers with positions: a Linear over a sequence (3-D input) and strided, dilated, bias-free convolutions."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.conv_a = nn.Conv2d(3, 4, kernel_size=3, stride=2, padding=2, dilation=2, bias=False)
+        self.conv_b = nn.Conv2d(4, 64, kernel_size=(1, 3), padding=(0, 1))
+        self.seq = nn.Linear(64, 3)  # applied at each of the conv's positions
+        self.out = nn.Linear(3 * 16, N_CLASSES)
+
+    def forward(self, x):
+        h = torch.relu(self.conv_b(torch.relu(self.conv_a(x))))  # (B, 64, 4, 4)
+        h = self.seq(h.flatten(2).transpose(1, 2))  # (B, 16, 3)
+        return self.out(h.flatten(1))
+
+
+@pytest.mark.parametrize("layer", ["conv_a", "conv_b", "seq", None])
+def test_layerwise_strided_dilated_and_sequence_layers(monkeypatch, data, layer):
+    x, y = data
+    model = Odd()
+    _no_functorch(monkeypatch)
+    got = gradient_norm_signal(model, x, y, layer=layer, batch_size=5)
+    np.testing.assert_allclose(got, naive_grad_norm(model, x, y, layer), rtol=RTOL)
+
+
+def test_layerwise_frozen_weight_trainable_bias(monkeypatch, data):
+    x, y = data
+    model = Odd()
+    model.seq.weight.requires_grad_(False)
+    _no_functorch(monkeypatch)
+    got = gradient_norm_signal(model, x, y, layer="seq")
+    model_ref = copy.deepcopy(model).eval()
+    want = []
+    for i in range(len(x)):
+        model_ref.zero_grad()
+        F.cross_entropy(model_ref(x[i : i + 1]), y[i : i + 1]).backward()
+        want.append(float(model_ref.seq.bias.grad.norm()))
+    np.testing.assert_allclose(got, want, rtol=RTOL)
+
+
+class Reused(nn.Module):
+    """The same Linear applied twice: its output at one call is not the whole story."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(6)
+        self.inp = nn.Linear(3 * 8 * 8, 8)
+        self.twice = nn.Linear(8, 8)
+        self.out = nn.Linear(8, N_CLASSES)
+
+    def forward(self, x):
+        return self.out(self.twice(torch.tanh(self.twice(self.inp(x.flatten(1))))))
+
+
+class WeightUsedElsewhere(Reused):
+    """A layer whose weight also enters the forward outside the layer's own call (invisible to a hook)."""
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.twice(self.inp(x.flatten(1))))) * self.twice.weight.mean().exp()
+
+
+class MixesSamples(Reused):
+    """Centres each batch in eval mode too: a sample's output depends on the others in its batch."""
+
+    def forward(self, x):
+        h = self.inp(x.flatten(1))
+        return self.out(torch.tanh(self.twice(h - h.mean(dim=0, keepdim=True))))
+
+
+def test_layer_called_twice_uses_general_path(data):
+    x, y = data
+    model = Reused()
+    got = gradient_norm_signal(model, x, y, layer="twice", batch_size=4)
+    np.testing.assert_allclose(got, naive_grad_norm(model, x, y, "twice"), rtol=RTOL)
+
+
+@pytest.mark.parametrize("cls", [WeightUsedElsewhere, MixesSamples])
+def test_layerwise_checked_against_per_sample_autograd(data, cls):
+    """Forwards the layer-wise computation cannot see through are caught by the check on the first samples."""
+    x, y = data
+    model = cls()
+    with pytest.warns(RuntimeWarning, match="disagree with per-sample autograd"):
+        got = gradient_norm_signal(model, x, y, layer="twice", batch_size=8)
+    np.testing.assert_allclose(got, naive_grad_norm(model, x, y, "twice"), rtol=RTOL)
+
+
+def test_compute_signals_shares_the_gradient_forward(monkeypatch, cnn, data):
+    """With a layer-wise gradient norm, loss and logits come from its forward pass: no separate one."""
+    x, y = data
+    want = {"loss": loss_signal(cnn, x, y, batch_size=4), "logits": logit_signal(cnn, x, y, batch_size=4)}
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a separate forward pass ran")
+
+    monkeypatch.setattr(signals_module, "_logits", forbidden)
+    timings = {}
+    got = compute_signals(cnn, x, y, ["loss", "gradient_norm", "logits"], layer="classifier.4", batch_size=4,
+                          timings=timings)
+    np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-6)
+    np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got["gradient_norm"], naive_grad_norm(cnn, x, y, "classifier.4"), rtol=RTOL)
+    assert set(timings) == {"loss", "gradient_norm", "logits"} and all(t >= 0 for t in timings.values())
+    assert timings["gradient_norm"] > 0
 
 
 # ---------------------------------------------------------------- errors

@@ -1,0 +1,296 @@
+"""Benchmark: the OpenFL Privacy Meter tutorial's CIFAR-10 configuration through cifar10_PM.py.
+
+Measures, in one run of the real script (a child process), its peak RSS and, per round and collaborator,
+the local training time against the audit time (all three signals, local and received global model), read
+from the round records (`<log_dir>/<collaborator>/round_NNNN/audit.json`, `timings`).
+
+The configuration is the tutorial's: CIFAR-10 train+test (60,000 images 3x32x32), 2 collaborators, ratios
+0.4/0.4/0.2 (12,000 members, 12,000 non-members, 6,000 population per collaborator), `--model alexnet`,
+SGD lr 0.005 momentum 0.9, batch 32, one local epoch per round, signals loss gradient_norm logits,
+`--is_features True --layer_number 10`. There is no network here, so the data are synthetic images of the
+same sizes (uint8, 10 classes, a faint class pattern plus noise), written in torchvision's
+`cifar-10-batches-py` layout and read by the script's own loader through `--data-dir`. torchvision checks
+the real files' MD5 sums; the child process disables that check and nothing else (see CHILD_BOOT).
+
+    .venv/bin/python benchmarks/bench_tutorial_config.py                       # full size, 1 round
+    .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 0.25      # 6,000 and 15,000 images
+    .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.25 --compare-with HEAD~1
+
+`--scale` is the fraction of the 60,000 images (several values: one run each, and the peak RSS is then
+extrapolated linearly to the full size). `--compare-with REV` also runs the script of git revision REV
+(exported with `git archive` into a temp folder; the repository is not touched) on the same data, right
+after the working tree's, so the rows come from the same machine state: compare their ratios.
+`--shared-forward` adds a run where audit/round_audit.py asks for the three signals of a set in one call
+(patched into that child only), to measure what sharing the forward pass between signals would save.
+On 2 CPU cores a full-size round takes tens of minutes; scale 0.1 takes a few.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+FULL_SIZE = 60_000
+TRAIN_FILES = 5  # data_batch_1..5, then test_batch: CIFAR-10's 50,000 / 10,000 split
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
+COLLABORATORS = ("collaborator1", "collaborator2")
+
+TUTORIAL_ARGS = [
+    "--dataset", "cifar10", "--model", "alexnet", "--collaborators", "2",
+    "--train_dataset_ratio", "0.4", "--test_dataset_ratio", "0.4", "--audit_dataset_ratio", "0.2",
+    "--signals", "loss", "gradient_norm", "logits", "--fpr_tolerance", "0.1", "0.5", "0.9",
+    "--is_features", "True", "--layer_number", "10", "--optimizer_type", "SGD", "--learning_rate", "0.005",
+    "--local_epochs", "1", "--auditing_interval", "1", "--no_progress",
+]  # momentum 0.9 and batch 32 are plan/plan.yaml's defaults, which the script keeps
+
+# Runs cifar10_PM.py as __main__ (argv after `-c CODE SCRIPT`). The synthetic files cannot match the MD5
+# sums torchvision checks for the real CIFAR-10, so that check (and only it) is switched off.
+CHILD_BOOT = """
+import os, runpy, sys
+import torchvision.datasets.cifar as cifar
+cifar.check_integrity = lambda *args, **kwargs: True
+sys.argv = sys.argv[1:]
+if os.environ.get("BENCH_SHARED_FORWARD"):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
+    exec(os.environ["BENCH_SHARED_FORWARD"])
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+# --shared-forward: what audit/round_audit.py would cost if it asked audit.signals.compute_signals for all signals
+# of a set in one call (they then share one forward pass) instead of one call per signal. Not applied to the
+# project: the benchmark patches it into the child process only, to measure it.
+SHARED_FORWARD_PATCH = """
+import audit.round_audit as round_audit
+
+def _signals_per_set(model, sets, names, settings):
+    values = {name: {} for name in names}
+    seconds = {name: 0.0 for name in names}
+    for set_name in round_audit.SETS:
+        x, y = sets.tensors(set_name)
+        spent = {}
+        got = round_audit.compute_signals(model, x, y, list(names), layer=settings.gradient_layer,
+                                          batch_size=settings.batch_size, timings=spent)
+        for name in names:
+            values[name][set_name] = got[name]
+            seconds[name] += spent[name]
+    return values, seconds
+
+round_audit._signals_per_set = _signals_per_set
+"""
+
+
+def write_synthetic_cifar10(root: Path, n: int, seed: int = 0) -> Path:
+    """n images (uint8, 3x32x32, 10 classes) in torchvision's cifar-10-batches-py layout under root."""
+    rng = np.random.default_rng(seed)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    # A faint per-class pattern under heavy noise: something to learn, never a separable toy.
+    templates = rng.normal(0.0, 20.0, size=(len(CLASSES), 3 * 32 * 32))
+    n_train = n * TRAIN_FILES // (TRAIN_FILES + 1)
+    bounds = np.linspace(0, n_train, TRAIN_FILES + 1).astype(int).tolist() + [n]
+    names = [f"data_batch_{i}" for i in range(1, TRAIN_FILES + 1)] + ["test_batch"]
+    for name, start, stop in zip(names, bounds[:-1], bounds[1:]):
+        labels = rng.integers(0, len(CLASSES), size=stop - start)
+        pixels = 128.0 + templates[labels] + rng.normal(0.0, 50.0, size=(stop - start, 3 * 32 * 32))
+        data = np.clip(pixels, 0, 255).astype(np.uint8)  # CIFAR's rows: 1024 R, 1024 G, 1024 B
+        with open(folder / name, "wb") as f:
+            pickle.dump({"batch_label": name, "labels": labels.tolist(), "data": data,
+                         "filenames": [f"{i}.png" for i in range(start, stop)]}, f)
+    with open(folder / "batches.meta", "wb") as f:
+        pickle.dump({"label_names": list(CLASSES), "num_cases_per_batch": n_train // TRAIN_FILES,
+                     "num_vis": 3072}, f)
+    return folder
+
+
+def export_revision(rev: str, dest: Path) -> Path:
+    """The tracked files of git revision `rev` in dest (git archive: read-only for the repository)."""
+    dest.mkdir(parents=True)
+    archive = dest.with_suffix(".tar")
+    with open(archive, "wb") as f:
+        subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev], stdout=f, check=True,
+                       stderr=subprocess.DEVNULL)
+    with tarfile.open(archive) as tar:
+        tar.extractall(dest, filter="data")
+    archive.unlink()
+    return dest
+
+
+def run_script(code_root: Path, data_root: Path, log_dir: Path, rounds: int, timeout: float | None,
+               extra: list[str], *, patch: str | None = None) -> dict:
+    """Run code_root/cifar10_PM.py once; wall seconds, exit code and the child's own peak RSS."""
+    cmd = [sys.executable, "-c", CHILD_BOOT, str(code_root / "cifar10_PM.py"), *TUTORIAL_ARGS,
+           "--data-dir", str(data_root), "--comm_round", str(rounds), "--log_dir", str(log_dir), *extra]
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}
+    env.pop("BENCH_SHARED_FORWARD", None)
+    if patch:
+        env["BENCH_SHARED_FORWARD"] = patch
+    out_path = log_dir.parent / f"{log_dir.name}.out"
+    start = time.perf_counter()
+    with open(out_path, "w") as out:
+        child = subprocess.Popen(cmd, cwd=data_root, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        deadline = None if timeout is None else start + timeout
+        while True:
+            # wait4 gives this child's own rusage (RUSAGE_CHILDREN would mix in earlier runs).
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                break
+            if deadline is not None and time.perf_counter() > deadline:
+                os.killpg(child.pid, signal.SIGTERM)
+                pid, status, usage = os.wait4(child.pid, 0)
+                break
+            time.sleep(0.5)
+        child.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    timed_out = deadline is not None and wall > timeout
+    return {"returncode": child.returncode, "timed_out": timed_out, "wall_s": wall,
+            "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,  # Linux reports kilobytes
+            "output": out_path}
+
+
+def read_records(log_dir: Path, rounds: int) -> list[dict]:
+    records = []
+    for col in COLLABORATORS:
+        for r in range(rounds):
+            path = log_dir / col / f"round_{r:04d}" / "audit.json"
+            if path.is_file():
+                records.append(json.loads(path.read_text()))
+    return records
+
+
+def summarise(records: list[dict]) -> dict:
+    """Medians over (collaborator, round): train, audit, audit seconds per signal (both models), audit/train."""
+    if not records:
+        return {}
+    per_signal: dict[str, list[float]] = {}
+    for rec in records:
+        totals: dict[str, float] = {}
+        for per_model in rec["timings"]["signals_s"].values():
+            for name, seconds in per_model.items():
+                totals[name] = totals.get(name, 0.0) + seconds
+        for name, seconds in totals.items():
+            per_signal.setdefault(name, []).append(seconds)
+    train = statistics.median(r["timings"]["train_s"] for r in records)
+    audit = statistics.median(r["timings"]["audit_s"] for r in records)
+    # Each record's train and audit ran back to back: its own ratio suffers less from a busy machine.
+    ratios = [r["timings"]["audit_s"] / r["timings"]["train_s"] for r in records]
+    return {"train_s": train, "audit_s": audit, "ratio": statistics.median(ratios), "ratio_range": (min(ratios), max(ratios)),
+            "sizes": records[0]["sizes"],
+            "signals_s": {k: statistics.median(v) for k, v in sorted(per_signal.items())}, "records": len(records)}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--scale", type=float, nargs="+", default=[1.0],
+                   help="fraction(s) of the 60,000 images, each in (0, 1] (default 1.0)")
+    p.add_argument("--rounds", type=int, default=1, help="federated rounds per run (default 1)")
+    p.add_argument("--compare-with", metavar="REV", default=None,
+                   help="also run cifar10_PM.py of git revision REV on the same data (e.g. HEAD)")
+    p.add_argument("--shared-forward", action="store_true",
+                   help="also run the working tree with round_audit asking for all signals of a set in one call "
+                        "(patched into that run only; see SHARED_FORWARD_PATCH)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per script run before it is stopped")
+    p.add_argument("--keep", metavar="DIR", default=None, help="keep data, reports and script output in DIR")
+    p.add_argument("--script-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for cifar10_PM.py (repeatable), e.g. --script-arg=--seed --script-arg=1")
+    args = p.parse_args(argv)
+    for scale in args.scale:
+        if not 0 < scale <= 1:
+            p.error(f"--scale: {scale} is outside (0, 1]")
+        if round(FULL_SIZE * scale) < 100:
+            p.error(f"--scale: {scale} gives {round(FULL_SIZE * scale)} images; need at least 100")
+    if args.rounds < 1:
+        p.error(f"--rounds: need at least 1, got {args.rounds}")
+
+    work = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="bench_tutorial_"))
+    work.mkdir(parents=True, exist_ok=True)
+    variants = [("working tree", ROOT, None)]
+    if args.shared_forward:
+        variants.append(("+shared fwd", ROOT, SHARED_FORWARD_PATCH))
+    if args.compare_with:
+        try:
+            baseline = export_revision(args.compare_with, work / "baseline_code")
+        except subprocess.CalledProcessError:
+            p.error(f"--compare-with: git could not export revision {args.compare_with!r}")
+        variants.append((args.compare_with, baseline, None))
+
+    import torch  # only to report the thread count the child will use (same defaults)
+
+    print(f"tutorial CIFAR-10 configuration, synthetic data, {args.rounds} round(s), "
+          f"torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs; work dir {work}", flush=True)
+    rows = []
+    try:
+        for scale in args.scale:
+            n = round(FULL_SIZE * scale)
+            data_root = work / f"data_{n}"
+            if not (data_root / "cifar-10-batches-py" / "test_batch").is_file():
+                write_synthetic_cifar10(data_root, n)
+            for index, (label, code_root, patch) in enumerate(variants):
+                log_dir = work / f"reports_{n}_{index}"
+                shutil.rmtree(log_dir, ignore_errors=True)
+                print(f"running {label} on {n} images ...", flush=True)
+                run = run_script(code_root, data_root, log_dir, args.rounds, args.timeout, args.script_arg,
+                                 patch=patch)
+                summary = summarise(read_records(log_dir, args.rounds))
+                rows.append({"label": label, "scale": scale, "n": n, **run, **summary})
+                if run["returncode"] != 0:
+                    why = "timed out" if run["timed_out"] else f"exit code {run['returncode']}"
+                    tail = run["output"].read_text()[-2000:]
+                    print(f"  {label} at {n} images: {why}; last output:\n{tail}", flush=True)
+    finally:
+        print_table(rows)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"kept: {work}")
+    return 0 if rows and all(r["returncode"] == 0 for r in rows) else 1
+
+
+def print_table(rows: list[dict]) -> None:
+    if not rows:
+        return
+    signals = sorted({s for r in rows for s in r.get("signals_s", {})})
+    head = (f"{'code':<14}{'images':>8}{'members':>9}{'peak RSS GB':>13}{'train s/rnd':>13}{'audit s/rnd':>13}"
+            + "".join(f"{s + ' s':>17}" for s in signals) + f"{'audit/train':>13}{'(min-max)':>12}{'wall s':>9}")
+    print("\n" + head)
+    print("-" * len(head))
+    for r in rows:
+        if "train_s" not in r:
+            print(f"{r['label']:<14}{r['n']:>8}{'':>9}{r['peak_rss_gb']:>13.2f}  no round record "
+                  f"({'timed out' if r['timed_out'] else 'exit ' + str(r['returncode'])})")
+            continue
+        print(f"{r['label']:<14}{r['n']:>8}{r['sizes']['members']:>9}{r['peak_rss_gb']:>13.2f}"
+              f"{r['train_s']:>13.1f}{r['audit_s']:>13.1f}"
+              + "".join(f"{r['signals_s'].get(s, float('nan')):>17.1f}" for s in signals)
+              + f"{r['ratio']:>13.2f}{r['ratio_range'][0]:>6.2f}-{r['ratio_range'][1]:<5.2f}{r['wall_s']:>9.0f}")
+    print("seconds per round and collaborator (medians over them); audit and signal seconds cover the local and the "
+          "received global model, each signal column adds up members, non-members and population; audit/train is "
+          "the median of each record's own ratio")
+    current = [r for r in rows if r["label"] == "working tree" and r["returncode"] == 0]
+    if len(current) >= 2 and max(r["n"] for r in current) < FULL_SIZE:
+        # Peak RSS = fixed part (model, optimizer, OpenFL's copies) + a part proportional to the data.
+        xs = np.array([r["n"] for r in current], dtype=float)
+        ys = np.array([r["peak_rss_gb"] for r in current])
+        slope, intercept = np.polyfit(xs, ys, 1)
+        ratios = ", ".join(f"{r['ratio']:.2f}" for r in current)
+        print(f"extrapolated to {FULL_SIZE} images (linear in the image count, not measured): peak RSS "
+              f"~{intercept + slope * FULL_SIZE:.2f} GB; audit/train ratios measured: {ratios} (both times scale "
+              f"with the set sizes, so the ratio carries over)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
