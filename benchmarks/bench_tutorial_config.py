@@ -215,6 +215,10 @@ def main(argv=None) -> int:
             p.error(f"--scale: {scale} gives {round(FULL_SIZE * scale)} images; need at least 100")
     if args.rounds < 1:
         p.error(f"--rounds: need at least 1, got {args.rounds}")
+    if args.compare_with and subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{args.compare_with}^{{commit}}"],
+            stdout=subprocess.DEVNULL).returncode != 0:
+        p.error(f"--compare-with: {args.compare_with!r} is not a git revision of {ROOT}")
 
     work = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="bench_tutorial_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -222,11 +226,7 @@ def main(argv=None) -> int:
     if args.shared_forward:
         variants.append(("+shared fwd", ROOT, SHARED_FORWARD_PATCH))
     if args.compare_with:
-        try:
-            baseline = export_revision(args.compare_with, work / "baseline_code")
-        except subprocess.CalledProcessError:
-            p.error(f"--compare-with: git could not export revision {args.compare_with!r}")
-        variants.append((args.compare_with, baseline, None))
+        variants.append((args.compare_with, export_revision(args.compare_with, work / "baseline_code"), None))
 
     import torch  # only to report the thread count the child will use (same defaults)
 
