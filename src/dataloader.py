@@ -202,8 +202,8 @@ class AuditDataLoader(PyTorchDataLoader):
             devices_per_user=devices_per_user,
         )
         # The whole federation's population set (every party's population shard): public reference data of the
-        # global distribution, the background deanonymization mitigations draw from (get_background).
-        self._pool = (x, y)
+        # global distribution, the background deanonymization mitigations draw from (get_background). Only its
+        # indices are kept: holding the pool itself would keep the whole dataset alive in every loader.
         self.background_index = np.sort(np.concatenate([p["population"] for p in parts]))
         parts = parts[self.shard - 1]
         self.population_index = parts["population"]
@@ -300,7 +300,7 @@ class AuditDataLoader(PyTorchDataLoader):
         A party's own population shard follows its label mix (see src.data); a mitigation that blends a user into
         the crowd needs data of the global distribution instead."""
         self._require_shard("get_background")
-        x, y = self._pool
+        x, y = _cached_dataset(self.dataset, self.data_dir, self.download)  # loads again if the cache was cleared
         return x[self.background_index], y[self.background_index]
 
     def get_audit_sets(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
