@@ -20,8 +20,6 @@ the real files' MD5 sums; the child process disables that check and nothing else
 extrapolated linearly to the full size). `--compare-with REV` also runs the script of git revision REV
 (exported with `git archive` into a temp folder; the repository is not touched) on the same data, right
 after the working tree's, so the rows come from the same machine state: compare their ratios.
-`--shared-forward` adds a run where audit/round_audit.py asks for the three signals of a set in one call
-(patched into that child only), to measure what sharing the forward pass between signals would save.
 On 2 CPU cores a full-size round takes tens of minutes; scale 0.1 takes a few.
 """
 
@@ -60,36 +58,11 @@ TUTORIAL_ARGS = [
 # Runs cifar10_PM.py as __main__ (argv after `-c CODE SCRIPT`). The synthetic files cannot match the MD5
 # sums torchvision checks for the real CIFAR-10, so that check (and only it) is switched off.
 CHILD_BOOT = """
-import os, runpy, sys
+import runpy, sys
 import torchvision.datasets.cifar as cifar
 cifar.check_integrity = lambda *args, **kwargs: True
 sys.argv = sys.argv[1:]
-if os.environ.get("BENCH_SHARED_FORWARD"):
-    sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-    exec(os.environ["BENCH_SHARED_FORWARD"])
 runpy.run_path(sys.argv[0], run_name="__main__")
-"""
-
-# --shared-forward: what audit/round_audit.py would cost if it asked audit.signals.compute_signals for all signals
-# of a set in one call (they then share one forward pass) instead of one call per signal. Not applied to the
-# project: the benchmark patches it into the child process only, to measure it.
-SHARED_FORWARD_PATCH = """
-import audit.round_audit as round_audit
-
-def _signals_per_set(model, sets, names, settings):
-    values = {name: {} for name in names}
-    seconds = {name: 0.0 for name in names}
-    for set_name in round_audit.SETS:
-        x, y = sets.tensors(set_name)
-        spent = {}
-        got = round_audit.compute_signals(model, x, y, list(names), layer=settings.gradient_layer,
-                                          batch_size=settings.batch_size, timings=spent)
-        for name in names:
-            values[name][set_name] = got[name]
-            seconds[name] += spent[name]
-    return values, seconds
-
-round_audit._signals_per_set = _signals_per_set
 """
 
 
@@ -130,14 +103,11 @@ def export_revision(rev: str, dest: Path) -> Path:
 
 
 def run_script(code_root: Path, data_root: Path, log_dir: Path, rounds: int, timeout: float | None,
-               extra: list[str], *, patch: str | None = None) -> dict:
+               extra: list[str]) -> dict:
     """Run code_root/cifar10_PM.py once; wall seconds, exit code and the child's own peak RSS."""
     cmd = [sys.executable, "-c", CHILD_BOOT, str(code_root / "cifar10_PM.py"), *TUTORIAL_ARGS,
            "--data-dir", str(data_root), "--comm_round", str(rounds), "--log_dir", str(log_dir), *extra]
     env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}
-    env.pop("BENCH_SHARED_FORWARD", None)
-    if patch:
-        env["BENCH_SHARED_FORWARD"] = patch
     out_path = log_dir.parent / f"{log_dir.name}.out"
     start = time.perf_counter()
     with open(out_path, "w") as out:
@@ -200,9 +170,6 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="federated rounds per run (default 1)")
     p.add_argument("--compare-with", metavar="REV", default=None,
                    help="also run cifar10_PM.py of git revision REV on the same data (e.g. HEAD)")
-    p.add_argument("--shared-forward", action="store_true",
-                   help="also run the working tree with round_audit asking for all signals of a set in one call "
-                        "(patched into that run only; see SHARED_FORWARD_PATCH)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per script run before it is stopped")
     p.add_argument("--keep", metavar="DIR", default=None, help="keep data, reports and script output in DIR")
     p.add_argument("--script-arg", action="append", default=[], metavar="ARG",
@@ -222,11 +189,9 @@ def main(argv=None) -> int:
 
     work = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="bench_tutorial_"))
     work.mkdir(parents=True, exist_ok=True)
-    variants = [("working tree", ROOT, None)]
-    if args.shared_forward:
-        variants.append(("+shared fwd", ROOT, SHARED_FORWARD_PATCH))
+    variants = [("working tree", ROOT)]
     if args.compare_with:
-        variants.append((args.compare_with, export_revision(args.compare_with, work / "baseline_code"), None))
+        variants.append((args.compare_with, export_revision(args.compare_with, work / "baseline_code")))
 
     import torch  # only to report the thread count the child will use (same defaults)
 
@@ -239,12 +204,11 @@ def main(argv=None) -> int:
             data_root = work / f"data_{n}"
             if not (data_root / "cifar-10-batches-py" / "test_batch").is_file():
                 write_synthetic_cifar10(data_root, n)
-            for index, (label, code_root, patch) in enumerate(variants):
+            for index, (label, code_root) in enumerate(variants):
                 log_dir = work / f"reports_{n}_{index}"
                 shutil.rmtree(log_dir, ignore_errors=True)
                 print(f"running {label} on {n} images ...", flush=True)
-                run = run_script(code_root, data_root, log_dir, args.rounds, args.timeout, args.script_arg,
-                                 patch=patch)
+                run = run_script(code_root, data_root, log_dir, args.rounds, args.timeout, args.script_arg)
                 summary = summarise(read_records(log_dir, args.rounds))
                 rows.append({"label": label, "scale": scale, "n": n, **run, **summary})
                 if run["returncode"] != 0:
