@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from audit.setting_checks import AuditSettingsError, check_bool, check_positive_int, is_int, is_real
+from audit.setting_checks import (AuditSettingsError, check_bool, check_optional_module, check_positive_int, from_checks,
+                                  is_int, is_real)
 
-__all__ = ["DeanonSettings", "deanon_settings", "FEDERATION", "ATTACKS", "REID_ATTACKS"]
+__all__ = ["DeanonSettings", "deanon_settings", "check_attacks", "FEDERATION", "ATTACKS", "REID_ATTACKS"]
 
 # The attacks audit.deanon_attacks runs (named here so that reading a plan does not import torch).
 REID_ATTACKS = ("mlp", "svm", "knn")
@@ -52,26 +52,20 @@ class DeanonSettings:
         return federation_alpha if self.crowd_alpha == FEDERATION else self.crowd_alpha
 
 
-def _attacks(key, value) -> tuple[str, ...]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)) or not items:
+def check_attacks(key, value) -> tuple[str, ...]:
+    """A non-empty list of distinct attack names (also `aggregator.settings.deanon.attacks`)."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
         raise AuditSettingsError(f"{key}: expected a non-empty list of attacks from {', '.join(ATTACKS)}, got {value!r}")
-    for item in items:
+    for item in value:
         if item not in ATTACKS:
             raise AuditSettingsError(f"{key}: unknown attack {item!r}; known: {', '.join(ATTACKS)}")
-    if len(set(items)) != len(items):
-        raise AuditSettingsError(f"{key}: an attack is listed twice: {list(items)}")
-    return tuple(items)
+    if len(set(value)) != len(value):
+        raise AuditSettingsError(f"{key}: an attack is listed twice: {list(value)}")
+    return tuple(value)
 
 
 def _optional_positive_int(key, value):
     return None if value is None else check_positive_int(key, value)
-
-
-def _optional_layer(key, value):
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise AuditSettingsError(f"{key}: expected a module name (e.g. 'classifier.out') or null, got {value!r}")
-    return value
 
 
 def _crowd_alpha(key, value):
@@ -101,21 +95,12 @@ _CHECKS = {
     "crowd_users": _crowd_users,
     "shadows_per_user": _shadows,
     "shadow_size": _optional_positive_int,
-    "layer": _optional_layer,
-    "attacks": _attacks,
+    "layer": check_optional_module,
+    "attacks": check_attacks,
     "crowd_alpha": _crowd_alpha,
 }
 
 
 def deanon_settings(key: str, value) -> DeanonSettings:
     """DeanonSettings from a plan mapping (None -> defaults); unknown keys and bad values name their dotted key."""
-    if isinstance(value, DeanonSettings):
-        return value
-    if value is None:
-        return DeanonSettings()
-    if not isinstance(value, Mapping):
-        raise AuditSettingsError(f"{key}: expected a mapping of settings, got {value!r}")
-    for name in value:
-        if name not in _CHECKS:
-            raise AuditSettingsError(f"{key}.{name}: unknown setting; known: {', '.join(_CHECKS)}")
-    return DeanonSettings(**{name: _CHECKS[name](f"{key}.{name}", v) for name, v in value.items()})
+    return from_checks(DeanonSettings, _CHECKS, value, key)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import fields
+from typing import Callable
 from numbers import Integral, Real
 
-__all__ = ["AuditSettingsError", "is_int", "is_real", "check_bool", "check_positive_int", "with_defaults"]
+__all__ = ["AuditSettingsError", "is_int", "is_real", "check_bool", "check_positive_int", "check_optional_module",
+           "with_defaults", "from_checks"]
 
 
 class AuditSettingsError(ValueError):
@@ -35,6 +37,14 @@ def check_positive_int(key: str, value) -> int:
     return int(value)
 
 
+def check_optional_module(key: str, value) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise AuditSettingsError(f"{key}: expected a module name (e.g. 'classifier.0') or null, got {value!r}")
+    return value
+
+
 def with_defaults(cls, mapping, prefix: str) -> dict:
     """A settings dataclass's field values: its defaults updated with a plan's `mapping` (a Mapping whose keys
     must all be fields). Raises AuditSettingsError naming `prefix` or `prefix.key`."""
@@ -47,3 +57,18 @@ def with_defaults(cls, mapping, prefix: str) -> dict:
     values = {f.name: getattr(cls, f.name) for f in fields(cls)}  # class attributes hold the defaults
     values.update(mapping)
     return values
+
+
+def from_checks(cls, checks: Mapping[str, Callable], value, prefix: str):
+    """`cls` built from a plan's mapping, each key passed through its check `checks[key](dotted key, value)`;
+    None -> cls(), a `cls` instance as it is. Unknown keys and non-mappings raise AuditSettingsError naming the key."""
+    if isinstance(value, cls):
+        return value
+    if value is None:
+        return cls()
+    if not isinstance(value, Mapping):
+        raise AuditSettingsError(f"{prefix}: expected a mapping of settings ({', '.join(checks)}), got {value!r}")
+    for name in value:
+        if name not in checks:
+            raise AuditSettingsError(f"{prefix}.{name}: unknown setting; known: {', '.join(checks)}")
+    return cls(**{name: checks[name](f"{prefix}.{name}", v) for name, v in value.items()})

@@ -14,7 +14,8 @@ from numbers import Integral
 
 from audit.deanon_settings import DeanonSettings, deanon_settings
 from audit.population_attack import THRESHOLD_FUNCTIONS
-from audit.setting_checks import AuditSettingsError, check_bool, check_positive_int, is_real, with_defaults
+from audit.setting_checks import (AuditSettingsError, check_bool, check_optional_module, check_positive_int, is_real,
+                                  with_defaults)
 
 __all__ = ["AuditSettingsError", "AuditSettings", "SIGNALS"]
 
@@ -114,14 +115,6 @@ def _fpr_tolerance(key: str, value) -> tuple[float, ...]:
     return tuple(out)
 
 
-def _optional_name(key: str, value) -> str | None:
-    if value is None:
-        return None
-    if not isinstance(value, str) or not value.strip():
-        raise AuditSettingsError(f"{key}: expected a module name (e.g. 'classifier.0') or null, got {value!r}")
-    return value
-
-
 def _threshold_function(key: str, value) -> str:
     if not isinstance(value, str) or value not in THRESHOLD_FUNCTIONS:
         raise AuditSettingsError(f"{key}: unknown threshold function {value!r}; known: {', '.join(THRESHOLD_FUNCTIONS)}")
@@ -147,7 +140,7 @@ _CHECKS = {
     "signals": _signals,
     "fpr_tolerance": _fpr_tolerance,
     "interval": check_positive_int,
-    "gradient_layer": _optional_name,
+    "gradient_layer": check_optional_module,
     "threshold_function": _threshold_function,
     "batch_size": check_positive_int,
     "audit_global": check_bool,
@@ -155,7 +148,7 @@ _CHECKS = {
     "log_scale": check_bool,
     "report_dir": _directory,
     "fidel": check_bool,
-    "fidel_layer": _optional_name,
+    "fidel_layer": check_optional_module,
     "fidel_threshold": _fraction,
     "fidel_decoder": check_bool,
     "deanon": deanon_settings,

@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from audit.deanon_settings import ATTACKS  # names only: reading a plan imports neither torch nor sklearn
-from audit.setting_checks import is_int
+from audit.deanon_settings import ATTACKS, check_attacks  # reading a plan imports neither torch nor sklearn
+from audit.setting_checks import check_bool, from_checks, is_int
 
 PREFIX = "aggregator.settings"
 DEANON_PREFIX = f"{PREFIX}.deanon"
@@ -37,22 +37,7 @@ class DeanonServerSettings:
     @classmethod
     def from_mapping(cls, value: Any, prefix: str = DEANON_PREFIX) -> "DeanonServerSettings":
         """Checked settings (None -> defaults); unknown keys and bad values fail naming `<prefix>.<key>`."""
-        if isinstance(value, DeanonServerSettings):
-            return value
-        if value is None:
-            return cls()
-        if not isinstance(value, Mapping):
-            raise ValueError(f"{prefix}: expected a mapping of settings ({', '.join(_DEANON_CHECKS)}), got {value!r}")
-        for name in value:
-            if name not in _DEANON_CHECKS:
-                raise ValueError(f"{prefix}.{name}: unknown setting; known: {', '.join(_DEANON_CHECKS)}")
-        return cls(**{name: _DEANON_CHECKS[name](f"{prefix}.{name}", v) for name, v in value.items()})
-
-
-def _deanon_enabled(key: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{key}: expected true or false, got {value!r}")
-    return value
+        return from_checks(cls, _DEANON_CHECKS, value, prefix)
 
 
 def _deanon_layer(key: str, value: Any) -> str | None:
@@ -60,17 +45,6 @@ def _deanon_layer(key: str, value: Any) -> str | None:
         raise ValueError(f"{key}: expected a module name (e.g. classifier.out) or null (the model's last layer), "
                          f"got {value!r}")
     return None if value is None else value.strip()
-
-
-def _deanon_attacks(key: str, value: Any) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-        raise ValueError(f"{key}: expected a non-empty list of attacks from {', '.join(ATTACKS)}, got {value!r}")
-    for item in value:
-        if item not in ATTACKS:
-            raise ValueError(f"{key}: unknown attack {item!r}; known: {', '.join(ATTACKS)}")
-    if len(set(value)) != len(value):
-        raise ValueError(f"{key}: an attack is listed twice: {list(value)}")
-    return tuple(value)
 
 
 def _deanon_min_history(key: str, value: Any) -> int:
@@ -86,9 +60,9 @@ def _deanon_seed(key: str, value: Any) -> int:
 
 
 _DEANON_CHECKS = {
-    "enabled": _deanon_enabled,
+    "enabled": check_bool,
     "layer": _deanon_layer,
-    "attacks": _deanon_attacks,
+    "attacks": check_attacks,
     "min_history_rounds": _deanon_min_history,
     "seed": _deanon_seed,
 }
