@@ -21,6 +21,11 @@ SUMMARY = ("Average aggregated model validation values = ", "Average training lo
            "Average local model validation values = ")
 
 
+# Digits with few members per party and one local epoch: the quick end-to-end runs below add to this.
+DIGITS_RUN = ["--dataset", "digits", "--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45",
+              "--audit_dataset_ratio", "0.45", "--local_epochs", "1"]
+
+
 def _run(args, tmp_path, timeout=600):
     env = {**os.environ, "MPLBACKEND": "Agg"}
     return subprocess.run([sys.executable, str(ROOT / "cifar10_PM.py"), *args], cwd=tmp_path, env=env,
@@ -31,9 +36,7 @@ def _run(args, tmp_path, timeout=600):
 def digits_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pm")
     log_dir = tmp / "logs"
-    proc = _run(["--dataset", "digits", "--comm_round", "2", "--train_dataset_ratio", "0.1",
-                 "--test_dataset_ratio", "0.45", "--audit_dataset_ratio", "0.45", "--local_epochs", "1",
-                 "--log_dir", str(log_dir)], tmp)
+    proc = _run([*DIGITS_RUN, "--comm_round", "2", "--log_dir", str(log_dir)], tmp)
     return proc, log_dir
 
 
@@ -208,9 +211,7 @@ def gated_run(tmp_path_factory):
     """Digits, 2 rounds, a gate that trips on every update: AUC is above 0 unless members all rank last."""
     tmp = tmp_path_factory.mktemp("pm_gate")
     log_dir = tmp / "logs"
-    proc = _run(["--dataset", "digits", "--comm_round", "2", "--train_dataset_ratio", "0.1",
-                 "--test_dataset_ratio", "0.45", "--audit_dataset_ratio", "0.45", "--local_epochs", "1",
-                 "--signals", "loss", "--no_progress", "--log_dir", str(log_dir),
+    proc = _run([*DIGITS_RUN, "--comm_round", "2", "--signals", "loss", "--no_progress", "--log_dir", str(log_dir),
                  "--gate", "withhold", "mia_local_loss_auc=0.0"], tmp)
     return proc, log_dir
 
@@ -267,10 +268,8 @@ def test_deanon_gate_metric_needs_deanon(capsys):
 def test_deanon_run_writes_both_sides_reports(tmp_path):
     """--deanon on skewed digits: the collaborators' self-audit metrics and the aggregator's deanon/ report."""
     log_dir = tmp_path / "logs"
-    proc = _run(["--dataset", "digits", "--comm_round", "3", "--collaborators", "3", "--dirichlet_alpha", "0.3",
-                 "--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45", "--audit_dataset_ratio", "0.45",
-                 "--local_epochs", "1", "--signals", "loss", "--no_progress", "--deanon", "--log_dir", str(log_dir)],
-                tmp_path)
+    proc = _run([*DIGITS_RUN, "--comm_round", "3", "--collaborators", "3", "--dirichlet_alpha", "0.3",
+                 "--signals", "loss", "--no_progress", "--deanon", "--log_dir", str(log_dir)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for col in ("collaborator1", "collaborator2", "collaborator3"):
         record = json.loads((log_dir / col / "round_0002" / "audit.json").read_text())
