@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from openfl.federated import PyTorchTaskRunner
 from openfl.utilities import TensorKey
 
-from audit.deanon_mitigation import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation, mitigate_data, mitigate_update, update_norm
+from audit.deanon_mitigation import (DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation, mitigate_data, mitigate_update,
+                                     update_norm)
 from audit.gate import NON_FINITE_UPDATE, GatePolicy, GateVerdict, non_finite_tensors
 from audit.fidel import save_reveal_grid
 from audit.report import ReportWriter
