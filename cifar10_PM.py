@@ -12,7 +12,6 @@ the current round: validate, train, audit) with ETAs go to stderr; the summary l
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import sys
@@ -247,10 +246,11 @@ def main(argv=None) -> int:
 
     try:
         overrides = overrides_from_args(args)
-        with progress, audit_phase_hook(progress.phase):
+        with progress:
             result = run_in_process(
                 args.report_dir / "_run", collaborators=args.collaborators, rounds=args.comm_round,
                 overrides=overrides, on_task=on_task, on_round_end=on_round_end,
+                on_audit_start=lambda col, round_num: progress.phase(col, "audit", round_num),
             )
     except DatasetUnavailableError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -281,7 +281,7 @@ PHASE_NAMES = {
 class Progress:
     """tqdm bars on stderr: one over the rounds (ETA of the run) and one over the phases of the current round
     (each collaborator's validate / train / audit / validate; ETA of the round). `phase(col, phase, round)` is
-    the in-process runner's `on_task` hook, and is also called when an audit starts (`audit_phase_hook`)."""
+    the in-process runner's `on_task` hook, and is also called when an audit starts (its `on_audit_start`)."""
 
     def __init__(self, rounds: int, collaborators: int, interval: int, *, enabled: bool = True):
         self.rounds, self.collaborators, self.interval = rounds, collaborators, max(1, interval)
@@ -332,26 +332,6 @@ class Progress:
         self.phase_bar.close()
         self.phase_bar, self.pending = None, False
         self.rounds_bar.update(1)
-
-
-@contextlib.contextmanager
-def audit_phase_hook(on_phase):
-    """Call `on_phase(col, "audit", round)` when a collaborator's audit starts (the audit runs inside the train
-    task, which the runner's `on_task` hook sees only as a whole). Patches this process's task runner class for
-    the duration of the run and restores it."""
-    from src.taskrunner import AuditedTaskRunner
-
-    original = AuditedTaskRunner._audit
-
-    def _audit(self, model, global_model, col_name, round_num):
-        on_phase(col_name, "audit", round_num)
-        return original(self, model, global_model, col_name, round_num)
-
-    AuditedTaskRunner._audit = _audit
-    try:
-        yield
-    finally:
-        AuditedTaskRunner._audit = original
 
 
 def print_summary(result) -> None:

@@ -23,7 +23,8 @@ from openfl.utilities import TensorKey
 
 from audit.deanon_mitigation import (DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation, mitigate_data, mitigate_update,
                                      update_norm)
-from audit.gate import NON_FINITE_UPDATE, GatePolicy, GateVerdict, non_finite_tensors
+from audit.gate import GatePolicy, non_finite_tensors
+from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
 from audit.fidel import save_reveal_grid
 from audit.report import ReportWriter
 from audit.round_audit import SETS, AuditSets, DeanonContext, audit_round, record_to_json
@@ -38,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 OPTIMIZERS = ("SGD", "Adam")
 SETTINGS_PREFIX = "task_runner.settings"
-GATE_TRIPPED_PREFIX = "gate_tripped__"
 
 
 def cross_entropy(output, target):
@@ -96,7 +96,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         watched = set(self.gate_policy.thresholds)
         for col in self.per_collaborator.values():
             watched |= set(col.gate.thresholds)
-        self.gate_tripped_names = tuple(sorted(watched)) + (NON_FINITE_UPDATE,)
+        self.gate_watched = tuple(sorted(watched))
         self.seed = seed
         self.optimizer_name, self.learning_rate, self.momentum = optimizer, float(learning_rate), float(momentum)
 
@@ -121,6 +121,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._deanon: DeanonContext | None = None  # set each round train_task audits
         self._data_mitigation: dict | None = None  # what the data mitigation did, once per collaborator
         self.last_record: dict | None = None  # the latest round record, for in-process callers
+        # Called as on_audit_start(collaborator, round) when an audit starts (the demo's progress bar): the audit runs
+        # inside the train task, which OpenFL sees only as a whole.
+        self.on_audit_start = None
 
     def make_optimizer(self, model: torch.nn.Module, learning_rate: float | None = None) -> torch.optim.Optimizer:
         """The plan's optimizer for `model` (the DP retrain uses the same recipe)."""
@@ -174,14 +177,31 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                                                   col_name, round_num)
 
         gate = col.gate
-        verdict, outcome, record = self._gate(
-            gate, trained, received, global_model, global_out, local_out, col_name, round_num, epochs, learning_rate
+        outcome = run_gate(
+            gate, trained, audited=global_model is not None,
+            audit_trained=lambda: self._audit(self.model, global_model, col_name, round_num),
+            # what a withheld round sends is the received weights, i.e. the global model
+            audit_received=lambda: self._audit(global_model, global_model, col_name, round_num),
+            empty_record=lambda: self._empty_record(col_name, round_num),
+            retrain=self._dp_retrainer(gate, global_model, col_name, round_num, epochs, learning_rate),
+            audit_retrained=lambda retrained: self._audit(
+                self._with_state(global_model, retrained.state), global_model, col_name, round_num),
         )
+        if outcome.sends == SEND_RECEIVED:
+            self._send(global_out, local_out, received)
+        elif outcome.sends == SEND_RETRAINED:
+            self._send(global_out, local_out, outcome.retrained.state)
+            # the loss reported is the one of the training whose result is sent
+            self._set_metric(global_out, cross_entropy.__name__, outcome.retrained.train_loss)
+        if outcome.non_finite_tensors:
+            logger.warning("%s round %d: update has NaN/Inf in %s; withheld", col_name, round_num,
+                           list(outcome.non_finite_tensors))
+        record = outcome.record
         if record is not None:
             record["timings"]["train_s"] = train_seconds
             if math.isfinite(train_loss):  # report metrics are finite numbers
                 record["metrics"]["train_loss"] = train_loss
-            record["extra"]["gate"] = self._gate_record(gate, verdict, outcome, audited=bool(record["attacks"]))
+            record["extra"]["gate"] = outcome.record_entry(gate)
             if mitigation_record is not None:
                 record["extra"]["mitigation"] = mitigation_record
             self.last_record = record
@@ -190,17 +210,18 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             )
             if record.get("_fidel") is not None:  # private images: written only to this collaborator's report
                 save_reveal_grid(record["_fidel"], self.audit_sets().members[0], round_dir / "fidel_grid.png")
+            tripped = outcome.gate_verdict.tripped
             logger.info(
                 "%s round %d audit: %s (audit %.2fs, train %.2fs); gate: %s%s",
                 col_name, round_num,
                 ", ".join(f"{k}={v:.3f}" for k, v in record["metrics"].items() if k.endswith("_auc")),
-                record["timings"].get("audit_s", 0.0), train_seconds, outcome["verdict"],
-                f" (tripped {', '.join(verdict.tripped)})" if verdict.tripped else "",
+                record["timings"].get("audit_s", 0.0), train_seconds, outcome.verdict,
+                f" (tripped {', '.join(tripped)})" if tripped else "",
             )
             for name, value in record["metrics"].items():
                 if name != "train_loss":
                     global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
-        for name, value in self._gate_metrics(verdict, outcome).items():
+        for name, value in outcome.scalars(self.gate_watched).items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out
 
@@ -247,74 +268,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                 "sent_update_norm": update_norm(start, sent)}
 
     # ------------------------------------------------------------------ gate
-    def _gate(self, gate: GatePolicy, trained: dict, received: dict, global_model, global_out: dict,
-              local_out: dict, col_name: str, round_num: int, epochs: int, learning_rate: float):
-        """Decide what this round sends and put it into the outputs; returns (verdict, outcome, record).
-
-        The record is the round's audit record (None if the round is not audited and nothing was withheld).
-        """
-        outcome = {"verdict": "kept", "retries": 0, "epsilon": 0.0, "tries": []}
-        bad = non_finite_tensors(trained)
-        if bad:
-            self._send(global_out, local_out, received)
-            outcome.update(verdict="withheld", reason=NON_FINITE_UPDATE, non_finite_tensors=bad)
-            logger.warning("%s round %d: update has NaN/Inf in %s; withheld", col_name, round_num, bad)
-            # Audit what is actually sent (the received weights), so the metric names match the others';
-            # off the audit schedule the report still records the withheld round, without attacks.
-            record = (self._audit(self.model, global_model, col_name, round_num) if global_model is not None
-                      else self._empty_record(col_name, round_num))
-            return GateVerdict.non_finite(), outcome, record
-        if global_model is None:
-            return GateVerdict(passed=True), outcome, None  # rounds without an audit are not gated
-
-        record = self._audit(self.model, global_model, col_name, round_num)
-        verdict = gate.decide(record["metrics"])
-        if verdict.passed or gate.action == "report_only":
-            return verdict, outcome, record
-        if gate.action == "dp_retrain":
-            outcome.update(self._dp_retrain(gate, global_model, col_name, round_num, epochs, learning_rate))
-            if outcome["verdict"] == "dp_retrained":
-                self._send(global_out, local_out, outcome.pop("state_dict"))
-                # the loss reported is the one of the training whose result is sent
-                self._set_metric(global_out, cross_entropy.__name__, outcome["train_loss"])
-                return verdict, outcome, record
-        self._send(global_out, local_out, received)
-        outcome["verdict"] = "withheld"
-        return verdict, outcome, record
-
-    @staticmethod
-    def _gate_record(gate: GatePolicy, verdict: GateVerdict, outcome: dict, *, audited: bool) -> dict:
-        """The gate's part of the round record (record["extra"]["gate"])."""
-        out = {
-            "verdict": outcome["verdict"],
-            "action": gate.action,
-            "reason": outcome.get("reason") or ("over_threshold" if not verdict.passed else None),
-            **verdict.to_dict(),
-            "thresholds": dict(gate.thresholds),
-            "retries": outcome["retries"],
-            "epsilon": outcome["epsilon"],
-            "delta": gate.dp.delta if outcome["retries"] else None,
-            "tries": outcome["tries"],
-            "audited": audited,
-        }
-        if "non_finite_tensors" in outcome:
-            out["non_finite_tensors"] = outcome["non_finite_tensors"]
-        if outcome["verdict"] == "dp_retrained" and math.isfinite(outcome["train_loss"]):
-            out["dp_train_loss"] = outcome["train_loss"]
-        return out
-
-    def _gate_metrics(self, verdict: GateVerdict, outcome: dict) -> dict[str, float]:
-        """The scalars the aggregator gets (the names are a contract with src.aggregation and its report)."""
-        metrics = {
-            "gate_kept": 0.0 if outcome["verdict"] == "withheld" else 1.0,
-            "gate_retries": float(outcome["retries"]),
-            "gate_epsilon": float(outcome["epsilon"]),
-        }
-        for name in self.gate_tripped_names:
-            metrics[GATE_TRIPPED_PREFIX + name] = float(verdict.tripped[name][0]) if name in verdict.tripped else 0.0
-        return metrics
-
     def _audit(self, model, global_model, col_name: str, round_num: int) -> dict:
+        if self.on_audit_start is not None:
+            self.on_audit_start(col_name, round_num)
         return audit_round(
             model, global_model, self.audit_sets(), self.audit_settings, party=col_name, round_num=round_num,
             seed=self.seed, deanon=self._deanon,
@@ -349,37 +305,32 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             if key.tensor_name == name and "metric" in key.tags:
                 global_out[key] = np.array(value)
 
-    def _dp_retrain(self, gate: GatePolicy, global_model, col_name: str, round_num: int, epochs: int,
-                    learning_rate: float) -> dict:
-        """DP-SGD retrains from the received weights, each re-audited, until one passes the gate.
+    @staticmethod
+    def _with_state(model: torch.nn.Module, state: dict) -> torch.nn.Module:
+        candidate = copy.deepcopy(model)
+        candidate.load_state_dict(state)
+        return candidate
 
-        The noise multiplier doubles on each try; the epsilon composes every try of the round.
-        Returns the outcome: verdict "dp_retrained" (with the passing state_dict) or "withheld".
-        """
-        dp = gate.dp
-        accountant = RoundAccountant((self.data_loader.X_train, self.data_loader.y_train))
-        tries = []
-        for attempt in range(1, dp.max_retries + 1):
+    def _dp_retrainer(self, gate: GatePolicy, global_model, col_name: str, round_num: int, epochs: int,
+                      learning_rate: float):
+        """retrain(attempt, noise_multiplier) for audit.gate_flow: DP-SGD from the received weights (opacus).
+        One accountant per round, so the epsilon each try reports composes every try of the round."""
+        accountant = None
+
+        def retrain(attempt: int, noise_multiplier: float) -> Retrained:
+            nonlocal accountant
+            if accountant is None:
+                accountant = RoundAccountant((self.data_loader.X_train, self.data_loader.y_train))
             result = dp_retrain(
                 global_model, lambda m: self.make_optimizer(m, learning_rate), accountant,
-                batch_size=self.data_loader.batch_size, epochs=epochs, noise_multiplier=dp.noise_for_try(attempt),
-                max_grad_norm=dp.max_grad_norm, seed=round_seed(self.seed, f"{col_name}/dp{attempt}", round_num),
+                batch_size=self.data_loader.batch_size, epochs=epochs, noise_multiplier=noise_multiplier,
+                max_grad_norm=gate.dp.max_grad_norm, seed=round_seed(self.seed, f"{col_name}/dp{attempt}", round_num),
             )
-            candidate = copy.deepcopy(global_model)
-            candidate.load_state_dict(result.state_dict)
-            if non_finite_tensors({k: v.numpy() for k, v in result.state_dict.items()}):
-                verdict, metrics = GateVerdict.non_finite(), {}
-            else:
-                metrics = self._audit(candidate, global_model, col_name, round_num)["metrics"]
-                verdict = gate.decide(metrics)
-            epsilon = accountant.epsilon(dp.delta)
-            tries.append({"attempt": attempt, "noise_multiplier": result.noise_multiplier, "steps": result.steps,
-                          "train_loss": result.loss if math.isfinite(result.loss) else None,
-                          "epsilon": epsilon, **verdict.to_dict(), "metrics": metrics})
-            logger.info("%s round %d: DP retrain %d (noise %.3g): epsilon %.3g, %s", col_name, round_num, attempt,
-                        result.noise_multiplier, epsilon, "passes" if verdict.passed else "still gated")
-            if verdict.passed:
-                return {"verdict": "dp_retrained", "retries": attempt, "epsilon": epsilon, "tries": tries,
-                        "state_dict": result.state_dict, "train_loss": result.loss}
-        return {"verdict": "withheld", "retries": dp.max_retries, "epsilon": accountant.epsilon(dp.delta),
-                "tries": tries}
+            epsilon = accountant.epsilon(gate.dp.delta)
+            logger.info("%s round %d: DP retrain %d (noise %.3g): epsilon %.3g", col_name, round_num, attempt,
+                        result.noise_multiplier, epsilon)
+            return Retrained(state=result.state_dict, train_loss=result.loss, noise_multiplier=result.noise_multiplier,
+                             steps=result.steps, epsilon=epsilon,
+                             non_finite=bool(non_finite_tensors({k: v.numpy() for k, v in result.state_dict.items()})))
+
+        return retrain

@@ -101,6 +101,7 @@ def in_process(tmp_path_factory):
     return run_in_process(tmp_path_factory.mktemp("agg_report"), collaborators=2, rounds=2, overrides=overrides)
 
 
+@pytest.mark.federation
 def test_in_process_run_writes_the_aggregator_report(in_process):
     report = in_process.aggregator_report_dir
     assert report == in_process.plan_dir.parent / "aggregator_report"
@@ -124,6 +125,7 @@ def test_in_process_run_writes_the_aggregator_report(in_process):
     assert "aggregator" not in (in_process.report_dir / "index.html").read_text()
 
 
+@pytest.mark.federation
 def test_a_report_that_cannot_be_written_does_not_stop_the_federation(tmp_path):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("a file where the report folder should be")

@@ -241,6 +241,7 @@ def federation(tmp_path_factory):
                           overrides=FEDERATION_OVERRIDES)
 
 
+@pytest.mark.federation
 def test_federation_writes_the_deanonymization_report(federation):
     callback = federation.aggregator.deanon
     assert isinstance(callback, DeanonymizationCallback)

@@ -25,6 +25,7 @@ def federation(tmp_path_factory):
     return run_in_process(tmp_path_factory.mktemp("fidel"), collaborators=2, rounds=1, overrides=OVERRIDES)
 
 
+@pytest.mark.federation
 def test_fidel_metrics_reach_the_aggregator_and_gate_the_update(federation):
     metrics = federation.collaborator_metrics[0]
     for name in collaborator_names(2):
@@ -41,6 +42,7 @@ def test_fidel_metrics_reach_the_aggregator_and_gate_the_update(federation):
             assert gate["verdict"] == "kept"
 
 
+@pytest.mark.federation
 def test_reconstruction_images_stay_with_the_collaborator(federation):
     for name in collaborator_names(2):
         assert (federation.report_dir / name / "round_0000" / "fidel_grid.png").stat().st_size > 0

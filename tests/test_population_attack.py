@@ -235,6 +235,7 @@ def test_threshold_functions_are_privacy_meters():
     }
 
 
+@pytest.mark.federation
 def test_imports_only_allowed_privacy_meter_modules():
     code = (
         "import sys, audit.population_attack, audit.settings\n"

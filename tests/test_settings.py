@@ -213,6 +213,7 @@ def test_due_when_disabled_and_bad_rounds():
         AuditSettings().due(1.0)
 
 
+@pytest.mark.federation
 def test_settings_does_not_import_torch():
     code = "import sys, audit.settings\nassert 'torch' not in sys.modules, 'torch imported'\n"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
