@@ -143,8 +143,9 @@ def train_copies(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, names:
                 # autograd, with its own message. Stacked buffers are made anew per call: the failed try left none.
                 trained, _ = _train_chunk(*args, batched=False)
             if vmap_error is not None:
-                warnings.warn(f"train_copies: torch.func.vmap cannot batch the model's training forward ({vmap_error}); "
-                              "training the copies one at a time, which is slower", RuntimeWarning, stacklevel=2)
+                warnings.warn(f"train_copies: torch.func.vmap cannot batch the model's training forward "
+                              f"({vmap_error}); training the copies one at a time, which is slower",
+                              RuntimeWarning, stacklevel=2)
                 batched = False
             out.append(torch.cat([(trained[n] - params[n].detach()).flatten(1) for n in names], dim=1))
     return torch.cat(out).double().cpu().numpy()

@@ -360,9 +360,9 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
                      *, want_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Squared per-sample gradient norms (float64, (N,)) and the float64 logits if `want_logits`; None if the
     forward does not fit the layer-wise computation (a layer called twice or never, an in-place change of a layer's
-    input, a layer that does not see one row per sample, an output that is not (batch, classes) logits) or if it disagrees with per-sample autograd on the first
-    samples (e.g. samples that interact in the forward, a weight also used outside its layer): the caller then
-    takes the general path."""
+    input, a layer that does not see one row per sample, an output that is not (batch, classes) logits) or if it
+    disagrees with per-sample autograd on the first samples (e.g. samples that interact in the forward, a weight
+    also used outside its layer): the caller then takes the general path."""
     # All parameters and buffers detached: autograd starts at the audited layers' outputs, nothing reaches the model.
     state = {n: p.detach() for n, p in model.named_parameters()}
     state.update({n: b.detach() for n, b in model.named_buffers()})
