@@ -44,8 +44,12 @@ class AuditSets:
         return cls(**{name: sets[name] for name in SETS})
 
     def tensors(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The set as tensors: floating inputs as float32, integer inputs (token ids) as they are, labels int64."""
         x, y = getattr(self, name)
-        return torch.as_tensor(np.asarray(x), dtype=torch.float32), torch.as_tensor(np.asarray(y), dtype=torch.int64)
+        x = torch.as_tensor(np.asarray(x))
+        if x.is_floating_point():
+            x = x.float()
+        return x, torch.as_tensor(np.asarray(y), dtype=torch.int64)
 
 
 @dataclass(frozen=True)
