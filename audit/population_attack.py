@@ -15,7 +15,7 @@ On top of that:
   values sorted ascending and k = floor(n * t) the largest count allowed, the threshold is the (k+1)-th smallest
   value, sorted[k]: "signal < sorted[k]" flags every value below it, at most k of them. Ties are never split: a
   group of equal population values is flagged wholly or not at all, so when sorted[k] is tied with values
-  below it the count is the largest achievable one under k (and the population FPR is below t). Samples equal
+  below it the count is the largest achievable one up to k (and the population FPR is below t). Samples equal
   to the threshold are not flagged. With ``linear_itp`` (the default) that is the threshold; the parametric
   functions (``gaussian``, ``logit_rescale``, ``min_linear_logit``) give their own threshold at alpha = t, which
   promises no population FPR, so it is capped at sorted[k]: their population FPR is at most t too, and may be
@@ -249,8 +249,9 @@ def _thresholds_within(threshold_function: str, population: np.ndarray, toleranc
     """The threshold at each tolerance t: the largest with at most floor(n * t) population values below it
     (sorted[k]; see the module docstring), or the parametric function's own threshold at alpha = t where it is lower.
 
-    Written by hand: no library quantile gives "the largest threshold with #{v < threshold} <= k" (np.quantile's
-    methods either interpolate, which flags floor((n - 1) t) + 1 values, or round k up).
+    Written by hand (a sort and an index): np.quantile's methods place the quantile at (n - 1) t (linear
+    interpolation there flags floor((n - 1) t) + 1 values) or at ceil(n t) - 1 (inverted_cdf), so none gives
+    sorted[floor(n t)] for every n and t.
     """
     ordered = np.sort(population)
     bound = ordered[[_largest_count(ordered.size, t) for t in tolerances]]
