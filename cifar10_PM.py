@@ -111,12 +111,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The command line, with --gate's metric names and thresholds checked against the audit it configures."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:
+        check_fpr_tolerance(args.fpr_tolerance)
+    except ValueError as err:
+        parser.error(str(err))
     if args.gate is not None:
         try:
             gate_policy(args)
         except ValueError as err:
             parser.error(str(err))
     return args
+
+
+def check_fpr_tolerance(tolerances) -> None:
+    """--fpr_tolerance checked as the plan's audit.fpr_tolerance is (each in (0, 1), no two giving one metric name),
+    before any work; ValueError naming --fpr_tolerance."""
+    _workspace_on_path()
+    from audit.settings import AuditSettings
+
+    try:
+        AuditSettings.from_mapping({"fpr_tolerance": list(tolerances)}, prefix="audit")
+    except ValueError as err:
+        raise ValueError(str(err).replace("audit.fpr_tolerance:", "--fpr_tolerance:", 1)) from None
 
 
 def gate_policy(args):
@@ -344,7 +360,10 @@ def print_summary(result) -> None:
     print(f"Average training loss = {average('train/cross_entropy'):.4f}")
     print(f"Average local model validation values = {average('locally_tuned_model_validation/accuracy'):.4f}")
     last = result.collaborator_metrics[-1] if result.collaborator_metrics else {}
-    for key in sorted(k for k in last if k.endswith("_auc")):
+    keys = sorted(k for k in last if k.endswith("_auc"))
+    if keys:
+        print("(_auc: Privacy Meter's grid AUC; _exact_auc: members vs non-members over every threshold)")
+    for key in keys:
         print(f"last round {key} = {last[key]:.4f}")
 
 

@@ -46,7 +46,7 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-from audit.signals import eval_mode
+from audit.signals import eval_mode, model_input
 
 __all__ = [
     "FIDEL_METRICS",
@@ -95,19 +95,11 @@ def _check_fraction(name: str, value, *, low: float, high: float, low_open: bool
 
 
 def _as_samples(samples) -> torch.Tensor:
+    """The samples as a tensor of their own dtype: integer inputs (token ids for an Embedding) stay integer."""
     x = torch.as_tensor(np.asarray(samples) if not isinstance(samples, torch.Tensor) else samples)
     if x.ndim < 2 or x.shape[0] == 0:
         raise ValueError(f"samples: need an array of shape (N, ...) with N >= 1, got shape {tuple(x.shape)}")
-    if not x.is_floating_point():
-        x = x.float()
     return x
-
-
-def _model_dtype(model: nn.Module) -> torch.dtype:
-    for t in list(model.parameters()) + list(model.buffers()):
-        if t.is_floating_point():
-            return t.dtype
-    return torch.get_default_dtype()
 
 
 def _linear_names(model: nn.Module) -> str:
@@ -123,7 +115,9 @@ def find_first_dense_layer(model: nn.Module, sample_input=None, layer: str | Non
 
     ``layer`` given: checked to exist and to be an ``nn.Linear`` (else ValueError naming it and its type).
     Otherwise the first ``nn.Linear`` *called* in a forward pass of ``sample_input`` (forward order, which
-    registration order need not be), found with forward hooks; ValueError if no Linear layer runs.
+    registration order need not be) on one row per sample, found with forward hooks; ValueError if none runs.
+    A Linear applied per position ((B, T, D) after an Embedding, a sequence-first (T, B, D)) or to the batch
+    folded into rows is passed over: its dW_i / db_i averages positions, not one sample's input.
     """
     if not isinstance(model, nn.Module):
         raise ValueError(f"model: need a torch.nn.Module, got {type(model).__name__}")
@@ -142,13 +136,15 @@ def find_first_dense_layer(model: nn.Module, sample_input=None, layer: str | Non
         return layer
     if sample_input is None:
         raise ValueError("sample_input: needed to find the first dense layer in forward order (or give layer=)")
-    x = _as_samples(sample_input)[:1].to(_model_dtype(model))
+    x = model_input(model, _as_samples(sample_input)[:1])
     found: list[str] = []
 
     def hook(name):
-        def pre(_module, _args):
-            found.append(name)
-            raise _Stop
+        def pre(_module, args):
+            inp = args[0] if args else None
+            if isinstance(inp, torch.Tensor) and inp.ndim == 2 and inp.shape[0] == len(x):
+                found.append(name)
+                raise _Stop
 
         return pre
 
@@ -163,8 +159,8 @@ def find_first_dense_layer(model: nn.Module, sample_input=None, layer: str | Non
             h.remove()
     if not found:
         raise ValueError(
-            f"model {type(model).__name__} calls no nn.Linear layer in its forward pass: the Fidel attack needs a "
-            f"dense layer"
+            f"model {type(model).__name__} calls no nn.Linear layer on one row per sample in its forward pass: the "
+            f"Fidel attack needs a dense layer applied once per sample; nn.Linear layers: {_linear_names(model)}"
         )
     return find_first_dense_layer(model, layer=found[0])
 
@@ -179,18 +175,26 @@ def layer_inputs(model: nn.Module, layer: str, samples, *, batch_size: int = 256
         raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
     find_first_dense_layer(model, layer=layer)
     target = model.get_submodule(layer)
-    x = _as_samples(samples).to(_model_dtype(model))
-    state: dict[str, Any] = {"flat": None, "out": []}
+    x = model_input(model, _as_samples(samples))
+    state: dict[str, Any] = {"flat": None, "out": [], "rows": 0}
 
     def flatten_hook(_m, args):
         state["flat"] = tuple(args[0].shape[1:])
 
     def layer_hook(_m, args):
         inp = args[0]
-        if inp.ndim != 2 or inp.shape[1] != target.in_features:
+        if inp.ndim == 2 and inp.shape[0] == state["rows"] and inp.shape[1] != target.in_features:
             raise ValueError(
                 f"samples of shape {tuple(x.shape)} do not fit the model: layer {layer!r} gets input of shape "
                 f"{tuple(inp.shape)}, expects (batch, {target.in_features})"
+            )
+        if inp.ndim != 2 or inp.shape[0] != state["rows"]:
+            # Applied per position ((B, T, D)) or to the batch folded into rows: each neuron's dW_i / db_i then
+            # averages positions, not one sample's input, and nothing lines the rows up with the samples.
+            raise ValueError(
+                f"layer {layer!r} gets input of shape {tuple(inp.shape)} for {state['rows']} samples, not one row "
+                f"per sample: the Fidel attack inverts a dense layer applied once per sample; pick one with "
+                f"fidel_layer (nn.Linear layers: {_linear_names(model)})"
             )
         state["out"].append(inp.detach().to(torch.float64))
         raise _Stop
@@ -200,8 +204,10 @@ def layer_inputs(model: nn.Module, layer: str, samples, *, batch_size: int = 256
     try:
         with eval_mode(model), torch.no_grad():
             for start in range(0, x.shape[0], batch_size):
+                chunk = x[start : start + batch_size]
+                state["rows"] = len(chunk)
                 try:
-                    model(x[start : start + batch_size])
+                    model(chunk)
                 except _Stop:
                     continue
                 raise ValueError(f"layer {layer!r} was not called in the forward pass")
@@ -284,10 +290,15 @@ def _standardise_rows(a: np.ndarray) -> np.ndarray:
     return np.divide(a, norm, out=np.zeros_like(a), where=norm > 0)
 
 
+def _rows(values) -> np.ndarray:
+    """float64 (count, values per row); numpy cannot infer a -1 axis from an empty array (no neuron moved)."""
+    arr = np.asarray(values, dtype=np.float64)
+    return arr.reshape(len(arr), math.prod(arr.shape[1:]))
+
+
 def pearson_matrix(a, b) -> np.ndarray:
     """Pearson r of every row of ``a`` (k, d) with every row of ``b`` (n, d): (k, n), one matrix product."""
-    a = np.asarray(a, dtype=np.float64).reshape(len(a), -1)
-    b = np.asarray(b, dtype=np.float64).reshape(len(b), -1)
+    a, b = _rows(a), _rows(b)
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"reconstructions have {a.shape[1]} values each but samples have {b.shape[1]}")
     return np.clip(_standardise_rows(a) @ _standardise_rows(b).T, -1.0, 1.0)

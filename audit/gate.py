@@ -25,6 +25,7 @@ import numpy as np
 
 from audit.fidel import FIDEL_METRICS
 from audit.gate_contract import NON_FINITE_UPDATE
+from audit.population_attack import tolerance_name
 from audit.settings import AuditSettings
 
 __all__ = [
@@ -117,8 +118,8 @@ def audit_metric_names(settings: AuditSettings) -> tuple[str, ...]:
     names = []
     for model, signal in series:
         prefix = f"mia_{model}_{signal}"
-        names.append(f"{prefix}_auc")
-        names += [f"{prefix}_tpr_at_fpr_{t:g}" for t in settings.fpr_tolerance]  # as scalar_metrics names them
+        names += [f"{prefix}_auc", f"{prefix}_exact_auc"]  # as scalar_metrics names them
+        names += [f"{prefix}_tpr_at_fpr_{tolerance_name(t)}" for t in settings.fpr_tolerance]
     if settings.fidel:
         names += FIDEL_METRICS
     if settings.deanon.enabled:

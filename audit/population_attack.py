@@ -6,10 +6,25 @@ third, disjoint set from the same distribution):
 
 * thresholds = ``threshold_function(population_signal, alphas)`` (Privacy Meter's hypothesis-test functions);
 * a sample is predicted a member iff ``signal < threshold``;
-* TP/FP counts and the ROC AUC come from Privacy Meter's ``CombinedMetricResult``.
+* TP/FP counts and the grid ROC AUC (``auc``) come from Privacy Meter's ``CombinedMetricResult``.
 
-On top of that, the TPR at each FPR tolerance is read with the threshold set at exactly that tolerance
-(the threshold function evaluated at ``alpha = tolerance``), not at the next point of the alpha grid.
+On top of that:
+
+* TPR at each FPR tolerance t, with the threshold chosen so that at most a fraction t of the population is
+  flagged, as close to t as the data allow (not read at the next point of the alpha grid). With n population
+  values sorted ascending and k = floor(n * t) the largest count allowed, the threshold is the (k+1)-th smallest
+  value, sorted[k]: "signal < sorted[k]" flags every value below it, at most k of them. Ties are never split: a
+  group of equal population values is flagged wholly or not at all, so when sorted[k] is tied with values
+  below it the count is the largest achievable one up to k (and the population FPR is below t). Samples equal
+  to the threshold are not flagged. With ``linear_itp`` (the default) that is the threshold; the parametric
+  functions (``gaussian``, ``logit_rescale``, ``min_linear_logit``) give their own threshold at alpha = t, which
+  promises no population FPR, so it is capped at sorted[k]: their population FPR is at most t too, and may be
+  well below it where the fitted distribution does not match the population.
+* ``exact_auc``: the ROC AUC of members against non-members over every threshold on the attack's scores
+  (the Mann-Whitney statistic; ties count half). Privacy Meter's ``auc`` integrates its curve over the alpha
+  grid only, whose thresholds are population quantiles: the curve never reaches beyond the population's range
+  and takes few distinct points on a small population, so it under-reads there (with 20 population samples,
+  0.681 where the members-vs-non-members AUC is 0.756).
 
 Only ``privacy_meter.hypothesis_test`` and ``privacy_meter.metric_result`` are imported: Privacy Meter's other
 modules import tensorflow at module level.
@@ -21,6 +36,7 @@ import contextlib
 import io
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from numbers import Real
 from typing import Callable, Mapping
 
@@ -32,12 +48,15 @@ from privacy_meter.hypothesis_test import (
     min_linear_logit_threshold_func,
 )
 from privacy_meter.metric_result import CombinedMetricResult
+from sklearn.metrics import roc_auc_score
 
 __all__ = [
     "DEFAULT_ALPHAS",
     "THRESHOLD_FUNCTIONS",
     "AttackResult",
     "population_attack",
+    "tolerance_name",
+    "tolerance_name_clash",
     "update_attack",
 ]
 
@@ -65,7 +84,10 @@ class AttackResult:
     """Outcome of one membership-inference attack on one signal.
 
     ``fpr``/``tpr``/``thresholds`` run over the alpha grid (one entry per alpha); thresholds are in the
-    signal's own units. ``tpr_at_fpr``/``fpr_at_fpr``/``threshold_at_fpr`` are keyed by tolerance (float).
+    signal's own units. ``auc`` is Privacy Meter's AUC of that grid curve; ``exact_auc`` the members-vs-non-members
+    ROC AUC over every threshold (see the module docstring). ``tpr_at_fpr`` (members), ``fpr_at_fpr``
+    (non-members), ``population_fpr_at_fpr`` (the population, at most the tolerance) and ``threshold_at_fpr``
+    are keyed by tolerance (float).
     """
 
     attack: str
@@ -74,19 +96,21 @@ class AttackResult:
     tpr: np.ndarray
     thresholds: np.ndarray
     auc: float
+    exact_auc: float
     tolerances: tuple[float, ...]
     tpr_at_fpr: dict[float, float]
     fpr_at_fpr: dict[float, float]
+    population_fpr_at_fpr: dict[float, float]
     threshold_at_fpr: dict[float, float]
     n_members: int
     n_nonmembers: int
     n_population: int
 
     def to_dict(self) -> dict:
-        """JSON-serialisable dict; tolerance keys as f"{tol:g}" strings, non-finite numbers as None."""
+        """JSON-serialisable dict; tolerance keys as `tolerance_name` strings, non-finite numbers as None."""
 
         def keyed(values: dict[float, float]) -> dict[str, float | None]:
-            return {f"{tol:g}": _json_float(v) for tol, v in values.items()}
+            return {tolerance_name(tol): _json_float(v) for tol, v in values.items()}
 
         return {
             "attack": self.attack,
@@ -95,14 +119,21 @@ class AttackResult:
             "tpr": [_json_float(v) for v in self.tpr],
             "thresholds": [_json_float(v) for v in self.thresholds],
             "auc": _json_float(self.auc),
+            "exact_auc": _json_float(self.exact_auc),
             "tolerances": [float(t) for t in self.tolerances],
             "tpr_at_fpr": keyed(self.tpr_at_fpr),
             "fpr_at_fpr": keyed(self.fpr_at_fpr),
+            "population_fpr_at_fpr": keyed(self.population_fpr_at_fpr),
             "threshold_at_fpr": keyed(self.threshold_at_fpr),
             "n_members": int(self.n_members),
             "n_nonmembers": int(self.n_nonmembers),
             "n_population": int(self.n_population),
         }
+
+
+def tolerance_name(tolerance: float) -> str:
+    """How an FPR tolerance is written in metric names and JSON keys: f"{t:g}" (6 significant digits)."""
+    return f"{float(tolerance):g}"
 
 
 def _json_float(value) -> float | None:
@@ -153,8 +184,25 @@ def _as_tolerances(fpr_tolerance) -> tuple[float, ...]:
         if not 0.0 < tol < 1.0:
             raise ValueError(f"fpr_tolerance: {tol!r} is outside (0, 1)")
         tolerances.append(tol)
-    # Duplicates would collapse in the dicts keyed by tolerance; keep the first occurrence's order.
-    return tuple(dict.fromkeys(tolerances))
+    clash = tolerance_name_clash(tolerances)
+    if clash:
+        raise ValueError(f"fpr_tolerance: {clash}")
+    return tuple(tolerances)
+
+
+def tolerance_name_clash(tolerances) -> str | None:
+    """Why two of `tolerances` cannot both be reported (they have one `tolerance_name`, so their metrics and JSON
+    entries would overwrite each other), naming both; None if all names differ."""
+    named: dict[str, float] = {}
+    for tol in tolerances:
+        name = tolerance_name(tol)
+        if name in named:
+            if named[name] == tol:
+                return f"{tol!r} is listed twice"
+            return (f"{named[name]!r} and {tol!r} both give the metric name suffix _tpr_at_fpr_{name} (tolerances "
+                    f"must differ within 6 significant digits)")
+        named[name] = tol
+    return None
 
 
 def _as_alphas(alphas) -> np.ndarray:
@@ -188,6 +236,33 @@ def _thresholds_at(func: Callable, distribution: np.ndarray, tolerances: tuple[f
     return _thresholds(func, distribution, padded)[1:-1]
 
 
+def _largest_count(n: int, tolerance: float) -> int:
+    """k = floor(n * t), the most population samples a threshold at tolerance t may flag.
+
+    Computed on the tolerance as written (its shortest decimal form, exact as a Fraction), not on the binary
+    float: 0.3 is stored as 0.29999999999999998890, and 10 * 0.3 must give 3, not 2.
+    """
+    return math.floor(n * Fraction(repr(float(tolerance))))
+
+
+def _thresholds_within(threshold_function: str, population: np.ndarray, tolerances: tuple[float, ...]) -> np.ndarray:
+    """The threshold at each tolerance t: the largest with at most floor(n * t) population values below it
+    (sorted[k]; see the module docstring), or the parametric function's own threshold at alpha = t where it is lower.
+
+    Written by hand (a sort and an index): np.quantile's methods place the quantile at (n - 1) t (linear
+    interpolation there flags floor((n - 1) t) + 1 values) or at ceil(n t) - 1 (inverted_cdf), so none gives
+    sorted[floor(n t)] for every n and t.
+    """
+    ordered = np.sort(population)
+    bound = ordered[[_largest_count(ordered.size, t) for t in tolerances]]
+    if threshold_function == "linear_itp":  # the empirical quantile function: sorted[k] is its reading
+        return bound
+    own = _thresholds_at(THRESHOLD_FUNCTIONS[threshold_function], population, tolerances)
+    if np.isnan(own).any():
+        raise ValueError(f"population: threshold function {threshold_function!r} gave NaN thresholds on it")
+    return np.minimum(own, bound)
+
+
 def population_attack(
     member_signal,
     nonmember_signal,
@@ -205,7 +280,8 @@ def population_attack(
     Args:
         member_signal, nonmember_signal, population_signal: 1-D per-sample signal values of the audited
             model on its training samples, on held-out samples, and on the attacker's reference population.
-        fpr_tolerance: one tolerance or a sequence, each in (0, 1); TPR is also reported at each of them.
+        fpr_tolerance: one tolerance or a sequence, each in (0, 1), no two with one `tolerance_name`; TPR is
+            also reported at each of them, with at most that share of the population flagged.
         signal: name of the signal, recorded in the result.
         member_if_lower: True when members have lower values (loss, gradient norm); False when they have
             higher values (e.g. the true-class logit): the signals are then negated before thresholding and
@@ -268,12 +344,14 @@ def population_attack(
     tpr = np.asarray(result.tp, dtype=np.float64) / members.size
     auc = float(result.roc_auc)
 
-    # --- TPR with the threshold at exactly each tolerance ---
-    at = _thresholds_at(func, population, tolerances)
-    if np.isnan(at).any():
-        raise ValueError(f"population: threshold function {threshold_function!r} gave NaN thresholds on it")
+    # --- Over every threshold: members (label 1) score higher when their signal is lower ---
+    exact_auc = float(roc_auc_score(true_labels, -np.concatenate([members, nonmembers])))
+
+    # --- TPR with at most the tolerance of the population flagged ---
+    at = _thresholds_within(threshold_function, population, tolerances)
     tpr_at = {t: float(np.mean(members < thr)) for t, thr in zip(tolerances, at)}
     fpr_at = {t: float(np.mean(nonmembers < thr)) for t, thr in zip(tolerances, at)}
+    population_fpr_at = {t: float(np.mean(population < thr)) for t, thr in zip(tolerances, at)}
     thr_at = {t: float(sign * thr) for t, thr in zip(tolerances, at)}
 
     reported = (sign * thresholds).astype(np.float64)
@@ -286,9 +364,11 @@ def population_attack(
         tpr=tpr,
         thresholds=reported,
         auc=auc,
+        exact_auc=exact_auc,
         tolerances=tolerances,
         tpr_at_fpr=tpr_at,
         fpr_at_fpr=fpr_at,
+        population_fpr_at_fpr=population_fpr_at,
         threshold_at_fpr=thr_at,
         n_members=int(members.size),
         n_nonmembers=int(nonmembers.size),

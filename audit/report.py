@@ -5,7 +5,7 @@ Layout (every file written atomically, see :mod:`audit.atomic_io`)::
     root/index.html                      links every party's report
     root/<party>/index.html              AUC + TPR plots, metrics table, per-round ROC images (newest first)
     root/<party>/metrics.csv             one row per round: "round", then the sorted metric names
-    root/<party>/auc.png                 AUC per round for every model x signal
+    root/<party>/auc.png                 exact AUC per round for every model x signal
     root/<party>/tpr_at_<fpr:g>.png      TPR at each FPR tolerance per round
     root/<party>/round_0003/audit.json   the round record, exactly as given
     root/<party>/round_0003/roc.png      ROC curves: one subplot per audited model
@@ -20,8 +20,14 @@ A round record (a JSON-able dict) looks like::
      "metrics": {"mia_local_loss_auc": 0.61, ...},      # flat, finite numbers
      "extra": {...}}
 
-where ``A`` is ``AttackResult.to_dict()`` (``fpr``/``tpr`` lists, ``auc``, ``tpr_at_fpr`` keyed by
+where ``A`` is ``AttackResult.to_dict()`` (``fpr``/``tpr`` lists, ``auc``, ``exact_auc``, ``tpr_at_fpr`` keyed by
 ``f"{tol:g}"``, ``n_members``/``n_nonmembers``...; non-finite numbers stored as None).
+
+Two AUCs, labelled as such wherever they are shown: the "grid AUC" (``auc``, metric ``mia_*_auc``) is Privacy
+Meter's, the area under the ROC curve drawn in ``roc.png``, whose thresholds are population quantiles on its
+alpha grid (it does not reach beyond the population's range, so it under-reads on a small population); the
+"exact AUC" (``exact_auc``, metric ``mia_*_exact_auc``) is the members-vs-non-members ROC AUC over every
+threshold (Mann-Whitney; ties count half). ``auc.png`` plots the exact AUC.
 """
 
 from __future__ import annotations
@@ -165,9 +171,10 @@ def _validate_structure(record: object) -> None:
 def _validate_attack(result: object, where: str) -> None:
     if not isinstance(result, Mapping):
         raise ValueError(f"{where} must be an attack-result dict, got {type(result).__name__}")
-    auc = result.get("auc")
-    if auc is not None and not _is_finite_number(auc):
-        raise ValueError(f"{where}.auc must be a finite number or None, got {auc!r}")
+    for key in ("auc", "exact_auc"):
+        auc = result.get(key)
+        if auc is not None and not _is_finite_number(auc):
+            raise ValueError(f"{where}.{key} must be a finite number or None, got {auc!r}")
     has_fpr, has_tpr = "fpr" in result, "tpr" in result
     if has_fpr != has_tpr:
         raise ValueError(f"{where}: 'fpr' and 'tpr' must be given together")
@@ -336,12 +343,19 @@ def _curve(result: Mapping) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _auc_of(result: Mapping) -> float:
+    """Privacy Meter's grid AUC ("auc"); from the grid curve if it is missing."""
     auc = _float_or_nan(result.get("auc"))
     if math.isnan(auc):
         fpr, tpr = _curve(result)
         if fpr.size >= 2:
             auc = float(np.trapezoid(tpr, fpr))
     return auc
+
+
+def _exact_auc_of(result: Mapping) -> float:
+    """The members-vs-non-members AUC over every threshold ("exact_auc"); NaN for records written before it
+    existed (the grid curve cannot give it)."""
+    return _float_or_nan(result.get("exact_auc"))
 
 
 def _tpr_at(result: Mapping, tol: float) -> float:
@@ -461,8 +475,9 @@ def _plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
             counts += [res.get("n_members"), res.get("n_nonmembers")]
         floor = _log_floor([c for pair in curves.values() for c in pair], counts) if log_scale else 0.0
         for signal, (fpr, tpr) in curves.items():
-            auc = _auc_of(per_signal[signal])
-            label = f"{signal} (AUC {_fmt(auc, 3) if not math.isnan(auc) else 'n/a'})"
+            grid_auc, exact_auc = _auc_of(per_signal[signal]), _exact_auc_of(per_signal[signal])
+            label = f"{signal} (grid AUC {_fmt(grid_auc, 3) if not math.isnan(grid_auc) else 'n/a'}"
+            label += f", exact {_fmt(exact_auc, 3)})" if not math.isnan(exact_auc) else ")"
             if fpr.size == 0:
                 ax.plot([], [], color=_signal_color(signal), label=label + " – no curve")
                 continue
@@ -580,6 +595,15 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+_AUC_NOTE = (
+    '<p class="muted">Exact AUC: members against non-members over every threshold (ties count half). Grid AUC: '
+    "Privacy Meter's, the area under the curve in the ROC image, whose thresholds are population quantiles; it "
+    "stops at the population's range, so it reads low on a small population. TPR @ FPR ≤ t: the threshold flags "
+    "at most a share t of the population (ties are flagged whole or not at all); the non-members' FPR there is in "
+    "audit.json (fpr_at_fpr).</p>"
+)
+
+
 def _round_section(record: Mapping, tols: list[float]) -> list[str]:
     rnd = record["round"]
     d = round_dir_name(rnd)
@@ -590,14 +614,15 @@ def _round_section(record: Mapping, tols: list[float]) -> list[str]:
     for model in _ordered_models(record["attacks"]):
         for signal in sorted(record["attacks"][model]):
             res = record["attacks"][model][signal]
-            cells = [f"<td>{_e(model)} / {_e(signal)}</td>", f"<td>{_e(_fmt(_auc_of(res)))}</td>"]
+            cells = [f"<td>{_e(model)} / {_e(signal)}</td>", f"<td>{_e(_fmt(_exact_auc_of(res)))}</td>",
+                     f"<td>{_e(_fmt(_auc_of(res)))}</td>"]
             cells += [f"<td>{_e(_fmt(_tpr_at(res, t)))}</td>" for t in tols]
             cells.append(f"<td>{_e(_fmt(res.get('n_members')))} / {_e(_fmt(res.get('n_nonmembers')))}</td>")
             rows.append("<tr>" + "".join(cells) + "</tr>")
     if rows:
-        head = "<tr><th>model / signal</th><th>AUC</th>" + "".join(
-            f"<th>TPR @ FPR {_e(f'{t:g}')}</th>" for t in tols) + "<th>members / non-members</th></tr>"
-        out += ['<div class="scroll"><table>', head, *rows, "</table></div>"]
+        head = "<tr><th>model / signal</th><th>exact AUC</th><th>grid AUC (Privacy Meter)</th>" + "".join(
+            f"<th>TPR @ FPR ≤ {_e(f'{t:g}')}</th>" for t in tols) + "<th>members / non-members</th></tr>"
+        out += ['<div class="scroll"><table>', head, *rows, "</table></div>", _AUC_NOTE]
     out.append(f'<p><a href="{_href(d, "roc.png")}"><img src="{_href(d, "roc.png")}" '
                f'alt="{_e(f"ROC curves, round {rnd}")}" loading="lazy"></a></p>')
     details = {k: record[k] for k in ("settings", "timings", "extra") if record.get(k)}
@@ -619,12 +644,15 @@ def _party_page(party: str, records: list[dict], tols: list[float], tpr_files: l
         f'<a href="#{_e(round_dir_name(latest))}">round {_e(latest)}</a>). '
         f'Data: <a href="metrics.csv">metrics.csv</a>. <span class="muted">Updated {_e(_now())}.</span></p>'
     )
-    body += ["<h2>Membership-inference AUC per round</h2>",
-             '<p><img src="auc.png" alt="AUC per round for every model and signal"></p>']
+    body += ["<h2>Membership-inference AUC per round (exact AUC)</h2>",
+             '<p class="muted">Members against non-members over every threshold. Privacy Meter\'s grid AUC is in '
+             "the tables: metrics ending in <code>_auc</code> are the grid AUC, those ending in "
+             "<code>_exact_auc</code> the exact one.</p>",
+             '<p><img src="auc.png" alt="exact AUC per round for every model and signal"></p>']
     if tpr_files:
         body.append("<h2>TPR at fixed FPR per round</h2>")
-        body.append('<p class="muted">Dotted line: a random guess (TPR = FPR)'
-                    + ("; log-scaled TPR" if log_scale else "") + ".</p>")
+        body.append('<p class="muted">With the threshold flagging at most a share t of the population. Dotted '
+                    "line: a random guess (TPR = FPR)" + ("; log-scaled TPR" if log_scale else "") + ".</p>")
         for t, name in zip(tols, tpr_files):
             body.append(f'<p><img src="{_href(name)}" alt="{_e(f"TPR at FPR {t:g} per round")}"></p>')
     names = sorted({k for r in records for k in r["metrics"]})
@@ -722,15 +750,15 @@ class ReportWriter:
         tpr_files = [f"tpr_at_{t:g}.png" for t in tols]
         if records:
             _plot_per_round(
-                records, self.party_dir / "auc.png", party=self.party, value_of=_auc_of,
-                ylabel="AUC", title="membership-inference AUC per round",
+                records, self.party_dir / "auc.png", party=self.party, value_of=_exact_auc_of,
+                ylabel="exact AUC (every threshold)", title="membership-inference AUC per round (exact AUC)",
                 chance=0.5, chance_label="chance (AUC 0.5)",
             )
             for t, name in zip(tols, tpr_files):
                 _plot_per_round(
                     records, self.party_dir / name, party=self.party,
                     value_of=lambda res, t=t: _tpr_at(res, t),
-                    ylabel=f"TPR at FPR {t:g}", title=f"TPR at FPR = {t:g} per round",
+                    ylabel=f"TPR at FPR ≤ {t:g}", title=f"TPR at FPR ≤ {t:g} per round",
                     chance=t, chance_label=f"chance (TPR = {t:g})", log_y=self.log_scale,
                 )
         # Derived state: drop plots no longer backed by the records (e.g. a tolerance was removed).

@@ -20,7 +20,7 @@ import torch
 from audit.deanon_audit import deanon_self_audit
 from audit.fidel import fidel_audit
 from audit.fidel_decoder import train_decoder
-from audit.population_attack import population_attack, update_attack
+from audit.population_attack import population_attack, tolerance_name, update_attack
 from audit.settings import AuditSettings
 from audit.shadow_training import TrainingRecipe
 from audit.signals import compute_signals, member_if_lower
@@ -44,8 +44,12 @@ class AuditSets:
         return cls(**{name: sets[name] for name in SETS})
 
     def tensors(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The set as tensors: floating inputs as float32, integer inputs (token ids) as they are, labels int64."""
         x, y = getattr(self, name)
-        return torch.as_tensor(np.asarray(x), dtype=torch.float32), torch.as_tensor(np.asarray(y), dtype=torch.int64)
+        x = torch.as_tensor(np.asarray(x))
+        if x.is_floating_point():
+            x = x.float()
+        return x, torch.as_tensor(np.asarray(y), dtype=torch.int64)
 
 
 @dataclass(frozen=True)
@@ -90,14 +94,16 @@ def _population_attacks(signal_values: dict, settings: AuditSettings) -> dict:
 
 
 def scalar_metrics(attacks: Mapping[str, Mapping[str, object]]) -> dict[str, float]:
-    """Flat scalars: mia_<model>_<signal>_auc and mia_<model>_<signal>_tpr_at_fpr_<t>."""
+    """Flat scalars: mia_<model>_<signal>_auc (Privacy Meter's grid AUC), mia_<model>_<signal>_exact_auc (the
+    members-vs-non-members AUC over every threshold) and mia_<model>_<signal>_tpr_at_fpr_<t>."""
     metrics: dict[str, float] = {}
     for model_kind, per_signal in attacks.items():
         for signal, result in per_signal.items():
             prefix = f"mia_{model_kind}_{signal}"
             metrics[f"{prefix}_auc"] = float(result.auc)
+            metrics[f"{prefix}_exact_auc"] = float(result.exact_auc)
             for tolerance, tpr in result.tpr_at_fpr.items():
-                metrics[f"{prefix}_tpr_at_fpr_{tolerance:g}"] = float(tpr)
+                metrics[f"{prefix}_tpr_at_fpr_{tolerance_name(tolerance)}"] = float(tpr)
     return metrics
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields
 from numbers import Integral
 
 from audit.deanon_settings import DeanonSettings, deanon_settings
-from audit.population_attack import THRESHOLD_FUNCTIONS
+from audit.population_attack import THRESHOLD_FUNCTIONS, tolerance_name_clash
 from audit.setting_checks import (AuditSettingsError, check_bool, check_optional_module, check_positive_int, is_real,
                                   with_defaults)
 
@@ -112,6 +112,9 @@ def _fpr_tolerance(key: str, value) -> tuple[float, ...]:
         if not (math.isfinite(item) and 0.0 < item < 1.0):
             raise AuditSettingsError(f"{key}: {item!r} is outside (0, 1) (FPR tolerances are fractions)")
         out.append(item)
+    clash = tolerance_name_clash(out)
+    if clash:
+        raise AuditSettingsError(f"{key}: {clash}")
     return tuple(out)
 
 

@@ -4,17 +4,23 @@ Each copy starts from the same (received global) weights and runs the collaborat
 data subset. The copies' parameters are stacked along a leading axis and trained together: a torch.func.vmap'd
 functional_call gives every copy's outputs in one call, and the loss is the sum of the copies' mean losses, so
 one backward gives each copy exactly its own gradient (the copies share nothing). SGD (with momentum) and Adam
-act element-wise, so torch.optim on the stacked tensors is each copy's own optimiser.
+act element-wise, so torch.optim on the stacked tensors is each copy's own optimiser. Buffers are stacked the same
+way: each copy's BatchNorm updates its own running statistics, as a separate local training would, and the
+received model's parameters and buffers are never written. A forward vmap cannot batch (e.g. BatchNorm with
+momentum=None) trains the copies one at a time instead, with a warning.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
+
+from audit.signals import model_input, module_mode
 
 __all__ = ["TrainingRecipe", "train_copies", "copies_per_chunk"]
 
@@ -50,23 +56,48 @@ def copies_per_chunk(model: torch.nn.Module) -> int:
     return max(1, _CHUNK_BUDGET_BYTES // (16 * n_params))
 
 
-def _train_chunk(model, params, buffers, x, y, recipe: TrainingRecipe, generator: torch.Generator) -> dict:
+def _stacked(tensors: dict, copies: int) -> dict:
+    """Each tensor repeated `copies` times along a new leading axis, in new storage (one slice per copy)."""
+    return {n: t.detach().unsqueeze(0).repeat(copies, *([1] * t.dim())) for n, t in tensors.items()}
+
+
+def _copies_forward(model, batched: bool):
+    """forward(params, buffers, inputs) -> every copy's outputs, all three stacked along the copies' axis."""
+    if batched:
+        return vmap(lambda p, b, xb: functional_call(model, (p, b), (xb,)), randomness="different")
+
+    def one_at_a_time(p, b, xs):  # views of the stacked tensors: gradients and buffer updates land in copy c's slice
+        return torch.stack([functional_call(model, ({n: t[c] for n, t in p.items()}, {n: t[c] for n, t in b.items()}),
+                                            (xs[c],)) for c in range(len(xs))])
+
+    return one_at_a_time
+
+
+def _train_chunk(model, params, buffers, x, y, recipe: TrainingRecipe, generator: torch.Generator,
+                 batched: bool = True) -> tuple[dict, dict]:
+    """The copies' trained parameters and their buffers after training, each stacked (copies, ...).
+
+    `batched`: all copies in one vmap'd forward; else one functional_call per copy (the same training, slower;
+    dropout masks are drawn copy by copy, so they differ from the batched ones)."""
     copies, size = y.shape
-    stacked = {n: p.detach().unsqueeze(0).repeat(copies, *([1] * p.dim())).requires_grad_(True)
-               for n, p in params.items()}
+    stacked = {n: t.requires_grad_(True) for n, t in _stacked(params, copies).items()}
+    # Every copy its own buffers, batched like the parameters: BatchNorm in train mode updates its running statistics
+    # (and num_batches_tracked) in place, which vmap allows only on batched buffers ("Batch norm got a batched tensor
+    # as input while the running_mean or running_var ... were not batched"), and the received model's stay untouched.
+    stacked_buffers = _stacked(buffers, copies)
     optimizer = recipe.make_optimizer(list(stacked.values()))
-    forward = vmap(lambda p, xb: functional_call(model, (p, buffers), (xb,)), randomness="different")
+    forward = _copies_forward(model, batched)
     rows = torch.arange(copies)[:, None]
     for _ in range(recipe.epochs):
         order = torch.argsort(torch.rand(copies, size, generator=generator), dim=1)  # each copy its own shuffle
         for start in range(0, size, recipe.batch_size):
             idx = order[:, start:start + recipe.batch_size]
-            logits = forward(stacked, x[rows, idx])
+            logits = forward(stacked, stacked_buffers, x[rows, idx])
             losses = F.cross_entropy(logits.flatten(0, 1), y[rows, idx].flatten(), reduction="none")
             optimizer.zero_grad(set_to_none=True)
             losses.view(copies, -1).mean(dim=1).sum().backward()
             optimizer.step()
-    return {n: t.detach() for n, t in stacked.items()}
+    return {n: t.detach() for n, t in stacked.items()}, stacked_buffers
 
 
 def train_copies(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, names: list[str], seed: int = 0,
@@ -75,10 +106,11 @@ def train_copies(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, names:
 
     x: (copies, samples, *features), y: (copies, samples) labels. Returns (copies, d) float64: each copy's
     trained-minus-start values of the parameters `names`, flattened and concatenated in that order.
-    Deterministic for a given seed (shuffles and dropout); `model` itself is left unchanged.
+    Deterministic for a given seed (shuffles and dropout); `model` itself is left unchanged (parameters, buffers,
+    train/eval flags). Floating inputs are cast to the model's dtype, integer inputs (token ids) kept integer.
     """
-    x = torch.as_tensor(np.asarray(x), dtype=torch.float32)
-    y = torch.as_tensor(np.asarray(y), dtype=torch.long)
+    x = model_input(model, np.asarray(x))
+    y = torch.as_tensor(np.asarray(y), dtype=torch.long, device=x.device)
     if x.shape[:2] != y.shape or y.ndim != 2 or y.shape[1] == 0:
         raise ValueError(f"train_copies: x {tuple(x.shape)} and y {tuple(y.shape)} must be (copies, samples, ...) "
                          "and (copies, samples) with samples >= 1")
@@ -89,16 +121,31 @@ def train_copies(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, names:
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     chunk = chunk or copies_per_chunk(model)
     generator = torch.Generator().manual_seed(seed)
-    was_training = model.training
     out = []
-    with torch.random.fork_rng(devices=[]):
+    batched = True
+    # Train mode for every submodule, as the local training runs (model.train()); each one's flag comes back after.
+    with torch.random.fork_rng(devices=[]), module_mode(model, training=True):
         torch.manual_seed(seed)  # dropout masks
-        model.train()  # as the local training runs
-        try:
-            for start in range(0, len(y), chunk):
-                trained = _train_chunk(model, params, buffers, x[start:start + chunk], y[start:start + chunk],
-                                       recipe, generator)
-                out.append(torch.cat([(trained[n] - params[n].detach()).flatten(1) for n in names], dim=1))
-        finally:
-            model.train(was_training)
-    return torch.cat(out).double().numpy()
+        for start in range(0, len(y), chunk):
+            args = (model, params, buffers, x[start:start + chunk], y[start:start + chunk], recipe, generator)
+            vmap_error = None
+            if batched:
+                dropout_state, shuffle_state = torch.get_rng_state(), generator.get_state()
+                try:
+                    trained, _ = _train_chunk(*args)
+                except (RuntimeError, NotImplementedError) as err:
+                    vmap_error = err
+                    torch.set_rng_state(dropout_state)  # redo the chunk from scratch, same draws
+                    generator.set_state(shuffle_state)
+            if not batched or vmap_error is not None:
+                # For forwards vmap cannot batch (BatchNorm with momentum=None reads float(num_batches_tracked),
+                # .item(), data-dependent control flow); an error that is not vmap's is raised here again, by plain
+                # autograd, with its own message. Stacked buffers are made anew per call: the failed try left none.
+                trained, _ = _train_chunk(*args, batched=False)
+            if vmap_error is not None:
+                warnings.warn(f"train_copies: torch.func.vmap cannot batch the model's training forward "
+                              f"({vmap_error}); training the copies one at a time, which is slower",
+                              RuntimeWarning, stacklevel=2)
+                batched = False
+            out.append(torch.cat([(trained[n] - params[n].detach()).flatten(1) for n in names], dim=1))
+    return torch.cat(out).double().cpu().numpy()

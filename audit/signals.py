@@ -3,8 +3,9 @@
 The "logits" signal is the margin of the true-class logit over the best other logit, z_y - max_{j!=y} z_j (the
 "hinge" score of Carlini et al.'s LiRA). The scaled logit log(p_y / (1 - p_y)) is not used: it is a monotone function
 of the loss, so a threshold attack on it has exactly the loss attack's ROC - the OpenFL tutorial's defect of a
-"logits" signal that is the loss again. The margin ignores how the remaining probability mass is spread over the
-other classes, so it ranks samples differently from the loss.
+"logits" signal that is the loss again. With three or more classes the margin ignores how the remaining probability
+mass is spread over the other classes, so it ranks samples differently from the loss. With two classes it does not:
+there the loss is softplus(-margin), a decreasing function of the margin, and both signals give the same ROC.
 
 All signals are taken with the model in eval mode (no Dropout noise, BatchNorm running statistics), so two calls on
 the same model and samples give the same values; the model's train/eval flags, parameters and ``.grad`` fields are
@@ -12,8 +13,12 @@ left as they were. Values are float64 numpy arrays of shape (N,), one per sample
 
 Per-sample gradient norms w.r.t. Linear and Conv2d parameters come from one batched forward and backward pass and the
 layers' inputs and output gradients (no per-sample gradient is built when Gram matrices are smaller; see
-`_layerwise_norms`); any other parameter goes through torch.func (vmap of grad), or a per-sample autograd loop when
+`_layerwise_norms`) when those layers see one row per sample; any other parameter, or a layer that sees the batch
+folded into its rows or sequence-first, goes through torch.func (vmap of grad), or a per-sample autograd loop when
 vmap cannot batch the forward.
+
+Inputs keep their kind: floating inputs are cast to the model's dtype, integer inputs (token ids for an Embedding)
+stay integer (`model_input`).
 """
 
 from __future__ import annotations
@@ -58,6 +63,16 @@ def _model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
     return torch.device("cpu"), torch.get_default_dtype()
 
 
+def model_input(model: nn.Module, x) -> torch.Tensor:
+    """`x` as a tensor `model` can take: on its device; floating values in its dtype (numpy inputs are often float64),
+    integer values (token ids, indices for an Embedding) left integer."""
+    x = torch.as_tensor(x)
+    device, dtype = _model_device_dtype(model)
+    if x.is_floating_point():
+        return x.to(device=device, dtype=dtype)
+    return x.to(device)
+
+
 def _prepare(model: nn.Module, x, y, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -71,27 +86,27 @@ def _prepare(model: nn.Module, x, y, batch_size: int) -> tuple[torch.Tensor, tor
         raise ValueError("empty sample set (N=0): signals need at least one sample")
     if y.is_floating_point() or y.is_complex():
         raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
-    device, dtype = _model_device_dtype(model)
-    # Numpy inputs are often float64; match the model's parameters so the forward pass does not fail on dtype.
-    if x.is_floating_point():
-        x = x.to(device=device, dtype=dtype)
-    else:
-        x = x.to(device)
-    return x, y.to(device=device, dtype=torch.long)
+    x = model_input(model, x)
+    return x, y.to(device=x.device, dtype=torch.long)
 
 
 @contextlib.contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Run a block with the model in eval mode, then give every submodule its own train/eval flag back."""
+def module_mode(model: nn.Module, *, training: bool) -> Iterator[None]:
+    """Run a block with the model in train (`training`) or eval mode, then give every submodule its own flag back."""
     # Remember every submodule's flag, not only the top one: a caller may keep e.g. a frozen BatchNorm in eval mode
     # inside a model that is in train mode.
     flags = [(module, module.training) for module in model.modules()]
-    model.eval()
+    model.train(training)
     try:
         yield
     finally:
-        for module, training in flags:
-            module.training = training
+        for module, training_flag in flags:
+            module.training = training_flag
+
+
+def eval_mode(model: nn.Module):
+    """Run a block with the model in eval mode, then give every submodule its own train/eval flag back."""
+    return module_mode(model, training=False)
 
 
 def _chunks(n: int, size: int) -> Iterator[slice]:
@@ -217,21 +232,28 @@ def _functorch_squared_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
     result = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     use_vmap = True
     for part in _chunks(x.shape[0], chunk):
+        vmap_error = None
         if use_vmap:
             try:
                 result[part] = squared_norms_vmap(x[part], y[part])
                 continue
             except (RuntimeError, NotImplementedError) as err:
-                # Forwards that vmap cannot batch (in-place writes into freshly allocated tensors, .item(),
-                # data-dependent control flow) still work one sample at a time with plain autograd.
-                warnings.warn(
-                    f"gradient_norm_signal: torch.func.vmap failed ({err}); falling back to a per-sample "
-                    "autograd loop, which is slower",
-                    RuntimeWarning,
-                    stacklevel=4,
-                )
-                use_vmap = False
+                vmap_error = err
+        # The loop is for forwards that only vmap cannot batch: in-place writes of batched values into fresh or
+        # captured tensors, .item() / float() / data-dependent control flow, dynamic shapes (boolean masks,
+        # nonzero), .tolist() (no storage), old-style autograd.Functions. torch raises these as RuntimeError with
+        # no single type or prefix, so the test is the loop itself, outside the except block: an error that is not
+        # vmap's (a wrong input shape or dtype) fails there too, on the first sample, and propagates with its own
+        # message and no fallback warning.
         result[part] = squared_norms_loop(x[part], y[part])
+        if vmap_error is not None:
+            warnings.warn(
+                f"gradient_norm_signal: torch.func.vmap failed ({vmap_error}); falling back to a per-sample "
+                "autograd loop, which is slower",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            use_vmap = False
     return result
 
 
@@ -295,9 +317,15 @@ def _patches(module: nn.Module, inp: torch.Tensor) -> torch.Tensor | None:
     return cols.transpose(1, 2)  # (B, K, P) -> (B, P, K)
 
 
-def _squared_layer_norms(module: nn.Module, attrs: tuple[str, ...], inp: torch.Tensor,
-                         grad_out: torch.Tensor) -> torch.Tensor | None:
-    """Per-sample squared norms of the gradient w.r.t. the layer's `attrs`, float64 (B,); None if shapes are odd."""
+def _squared_layer_norms(module: nn.Module, attrs: tuple[str, ...], inp: torch.Tensor, grad_out: torch.Tensor,
+                         batch: int) -> torch.Tensor | None:
+    """Per-sample squared norms of the gradient w.r.t. the layer's `attrs`, float64 (batch,); None if the layer
+    does not see one row per sample of the `batch` or shapes are odd."""
+    # The identities below read row i of the layer's input and output gradient as sample i's. A layer that sees the
+    # batch folded into its rows (x.reshape(B * T, D)) or sequence-first ((T, B, D)) breaks that: leave it to the
+    # general path. (T == B sequence-first passes this check; the probe against per-sample autograd catches it.)
+    if inp.ndim < 2 or inp.shape[0] != batch or grad_out.ndim < 2 or grad_out.shape[0] != batch:
+        return None
     a = _patches(module, inp)
     if a is None:
         return None
@@ -332,9 +360,9 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
                      *, want_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """Squared per-sample gradient norms (float64, (N,)) and the float64 logits if `want_logits`; None if the
     forward does not fit the layer-wise computation (a layer called twice or never, an in-place change of a layer's
-    input, an output that is not (batch, classes) logits) or if it disagrees with per-sample autograd on the first
-    samples (e.g. samples that interact in the forward, a weight also used outside its layer): the caller then
-    takes the general path."""
+    input, a layer that does not see one row per sample, an output that is not (batch, classes) logits) or if it
+    disagrees with per-sample autograd on the first samples (e.g. samples that interact in the forward, a weight
+    also used outside its layer): the caller then takes the general path."""
     # All parameters and buffers detached: autograd starts at the audited layers' outputs, nothing reaches the model.
     state = {n: p.detach() for n, p in model.named_parameters()}
     state.update({n: b.detach() for n, b in model.named_buffers()})
@@ -362,7 +390,8 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
             captured.clear()
             with torch.enable_grad():
                 out = functional_call(model, state, (x[part],))
-                if not isinstance(out, torch.Tensor) or out.ndim != 2 or not out.requires_grad:
+                if (not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != part.stop - part.start
+                        or not out.requires_grad):
                     return None
                 if any(len(captured.get(name, ())) != 1 for name in layers):
                     return None
@@ -377,7 +406,7 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
                     return None
                 if g is None:  # the layer does not reach the loss: zero gradient
                     continue
-                layer_sq = _squared_layer_norms(module, attrs, inp.detach(), g)
+                layer_sq = _squared_layer_norms(module, attrs, inp.detach(), g, part.stop - part.start)
                 if layer_sq is None:
                     return None
                 total += layer_sq
@@ -392,8 +421,8 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
     if not torch.allclose(got, reference, rtol=_PROBE_RTOL, atol=_PROBE_RTOL * float(reference.max())):
         warnings.warn(
             "gradient_norm_signal: layer-wise per-sample gradient norms disagree with per-sample autograd on the "
-            f"first samples ({got.tolist()} vs {reference.tolist()}): does the forward mix samples or use the "
-            "layer's weights elsewhere? Using torch.func instead",
+            f"first samples ({got.tolist()} vs {reference.tolist()}): does the forward mix samples, use the "
+            "layer's weights elsewhere or run the layer sequence-first? Using torch.func instead",
             RuntimeWarning,
             stacklevel=5,
         )

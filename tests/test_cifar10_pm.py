@@ -153,6 +153,21 @@ def _parse_error(capsys, argv) -> str:
     return capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, expected", [
+    # f"{0.1000001:g}" == "0.1": the two would overwrite each other's mia_*_tpr_at_fpr_0.1 (issue 10)
+    (["--fpr_tolerance", "0.05", "0.1", "0.1000001"],
+     "error: --fpr_tolerance: 0.1 and 0.1000001 both give the metric name suffix _tpr_at_fpr_0.1"),
+    (["--fpr_tolerance", "0.5", "0.5"], "error: --fpr_tolerance: 0.5 is listed twice"),
+    (["--fpr_tolerance", "0.1", "2"], "error: --fpr_tolerance: 2.0 is outside (0, 1)"),
+    # checked before --gate, whose metric names depend on it
+    (["--fpr_tolerance", "0.1", "0.1000001", "--gate", "withhold", "mia_local_loss_auc=0.6"],
+     "error: --fpr_tolerance: 0.1 and 0.1000001"),
+])
+def test_fpr_tolerance_errors_name_the_flag(capsys, argv, expected):
+    err = _parse_error(capsys, ["--dataset", "digits", *argv])
+    assert expected in err and "Traceback" not in err
+
+
 def test_gate_actions_match_audit_gate():
     from audit.gate import ACTIONS
 

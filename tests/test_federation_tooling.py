@@ -4,6 +4,8 @@ The real thing (fx, certificates, gRPC) is in test_federation_multiprocess.py.
 """
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
@@ -14,7 +16,8 @@ import psutil
 import pytest
 
 from workspace.federation import Outcome, _watch, metrics_file
-from workspace.prepare import FederationLayout, SetupError, complete_archive
+from workspace.prepare import (FederationLayout, SetupError, check_archive, check_port, check_run_dir, fx_exception,
+                               restrict_private_keys)
 from workspace.processes import ProcessRegistry, describe_returncode
 from workspace.run_plan import PlanOverrideError, build_run_plan, merge_overrides, parse_set_option, port_is_free
 
@@ -91,22 +94,173 @@ def test_port_check_sees_a_listener(tmp_path):
         assert not port_is_free(s.getsockname()[1])
 
 
-def test_the_exported_archive_gets_the_audit_package_and_no_secrets(tmp_path):
-    agg = tmp_path / "aggregator"
-    (agg / "audit").mkdir(parents=True)
-    (agg / "audit" / "__init__.py").write_text("")
-    (agg / "audit" / "report.py").write_text("x = 1\n")
-    archive = agg / "aggregator.zip"
-    with zipfile.ZipFile(archive, "w") as zf:  # what OpenFL 1.9's export packs
-        for name in ("plan/plan.yaml", "plan/data.yaml", "src/taskrunner.py", "src/dataloader.py", "save/init.pbuf"):
+def test_the_exported_archive_must_carry_audit_in_src_and_no_secrets(tmp_path):
+    archive = tmp_path / "aggregator.zip"
+    exported = ("plan/plan.yaml", "plan/data.yaml", "src/__init__.py", "src/taskrunner.py", "src/dataloader.py",
+                "save/init.pbuf")
+    with zipfile.ZipFile(archive, "w") as zf:  # what OpenFL 1.9's export packs, without src/shipped/audit
+        for name in exported:
             zf.writestr(name, "")
-    complete_archive(archive, agg)
-    names = set(zipfile.ZipFile(archive).namelist())
-    assert {"audit/__init__.py", "audit/report.py", "src/taskrunner.py"} <= names
+    with pytest.raises(SetupError, match=r"lacks \['src/shipped/audit/__init__.py'\]"):
+        check_archive(archive)
+    with zipfile.ZipFile(archive, "a") as zf:
+        zf.writestr("src/shipped/audit/__init__.py", "")
+    before = set(zipfile.ZipFile(archive).namelist())
+    assert check_archive(archive) == archive
+    assert set(zipfile.ZipFile(archive).namelist()) == before  # checked, not completed: export alone must do
     with zipfile.ZipFile(archive, "a") as zf:
         zf.writestr("cert/server/agg_localhost.key", "secret")
     with pytest.raises(SetupError, match="private material"):
-        complete_archive(archive, agg)
+        check_archive(archive)
+
+
+def test_the_audit_package_travels_in_src_as_a_link_to_the_one_copy():
+    link = ROOT / "src" / "shipped" / "audit"
+    assert link.is_symlink() and link.resolve() == (ROOT / "audit").resolve()
+
+
+AUDIT_IMPORT = "import src, audit; print(audit.__file__)"
+
+
+def test_an_imported_workspace_finds_audit_in_src_only_when_it_has_no_top_level_audit(tmp_path):
+    # What `fx workspace import` unpacks: src/ with a real src/shipped/audit, no audit/ at the top.
+    imported = tmp_path / "imported"
+    shutil.copytree(ROOT / "src", imported / "src", ignore=shutil.ignore_patterns("__pycache__"))
+    clean = {"PATH": "/usr/bin:/bin"}
+    found = subprocess.run([sys.executable, "-c", AUDIT_IMPORT], cwd=imported, capture_output=True, text=True,
+                           env=clean, timeout=60)
+    assert found.returncode == 0, found.stderr
+    assert Path(found.stdout.strip()) == imported / "src" / "shipped" / "audit" / "__init__.py"
+    # A workspace with audit/ at the top (the repository, the aggregator's clone) keeps using that one.
+    at_top = subprocess.run([sys.executable, "-c", AUDIT_IMPORT], cwd=ROOT, capture_output=True, text=True, env=clean,
+                            timeout=60)
+    assert Path(at_top.stdout.strip()) == ROOT / "audit" / "__init__.py", at_top.stderr
+    # Neither: one line that says what is missing, not a ModuleNotFoundError from deep in the task runner.
+    shutil.rmtree(imported / "src" / "shipped")
+    missing = subprocess.run([sys.executable, "-c", AUDIT_IMPORT], cwd=imported, capture_output=True, text=True,
+                             env=clean, timeout=60)
+    assert missing.returncode != 0 and "ImportError: the audit package is missing" in missing.stderr
+
+
+def test_port_option_is_a_free_port_in_range(tmp_path):
+    import socket
+
+    for bad in (0, -1, 65536, 70000, True):
+        with pytest.raises(SetupError, match=rf"^--port {bad}: a TCP port is a whole number in 1\.\.65535$"):
+            check_port(bad)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        with pytest.raises(SetupError, match=rf"^--port {taken}: in use on 127\.0\.0\.1"):
+            check_port(taken)
+    assert check_port(taken) == taken  # closed again
+
+
+def test_dir_option_must_be_a_new_or_empty_folder(tmp_path):
+    assert check_run_dir(tmp_path / "new") == (tmp_path / "new").resolve()
+    assert not (tmp_path / "new").exists()  # checked, not made
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SetupError, match="^--dir .*file: exists and is not a folder"):
+        check_run_dir(tmp_path / "file")
+    (tmp_path / "used" / "aggregator").mkdir(parents=True)
+    with pytest.raises(SetupError, match="^--dir .*used: not empty"):
+        check_run_dir(tmp_path / "used")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("network=5", "--set network=5: network is a mapping in the plan (keys: defaults, settings)"),
+    ("task_runner.settings.audit=null", "--set task_runner.settings.audit=null: task_runner.settings.audit is a "
+                                        "mapping in the plan"),
+    ("netwrk.settings.agg_port=1", "--set netwrk: 'netwrk' is not a section of the plan; sections: aggregator,"),
+    ("tasks.train.kwargs.epochs.x=1", "--set tasks.train.kwargs.epochs.x: tasks.train.kwargs.epochs is 5 in the plan, "
+                                      "a value with no keys"),
+    ("network.settings.agg_port=70000", "--set network.settings.agg_port=70000: the tool sets this key; use --port"),
+    ("network.settings={use_tls: false}", "--set network.settings.use_tls=false: the tool sets this key; use --no-tls"),
+    ("aggregator.settings.rounds_to_train=2", "--set aggregator.settings.rounds_to_train=2: the tool sets this key; "
+                                              "use --rounds"),
+    ("data_loader.settings.collaborator_count=4", "--set data_loader.settings.collaborator_count=4: the tool sets "
+                                                  "this key; use --collaborators"),
+])
+def test_set_keys_must_fit_the_plan(override, message):
+    with pytest.raises(PlanOverrideError) as err:
+        build_run_plan(ROOT / "plan" / "plan.yaml", collaborators=2, rounds=1, port=50000, use_tls=True,
+                       overrides=merge_overrides([override]))
+    assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+def test_new_keys_and_values_may_still_be_set():
+    config = build_run_plan(ROOT / "plan" / "plan.yaml", collaborators=2, rounds=1, port=50000, use_tls=True,
+                            overrides=merge_overrides(["task_runner.settings.per_collaborator.collaborator2.epochs=3",
+                                                       "task_runner.settings.audit.gradient_layer=classifier.0",
+                                                       "task_runner.settings.gate={action: withhold}"]))
+    settings = config["task_runner"]["settings"]
+    assert settings["per_collaborator"] == {"collaborator2": {"epochs": 3}}
+    assert settings["audit"]["gradient_layer"] == "classifier.0"
+    assert settings["gate"]["action"] == "withhold" and settings["gate"]["dp"]["max_retries"] == 2
+
+
+def test_fx_failures_are_summed_up_by_fx_s_own_exception_line():
+    output = "Traceback (most recent call last):\n  File ...\nEXCEPTION : data_loader.settings.dataset: unknown " \
+             "dataset 'mnist'\nTraceback...\nValueError: data_loader.settings.dataset: unknown dataset 'mnist'\n"
+    assert fx_exception(output) == "data_loader.settings.dataset: unknown dataset 'mnist'"
+    assert fx_exception("Segmentation fault\n") is None
+
+
+def test_private_keys_become_owner_only(tmp_path):
+    for key in ("cert/ca/root-ca/private/root-ca.key", "cert/server/agg_localhost.key", "cert/client/col_a.key"):
+        (tmp_path / key).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / key).write_text("secret")
+        (tmp_path / key).chmod(0o644)
+    (tmp_path / "cert" / "cert_chain.crt").write_text("public")
+    (tmp_path / "cert" / "cert_chain.crt").chmod(0o644)
+    assert len(restrict_private_keys(tmp_path)) == 3
+    modes = {p.name: oct(p.stat().st_mode & 0o777) for p in (tmp_path / "cert").rglob("*") if p.is_file()}
+    assert modes == {"root-ca.key": "0o600", "agg_localhost.key": "0o600", "col_a.key": "0o600",
+                     "cert_chain.crt": "0o644"}
+    assert restrict_private_keys(tmp_path / "elsewhere") == []
+
+
+def cli(*args, timeout=120):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, "-m", "workspace", *map(str, args)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--set", "network=5"], "error: --set network=5: network is a mapping in the plan"),
+    (["--port", "70000"], "error: --port 70000: a TCP port is a whole number in 1..65535"),
+    (["--port", "0"], "error: --port 0: a TCP port is a whole number in 1..65535"),
+    (["--set", "aggregator.settings.poll_interval_s=0"], "error: aggregator.settings.poll_interval_s: must be >= 1"),
+    (["--poll-interval", "0"], "error: aggregator.settings.poll_interval_s: must be >= 1"),
+    (["--collaborators", "0"], "error: --collaborators: need at least 1, got 0"),
+    (["--timeout", "0"], "error: --timeout 0: must be a number of seconds > 0"),
+])
+def test_bad_options_fail_in_one_line_before_anything_is_made(tmp_path, args, line):
+    run_dir = tmp_path / "run"
+    result = cli("run", "--dir", run_dir, *args)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith(line), \
+        result.stderr
+    assert not run_dir.exists()  # no folder, no workspace, no certificate
+
+
+def test_a_port_in_use_and_a_used_folder_fail_before_anything_is_made(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = cli("prepare", "--dir", tmp_path / "run", "--port", port)
+    assert result.returncode == 2 and not (tmp_path / "run").exists()
+    assert result.stderr.strip() == (f"error: --port {port}: in use on 127.0.0.1 (something listens there); choose "
+                                     "another port, or leave --port out for a free one")
+    (tmp_path / "file").write_text("")
+    result = cli("prepare", "--dir", tmp_path / "file")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: --dir {tmp_path / 'file'}: exists and is not a folder; give a new or " \
+                                    "empty folder"
 
 
 # ---------------------------------------------------------------------------------------------------------

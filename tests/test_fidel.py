@@ -292,6 +292,112 @@ def test_errors_name_the_problem(digits):
         train_decoder(model, x[:1])
 
 
+# ----------------------------------------------------------------------------- no neuron moved, token inputs
+
+
+def frozen_first_layer_update(model, x, y):
+    """A local epoch with the first dense layer frozen: every other layer moves, that one does not."""
+    frozen = copy.deepcopy(model)
+    frozen.get_submodule(LAYER).requires_grad_(False)
+    return sgd_epoch(frozen, x, y)
+
+
+@pytest.mark.parametrize("arch", [FCNN, CNN])
+@pytest.mark.parametrize("how", ["local is global", "first dense layer frozen"])
+def test_an_update_that_moves_no_neuron_reveals_nothing(digits, tmp_path, arch, how):
+    x, y = digits
+    torch.manual_seed(10)
+    model = arch(SHAPE, 10)
+    local = copy.deepcopy(model) if how == "local is global" else frozen_first_layer_update(model, x[:8], y[:8])
+    dw, db = dense_update(model, local, LAYER)
+    assert not dw.any() and not db.any()
+    if how != "local is global":  # the rest of the model did train
+        assert not torch.equal(model.classifier.out.weight, local.classifier.out.weight)
+    decoder = train_decoder(model, x[1000:1200]) if arch is CNN else None
+    result = fidel_audit(model, local, x[:8], decoder=decoder)
+
+    assert result.n_neurons_used == 0 and result.ica_components == 0
+    assert result.revealed == result.revealed_ica == result.revealed_union == 0
+    assert result.metrics() == {name: 0.0 for name in FIDEL_METRICS}
+    assert not result.revealed_union_mask.any() and (result.best_r == 0).all()
+    assert result.match_reconstruction.shape == (8, *result.reconstruction_shape)
+    if decoder is not None:
+        assert result.revealed_decoded == 0 and result.match_decoded.shape == (8, *SHAPE)
+    d = result.to_dict()
+    json.dumps(d, allow_nan=False)
+    assert d["revealed_fraction"] == d["revealed_fraction_union"] == 0.0 and d["n_neurons_used"] == 0
+    path = save_reveal_grid(result, x[:8], tmp_path / "grid.png")
+    assert imread(path).ndim == 3
+
+
+class TokenBag(nn.Module):
+    """Token ids -> Embedding -> mean over the sequence -> dense layers; the first dense layer sees one row per
+    sample (the mean embedding), so Fidel reconstructs it: a partial reconstruction, like a CNN's activation map."""
+
+    def __init__(self, vocab=40, dim=12):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.hidden = nn.Linear(dim, 32)
+        self.out = nn.Linear(32, 4)
+
+    def forward(self, tokens):
+        return self.out(torch.relu(self.hidden(self.emb(tokens).mean(dim=1))))
+
+
+class PerTokenFirst(TokenBag):
+    """A Linear applied per token ((B, T, D)) before the per-sample one."""
+
+    def __init__(self):
+        super().__init__()
+        self.per_token = nn.Linear(12, 12)
+
+    def forward(self, tokens):
+        h = torch.tanh(self.per_token(self.emb(tokens)))  # (B, T, 12): not one row per sample
+        return self.out(torch.relu(self.hidden(h.mean(dim=1))))
+
+
+class FoldedFirst(TokenBag):
+    """The batch folded into rows ((B * T, D)) before a Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.per_token = nn.Linear(12, 12)
+
+    def forward(self, tokens):
+        b, t = tokens.shape
+        h = torch.tanh(self.per_token(self.emb(tokens).reshape(b * t, -1))).reshape(b, t, -1)
+        return self.out(torch.relu(self.hidden(h.mean(dim=1))))
+
+
+def test_token_inputs_are_reconstructed_as_the_embedding_the_first_dense_layer_sees():
+    torch.manual_seed(11)
+    model = TokenBag()
+    tokens = torch.randint(0, 40, (6, 9))  # int64 ids: used as they are, never cast to float
+    labels = tokens[:, 0] % 4
+    local = sgd_epoch(model, tokens[:1], labels[:1], lr=0.1)
+    result = fidel_audit(model, local, tokens[:1].numpy())
+    assert result.layer == "hidden" and result.space == "activation" and result.reconstruction_shape == (12,)
+    assert result.revealed == 1 and result.best_r[0] > 0.999
+    with torch.no_grad():
+        mean_embedding = model.emb(tokens[:1]).mean(dim=1).double().numpy()
+    np.testing.assert_allclose(result.match_reconstruction, mean_embedding, atol=1e-3 * np.abs(mean_embedding).max())
+    # With the other samples as distractors, the one that trained is the one revealed.
+    result6 = fidel_audit(model, local, torch.cat([tokens[:1], tokens[1:]]))
+    assert result6.revealed_mask.tolist() == [True] + [False] * 5
+
+
+@pytest.mark.parametrize("cls", [PerTokenFirst, FoldedFirst])
+def test_a_dense_layer_not_applied_once_per_sample_is_passed_over(cls):
+    torch.manual_seed(12)
+    model = cls()
+    tokens = torch.randint(0, 40, (5, 9))
+    assert find_first_dense_layer(model, tokens) == "hidden"  # not per_token, though it runs first
+    local = sgd_epoch(model, tokens[:1], tokens[:1, 0] % 4, lr=0.1)
+    assert fidel_audit(model, local, tokens[:1]).layer == "hidden"
+    with pytest.raises(ValueError, match=r"layer 'per_token' gets input of shape .* not one row per sample"):
+        fidel_audit(model, local, tokens, layer="per_token")
+
+
 # ----------------------------------------------------------------------------- report outputs
 
 

@@ -14,8 +14,10 @@ FX = Path(sys.executable).parent / "fx"
 def copy_workspace(dest: Path) -> Path:
     # workspace/ too: fx imports its command modules by bare name with the workspace first on sys.path, so a
     # regular package named `workspace` there would shadow fx's own and break every fx command.
+    # Symlinks kept, as a clone has them: src/shipped/audit stays a link to this copy's audit/.
     for name in ("plan", "src", "audit", "workspace", "save"):
-        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pbuf"))
+        shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pbuf"),
+                        symlinks=True)
     shutil.copy(ROOT / ".workspace", dest / ".workspace")
     return dest
 

@@ -165,8 +165,21 @@ def test_unknown_metric_message_lists_what_the_audit_produces():
         policy({"thresholds": {"mia_global_loss_auc": 0.6}}, audit)
     assert str(err.value) == (
         f"{PREFIX}.thresholds.mia_global_loss_auc: unknown metric; the audit produces: mia_local_loss_auc, "
-        "mia_local_loss_tpr_at_fpr_0.1, mia_update_loss_reduction_auc, mia_update_loss_reduction_tpr_at_fpr_0.1"
+        "mia_local_loss_exact_auc, mia_local_loss_tpr_at_fpr_0.1, mia_update_loss_reduction_auc, "
+        "mia_update_loss_reduction_exact_auc, mia_update_loss_reduction_tpr_at_fpr_0.1"
     )
+
+
+def test_exact_auc_is_gateable():
+    """The members-vs-non-members AUC over every threshold (audit.population_attack, exact_auc) is a gate metric
+    with the AUC range."""
+    gate = policy({"action": "withhold", "thresholds": {"mia_local_loss_exact_auc": 0.7,
+                                                        "mia_update_loss_reduction_exact_auc": 0.6}})
+    verdict = gate.decide({"mia_local_loss_exact_auc": 0.75, "mia_local_loss_auc": 0.65,
+                           "mia_update_loss_reduction_exact_auc": 0.55})
+    assert verdict.tripped == {"mia_local_loss_exact_auc": (0.75, 0.7)}
+    with pytest.raises(GateSettingsError, match=r"mia_local_loss_exact_auc: 1\.2 is out of range; allowed: \[0, 1\]"):
+        policy({"thresholds": {"mia_local_loss_exact_auc": 1.2}})
 
 
 def test_thresholds_need_an_enabled_audit():

@@ -7,9 +7,11 @@ import contextlib
 import importlib.machinery
 import io
 import json
+import math
 import subprocess
 import sys
 import types
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -317,6 +319,173 @@ def test_grid_matches_privacy_meter_formula(shifted):
 
 
 # ----------------------------------------------------------------------------------------------------------------------
+# Population FPR at the reported threshold: never above the tolerance, as close to it as the data allow
+# ----------------------------------------------------------------------------------------------------------------------
+
+# Written as decimal strings: the reference bound floor(n * t) is taken on the exact decimal (Fraction("0.29")),
+# independently of how the module rounds. 0.29 * 100 and 0.57 * 100 are 28.999999999999996 and 56.99999999999999
+# in floats, 0.15 * 20 is 3.0000000000000004.
+PROPERTY_TOLERANCES = ("0.001", "0.002", "0.005", "0.01", "0.015", "0.03", "0.05", "0.07", "0.1", "0.15", "0.2",
+                       "0.25", "0.29", "0.3", "0.33", "0.35", "0.45", "0.5", "0.57")
+PROPERTY_SIZES = (20, 21, 37, 99, 100, 101, 199, 200, 333, 404, 405, 999, 1000, 1001, 1499, 1999, 2000)
+
+
+def _population(kind: str, n: int, rng) -> np.ndarray:
+    if kind == "gaussian":
+        return rng.normal(0.0, 1.0, n)
+    if kind == "float32_losses":
+        return rng.gamma(1.5, 0.6, n).astype(np.float32)
+    if kind == "heavy_ties":  # few distinct values: most boundaries fall inside a tied group
+        return rng.integers(0, 12, n).astype(np.float64) / 4
+    if kind == "one_big_tie":  # a third of the population is exactly 0 (e.g. losses of memorised samples)
+        return np.where(rng.random(n) < 0.33, 0.0, rng.gamma(2.0, 1.0, n))
+    raise AssertionError(kind)
+
+
+def _best_achievable(population: np.ndarray, k: int) -> int:
+    """Brute force over every threshold a "value < threshold" rule can take (each distinct value, and above the
+    maximum): the largest count of population values flagged that is at most k."""
+    candidates = np.append(np.unique(population), np.inf)
+    counts = (population[None, :] < candidates[:, None]).sum(axis=1)
+    return int(counts[counts <= k].max())
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "float32_losses", "heavy_ties", "one_big_tie"])
+@pytest.mark.parametrize("member_if_lower", [True, False])
+def test_population_fpr_never_above_tolerance_and_best_achievable(kind, member_if_lower):
+    """Issue 10, defect 2: over population sizes 20..2,000 and tolerances 0.001..0.5, the share of the population
+    flagged at the reported threshold is never above t, and equals the best achievable count under t (found by
+    brute force), so it is never even one sample below it. The old interpolated quantile flagged
+    floor((n - 1) t) + 1 samples: 5 of 404 at t = 0.01."""
+    tolerances = [float(t) for t in PROPERTY_TOLERANCES]
+    for n in PROPERTY_SIZES:
+        rng = np.random.default_rng(n)
+        population = _population(kind, n, rng)
+        members, nonmembers = population[:15] * 0.9, population[15:45]
+        if not member_if_lower:
+            population, members, nonmembers = -population, -members, -nonmembers
+        result = population_attack(members, nonmembers, population, tolerances, member_if_lower=member_if_lower)
+        for text, t in zip(PROPERTY_TOLERANCES, tolerances):
+            k = math.floor(n * Fraction(text))
+            threshold = result.threshold_at_fpr[t]
+            flagged = (lambda v: v < threshold) if member_if_lower else (lambda v: v > threshold)
+            count = int(np.sum(flagged(population)))
+            where = f"{kind}, n={n}, t={text}"
+            assert count <= k, f"{where}: {count} flagged, at most {k} allowed"
+            assert count == _best_achievable(population if member_if_lower else -population, k), where
+            # The threshold is the largest with that count: one step further would flag more than k (ties whole).
+            assert np.sum(population <= threshold if member_if_lower else population >= threshold) > k, where
+            assert result.population_fpr_at_fpr[t] == count / n and result.population_fpr_at_fpr[t] <= t, where
+            assert result.tpr_at_fpr[t] == np.mean(flagged(members)), where
+            assert result.fpr_at_fpr[t] == np.mean(flagged(nonmembers)), where
+
+
+def test_shard_of_404_at_one_percent():
+    """The issue's figure: on a population of 404 at t = 0.01 the old reading flagged 5 samples (1.24%)."""
+    rng = np.random.default_rng(404)
+    population = rng.normal(0.0, 1.0, 404)
+    result = population_attack(rng.normal(-1, 1, 90), rng.normal(0, 1, 404), population, [0.01])
+    assert int(np.sum(population < result.threshold_at_fpr[0.01])) == 4  # floor(4.04); 4 / 404 = 0.99%
+    assert result.threshold_at_fpr[0.01] == np.sort(population)[4]
+    assert result.population_fpr_at_fpr[0.01] == pytest.approx(4 / 404)
+
+
+def test_tied_boundary_group_is_never_split():
+    # 10 values: 0, 1, 1, 1, 1, 2, ...; t = 0.3 allows 3, but the three values after 0 are part of a group of four 1s.
+    population = np.array([0, 1, 1, 1, 1, 2, 3, 4, 5, 6], dtype=float)
+    result = population_attack([0.5, 1.0, 1.5], [1.0, 2.0, 6.5], population, [0.3, 0.5, 0.1])
+    assert result.threshold_at_fpr[0.3] == 1.0  # flags only the 0: the whole group of 1s would be 5 > 3
+    assert result.population_fpr_at_fpr[0.3] == 0.1
+    assert result.tpr_at_fpr[0.3] == pytest.approx(1 / 3)  # a member equal to the threshold is not flagged
+    assert result.threshold_at_fpr[0.5] == 2.0 and result.population_fpr_at_fpr[0.5] == 0.5  # 10 * 0.5 = 5 exactly
+    assert result.threshold_at_fpr[0.1] == 1.0 and result.population_fpr_at_fpr[0.1] == 0.1
+
+
+@pytest.mark.parametrize("function", ["gaussian", "logit_rescale", "min_linear_logit"])
+def test_parametric_threshold_functions_never_above_tolerance(function):
+    """The parametric functions' own threshold at alpha = t promises no population FPR: it is capped at the
+    empirical bound, so at most floor(n t) population samples are flagged, whatever the fit."""
+    tolerances = [float(t) for t in PROPERTY_TOLERANCES]
+    for n in PROPERTY_SIZES[::2]:
+        rng = np.random.default_rng(n + 7)
+        population = rng.gamma(1.0, 0.7, n)  # skewed, non-negative: a poor fit for the Gaussians
+        result = population_attack(rng.gamma(1.0, 0.5, 20), rng.gamma(1.0, 0.7, 40), population, tolerances,
+                                   threshold_function=function)
+        for text, t in zip(PROPERTY_TOLERANCES, tolerances):
+            count = int(np.sum(population < result.threshold_at_fpr[t]))
+            assert count <= math.floor(n * Fraction(text)), (function, n, text, count)
+            assert result.population_fpr_at_fpr[t] == count / n
+
+
+def test_gaussian_threshold_is_its_own_below_the_bound_and_capped_above():
+    from scipy.stats import norm
+
+    rng = np.random.default_rng(11)
+    population = rng.exponential(1.0, 1000)  # right-skewed: the Gaussian fit's 1% quantile is below every value,
+    result = population_attack(population[:50], population[50:150], population, [0.01, 0.5],  # its median above
+                               threshold_function="gaussian")
+    own = norm.ppf([0.01, 0.5], *norm.fit(population))
+    assert result.threshold_at_fpr[0.01] == pytest.approx(own[0], abs=1e-12)  # the fit's own threshold, kept
+    assert result.population_fpr_at_fpr[0.01] == 0.0  # far below 1%: the fit does not match the population
+    assert own[1] > np.sort(population)[500]
+    assert result.threshold_at_fpr[0.5] == np.sort(population)[500]  # capped at the empirical bound
+    assert result.population_fpr_at_fpr[0.5] == 0.5
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# The exact (all-thresholds) AUC beside Privacy Meter's grid AUC
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _mann_whitney_auc(members_lower: np.ndarray, nonmembers_lower: np.ndarray) -> float:
+    """P(member scores as more member-like than a non-member), ties half: every pair, by brute force."""
+    diff = nonmembers_lower[None, :] - members_lower[:, None]
+    return float(np.mean((diff > 0) + 0.5 * (diff == 0)))
+
+
+def test_exact_auc_with_twenty_population_samples():
+    """Issue 10, defect 3: Privacy Meter's grid AUC spans only the population's range; with 20 population
+    samples it reads 0.681 where the members-vs-non-members ROC AUC is 0.756."""
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    members, nonmembers, population = rng.normal(-1, 1, 500), rng.normal(0, 1, 500), rng.normal(0, 1, 20)
+    result = population_attack(members, nonmembers, population, [0.1])
+    labels = np.r_[np.ones(500), np.zeros(500)]
+    assert result.exact_auc == roc_auc_score(labels, -np.r_[members, nonmembers])
+    assert result.exact_auc == pytest.approx(_mann_whitney_auc(members, nonmembers), abs=1e-12)
+    assert round(result.exact_auc, 3) == 0.756
+    assert round(result.auc, 3) == 0.681  # Privacy Meter's value, kept as it is
+    # The grid curve's last interior point stops at the population's maximum, then jumps to (1, 1).
+    assert result.exact_auc - result.auc > 0.05
+
+
+@pytest.mark.parametrize("member_if_lower", [True, False])
+def test_exact_auc_counts_ties_half(member_if_lower):
+    """Integer signals (many ties between members and non-members), small sets, both directions."""
+    rng = np.random.default_rng(21)
+    members, nonmembers, population = rng.integers(0, 5, 37), rng.integers(1, 6, 53), rng.integers(0, 6, 20)
+    sign = 1 if member_if_lower else -1
+    result = population_attack(sign * members, sign * nonmembers, sign * population, [0.1],
+                               member_if_lower=member_if_lower)
+    expected = _mann_whitney_auc(members.astype(float), nonmembers.astype(float))
+    assert result.exact_auc == pytest.approx(expected, abs=1e-12)
+    assert 0.6 < expected < 0.9
+
+
+def test_exact_auc_of_update_attack_and_json():
+    rng = np.random.default_rng(5)
+    g = [rng.gamma(2.0, 0.5, n) for n in (40, 60, 20)]
+    lo = [g[0] - rng.normal(0.3, 0.2, 40), g[1] - rng.normal(0.1, 0.2, 60), g[2] - rng.normal(0.1, 0.2, 20)]
+    result = update_attack(g[0], lo[0], g[1], lo[1], g[2], lo[2], [0.05, 0.25])
+    # higher loss reduction = member; _mann_whitney_auc takes "lower = member" values
+    assert result.exact_auc == pytest.approx(_mann_whitney_auc(lo[0] - g[0], lo[1] - g[1]), abs=1e-12)
+    d = result.to_dict()
+    assert d["exact_auc"] == result.exact_auc and d["auc"] == result.auc
+    assert d["population_fpr_at_fpr"] == {"0.05": 0.05, "0.25": 0.25}  # 20 samples: 1 and 5 flagged
+
+
+# ----------------------------------------------------------------------------------------------------------------------
 # Members higher, update attack, chance level
 # ----------------------------------------------------------------------------------------------------------------------
 
@@ -391,6 +560,9 @@ def test_to_dict_is_json():
     assert back == d
     assert set(d["tpr_at_fpr"]) == {"0.01", "0.1", "0.5"}
     assert d["tpr_at_fpr"]["0.1"] == result.tpr_at_fpr[0.1]
+    assert set(d["population_fpr_at_fpr"]) == {"0.01", "0.1", "0.5"}
+    assert d["population_fpr_at_fpr"]["0.1"] == result.population_fpr_at_fpr[0.1] <= 0.1  # the Gaussian fit's
+    assert d["exact_auc"] == result.exact_auc and 0.7 < d["exact_auc"] < 0.85
     assert d["tolerances"] == [0.01, 0.1, 0.5]
     assert d["thresholds"][-1] is None  # the Gaussian's quantile at alpha = 1 is +inf; JSON has no inf
     assert len(d["fpr"]) == len(d["tpr"]) == len(d["thresholds"]) == 100
@@ -431,6 +603,18 @@ def test_bad_arrays_name_the_set(position, name, bad):
 def test_tolerances_must_be_in_open_unit_interval(tolerance):
     with pytest.raises(ValueError, match="fpr_tolerance"):
         population_attack(_OK, _OK, _OK, tolerance)
+
+
+def test_tolerances_with_one_name_are_rejected_naming_both():
+    # f"{0.1000001:g}" == "0.1": both would write mia_..._tpr_at_fpr_0.1 and the JSON key "0.1".
+    with pytest.raises(ValueError) as info:
+        population_attack(_OK, _OK, _OK, [0.05, 0.1, 0.1000001])
+    message = str(info.value)
+    assert message.startswith("fpr_tolerance: 0.1 and 0.1000001 ") and "_tpr_at_fpr_0.1" in message
+    with pytest.raises(ValueError, match=r"^fpr_tolerance: 0.5 is listed twice"):
+        population_attack(_OK, _OK, _OK, [0.5, 0.5])
+    result = population_attack(_OK, _OK, _OK, [0.1, 0.100001])  # 6 significant digits apart: two names
+    assert set(result.to_dict()["tpr_at_fpr"]) == {"0.1", "0.100001"}
 
 
 def test_single_tolerance_and_integer_signals():

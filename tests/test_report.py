@@ -20,9 +20,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
-from sklearn.metrics import roc_curve  # noqa: E402
+from sklearn.metrics import roc_auc_score, roc_curve  # noqa: E402
 
-from audit import atomic_io  # noqa: E402
+from audit import atomic_io, report  # noqa: E402
+from audit.population_attack import population_attack  # noqa: E402
 from audit.report import ReportWriter, load_round_records, validate_record, write_index  # noqa: E402
 
 PARTY = "collaborator1"
@@ -53,6 +54,7 @@ def make_attack(rng, signal, shift, n=120, attack="population"):
         "attack": attack,
         "signal": signal,
         "auc": float(np.trapezoid(tpr, fpr)),
+        "exact_auc": float(roc_auc_score(labels, np.r_[members, nonmembers])),
         "fpr": [float(v) for v in fpr],
         "tpr": [float(v) for v in tpr],
         "thresholds": [_json_float(v) for v in thresholds],
@@ -79,6 +81,7 @@ def make_record(round_, party=PARTY, *, models=("local", "global", "update"), se
     for model, per_signal in attacks.items():
         for signal, a in per_signal.items():
             metrics[f"mia_{model}_{signal}_auc"] = a["auc"]
+            metrics[f"mia_{model}_{signal}_exact_auc"] = a["exact_auc"]
             for tol, tpr in a["tpr_at_fpr"].items():
                 metrics[f"mia_{model}_{signal}_tpr_at_fpr_{tol}"] = tpr
     metrics["train_loss"] = 1.0 / (round_ + 1)
@@ -347,6 +350,7 @@ _DELETE = object()
         (_mutate(["attacks"], [1, 2]), "attacks"),
         (_mutate(["attacks", "local"], "oops"), "attacks.local"),
         (_mutate(["attacks", "local", "loss", "auc"], float("nan")), "attacks.local.loss.auc"),
+        (_mutate(["attacks", "local", "loss", "exact_auc"], "0.7"), "attacks.local.loss.exact_auc"),
         (_mutate(["attacks", "local", "loss", "fpr"], [0.0, 1.5]), "attacks.local.loss.fpr[1]"),
         (_mutate(["attacks", "global", "logits", "thresholds", 0], float("inf")), "attacks.global.logits.thresholds[0]"),
         (_mutate(["metrics"], _DELETE), "metrics"),
@@ -393,6 +397,58 @@ def test_unsafe_party_name_in_record_is_refused(tmp_path):
     rec = make_record(0, party="../evil")
     with pytest.raises(ValueError, match="party"):
         ReportWriter(tmp_path, PARTY).write_round(rec)
+
+
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """The figures the report writer saves, by file name (the files are still written)."""
+    figures = {}
+    save = report.atomic_savefig
+
+    def keep(fig, path, **kwargs):
+        figures[Path(path).name] = fig
+        return save(fig, path, **kwargs)
+
+    monkeypatch.setattr(report, "atomic_savefig", keep)
+    return figures
+
+
+def test_both_aucs_shown_and_named_with_twenty_population_samples(tmp_path, saved_figures):
+    """Issue 10, defect 3: with 20 population samples Privacy Meter's grid AUC reads 0.681 where the
+    members-vs-non-members AUC is 0.756; the report shows both, each under its own name, and plots the exact one."""
+    rng = np.random.default_rng(0)
+    members, nonmembers, population = rng.normal(-1, 1, 500), rng.normal(0, 1, 500), rng.normal(0, 1, 20)
+    result = population_attack(members, nonmembers, population, TOLERANCES)
+    rec = make_record(0, models=())
+    rec["attacks"] = {"local": {"loss": result.to_dict()}}
+    rec["metrics"] = {"mia_local_loss_auc": result.auc, "mia_local_loss_exact_auc": result.exact_auc}
+    ReportWriter(tmp_path, PARTY).write_round(rec)
+
+    page = (tmp_path / PARTY / "index.html").read_text()
+    head = page[page.index("<tr><th>model / signal</th>"):]
+    head = head[:head.index("</tr>")]
+    assert "<th>exact AUC</th><th>grid AUC (Privacy Meter)</th><th>TPR @ FPR ≤ 0.01</th>" in head
+    row = page[page.index("<tr><td>local / loss</td>"):]
+    cells = row[:row.index("</tr>")].split("</td>")
+    assert cells[1] == "<td>0.7559" and cells[2] == "<td>0.6813"  # exact, then grid
+    assert f"{result.exact_auc:.4g}" == "0.7559" and f"{result.auc:.4g}" == "0.6813"
+    assert "Grid AUC: Privacy Meter" in page and "<code>_exact_auc</code>" in page
+
+    (line,) = [ln for ln in saved_figures["auc.png"].axes[0].get_lines() if ln.get_label() == "local / loss"]
+    assert list(line.get_ydata()) == [result.exact_auc]
+    labels = [t.get_text() for t in saved_figures["roc.png"].axes[0].get_legend().get_texts()]
+    assert "loss (grid AUC 0.681, exact 0.756)" in labels
+
+
+def test_record_without_exact_auc_still_renders(tmp_path, saved_figures):
+    rec = make_record(0, models=("local",))
+    for a in rec["attacks"]["local"].values():
+        del a["exact_auc"]  # a record written before the exact AUC existed
+    ReportWriter(tmp_path, PARTY).write_round(rec)
+    assert "<td>local / loss</td><td>–</td>" in (tmp_path / PARTY / "index.html").read_text()
+    labels = [t.get_text() for t in saved_figures["roc.png"].axes[0].get_legend().get_texts()]
+    assert any(label.startswith("loss (grid AUC ") and label.endswith(")") and "exact" not in label
+               for label in labels)
 
 
 def test_log_scale_plots_with_zeros(tmp_path):

@@ -129,6 +129,8 @@ BAD = [
     ({"fpr_tolerance": ["0.1"]}, "fpr_tolerance", "not a number"),
     ({"fpr_tolerance": "0.1"}, "fpr_tolerance", "list"),
     ({"fpr_tolerance": [True]}, "fpr_tolerance", "not a number"),
+    ({"fpr_tolerance": [0.1, 0.1000001]}, "fpr_tolerance", "0.1 and 0.1000001 both give"),  # f"{t:g}" == "0.1"
+    ({"fpr_tolerance": [0.5, 0.01, 0.5]}, "fpr_tolerance", "0.5 is listed twice"),
     ({"interval": 0}, "interval", ">= 1"),
     ({"interval": -2}, "interval", ">= 1"),
     ({"interval": 1.0}, "interval", "integer"),
@@ -185,6 +187,19 @@ def test_direct_construction_is_validated():
         AuditSettings(interval=0)
     with pytest.raises(AuditSettingsError, match=r"^audit\.signals: "):
         AuditSettings(signals=("loss", "entropy"))
+
+
+def test_tolerances_with_one_metric_name_are_rejected_naming_both():
+    """Issue 10: 0.1 and 0.1000001 both format to "0.1", so mia_<model>_<signal>_tpr_at_fpr_0.1 of one silently
+    overwrote the other's."""
+    with pytest.raises(AuditSettingsError) as info:
+        AuditSettings.from_mapping({"fpr_tolerance": [0.01, 0.1000001, 0.5, 0.1]}, prefix="task_runner.settings.audit")
+    assert str(info.value) == (
+        "task_runner.settings.audit.fpr_tolerance: 0.1000001 and 0.1 both give the metric name suffix "
+        "_tpr_at_fpr_0.1 (tolerances must differ within 6 significant digits)"
+    )
+    # Apart in the 6th significant digit: two names, both kept in order.
+    assert AuditSettings(fpr_tolerance=(0.100001, 0.1)).fpr_tolerance == (0.100001, 0.1)
 
 
 def test_every_threshold_function_is_accepted_without_logits():

@@ -468,6 +468,186 @@ def test_compute_signals_shares_the_gradient_forward(monkeypatch, cnn, data):
     assert timings["gradient_norm"] > 0
 
 
+# ---------------------------------------------------------------- layers that do not see one row per sample, odd models
+
+T_STEPS, D_IN = 6, 5
+
+
+def make_sequences(n: int, seed: int = 2):
+    """Synthetic sequences (N, T, D) with labels from the sign pattern of their mean, a learnable task."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, T_STEPS, D_IN, generator=g)
+    return x, (x.mean(dim=1)[:, :2] > 0).long() @ torch.tensor([1, 2]) % N_CLASSES
+
+
+class FoldsBatch(nn.Module):
+    """Folds (B, T, D) into (B * T, D) rows before a Linear: the Linear sees B * T rows, not B."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(11)
+        self.step = nn.Linear(D_IN, 7)
+        self.out = nn.Linear(T_STEPS * 7, N_CLASSES)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        h = torch.tanh(self.step(x.reshape(b * t, d)))
+        return self.out(h.reshape(b, t * 7))
+
+
+class SequenceFirst(nn.Module):
+    """An LSTM and a Linear run sequence-first (batch_first=False): their inputs are (T, B, features)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(12)
+        self.lstm = nn.LSTM(D_IN, 8)
+        self.proj = nn.Linear(8, 8)
+        self.out = nn.Linear(8, N_CLASSES)
+
+    def forward(self, x):
+        h, _ = self.lstm(x.transpose(0, 1))  # (T, B, 8)
+        return self.out(torch.tanh(self.proj(h)).mean(dim=0))
+
+
+class TransformerSequenceFirst(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(13)
+        self.inp = nn.Linear(D_IN, 8)
+        self.enc = nn.TransformerEncoderLayer(8, nhead=2, dim_feedforward=16, dropout=0.0)  # batch_first=False
+        self.out = nn.Linear(8, N_CLASSES)
+
+    def forward(self, x):
+        h = self.enc(self.inp(x).transpose(0, 1))  # (T, B, 8)
+        return self.out(h.mean(dim=0))
+
+
+class NormsAndOddConvs(nn.Module):
+    """Grouped and dilated convolutions with BatchNorm, GroupNorm and LayerNorm between them."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(14)
+        self.conv_g = nn.Conv2d(3, 6, kernel_size=3, padding=1, groups=3)
+        self.bn = nn.BatchNorm2d(6)
+        self.conv_d = nn.Conv2d(6, 8, kernel_size=3, padding=2, dilation=2)
+        self.gn = nn.GroupNorm(2, 8)
+        self.ln = nn.LayerNorm(8 * 4 * 4)
+        self.out = nn.Linear(8 * 4 * 4, N_CLASSES)
+        self.bn.running_mean.uniform_(-0.5, 0.5)
+        self.bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x):
+        h = F.max_pool2d(torch.relu(self.bn(self.conv_g(x))), 2)
+        h = torch.relu(self.gn(self.conv_d(h)))
+        return self.out(self.ln(h.flatten(1)))
+
+
+class TokenBag(nn.Module):
+    """Token ids -> Embedding -> mean over the sequence -> Linear."""
+
+    def __init__(self, vocab: int = 20):
+        super().__init__()
+        torch.manual_seed(15)
+        self.emb = nn.Embedding(vocab, 6)
+        self.hidden = nn.Linear(6, 12)
+        self.out = nn.Linear(12, N_CLASSES)
+
+    def forward(self, tokens):
+        return self.out(torch.relu(self.hidden(self.emb(tokens).mean(dim=1))))
+
+
+def make_tokens(n: int, vocab: int = 20, seed: int = 3):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, vocab, (n, 7), generator=g)
+    return tokens, tokens[:, 0] % N_CLASSES
+
+
+@pytest.mark.parametrize(
+    "cls, layer",
+    [
+        (FoldsBatch, None), (FoldsBatch, "step"), (FoldsBatch, "out"),
+        (SequenceFirst, None), (SequenceFirst, "proj"), (SequenceFirst, "lstm"),
+        (TransformerSequenceFirst, None), (TransformerSequenceFirst, "enc.linear1"), (TransformerSequenceFirst, "inp"),
+    ],
+)
+def test_layers_without_one_row_per_sample_match_naive(cls, layer):
+    """A layer fed (B * T, D) rows or (T, B, D) takes the general path at once (no probe disagreement, no crash)."""
+    x, y = make_sequences(10)
+    model = cls()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        got = gradient_norm_signal(model, x, y, layer=layer, batch_size=4)  # chunks of 4, 4, 2: none of size T
+    np.testing.assert_allclose(got, naive_grad_norm(model, x, y, layer), rtol=RTOL)
+
+
+def test_sequence_first_layer_with_as_many_steps_as_samples_is_caught_by_the_probe():
+    """(T, B, D) with T == B looks batch-first by shape: the check against per-sample autograd catches it."""
+    x, y = make_sequences(T_STEPS)
+    model = SequenceFirst()
+    with pytest.warns(RuntimeWarning, match="disagree with per-sample autograd"):
+        got = gradient_norm_signal(model, x, y, layer="proj", batch_size=T_STEPS)
+    np.testing.assert_allclose(got, naive_grad_norm(model, x, y, "proj"), rtol=RTOL)
+
+
+@pytest.mark.parametrize("layer", [None, "conv_g", "bn", "conv_d", "gn", "ln", "out"])
+def test_norm_layers_grouped_and_dilated_convolutions_match_naive(data, layer):
+    x, y = data
+    model = NormsAndOddConvs()
+    got = gradient_norm_signal(model, x, y, layer=layer, batch_size=5)
+    np.testing.assert_allclose(got, naive_grad_norm(model, x, y, layer), rtol=RTOL)
+
+
+@pytest.mark.parametrize("layer", [None, "emb", "hidden"])
+def test_embedding_token_inputs(layer):
+    x, y = make_tokens(11)
+    model = TokenBag()
+    got = compute_signals(model, x.numpy(), y.numpy(), SIGNALS, layer=layer, batch_size=4)  # int64 numpy tokens
+    np.testing.assert_allclose(got["gradient_norm"], naive_grad_norm(model, x, y, layer), rtol=RTOL)
+    np.testing.assert_allclose(got["loss"], naive_loss(model, x, y), rtol=RTOL)
+    np.testing.assert_allclose(got["logits"], naive_logit_margin(model, x, y), rtol=RTOL, atol=1e-6)
+    got32 = gradient_norm_signal(model, x.int(), y, layer=layer)  # int32 ids are kept as they are, too
+    np.testing.assert_allclose(got32, got["gradient_norm"], rtol=1e-6)
+
+
+class LayerNormHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(D_IN)
+        self.out = nn.Linear(D_IN, N_CLASSES)
+
+    def forward(self, x):
+        return self.out(self.norm(x))
+
+
+@pytest.mark.parametrize(
+    "model, layer, message",
+    [
+        (LayerNormHead(), None, r"normalized_shape=\[5\]"),  # general path: vmap fails, and so does plain autograd
+        (nn.Linear(D_IN, N_CLASSES), None, r"shapes cannot be multiplied"),  # layer-wise path
+    ],
+)
+def test_bad_input_raises_its_own_error_without_a_vmap_warning(model, layer, message):
+    x = torch.randn(8, D_IN + 2)  # wrong feature size
+    y = torch.randint(0, N_CLASSES, (8,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match=message):
+            gradient_norm_signal(model, x, y, layer=layer)
+    assert not [w for w in caught if "vmap failed" in str(w.message)]
+
+
+def test_two_class_margin_is_a_monotone_function_of_the_loss():
+    """The module docstring's claim: with two classes the loss is softplus(-margin), so both rank samples alike."""
+    torch.manual_seed(16)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
+    x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
+    loss, margin = loss_signal(model, x, y), logit_signal(model, x, y)
+    np.testing.assert_allclose(loss, np.logaddexp(0.0, -margin), rtol=1e-5)
+    assert (np.argsort(loss, kind="stable") == np.argsort(-margin, kind="stable")).all()
+
+
 # ---------------------------------------------------------------- errors
 
 

@@ -99,6 +99,8 @@ def main(argv=None) -> int:
     registry = ProcessRegistry()
     previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        if getattr(args, "timeout", None) is not None and not args.timeout > 0:  # also NaN
+            raise SetupError(f"--timeout {args.timeout:g}: must be a number of seconds > 0 (leave it out for no limit)")
         if args.command in ("run", "prepare"):
             overrides = list(args.overrides)
             if args.poll_interval is not None:

@@ -6,11 +6,18 @@
                            own key and a certificate the aggregator's CA signed
     <run>/federation.json  what `start` needs (port, TLS, names); <run>/setup.log: every command's output
 
-mTLS (default): `fx plan initialize`, `fx workspace certify`, `fx aggregator generate-cert-request` and
-`certify`, `fx workspace export`; per collaborator `fx workspace import`, `fx collaborator create`,
+Every check of the options and of the plan runs before any certificate or key is made: the options and the
+run's plan in this process, then `fx plan initialize` (which builds the data loader and the task runner, so it
+checks every setting the collaborators will check), and only then `fx workspace certify`.
+
+mTLS (default): `fx plan initialize`, then `fx workspace certify`, `fx aggregator generate-cert-request` and
+`certify` alongside `fx workspace export`; per collaborator `fx workspace import`, `fx collaborator create`,
 `generate-cert-request`; the aggregator signs each request (`fx collaborator certify --request-pkg`, which also
-adds the name to plan/cols.yaml), the collaborator imports the signed certificate (`--import`).
-Without TLS (debugging) no certificates are made and plan/cols.yaml is written here.
+adds the name to plan/cols.yaml), the collaborator imports the signed certificate (`--import`). Private keys
+are made owner-only (0600). Without TLS (debugging) no certificates are made and plan/cols.yaml is written here.
+
+The collaborators get `audit` the way a manual deployment does: inside the export, as src/shipped/audit
+(src/__init__.py), with nothing added to the archive here.
 """
 
 from __future__ import annotations
@@ -31,17 +38,21 @@ from audit.atomic_io import atomic_write_json, atomic_write_text
 from workspace.in_process import WORKSPACE_ROOT, collaborator_names
 from workspace.processes import ProcessRegistry, fx_environment, fx_executable
 from workspace.run_plan import (AGG_ADDR, aggregator_report_dir, build_run_plan, collaborator_report_dir, dump_plan,
-                                free_port)
+                                free_port, port_is_free)
 
 AGGREGATOR = "aggregator"
 STATE_FILE = "federation.json"
-# What the aggregator's workspace is made of: what OpenFL loads (plan/, src/), what our task runner imports
-# (audit/), and what `fx workspace export` insists on packing (requirements.txt, .workspace).
+# What the aggregator's workspace is made of, as in a clone of this repository: what OpenFL loads (plan/, src/,
+# with its src/shipped/audit symlink), what our code imports (audit/), and what `fx workspace export` insists on
+# packing (requirements.txt, .workspace).
 WORKSPACE_PARTS = ("src", "audit")
 WORKSPACE_FILES = ("requirements.txt", ".workspace")
-# What each imported workspace must hold for `fx collaborator start` to run our task runner.
-ARCHIVE_MUST_HOLD = ("plan/plan.yaml", "plan/data.yaml", "src/taskrunner.py", "src/dataloader.py", "audit/__init__.py")
+# What each imported workspace must hold for `fx collaborator start` to run our task runner: `audit` arrives as
+# src/shipped/audit, export's copy of the symlink.
+ARCHIVE_MUST_HOLD = ("plan/plan.yaml", "plan/data.yaml", "src/__init__.py", "src/taskrunner.py", "src/dataloader.py",
+                     "src/shipped/audit/__init__.py")
 FX_TIMEOUT_S = 300
+PORT_RANGE = (1, 65535)
 
 
 class SetupError(RuntimeError):
@@ -109,9 +120,51 @@ class FxRunner:
         with open(self.setup_log, "a", encoding="utf-8") as log:
             log.write(f"\n===== [{cwd}] {command}  (exit code {rc}, {time.monotonic() - began:.1f} s)\n{output}")
         if rc != 0:
+            reason = fx_exception(output)
+            if reason:  # fx's own one-line summary, e.g. the plan key a setting check named
+                raise SetupError(f"{reason}  (`{command}` in {cwd}; full output: {self.setup_log})")
             tail = "\n".join(output.strip().splitlines()[-15:])
             raise SetupError(f"`{command}` failed in {cwd} (exit code {rc}); last lines:\n{tail}\n"
                              f"(full output: {self.setup_log})")
+
+
+def fx_exception(output: str) -> str | None:
+    """The message of the exception an fx command died of: fx prints `EXCEPTION : <message>` before the traceback."""
+    found = None
+    for line in output.splitlines():
+        if line.startswith("EXCEPTION : "):
+            found = line[len("EXCEPTION : "):].strip()
+    return found or None
+
+
+def check_run_dir(run_dir: Path) -> Path:
+    """--dir must be a new or empty folder: every run gets fresh folders."""
+    run_dir = Path(run_dir).resolve()
+    if run_dir.exists() and not run_dir.is_dir():
+        raise SetupError(f"--dir {run_dir}: exists and is not a folder; give a new or empty folder")
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        raise SetupError(f"--dir {run_dir}: not empty; every run gets fresh folders (so no participant can pick "
+                         "up an earlier run's state): give a new or empty folder")
+    return run_dir
+
+
+def check_port(port) -> int:
+    """--port: a TCP port in 1..65535 that nothing on 127.0.0.1 listens on now."""
+    low, high = PORT_RANGE
+    if isinstance(port, bool) or not isinstance(port, int) or not low <= port <= high:
+        raise SetupError(f"--port {port}: a TCP port is a whole number in {low}..{high}")
+    if not port_is_free(port):
+        raise SetupError(f"--port {port}: in use on 127.0.0.1 (something listens there); choose another port, "
+                         "or leave --port out for a free one")
+    return port
+
+
+def restrict_private_keys(ws: Path) -> list[Path]:
+    """Make every private key under ws/cert owner-only: OpenFL 1.9 writes the CA's keys 0644 (in 0700 folders)."""
+    keys = sorted((ws / "cert").rglob("*.key")) if (ws / "cert").is_dir() else []
+    for key in keys:
+        key.chmod(0o600)
+    return keys
 
 
 def prepare(run_dir: Path, *, collaborators: int, rounds: int, use_tls: bool = True, port: int | None = None,
@@ -119,15 +172,16 @@ def prepare(run_dir: Path, *, collaborators: int, rounds: int, use_tls: bool = T
             say: Callable[[str], None] = print) -> FederationLayout:
     """Make every participant's workspace (and, with TLS, its certificates) under run_dir."""
     start = time.monotonic()
-    run_dir = Path(run_dir).resolve()
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise SetupError(f"{run_dir} is not empty: every run gets fresh folders (so no participant can pick up "
-                         "an earlier run's state); choose another --dir")
-    port = port or free_port()
+    # Every check of the options and of the plan first: nothing is made if one fails.
+    run_dir = check_run_dir(run_dir)
+    port = free_port() if port is None else check_port(port)
     config = build_run_plan(base_plan or WORKSPACE_ROOT / "plan" / "plan.yaml", collaborators=collaborators,
                             rounds=rounds, port=port, use_tls=use_tls, overrides=overrides)
     names = collaborator_names(collaborators)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SetupError(f"--dir {run_dir}: cannot make it ({err.strerror})") from None
     layout = FederationLayout(run_dir=str(run_dir), collaborators=names, rounds=rounds, port=port, use_tls=use_tls,
                               aggregator_report_dir=aggregator_report_dir(config),
                               collaborator_report_dir=collaborator_report_dir(config))
@@ -137,17 +191,20 @@ def prepare(run_dir: Path, *, collaborators: int, rounds: int, use_tls: bool = T
     say(f"preparing {len(names)} collaborators + aggregator in {run_dir} ({'mTLS' if use_tls else 'no TLS'}, "
         f"port {port})")
     make_aggregator_workspace(agg, config, names, use_tls)
+    # Builds the data loader and the task runner: every setting check the collaborators will make, before any
+    # certificate exists (and it writes save/init.pbuf, which the export packs).
+    fx(agg, "plan", "initialize")
 
     def aggregator_certificates():
         fx(agg, "workspace", "certify")
         fx(agg, "aggregator", "generate-cert-request", "--fqdn", AGG_ADDR)
         fx(agg, "aggregator", "certify", "--fqdn", AGG_ADDR, "--silent")
+        restrict_private_keys(agg)
 
-    # Independent: the initial model (slow: builds the model) and the federation's CA + server certificate.
-    in_parallel([lambda: fx(agg, "plan", "initialize"), *([aggregator_certificates] if use_tls else [])])
-    say("  aggregator workspace ready; exporting it for the collaborators")
-    fx(agg, "workspace", "export")
-    archive = complete_archive(agg / f"{AGGREGATOR}.zip", agg)
+    say("  plan checked and initialised; making certificates and the export for the collaborators")
+    # Independent: the export packs no certificate (and is checked for none below).
+    in_parallel([*([aggregator_certificates] if use_tls else []), lambda: fx(agg, "workspace", "export")])
+    archive = check_archive(agg / f"{AGGREGATOR}.zip")
 
     signing = threading.Lock()
 
@@ -161,6 +218,7 @@ def prepare(run_dir: Path, *, collaborators: int, rounds: int, use_tls: bool = T
         if not use_tls:
             return
         fx(ws, "collaborator", "generate-cert-request", "-n", name, "--silent")
+        restrict_private_keys(ws)
         request, signed = f"col_{name}_to_agg_cert_request.zip", f"agg_to_col_{name}_signed_cert.zip"
         # The request package travels to the aggregator, the signed certificate back. One signature at a time:
         # `fx collaborator certify --request-pkg` signs the first *.csr it finds in cert/client and rewrites
@@ -200,8 +258,8 @@ def in_parallel(jobs: list[Callable[[], object]], workers: int = 2) -> None:
 def make_aggregator_workspace(agg: Path, config: Mapping, names: list[str], use_tls: bool) -> None:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     agg.mkdir(parents=True)
-    for part in WORKSPACE_PARTS:
-        shutil.copytree(WORKSPACE_ROOT / part, agg / part, ignore=ignore)
+    for part in WORKSPACE_PARTS:  # symlinks kept: src/shipped/audit stays a link to this workspace's audit/
+        shutil.copytree(WORKSPACE_ROOT / part, agg / part, ignore=ignore, symlinks=True)
     for name in WORKSPACE_FILES:
         shutil.copy2(WORKSPACE_ROOT / name, agg / name)
     for folder in ("plan", "save", "logs", "data"):
@@ -214,25 +272,17 @@ def make_aggregator_workspace(agg: Path, config: Mapping, names: list[str], use_
                       "# collaborator_name,shard number (1-based; data_loader.settings.collaborator_count shards)\n")
 
 
-def complete_archive(archive: Path, agg: Path) -> Path:
-    """Make the exported workspace hold what our task runner imports, and no secrets.
+def check_archive(archive: Path) -> Path:
+    """The exported workspace must hold what our task runner imports, and no secrets.
 
-    OpenFL 1.9's `fx workspace export` packs src/, plan/, save/, requirements.txt and .workspace only; our task
-    runner also imports the `audit` package, so it is added to the same archive. `fx workspace import` only
-    unpacks the archive (it installs nothing from requirements.txt), so nothing is fetched from the network:
-    the collaborators here run in the project's venv.
+    Nothing is added to OpenFL's export: `audit` is in it as src/shipped/audit, as in a manual deployment.
+    `fx workspace import` only unpacks the archive (it installs nothing from requirements.txt): the
+    collaborators here run in the project's venv.
     """
     if not archive.exists():
         raise SetupError(f"`fx workspace export` did not write {archive}")
     with zipfile.ZipFile(archive) as zf:
         present = set(zf.namelist())
-    if not any(n.startswith("audit/") for n in present):
-        with zipfile.ZipFile(archive, "a", compression=zipfile.ZIP_DEFLATED) as zf:
-            for path in sorted((agg / "audit").rglob("*")):
-                if path.is_file() and "__pycache__" not in path.parts:
-                    zf.write(path, path.relative_to(agg).as_posix())
-        with zipfile.ZipFile(archive) as zf:
-            present = set(zf.namelist())
     missing = [n for n in ARCHIVE_MUST_HOLD if n not in present]
     if missing:
         raise SetupError(f"{archive} lacks {missing}: the collaborators could not run the task runner")

@@ -7,6 +7,7 @@ Everything here is decided before `fx workspace export`: the plan's hash names t
 from __future__ import annotations
 
 import copy
+import json
 import socket
 from pathlib import Path
 from typing import Iterable, Mapping
@@ -16,6 +17,15 @@ import yaml
 from workspace.in_process import deep_merge
 
 AGG_ADDR = "localhost"  # the aggregator's certificate is made for this name; gRPC binds it to 127.0.0.1
+# Plan keys this tool sets from its own flags (the run's state, e.g. federation.json's port and rounds, must agree
+# with the plan), so `--set` may not change them.
+FLAG_KEYS = {
+    ("aggregator", "settings", "rounds_to_train"): "use --rounds",
+    ("data_loader", "settings", "collaborator_count"): "use --collaborators",
+    ("network", "settings", "agg_port"): "use --port",
+    ("network", "settings", "use_tls"): "use --no-tls for plain gRPC",
+    ("network", "settings", "agg_addr"): f"a local run uses {AGG_ADDR!r}, the name on the aggregator's certificate",
+}
 
 
 class PlanOverrideError(ValueError):
@@ -40,6 +50,11 @@ def parse_set_option(text: str) -> dict:
     for part in reversed(parts[:-1]):
         nested = {part: nested}
     return nested
+
+
+def shown(value) -> str:
+    """A plan value as it would be written after --set KEY= (JSON is YAML: 5, null, "text", [1, 2])."""
+    return json.dumps(value, default=str)
 
 
 def merge_overrides(items: Iterable[str | Mapping]) -> dict:
@@ -91,9 +106,38 @@ def build_run_plan(base_plan: Path, *, collaborators: int, rounds: int, port: in
         "data_loader": {"settings": {"collaborator_count": collaborators}},
         "network": {"settings": {"agg_addr": AGG_ADDR, "agg_port": port, "use_tls": use_tls}},
     }
-    config = deep_merge(deep_merge(config, run_settings), overrides or {})
+    config = deep_merge(config, run_settings)
+    check_overrides(config, overrides or {})
+    config = deep_merge(config, overrides or {})
     check_run_plan(config)
     return config
+
+
+def check_overrides(plan: Mapping, overrides: Mapping, path: tuple = ()) -> None:
+    """`--set` keys must fit the plan's shape: a known section, a mapping stays a mapping, a value has no keys.
+
+    Deeper checks of the values are the settings classes' (check_run_plan, `fx plan initialize`).
+    """
+    for key, value in overrides.items():
+        where = (*path, key)
+        dotted = ".".join(map(str, where))
+        if where in FLAG_KEYS:
+            raise PlanOverrideError(f"--set {dotted}={shown(value)}: the tool sets this key; {FLAG_KEYS[where]}")
+        if not path and key not in plan:
+            raise PlanOverrideError(f"--set {dotted}: {key!r} is not a section of the plan; sections: "
+                                    f"{', '.join(map(str, plan))}")
+        current = plan.get(key)
+        if isinstance(current, Mapping):
+            if not isinstance(value, Mapping):
+                keys = [str(k) for k in current]
+                listed = ", ".join(keys[:8]) + (", ..." if len(keys) > 8 else "") or "none yet"
+                raise PlanOverrideError(f"--set {dotted}={shown(value)}: {dotted} is a mapping in the plan (keys: "
+                                        f"{listed}); set its keys, e.g. --set {dotted}.KEY=VALUE")
+            check_overrides(current, value, where)
+        elif isinstance(value, Mapping) and current is not None:
+            inner = f"{dotted}.{next(iter(value), 'KEY')}"
+            raise PlanOverrideError(f"--set {inner}: {dotted} is {shown(current)} in the plan, a value with no keys; "
+                                    f"set it whole, e.g. --set {dotted}=VALUE")
 
 
 def check_run_plan(config: Mapping) -> None:
@@ -107,10 +151,12 @@ def check_run_plan(config: Mapping) -> None:
     rounds = aggregator["settings"].get("rounds_to_train")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise PlanOverrideError(f"aggregator.settings.rounds_to_train: expected a whole number >= 1, got {rounds!r}")
-    network = config.get("network", {}).get("settings", {})
-    if network.get("agg_addr") != AGG_ADDR:
+    network = config.get("network")
+    if not isinstance(network, Mapping) or not isinstance(network.get("settings"), Mapping):
+        raise PlanOverrideError("network.settings: expected a mapping")
+    if network["settings"].get("agg_addr") != AGG_ADDR:
         raise PlanOverrideError(f"network.settings.agg_addr: a local run uses {AGG_ADDR!r} (the certificate's name), "
-                                f"got {network.get('agg_addr')!r}")
+                                f"got {network['settings'].get('agg_addr')!r}")
 
 
 def rounds_to_train(config: Mapping) -> int:
