@@ -19,8 +19,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-MODEL_CHOICES = ("cnn", "fcnn", "alexnet")  # = src.models.ALL_MODELS (not imported here: keep --help light)
-GATE_ACTIONS = ("withhold", "dp_retrain", "report_only")  # = audit.gate.ACTIONS (same reason)
+if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by the tests
+    sys.path.insert(0, str(ROOT))
+
+from audit.config.vocabulary import GATE_ACTIONS, MODELS  # noqa: E402  (torch-free: --help stays light)
 
 
 def str2bool(text: str) -> bool:
@@ -37,7 +39,7 @@ class GateArgument(argparse.Action):
     """`--gate ACTION METRIC=THRESHOLD ...` -> {"action": ..., "thresholds": {metric: float}}.
 
     Checks the syntax here; whether the metrics exist and the thresholds are in range depends on the audit
-    settings (--signals, --fpr_tolerance, --fidel), so `parse_args` checks that with audit.gate.GatePolicy.
+    settings (--signals, --fpr_tolerance, --fidel), so `parse_args` checks that with audit.config.gate.GatePolicy.
     """
 
     def __call__(self, parser, namespace, values, option_string=None):
@@ -84,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", choices=["cifar10", "digits"], default="cifar10")
     p.add_argument("--data-dir", dest="data_dir", default="data", help="where CIFAR-10 is (torchvision layout)")
     p.add_argument("--collaborators", type=int, default=2)
-    p.add_argument("--model", choices=MODEL_CHOICES, default="cnn",
+    p.add_argument("--model", choices=MODELS, default="cnn",
                    help="cnn, fcnn (the Fidel paper's) or alexnet (the tutorial's Net, ~23.3M parameters)")
     p.add_argument("--learning_rate", type=float, default=None, help="default: 0.005 for SGD, 0.001 for Adam")
     p.add_argument("--local_epochs", type=int, default=1, help="local epochs per round (the tutorial: 1)")
@@ -127,7 +129,7 @@ def check_fpr_tolerance(tolerances) -> None:
     """--fpr_tolerance checked as the plan's audit.fpr_tolerance is (each in (0, 1), no two giving one metric name),
     before any work; ValueError naming --fpr_tolerance."""
     _workspace_on_path()
-    from audit.settings import AuditSettings
+    from audit.config.audit_settings import AuditSettings
 
     try:
         AuditSettings.from_mapping({"fpr_tolerance": list(tolerances)}, prefix="audit")
@@ -136,23 +138,24 @@ def check_fpr_tolerance(tolerances) -> None:
 
 
 def gate_policy(args):
-    """audit.gate.GatePolicy of --gate for the audit the other flags configure (on plan/plan.yaml's audit settings);
+    """audit.config.gate.GatePolicy of --gate for the audit the other flags configure (on plan/plan.yaml's audit settings);
     ValueError naming --gate and the offending metric or value."""
     import yaml
 
     _workspace_on_path()
-    from audit.gate import GatePolicy, GateSettingsError
-    from audit.settings import AuditSettings
+    from audit.config.gate import GatePolicy, SettingsError
+    from audit.config.audit_settings import AuditSettings
 
     plan = yaml.safe_load((ROOT / "plan" / "plan.yaml").read_text())
     audit = dict(plan["task_runner"]["settings"].get("audit") or {})
     # The audit keys that decide which metrics exist; the others keep the plan's values.
-    audit.update(signals=list(dict.fromkeys(args.signals)), fpr_tolerance=list(args.fpr_tolerance), fidel=args.fidel,
-                 interval=args.auditing_interval, deanon={**(audit.get("deanon") or {}), "enabled": args.deanon})
+    audit.update(signals=list(dict.fromkeys(args.signals)), fpr_tolerance=list(args.fpr_tolerance),
+                 interval=args.auditing_interval, fidel={**(audit.get("fidel") or {}), "enabled": args.fidel},
+                 deanon={**(audit.get("deanon") or {}), "enabled": args.deanon})
     settings = AuditSettings.from_mapping(audit, prefix="audit")
     try:
         return GatePolicy.from_mapping(args.gate, audit_settings=settings, prefix="--gate")
-    except GateSettingsError as err:
+    except SettingsError as err:
         # "--gate.thresholds.<metric>: ..." -> "--gate: <metric>: ..."
         raise ValueError(str(err).replace("--gate.thresholds.", "--gate: ", 1)) from None
 
@@ -215,7 +218,7 @@ def overrides_from_args(args) -> dict:
                 "gradient_layer": gradient_layer,
                 "log_scale": args.log_scale,
                 "report_dir": str(args.report_dir),
-                "fidel": args.fidel,
+                "fidel": {"enabled": args.fidel},
                 "deanon": {"enabled": args.deanon},
             },
         }},

@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from audit.gate import GatePolicy, GateVerdict, non_finite_tensors
-from audit.gate_contract import GATE_EPSILON, GATE_KEPT, GATE_RETRIES, GATE_TRIPPED_PREFIX, NON_FINITE_UPDATE
+from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
+from audit.config.gate_contract import GATE_EPSILON, GATE_KEPT, GATE_RETRIES, GATE_TRIPPED_PREFIX, NON_FINITE_UPDATE
 
 __all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "Retrained", "DPTry", "GateOutcome",
            "run_gate"]

@@ -36,8 +36,8 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from audit.round_files import load_round_records, round_file_name
-from audit.atomic_io import atomic_write_json, atomic_write_text
+from audit.reporting.round_files import load_round_records, round_file_name
+from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
 
 logger = logging.getLogger(__name__)
 

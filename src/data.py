@@ -47,6 +47,8 @@ from pathlib import Path
 
 import numpy as np
 
+from audit.config.checks import is_int, is_real
+
 __all__ = [
     "DATASETS",
     "DatasetUnavailableError",
@@ -190,14 +192,6 @@ class PartyData:
     population_y: np.ndarray
 
 
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
 def validate_split_settings(
     train_ratio, test_ratio, audit_ratio, n_parties, dirichlet_alpha=None, *, prefix="", devices_per_user=1
 ) -> None:
@@ -211,7 +205,7 @@ def validate_split_settings(
         "audit_dataset_ratio": audit_ratio,
     }
     for key, value in ratios.items():
-        if not _is_number(value) or not math.isfinite(value) or not value > 0:
+        if not is_real(value) or not math.isfinite(value) or not value > 0:
             raise ValueError(f"{prefix}{key}: must be a number > 0, got {value!r}")
     total = float(sum(ratios.values()))
     if total > 1.0 + 1e-9:
@@ -221,10 +215,10 @@ def validate_split_settings(
             f"{train_ratio} + {test_ratio} + {audit_ratio} = {total:g}"
         )
     parties_name = f"{prefix}collaborator_count" if prefix else "n_parties"
-    if not _is_int(n_parties) or n_parties < 1:
+    if not is_int(n_parties) or n_parties < 1:
         raise ValueError(f"{parties_name}: must be an integer >= 1, got {n_parties!r}")
     devices_name = f"{prefix}devices_per_user"
-    if not _is_int(devices_per_user) or devices_per_user < 1:
+    if not is_int(devices_per_user) or devices_per_user < 1:
         raise ValueError(f"{devices_name}: must be an integer >= 1, got {devices_per_user!r}")
     if n_parties % devices_per_user:
         raise ValueError(
@@ -234,7 +228,7 @@ def validate_split_settings(
             f"{max(1, n_parties // devices_per_user) * devices_per_user} or another {devices_name}"
         )
     if dirichlet_alpha is not None and (
-        not _is_number(dirichlet_alpha)
+        not is_real(dirichlet_alpha)
         or not math.isfinite(dirichlet_alpha)
         or not dirichlet_alpha > 0
     ):
@@ -262,9 +256,9 @@ def user_of_party(party_index, devices_per_user=1) -> tuple[int, int]:
 
     Party p is device ``p % devices_per_user`` of user ``p // devices_per_user`` (both 0-based).
     """
-    if not _is_int(party_index) or party_index < 0:
+    if not is_int(party_index) or party_index < 0:
         raise ValueError(f"party_index: must be an integer >= 0, got {party_index!r}")
-    if not _is_int(devices_per_user) or devices_per_user < 1:
+    if not is_int(devices_per_user) or devices_per_user < 1:
         raise ValueError(f"devices_per_user: must be an integer >= 1, got {devices_per_user!r}")
     user, device = divmod(int(party_index), int(devices_per_user))
     return user, device

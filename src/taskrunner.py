@@ -1,7 +1,7 @@
 """The task runner OpenFL loads (`task_runner.template: src.taskrunner.AuditedTaskRunner`).
 
 `train_task` trains locally, then audits the trained model (and the received global model) before it
-returns: OpenFL sends a task's results as soon as the task returns, so the gate (audit.gate) decides here
+returns: OpenFL sends a task's results as soon as the task returns, so the gate (audit.config.gate) decides here
 what is sent: the local update, a DP-SGD retrain of it, or the received global weights (withheld).
 Only scalar metrics leave the collaborator; the full round record, with per-sample-derived ROC curves and
 the gate's verdict, stays in its own report folder.
@@ -21,23 +21,23 @@ import torch.nn.functional as F
 from openfl.federated import PyTorchTaskRunner
 from openfl.utilities import TensorKey
 
-from audit.deanon_mitigation import (DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation, mitigate_data, mitigate_update,
-                                     update_norm)
-from audit.gate import GatePolicy, non_finite_tensors
+from audit.config.audit_settings import AuditSettings
+from audit.config.checks import is_int, is_real
+from audit.config.gate import GatePolicy, non_finite_tensors
+from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
+from audit.config.vocabulary import OPTIMIZERS
+from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
-from audit.fidel import save_reveal_grid
-from audit.report import ReportWriter
-from audit.round_audit import SETS, AuditSets, DeanonContext, audit_round, record_to_json
-from audit.settings import AuditSettings
-from audit.shadow_training import TrainingRecipe
-from audit.signals import gradient_parameter_names
+from audit.membership.signals import gradient_parameter_names
+from audit.reporting.party import ReportWriter
+from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
+from audit.training import TrainingRecipe
 from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
 from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZERS = ("SGD", "Adam")
 SETTINGS_PREFIX = "task_runner.settings"
 
 
@@ -52,8 +52,7 @@ def round_seed(seed: int, party: str, round_num: int) -> int:
 
 
 def _check_number(name: str, value, *, minimum=None, exclusive=False, integer=False):
-    kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind):
+    if not (is_int(value) if integer else is_real(value)):
         raise ValueError(f"{SETTINGS_PREFIX}.{name}: expected a {'integer' if integer else 'number'}, got {value!r}")
     if minimum is not None and (value <= minimum if exclusive else value < minimum):
         raise ValueError(f"{SETTINGS_PREFIX}.{name}: must be {'>' if exclusive else '>='} {minimum}, got {value!r}")
@@ -118,7 +117,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.optimizer = self.make_optimizer(self.model)
         self.loss_fn = cross_entropy
         self._audit_sets: AuditSets | None = None
-        self._deanon: DeanonContext | None = None  # set each round train_task audits
+        self._training: LocalTraining | None = None  # this round's local training, for the audits that train alike
         self._data_mitigation: dict | None = None  # what the data mitigation did, once per collaborator
         self.last_record: dict | None = None  # the latest round record, for in-process callers
         # Called as on_audit_start(collaborator, round) when an audit starts (the demo's progress bar): the audit runs
@@ -159,7 +158,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         settings = self.audit_settings
         self._mitigate_data(col_name, col.mitigation)
         audit_now = settings.enabled and settings.due(round_num)
-        self._deanon = DeanonContext(
+        self._training = LocalTraining(
             recipe=TrainingRecipe(self.optimizer_name, learning_rate, self.momentum, epochs, self.data_loader.batch_size),
             member_count=len(self.audit_sets().members[1]), federation_alpha=self.data_loader.dirichlet_alpha,
         )
@@ -208,8 +207,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             round_dir = ReportWriter(settings.report_dir, col_name, log_scale=settings.log_scale).write_round(
                 record_to_json(record)
             )
-            if record.get("_fidel") is not None:  # private images: written only to this collaborator's report
-                save_reveal_grid(record["_fidel"], self.audit_sets().members[0], round_dir / "fidel_grid.png")
+            for write_private in record.get("_private", ()):  # e.g. Fidel's images: only in this party's report
+                write_private(round_dir)
             tripped = outcome.gate_verdict.tripped
             logger.info(
                 "%s round %d audit: %s (audit %.2fs, train %.2fs); gate: %s%s",
@@ -228,7 +227,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
     # ------------------------------------------------------------ mitigation
     def _mitigate_data(self, col_name: str, mitigation: Mitigation) -> None:
         """Once per collaborator, before its first training: the data mitigation (bkg_repl, rand_aug, mm_aug) of
-        audit.deanon_mitigation, with the federation's whole population set as the background data.
+        audit.deanon.mitigation, with the federation's whole population set as the background data.
 
         The membership audit keeps the original members (the private data whose leakage matters) and drops
         from its population the samples of its shard now trained on (they are no longer non-members)."""
@@ -273,14 +272,14 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             self.on_audit_start(col_name, round_num)
         return audit_round(
             model, global_model, self.audit_sets(), self.audit_settings, party=col_name, round_num=round_num,
-            seed=self.seed, deanon=self._deanon,
+            seed=self.seed, training=self._training,
         )
 
     def _empty_record(self, col_name: str, round_num: int) -> dict:
         return {
             "party": col_name, "round": int(round_num), "seed": self.seed, "settings": self.audit_settings.to_dict(),
             "timings": {}, "attacks": {}, "metrics": {},
-            "sizes": {name: int(len(getattr(self.audit_sets(), name)[1])) for name in SETS}, "extra": {},
+            "sizes": self.audit_sets().sizes(), "extra": {},
         }
 
     def _send(self, global_out: dict, local_out: dict, weights: dict) -> None:

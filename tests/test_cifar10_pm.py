@@ -168,12 +168,6 @@ def test_fpr_tolerance_errors_name_the_flag(capsys, argv, expected):
     assert expected in err and "Traceback" not in err
 
 
-def test_gate_actions_match_audit_gate():
-    from audit.gate import ACTIONS
-
-    assert cifar10_PM.GATE_ACTIONS == ACTIONS
-
-
 @pytest.mark.parametrize("argv, gate", [
     (["--gate", "withhold", "mia_local_loss_auc=0.6"], {"action": "withhold", "thresholds": {"mia_local_loss_auc": 0.6}}),
     (["--gate", "dp_retrain", "mia_local_loss_tpr_at_fpr_0.1=0.3", "mia_update_loss_reduction_auc=0.7"],

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from audit.deanon_server import (BUILDING_HISTORY, EVALUATED, SKIPPED, WITHHELD, DeanonReportWriter, UpdateHistory,
+from audit.deanon.server import (BUILDING_HISTORY, EVALUATED, SKIPPED, WITHHELD, DeanonReportWriter, UpdateHistory,
                                  evaluate_round, open_world_split)
 from src.aggregator_settings import AggregatorSettings, DeanonServerSettings
 from src.deanon_callback import DeanonymizationCallback, default_layer, resolve_layer

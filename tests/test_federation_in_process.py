@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from audit.population_attack import population_attack
-from audit.signals import loss_signal
+from audit.membership.population_attack import population_attack
+from audit.membership.signals import loss_signal
 from workspace.in_process import collaborator_names, initial_tensor_dict, parse_plan, run_in_process
 
 ROUNDS = 3

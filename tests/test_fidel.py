@@ -1,4 +1,4 @@
-"""Tests of audit.fidel / audit.fidel_decoder on real updates of the project's models on digits."""
+"""Tests of audit.fidel.attack / audit.fidel.decoder on real updates of the project's models on digits."""
 
 import copy
 import itertools
@@ -13,7 +13,7 @@ from matplotlib.image import imread
 from scipy.stats import pearsonr
 from torch import nn
 
-from audit.fidel import (
+from audit.fidel.attack import (
     FIDEL_METRICS,
     count_revealed,
     dense_update,
@@ -23,7 +23,7 @@ from audit.fidel import (
     reconstruct,
     save_reveal_grid,
 )
-from audit.fidel_decoder import train_decoder
+from audit.fidel.decoder import train_decoder
 from src.data import load_dataset
 from src.models import CNN, FCNN
 

@@ -8,11 +8,11 @@ import math
 import numpy as np
 import pytest
 
-from audit.gate import GatePolicy
-from audit.gate_contract import GATE_EPSILON, GATE_KEPT, GATE_RETRIES, GATE_TRIPPED_PREFIX, NON_FINITE_UPDATE
+from audit.config.gate import GatePolicy
+from audit.config.gate_contract import GATE_EPSILON, GATE_KEPT, GATE_RETRIES, GATE_TRIPPED_PREFIX, NON_FINITE_UPDATE
 from audit.gate_flow import (DP_RETRAINED, KEPT, OVER_THRESHOLD, SEND_RECEIVED, SEND_RETRAINED, SEND_TRAINED,
                              WITHHELD, Retrained, run_gate)
-from audit.settings import AuditSettings
+from audit.config.audit_settings import AuditSettings
 
 AUDIT = AuditSettings(signals=("loss",), fpr_tolerance=(0.1,), audit_global=False, update_attack=False)
 METRIC = "mia_local_loss_auc"

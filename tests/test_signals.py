@@ -1,4 +1,4 @@
-"""Tests of audit.signals against naive one-sample-at-a-time references."""
+"""Tests of audit.membership.signals against naive one-sample-at-a-time references."""
 
 import copy
 import functools
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import audit.signals as signals_module
-from audit.signals import (
+import audit.membership.signals as signals_module
+from audit.membership.signals import (
     SIGNALS,
     compute_signals,
     gradient_norm_signal,

@@ -26,7 +26,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 
-from audit.deanon_settings import ATTACKS, REID_ATTACKS
+from audit.config.deanon_settings import ATTACKS, REID_ATTACKS
 
 __all__ = ["REID_ATTACKS", "ATTACKS", "ReidResult", "MatchResult", "reidentify", "match", "balanced_pairs",
            "random_ranking_ap", "single_threaded"]

@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from audit.signals import model_input, module_mode
+from audit.config.vocabulary import OPTIMIZERS
+from audit.membership.signals import model_input, module_mode
 
 __all__ = ["TrainingRecipe", "train_copies", "copies_per_chunk"]
 
-OPTIMIZERS = ("SGD", "Adam")
 # Memory for stacked copies: parameters, gradients and up to two optimiser states each (float32).
 _CHUNK_BUDGET_BYTES = 512 * 2**20
 

@@ -1,6 +1,6 @@
 """Per-party privacy-audit reports: one directory per audited round plus cross-round summaries.
 
-Layout (every file written atomically, see :mod:`audit.atomic_io`)::
+Layout (every file written atomically, see :mod:`audit.reporting.atomic_io`)::
 
     root/index.html                      links every party's report
     root/<party>/index.html              AUC + TPR plots, metrics table, per-round ROC images (newest first)
@@ -51,7 +51,8 @@ import numpy as np
 from matplotlib.figure import Figure  # no pyplot: figures are never registered globally, so none leak
 from matplotlib.ticker import MaxNLocator
 
-from .atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
+from audit.config.checks import is_int
+from audit.reporting.atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
 
 __all__ = [
     "ReportWriter",
@@ -101,10 +102,6 @@ def round_dir_name(round_: int) -> str:
     return f"round_{round_:04d}"
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _is_finite_number(value: object) -> bool:
     return (
         isinstance(value, numbers.Real)
@@ -131,9 +128,9 @@ def _validate_structure(record: object) -> None:
         raise ValueError(f"record.party: {e}") from None
     if "round" not in record:
         raise ValueError("record.round is missing")
-    if not _is_int(record["round"]) or record["round"] < 0:
+    if not is_int(record["round"]) or record["round"] < 0:
         raise ValueError(f"record.round must be an int >= 0, got {record['round']!r}")
-    if "seed" in record and record["seed"] is not None and not _is_int(record["seed"]):
+    if "seed" in record and record["seed"] is not None and not is_int(record["seed"]):
         raise ValueError(f"record.seed must be an int or None, got {record['seed']!r}")
     for key in ("settings", "timings", "extra"):
         if key in record and record[key] is not None and not isinstance(record[key], Mapping):
@@ -417,7 +414,7 @@ def _fmt(value: Any, digits: int = 4) -> str:
     f = _float_or_nan(value)
     if math.isnan(f):
         return "–"
-    if _is_int(value):
+    if is_int(value):
         return str(value)
     return f"{f:.{digits}g}"
 
@@ -425,7 +422,7 @@ def _fmt(value: Any, digits: int = 4) -> str:
 def _csv_cell(value: Any) -> str:
     if value is None:
         return ""
-    if _is_int(value):
+    if is_int(value):
         return str(int(value))
     return repr(float(value))  # shortest string that round-trips exactly
 
@@ -450,7 +447,7 @@ def _log_floor(values: Iterable[np.ndarray], counts: Iterable[Any] = ()) -> floa
         if pos.size:
             smallest = min(smallest, float(pos.min()))
     for n in counts:
-        if _is_int(n) and n > 0:
+        if is_int(n) and n > 0:
             smallest = min(smallest, 1.0 / n)
     if smallest >= 1.0:
         smallest = 1e-2
@@ -499,7 +496,7 @@ def _plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
         ax.set_ylabel("True positive rate")
         first = next(iter(per_signal.values()))
         sizes = ""
-        if _is_int(first.get("n_members")) and _is_int(first.get("n_nonmembers")):
+        if is_int(first.get("n_members")) and is_int(first.get("n_nonmembers")):
             sizes = f"\n{first['n_members']} members / {first['n_nonmembers']} non-members"
         ax.set_title(_MODEL_TITLES.get(model, model) + sizes, fontsize=10)
         ax.legend(loc="lower right", fontsize=8, framealpha=0.85)

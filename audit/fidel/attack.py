@@ -19,7 +19,7 @@ This module is the data owner's audit (it knows the round's training samples, an
 * :func:`save_reveal_grid` - a PNG of the revealed samples beside their reconstructions.
 
 A CNN's activation-map reconstructions can be mapped back to pixels with a decoder trained on population data
-(:mod:`audit.fidel_decoder`); pass it as ``decoder=`` to also get pixel-level counts.
+(:mod:`audit.fidel.decoder`); pass it as ``decoder=`` to also get pixel-level counts.
 
 Exactness: dW_i / db_i is exact for one plain-SGD step (momentum keeps it, being linear in the gradients); over
 several steps a reconstruction mixes the inputs as each step saw them (for a CNN the activations drift as the conv
@@ -46,7 +46,8 @@ import torch
 from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-from audit.signals import eval_mode, model_input
+from audit.config.fidel_settings import DEFAULT_THRESHOLD, FIDEL_METRICS
+from audit.membership.signals import eval_mode, model_input
 
 __all__ = [
     "FIDEL_METRICS",
@@ -66,10 +67,6 @@ __all__ = [
 ]
 
 #: Scalar metric names reported to the federation (see :meth:`FidelResult.metrics`).
-FIDEL_METRICS = ("fidel_revealed_fraction", "fidel_revealed_fraction_ica", "fidel_mean_best_r")
-
-#: The paper's "fully revealed" Pearson correlation.
-DEFAULT_THRESHOLD = 0.98
 #: A neuron is used when |db_i| > DEFAULT_MIN_REL_BIAS * max_j |db_j|; below that, dW_i / db_i is dominated by the
 #: float32 rounding of the weights (error ~ eps * |w| / |db_i|), not by the samples.
 DEFAULT_MIN_REL_BIAS = 1e-3
@@ -194,7 +191,7 @@ def layer_inputs(model: nn.Module, layer: str, samples, *, batch_size: int = 256
             raise ValueError(
                 f"layer {layer!r} gets input of shape {tuple(inp.shape)} for {state['rows']} samples, not one row "
                 f"per sample: the Fidel attack inverts a dense layer applied once per sample; pick one with "
-                f"fidel_layer (nn.Linear layers: {_linear_names(model)})"
+                f"task_runner.settings.audit.fidel.layer (nn.Linear layers: {_linear_names(model)})"
             )
         state["out"].append(inp.detach().to(torch.float64))
         raise _Stop
@@ -562,7 +559,7 @@ def fidel_audit(
     * ``ica``: also un-mix with FastICA (seeded by ``seed``) into ``ica_components`` sources (default: the numerical
       rank of the reconstructions at relative tolerance ``ica_rank_rtol``, at most N and values - 1); sources have
       no sign, so they are scored by |r|.  ``ica_max_iter`` bounds FastICA's iterations (and the cost).
-    * ``decoder``: callable mapping layer inputs (k, in) to samples (k, C, H, W) (e.g. :mod:`audit.fidel_decoder`);
+    * ``decoder``: callable mapping layer inputs (k, in) to samples (k, C, H, W) (e.g. :mod:`audit.fidel.decoder`);
       adds pixel-level scores of the decoded neuron reconstructions.
     """
     threshold = _check_fraction("threshold", threshold, low=0, high=1, low_open=True, high_open=False)
@@ -699,11 +696,11 @@ def save_reveal_grid(result: FidelResult, samples, path, *, max_samples: int = 2
 
     For a CNN the reconstruction row shows the decoder output when the audit had a decoder, else the channel
     mean of the activation-map reconstruction.  With no revealed sample the best matches are shown instead
-    (titled so).  Atomic write (:func:`audit.atomic_io.atomic_savefig`); returns the path.
+    (titled so).  Atomic write (:func:`audit.reporting.atomic_io.atomic_savefig`); returns the path.
     """
     from matplotlib.figure import Figure
 
-    from audit.atomic_io import atomic_savefig
+    from audit.reporting.atomic_io import atomic_savefig
 
     x = _as_samples(samples).detach().cpu().numpy()
     if x.shape[0] != result.n_samples:

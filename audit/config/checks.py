@@ -1,4 +1,4 @@
-"""Checks shared by the auditor's settings modules; each error message starts with the offending dotted key."""
+"""The one settings error and the checks every settings module shares; each message starts with the dotted key."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ from dataclasses import fields
 from typing import Callable
 from numbers import Integral, Real
 
-__all__ = ["AuditSettingsError", "is_int", "is_real", "check_bool", "check_positive_int", "check_optional_module",
+__all__ = ["SettingsError", "is_int", "is_real", "check_bool", "check_positive_int", "check_optional_module",
            "with_defaults", "from_checks"]
 
 
-class AuditSettingsError(ValueError):
-    """An invalid audit setting; the message starts with the setting's full dotted key."""
+class SettingsError(ValueError):
+    """An invalid plan setting; the message starts with the setting's full dotted key (e.g.
+    "task_runner.settings.audit.fpr_tolerance: ..."), so a bad plan entry can be found at once."""
 
 
 def is_int(value) -> bool:
@@ -25,15 +26,15 @@ def is_real(value) -> bool:
 
 def check_bool(key: str, value) -> bool:
     if not isinstance(value, bool):
-        raise AuditSettingsError(f"{key}: expected true or false, got {value!r}")
+        raise SettingsError(f"{key}: expected true or false, got {value!r}")
     return value
 
 
 def check_positive_int(key: str, value) -> int:
     if not is_int(value):
-        raise AuditSettingsError(f"{key}: expected an integer >= 1, got {value!r}")
+        raise SettingsError(f"{key}: expected an integer >= 1, got {value!r}")
     if value < 1:
-        raise AuditSettingsError(f"{key}: expected an integer >= 1, got {value}")
+        raise SettingsError(f"{key}: expected an integer >= 1, got {value}")
     return int(value)
 
 
@@ -41,19 +42,19 @@ def check_optional_module(key: str, value) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not value.strip():
-        raise AuditSettingsError(f"{key}: expected a module name (e.g. 'classifier.0') or null, got {value!r}")
+        raise SettingsError(f"{key}: expected a module name (e.g. 'classifier.0') or null, got {value!r}")
     return value
 
 
 def with_defaults(cls, mapping, prefix: str) -> dict:
     """A settings dataclass's field values: its defaults updated with a plan's `mapping` (a Mapping whose keys
-    must all be fields). Raises AuditSettingsError naming `prefix` or `prefix.key`."""
+    must all be fields). Raises SettingsError naming `prefix` or `prefix.key`."""
     if not isinstance(mapping, Mapping):
-        raise AuditSettingsError(f"{prefix}: expected a mapping of settings, got {type(mapping).__name__}")
+        raise SettingsError(f"{prefix}: expected a mapping of settings, got {type(mapping).__name__}")
     known = [f.name for f in fields(cls)]
     for key in mapping:
         if key not in known:
-            raise AuditSettingsError(f"{prefix}.{key}: unknown setting; known: {', '.join(known)}")
+            raise SettingsError(f"{prefix}.{key}: unknown setting; known: {', '.join(known)}")
     values = {f.name: getattr(cls, f.name) for f in fields(cls)}  # class attributes hold the defaults
     values.update(mapping)
     return values
@@ -61,14 +62,14 @@ def with_defaults(cls, mapping, prefix: str) -> dict:
 
 def from_checks(cls, checks: Mapping[str, Callable], value, prefix: str):
     """`cls` built from a plan's mapping, each key passed through its check `checks[key](dotted key, value)`;
-    None -> cls(), a `cls` instance as it is. Unknown keys and non-mappings raise AuditSettingsError naming the key."""
+    None -> cls(), a `cls` instance as it is. Unknown keys and non-mappings raise SettingsError naming the key."""
     if isinstance(value, cls):
         return value
     if value is None:
         return cls()
     if not isinstance(value, Mapping):
-        raise AuditSettingsError(f"{prefix}: expected a mapping of settings ({', '.join(checks)}), got {value!r}")
+        raise SettingsError(f"{prefix}: expected a mapping of settings ({', '.join(checks)}), got {value!r}")
     for name in value:
         if name not in checks:
-            raise AuditSettingsError(f"{prefix}.{name}: unknown setting; known: {', '.join(checks)}")
+            raise SettingsError(f"{prefix}.{name}: unknown setting; known: {', '.join(checks)}")
     return cls(**{name: checks[name](f"{prefix}.{name}", v) for name, v in value.items()})

@@ -34,10 +34,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-SIGNALS = ("loss", "logits", "gradient_norm")
+from audit.config.vocabulary import MEMBER_IF_LOWER, SIGNALS
 
-# Members tend to have a low loss and small gradients, but a high (confident) true-class logit.
-_MEMBER_IF_LOWER = {"loss": True, "logits": False, "gradient_norm": True}
+
 
 # vmap(grad) materialises one full gradient per sample of the chunk; cap a chunk's per-sample gradients at this many
 # bytes so a large model (e.g. the ~23M-parameter tutorial net, ~93 MB per sample) cannot exhaust RAM whatever
@@ -53,7 +52,7 @@ def _check_signal_name(signal: str) -> None:
 def member_if_lower(signal: str) -> bool:
     """True if members are expected to have lower values of `signal` than non-members."""
     _check_signal_name(signal)
-    return _MEMBER_IF_LOWER[signal]
+    return MEMBER_IF_LOWER[signal]
 
 
 def _model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:

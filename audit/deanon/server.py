@@ -3,11 +3,11 @@
 Orekondy et al. (seeds 000/001) ask whether a server that sees anonymous model updates can tell whose they are.
 The server of a federation knows more than the paper's adversary: it sees every round's updates together with
 the sender. This module measures what that knowledge buys it: once a few rounds are stored, the attacks of
-`audit.deanon_attacks` are trained on the earlier rounds' updates, labelled by collaborator, and asked to name
+`audit.deanon.attacks` are trained on the earlier rounds' updates, labelled by collaborator, and asked to name
 the owners of this round's updates as if they had arrived anonymously (e.g. behind a shuffler or a secure
 aggregation front end that strips the sender).
 
-- `UpdateHistory` keeps, per round and collaborator, the update's representation (`audit.deanon_representation.
+- `UpdateHistory` keeps, per round and collaborator, the update's representation (`audit.deanon.representation.
   update_vector`: one layer's `trained - received`, flattened, L2-normalised, float64; 650 numbers = 5 KB for
   the last layer of our CNN). A withheld update (trained == received) has no direction and is skipped, not
   stored as a zero vector (a zero vector would be one more "user" that every attack finds trivially).
@@ -41,11 +41,11 @@ from typing import Any
 
 import numpy as np
 
-from audit.round_files import load_round_records, round_file_name
-from audit.atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
-from audit.deanon_attacks import KNN_K, match, reidentify, single_threaded
-from audit.deanon_representation import normalise_rows, update_vector
-from audit.deanon_settings import ATTACKS, REID_ATTACKS
+from audit.reporting.round_files import load_round_records, round_file_name
+from audit.reporting.atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
+from audit.deanon.attacks import KNN_K, match, reidentify, single_threaded
+from audit.deanon.representation import normalise_rows, update_vector
+from audit.config.deanon_settings import ATTACKS, REID_ATTACKS
 
 __all__ = ["UpdateHistory", "evaluate_round", "open_world_split", "DeanonReportWriter", "round_file_name",
            "BUILDING_HISTORY", "EVALUATED", "SKIPPED", "UNSEEN", "OPEN_WORLD_REID_ATTACK", "MATCH_ATTACK"]
