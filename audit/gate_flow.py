@@ -16,7 +16,7 @@ Order of the flow (each step only when the one before did not decide):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors

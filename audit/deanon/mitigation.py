@@ -22,6 +22,7 @@ Everything is deterministic given ``seed``.  Knows nothing about OpenFL.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Integral
 

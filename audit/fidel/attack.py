@@ -9,14 +9,14 @@ layer (a "partial reconstruction").
 
 This module is the data owner's audit (it knows the round's training samples, an attacker does not):
 
-* :func:`dense_update` - dW (out x in) and db (out) of the first dense layer, local minus received global weights;
-* :func:`reconstruct` - dW_i / db_i for every neuron with a non-negligible |db_i|;
-* :func:`pearson_matrix` - Pearson r of every reconstruction with every sample, in one matrix product;
-* :func:`count_revealed` - one-to-one matching of reconstructions to samples, pairs with r >= threshold;
-* :func:`ica_components` - blind source separation (FastICA) of the reconstructions, to un-mix samples that share
-  neurons (the Cocktail Party Attack's idea, which the Fidel paper names as future work);
-* :func:`fidel_audit` - all of it for one update, as a :class:`FidelResult`;
-* :func:`save_reveal_grid` - a PNG of the revealed samples beside their reconstructions.
+* audit.fidel.layers: ``dense_update`` - dW (out x in) and db (out) of the first dense layer, local minus received
+  global weights; ``reconstruct`` - dW_i / db_i for every neuron with a non-negligible |db_i|;
+* audit.fidel.scoring: ``pearson_matrix`` - Pearson r of every reconstruction with every sample, in one matrix
+  product; ``count_revealed`` - one-to-one matching of reconstructions to samples, pairs with r >= threshold;
+  ``ica_components`` - blind source separation (FastICA) of the reconstructions, to un-mix samples that share neurons
+  (the Cocktail Party Attack's idea, which the Fidel paper names as future work);
+* here: :func:`fidel_audit` - all of it for one update, as a :class:`FidelResult`;
+* audit.fidel.grid: ``save_reveal_grid`` - a PNG of the revealed samples beside their reconstructions.
 
 A CNN's activation-map reconstructions can be mapped back to pixels with a decoder trained on population data
 (:mod:`audit.fidel.decoder`); pass it as ``decoder=`` to also get pixel-level counts.
@@ -35,374 +35,27 @@ Knows nothing about OpenFL: weights come in as ``nn.Module`` or state dicts (ten
 from __future__ import annotations
 
 import copy
-import math
 import numbers
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
 from torch import nn
 
-from audit.config.fidel_settings import DEFAULT_THRESHOLD, FIDEL_METRICS
-from audit.membership.signals import eval_mode, model_input
+from audit.config.fidel_settings import DEFAULT_THRESHOLD
+from audit.fidel.layers import (DEFAULT_MIN_REL_BIAS, as_samples, _state, dense_update, find_first_dense_layer,
+                                layer_inputs, reconstruct)
+from audit.fidel.scoring import (affine_fit, check_fraction, count_revealed, fit_psnr, numerical_rank, pearson_matrix,
+                                 spatial_differences)
+from audit.fidel.scoring import ica_components as ica_components_fn  # fidel_audit has a keyword of that name
 
 __all__ = [
-    "FIDEL_METRICS",
-    "DEFAULT_THRESHOLD",
-    "DEFAULT_MIN_REL_BIAS",
     "FidelResult",
-    "find_first_dense_layer",
-    "layer_inputs",
-    "dense_update",
-    "reconstruct",
-    "pearson_matrix",
-    "count_revealed",
-    "ica_components",
-    "fit_psnr",
     "fidel_audit",
-    "save_reveal_grid",
 ]
 
 #: Scalar metric names reported to the federation (see :meth:`FidelResult.metrics`).
-#: A neuron is used when |db_i| > DEFAULT_MIN_REL_BIAS * max_j |db_j|; below that, dW_i / db_i is dominated by the
-#: float32 rounding of the weights (error ~ eps * |w| / |db_i|), not by the samples.
-DEFAULT_MIN_REL_BIAS = 1e-3
-
-
-class _Stop(Exception):
-    """Raised by a hook to end a forward pass once the wanted layer input is captured."""
-
-
-# ----------------------------------------------------------------------------- validation helpers
-
-
-def _check_fraction(name: str, value, *, low: float, high: float, low_open: bool, high_open: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise ValueError(f"{name}: must be a number, got {value!r}")
-    value = float(value)
-    bad_low = value <= low if low_open else value < low
-    bad_high = value >= high if high_open else value > high
-    if bad_low or bad_high:
-        lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
-        raise ValueError(f"{name}: must be in {lo}{low:g}, {high:g}{hi}, got {value!r}")
-    return value
-
-
-def _as_samples(samples) -> torch.Tensor:
-    """The samples as a tensor of their own dtype: integer inputs (token ids for an Embedding) stay integer."""
-    x = torch.as_tensor(np.asarray(samples) if not isinstance(samples, torch.Tensor) else samples)
-    if x.ndim < 2 or x.shape[0] == 0:
-        raise ValueError(f"samples: need an array of shape (N, ...) with N >= 1, got shape {tuple(x.shape)}")
-    return x
-
-
-def _linear_names(model: nn.Module) -> str:
-    names = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    return ", ".join(names) if names else "(none)"
-
-
-# ----------------------------------------------------------------------------- layer and update
-
-
-def find_first_dense_layer(model: nn.Module, sample_input=None, layer: str | None = None) -> str:
-    """Name of the dense layer to attack.
-
-    ``layer`` given: checked to exist and to be an ``nn.Linear`` (else ValueError naming it and its type).
-    Otherwise the first ``nn.Linear`` *called* in a forward pass of ``sample_input`` (forward order, which
-    registration order need not be) on one row per sample, found with forward hooks; ValueError if none runs.
-    A Linear applied per position ((B, T, D) after an Embedding, a sequence-first (T, B, D)) or to the batch
-    folded into rows is passed over: its dW_i / db_i averages positions, not one sample's input.
-    """
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model: need a torch.nn.Module, got {type(model).__name__}")
-    modules = dict(model.named_modules())
-    if layer is not None:
-        if layer not in modules or layer == "":
-            raise ValueError(f"layer {layer!r}: no such module; nn.Linear layers: {_linear_names(model)}")
-        module = modules[layer]
-        if not isinstance(module, nn.Linear):
-            raise ValueError(
-                f"layer {layer!r} is {type(module).__name__}, not nn.Linear: the Fidel attack inverts a dense "
-                f"layer; nn.Linear layers: {_linear_names(model)}"
-            )
-        if module.bias is None:
-            raise ValueError(f"layer {layer!r} has no bias: the Fidel attack divides dW_i by db_i")
-        return layer
-    if sample_input is None:
-        raise ValueError("sample_input: needed to find the first dense layer in forward order (or give layer=)")
-    x = model_input(model, _as_samples(sample_input)[:1])
-    found: list[str] = []
-
-    def hook(name):
-        def pre(_module, args):
-            inp = args[0] if args else None
-            if isinstance(inp, torch.Tensor) and inp.ndim == 2 and inp.shape[0] == len(x):
-                found.append(name)
-                raise _Stop
-
-        return pre
-
-    handles = [m.register_forward_pre_hook(hook(n)) for n, m in modules.items() if isinstance(m, nn.Linear)]
-    try:
-        with eval_mode(model), torch.no_grad():
-            model(x)
-    except _Stop:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
-    if not found:
-        raise ValueError(
-            f"model {type(model).__name__} calls no nn.Linear layer on one row per sample in its forward pass: the "
-            f"Fidel attack needs a dense layer applied once per sample; nn.Linear layers: {_linear_names(model)}"
-        )
-    return find_first_dense_layer(model, layer=found[0])
-
-
-def layer_inputs(model: nn.Module, layer: str, samples, *, batch_size: int = 256) -> tuple[np.ndarray, tuple]:
-    """Inputs of ``layer`` for every sample (eval mode, no grad), float64 (N, in), and their unflattened shape.
-
-    The shape is that of the input of the last ``nn.Flatten`` called before ``layer`` when it has ``in``
-    elements (a CNN's (channels, h, w) activation map; an FCNN's image), else ``(in,)``.
-    """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: must be a positive integer, got {batch_size!r}")
-    find_first_dense_layer(model, layer=layer)
-    target = model.get_submodule(layer)
-    x = model_input(model, _as_samples(samples))
-    state: dict[str, Any] = {"flat": None, "out": [], "rows": 0}
-
-    def flatten_hook(_m, args):
-        state["flat"] = tuple(args[0].shape[1:])
-
-    def layer_hook(_m, args):
-        inp = args[0]
-        if inp.ndim == 2 and inp.shape[0] == state["rows"] and inp.shape[1] != target.in_features:
-            raise ValueError(
-                f"samples of shape {tuple(x.shape)} do not fit the model: layer {layer!r} gets input of shape "
-                f"{tuple(inp.shape)}, expects (batch, {target.in_features})"
-            )
-        if inp.ndim != 2 or inp.shape[0] != state["rows"]:
-            # Applied per position ((B, T, D)) or to the batch folded into rows: each neuron's dW_i / db_i then
-            # averages positions, not one sample's input, and nothing lines the rows up with the samples.
-            raise ValueError(
-                f"layer {layer!r} gets input of shape {tuple(inp.shape)} for {state['rows']} samples, not one row "
-                f"per sample: the Fidel attack inverts a dense layer applied once per sample; pick one with "
-                f"task_runner.settings.audit.fidel.layer (nn.Linear layers: {_linear_names(model)})"
-            )
-        state["out"].append(inp.detach().to(torch.float64))
-        raise _Stop
-
-    handles = [m.register_forward_pre_hook(flatten_hook) for m in model.modules() if isinstance(m, nn.Flatten)]
-    handles.append(target.register_forward_pre_hook(layer_hook))
-    try:
-        with eval_mode(model), torch.no_grad():
-            for start in range(0, x.shape[0], batch_size):
-                chunk = x[start : start + batch_size]
-                state["rows"] = len(chunk)
-                try:
-                    model(chunk)
-                except _Stop:
-                    continue
-                raise ValueError(f"layer {layer!r} was not called in the forward pass")
-    except (RuntimeError, TypeError) as e:
-        raise ValueError(f"samples of shape {tuple(x.shape)} do not fit the model: {e}") from e
-    finally:
-        for h in handles:
-            h.remove()
-    feats = torch.cat(state["out"]).cpu().numpy()
-    flat = state["flat"]
-    shape = flat if flat is not None and math.prod(flat) == feats.shape[1] else (feats.shape[1],)
-    return feats, shape
-
-
-def _to_numpy(value, key: str) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        value = value.detach().cpu().to(torch.float64).numpy()
-    try:
-        arr = np.asarray(value, dtype=np.float64)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{key}: not a numeric array ({e})") from e
-    return arr
-
-
-def _state(weights, what: str) -> Mapping[str, Any]:
-    if isinstance(weights, nn.Module):
-        return weights.state_dict()
-    if isinstance(weights, Mapping):
-        return weights
-    raise ValueError(f"{what}: need an nn.Module or a state dict (name -> array), got {type(weights).__name__}")
-
-
-def dense_update(global_weights, local_weights, layer: str) -> tuple[np.ndarray, np.ndarray]:
-    """dW = W_local - W_global (out, in) and db (out,) of ``layer``, in float64.
-
-    Weights are ``nn.Module`` or state dicts with ``{layer}.weight`` / ``{layer}.bias``; a missing key or a
-    shape mismatch raises ValueError naming it.  The difference is taken in float64 from the stored values.
-    """
-    g, loc = _state(global_weights, "global_weights"), _state(local_weights, "local_weights")
-    keys = (f"{layer}.weight", f"{layer}.bias")
-    for name, state in (("global_weights", g), ("local_weights", loc)):
-        for key in keys:
-            if key not in state:
-                raise ValueError(f"{name}: has no {key!r} (keys: {', '.join(list(state)[:12])}...)")
-    out = []
-    for key in keys:
-        a, b = _to_numpy(g[key], key), _to_numpy(loc[key], key)
-        if a.shape != b.shape:
-            raise ValueError(f"{key}: global shape {a.shape} != local shape {b.shape}")
-        out.append(b - a)
-    dw, db = out
-    if dw.ndim != 2 or db.shape != (dw.shape[0],):
-        raise ValueError(f"{layer}: weight {dw.shape} and bias {db.shape} are not a dense layer's (out, in) / (out,)")
-    return dw, db
-
-
-def reconstruct(dw: np.ndarray, db: np.ndarray, min_rel_bias: float = DEFAULT_MIN_REL_BIAS):
-    """Reconstructions dW_i / db_i (k, in) and the indices (k,) of the neurons used.
-
-    Neuron i is used iff |db_i| > min_rel_bias * max |db| (and db_i != 0): a neuron no sample moved (a dead
-    ReLU) has dW_i = db_i = 0, and a nearly unmoved one divides rounding noise by a tiny number.
-    """
-    min_rel_bias = _check_fraction("min_rel_bias", min_rel_bias, low=0, high=1, low_open=False, high_open=True)
-    dw, db = np.asarray(dw, dtype=np.float64), np.asarray(db, dtype=np.float64)
-    if dw.ndim != 2 or db.shape != (dw.shape[0],):
-        raise ValueError(f"dW must be (out, in) and db (out,); got {dw.shape} and {db.shape}")
-    mag = np.abs(db)
-    peak = mag.max(initial=0.0)
-    used = np.flatnonzero((mag > min_rel_bias * peak) & (mag > 0))
-    return dw[used] / db[used, None], used
-
-
-# ----------------------------------------------------------------------------- scoring
-
-
-def _standardise_rows(a: np.ndarray) -> np.ndarray:
-    a = a - a.mean(axis=1, keepdims=True)
-    norm = np.linalg.norm(a, axis=1, keepdims=True)
-    # A constant row has no defined correlation; zeros make its r 0 instead of NaN.
-    return np.divide(a, norm, out=np.zeros_like(a), where=norm > 0)
-
-
-def _rows(values) -> np.ndarray:
-    """float64 (count, values per row); numpy cannot infer a -1 axis from an empty array (no neuron moved)."""
-    arr = np.asarray(values, dtype=np.float64)
-    return arr.reshape(len(arr), math.prod(arr.shape[1:]))
-
-
-def pearson_matrix(a, b) -> np.ndarray:
-    """Pearson r of every row of ``a`` (k, d) with every row of ``b`` (n, d): (k, n), one matrix product."""
-    a, b = _rows(a), _rows(b)
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"reconstructions have {a.shape[1]} values each but samples have {b.shape[1]}")
-    return np.clip(_standardise_rows(a) @ _standardise_rows(b).T, -1.0, 1.0)
-
-
-def count_revealed(corr, threshold: float = DEFAULT_THRESHOLD) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct samples revealed by a one-to-one matching of reconstructions (rows) to samples (columns).
-
-    Returns the matched ``(rows, cols)`` with ``corr >= threshold``; its length is the revealed count, and each
-    sample and each reconstruction appears at most once (a sample two neurons reveal counts once).
-    """
-    threshold = _check_fraction("threshold", threshold, low=0, high=1, low_open=True, high_open=False)
-    corr = np.asarray(corr, dtype=np.float64)
-    if corr.ndim != 2:
-        raise ValueError(f"corr must be (reconstructions, samples), got shape {corr.shape}")
-    hit = corr >= threshold
-    rows, cols = np.flatnonzero(hit.any(axis=1)), np.flatnonzero(hit.any(axis=0))
-    if rows.size == 0:
-        return rows, cols
-    sub_hit, sub_corr = hit[np.ix_(rows, cols)], corr[np.ix_(rows, cols)]
-    # Maximising the plain sum of r can trade one revealed pair for two near misses (0.97 + 0.97 > 0.99 + 0.5).
-    # So maximise the number of pairs >= threshold first and the sum of r only second: the r term sums to less
-    # than 1/2 in magnitude over any matching, so it can never outweigh one more revealed pair.
-    weight = sub_hit + sub_corr / (2 * min(sub_hit.shape) + 1)
-    r, c = linear_sum_assignment(weight, maximize=True)
-    keep = sub_hit[r, c]
-    return rows[r[keep]], cols[c[keep]]
-
-
-def _spatial_differences(recs: np.ndarray, shape: tuple | None) -> np.ndarray:
-    """Horizontal and vertical neighbour differences of each (C, H, W) row; the rows unchanged otherwise."""
-    if shape is None or len(shape) != 3 or shape[1] < 2 or shape[2] < 2 or math.prod(shape) != recs.shape[1]:
-        return recs
-    img = recs.reshape((len(recs),) + tuple(shape))
-    dx = np.diff(img, axis=-1).reshape(len(recs), -1)
-    dy = np.diff(img, axis=-2).reshape(len(recs), -1)
-    return np.concatenate([dx, dy], axis=1)
-
-
-def ica_components(recs, n_components: int, *, shape: tuple | None = None, seed: int = 0, max_iter: int = 400):
-    """FastICA un-mixing of the reconstructions ``recs`` (k, d) into ``n_components`` sources (n_components, d).
-
-    Each reconstruction is a mixture of the samples' inputs (dW = G^T X for one step), so the reconstructions are
-    the observed channels and the input positions the observations; the sources are the samples up to scale and
-    sign.  FastICA whitens, so its sources come out uncorrelated, while images are not (digits: mean pairwise
-    r ~ 0.5), which caps how close a source can get to a sample.  With ``shape`` = (C, H, W) the un-mixing matrix is
-    therefore learned on neighbour differences (edges of different images correlate less) and then applied to the
-    reconstructions themselves - a linear filter along the positions keeps the mixing matrix unchanged.  Rows are
-    standardised first so every neuron weighs the same (dW_i / db_i magnifies small-db neurons).
-    """
-    from sklearn.decomposition import FastICA
-    from sklearn.exceptions import ConvergenceWarning
-
-    recs = _standardise_rows(np.asarray(recs, dtype=np.float64))
-    train = _spatial_differences(recs, shape)
-    if isinstance(n_components, bool) or not isinstance(n_components, numbers.Integral) or n_components < 1:
-        raise ValueError(f"ica_components: must be a positive integer, got {n_components!r}")
-    if isinstance(max_iter, bool) or not isinstance(max_iter, numbers.Integral) or max_iter < 1:
-        raise ValueError(f"ica_max_iter: must be a positive integer, got {max_iter!r}")
-    if n_components > min(recs.shape[0], train.shape[1] - 1):
-        raise ValueError(
-            f"ica_components: {n_components} is more than the {recs.shape[0]} reconstructions or "
-            f"{train.shape[1] - 1} (observations per reconstruction - 1) allow"
-        )
-    ica = FastICA(n_components=int(n_components), whiten="unit-variance", random_state=seed, max_iter=max_iter)
-    with warnings.catch_warnings():
-        # A component that does not converge is still scored: a bad one simply does not correlate.
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        ica.fit(train.T)
-    return np.nan_to_num(ica.components_ @ recs)
-
-
-ica_components_fn = ica_components  # fidel_audit's keyword of the same name shadows the function
-
-
-def _numerical_rank(recs: np.ndarray, rtol: float) -> int:
-    if recs.shape[0] == 0:
-        return 0
-    s = np.linalg.svd(_standardise_rows(recs), compute_uv=False)
-    return int(np.sum(s > rtol * s[0])) if s[0] > 0 else 0
-
-
-def fit_psnr(r, samples) -> np.ndarray:
-    """PSNR (dB) of the least-squares fit a * rec + b to each sample, from the Pearson r of the pair.
-
-    The residual of the best affine fit of rec to x is var(x) * (1 - r^2) per value (closed form of the least
-    squares), so no refit is needed; the peak is the sample's own data range.  r = +-1 is capped at 1e-12 * var.
-    """
-    x = np.asarray(samples, dtype=np.float64).reshape(len(samples), -1)
-    r = np.asarray(r, dtype=np.float64)
-    var = x.var(axis=1)
-    rng = x.max(axis=1) - x.min(axis=1)
-    mse = var * np.maximum(1.0 - r**2, 1e-12)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = 10.0 * np.log10(rng**2 / mse)
-    return np.where(var > 0, out, np.nan)
-
-
-def _affine_fit(rec: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """a * rec + b closest to x (row-wise least squares), for display in the sample's own scale."""
-    rc = rec - rec.mean(axis=1, keepdims=True)
-    xc = x - x.mean(axis=1, keepdims=True)
-    den = (rc * rc).sum(axis=1, keepdims=True)
-    a = np.divide((rc * xc).sum(axis=1, keepdims=True), den, out=np.zeros_like(den), where=den > 0)
-    return a * rc + x.mean(axis=1, keepdims=True)
-
-
 # ----------------------------------------------------------------------------- the audit
 
 
@@ -562,13 +215,13 @@ def fidel_audit(
     * ``decoder``: callable mapping layer inputs (k, in) to samples (k, C, H, W) (e.g. :mod:`audit.fidel.decoder`);
       adds pixel-level scores of the decoded neuron reconstructions.
     """
-    threshold = _check_fraction("threshold", threshold, low=0, high=1, low_open=True, high_open=False)
-    _check_fraction("min_rel_bias", min_rel_bias, low=0, high=1, low_open=False, high_open=True)
-    _check_fraction("ica_rank_rtol", ica_rank_rtol, low=0, high=1, low_open=True, high_open=True)
+    threshold = check_fraction("threshold", threshold, low=0, high=1, low_open=True, high_open=False)
+    check_fraction("min_rel_bias", min_rel_bias, low=0, high=1, low_open=False, high_open=True)
+    check_fraction("ica_rank_rtol", ica_rank_rtol, low=0, high=1, low_open=True, high_open=True)
     for name, value in (("ica_max_iter", ica_max_iter), ("ica_components", ica_components)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1):
             raise ValueError(f"{name}: must be a positive integer, got {value!r}")
-    x = _as_samples(samples)
+    x = as_samples(samples)
     n = x.shape[0]
     net = _global_net(global_weights, model)
     layer = find_first_dense_layer(net, x[:1], layer)
@@ -596,8 +249,8 @@ def fidel_audit(
     best_r_ica = ica_mask = None
     n_comp = 0
     if ica and len(recs) >= 1:
-        cap = min(n, len(recs), _spatial_differences(recs[:1], rec_shape).shape[1] - 1)
-        n_comp = min(cap, _numerical_rank(recs, ica_rank_rtol)) if ica_components is None else ica_components
+        cap = min(n, len(recs), spatial_differences(recs[:1], rec_shape).shape[1] - 1)
+        n_comp = min(cap, numerical_rank(recs, ica_rank_rtol)) if ica_components is None else ica_components
         if n_comp >= 1:
             sources = ica_components_fn(recs, n_comp, shape=rec_shape, seed=seed, max_iter=ica_max_iter)
             corr_ica = np.abs(pearson_matrix(sources, feats))
@@ -605,7 +258,7 @@ def fidel_audit(
             _, icols = count_revealed(corr_ica, threshold)
             ica_mask = np.zeros(n, dtype=bool)
             ica_mask[icols] = True
-            # Show the ICA source where it beats the sample's neuron match (sign is fitted by _affine_fit).
+            # Show the ICA source where it beats the sample's neuron match (sign is fitted by affine_fit).
             better = (best_r_ica > match_r) & ~revealed_mask
             if better.any():
                 src = sources[corr_ica.argmax(axis=0)]
@@ -666,77 +319,9 @@ def fidel_audit(
         revealed_decoded_mask=dec_mask,
         match_r=match_r,
         match_source=match_source,
-        match_reconstruction=_affine_fit(match_rec, feats).reshape((n,) + tuple(rec_shape)),
+        match_reconstruction=affine_fit(match_rec, feats).reshape((n,) + tuple(rec_shape)),
         match_decoded=match_dec,
         match_decoded_r=match_dec_r,
         psnr=fit_psnr(match_r, feats),
         psnr_decoded=None if match_dec_r is None else fit_psnr(match_dec_r, x_flat),
     )
-
-
-# ----------------------------------------------------------------------------- grid image
-
-
-def _display(img: np.ndarray) -> tuple[np.ndarray, str | None]:
-    """A 2-D image (and colormap) from (C, H, W) / (H, W) / (d,) values."""
-    img = np.asarray(img, dtype=np.float64)
-    if img.ndim == 3 and img.shape[0] == 3:
-        lo, hi = img.min(), img.max()
-        return (img.transpose(1, 2, 0) - lo) / (hi - lo if hi > lo else 1.0), None
-    if img.ndim == 3:  # one channel, or an activation map: the channel mean
-        return img.mean(axis=0), "gray"
-    if img.ndim == 1:
-        side = math.isqrt(img.size)
-        return (img.reshape(side, side) if side * side == img.size else img[None, :]), "gray"
-    return img, "gray"
-
-
-def save_reveal_grid(result: FidelResult, samples, path, *, max_samples: int = 24, include_unrevealed: bool = False):
-    """Write a PNG of revealed samples (top) beside their reconstructions (below), each labelled with r.
-
-    For a CNN the reconstruction row shows the decoder output when the audit had a decoder, else the channel
-    mean of the activation-map reconstruction.  With no revealed sample the best matches are shown instead
-    (titled so).  Atomic write (:func:`audit.reporting.atomic_io.atomic_savefig`); returns the path.
-    """
-    from matplotlib.figure import Figure
-
-    from audit.reporting.atomic_io import atomic_savefig
-
-    x = _as_samples(samples).detach().cpu().numpy()
-    if x.shape[0] != result.n_samples:
-        raise ValueError(f"samples: {x.shape[0]} given but the result is for {result.n_samples}")
-    if isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples < 1:
-        raise ValueError(f"max_samples: must be a positive integer, got {max_samples!r}")
-    use_decoded = result.space == "activation" and result.match_decoded is not None
-    mask = result.revealed_decoded_mask if use_decoded else result.revealed_union_mask
-    scores = result.match_decoded_r if use_decoded else result.match_r
-    idx = np.flatnonzero(mask)
-    title = f"{result.layer}: {int(mask.sum())} of {result.n_samples} samples revealed (r >= {result.threshold:g})"
-    if idx.size == 0 or include_unrevealed:
-        idx = np.argsort(-scores, kind="stable")
-        if not mask.any():
-            title += "; best matches shown"
-    idx = idx[:max_samples]
-    cols = max(1, len(idx))
-    fig = Figure(figsize=(1.2 * cols + 0.6, 3.0), layout="constrained")
-    axes = fig.subplots(2, cols, squeeze=False)
-    label = "decoded" if use_decoded else ("reconstruction" if result.space == "input" else "activation (mean)")
-    for j, s in enumerate(idx):
-        img, cmap = _display(x[s])
-        axes[0, j].imshow(img, cmap=cmap)
-        axes[0, j].set_title(f"sample {s}", fontsize=7)
-        rec = result.match_decoded[s] if use_decoded else result.match_reconstruction[s]
-        rimg, rcmap = _display(rec)
-        # Same grey scale as the sample where both are images in the same space, so contrast differences show.
-        same_space = use_decoded or result.space == "input"
-        lim = dict(vmin=img.min(), vmax=img.max()) if same_space and cmap and rimg.shape == img.shape else {}
-        axes[1, j].imshow(rimg, cmap=rcmap, **lim)
-        src = "" if use_decoded or result.match_source[s] == "neuron" else " ica"
-        axes[1, j].set_title(f"r={scores[s]:.3f}{src}", fontsize=7, color="black" if mask[s] else "gray")
-    for ax in axes.ravel():
-        ax.set_xticks([])
-        ax.set_yticks([])
-    axes[0, 0].set_ylabel("sample", fontsize=8)
-    axes[1, 0].set_ylabel(label, fontsize=8)
-    fig.suptitle(title, fontsize=8)
-    return atomic_savefig(fig, path, dpi=100)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
-from audit.fidel.attack import find_first_dense_layer, layer_inputs
+from audit.fidel.layers import find_first_dense_layer, layer_inputs
 
 __all__ = ["DEFAULT_ALPHAS", "FidelDecoder", "train_decoder"]
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from audit.config.fidel_settings import FidelSettings
-from audit.fidel.attack import fidel_audit, save_reveal_grid
+from audit.fidel.attack import fidel_audit
+from audit.fidel.grid import save_reveal_grid
 from audit.fidel.decoder import train_decoder
 from audit.round_audit import AuditContext, StepResult
 
