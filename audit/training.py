@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from audit.config.vocabulary import OPTIMIZERS
-from audit.membership.signals import model_input, module_mode
+from audit.model_io import model_input, module_mode
 
 __all__ = ["TrainingRecipe", "train_copies", "copies_per_chunk"]
 

@@ -28,7 +28,7 @@ from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATION
 from audit.config.vocabulary import OPTIMIZERS
 from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
-from audit.membership.signals import gradient_parameter_names
+from audit.membership.gradient_norms import gradient_parameter_names
 from audit.reporting.party import ReportWriter
 from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
 from audit.training import TrainingRecipe

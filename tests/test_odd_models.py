@@ -23,7 +23,7 @@ from audit.config.gate import audit_metric_names
 from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
 from audit.config.audit_settings import AuditSettings
 from audit.training import TrainingRecipe, _train_chunk, train_copies
-from audit.membership.signals import module_mode
+from audit.model_io import module_mode
 
 COPIES, SIZE = 3, 40
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import audit.membership.gradient_norms as gradient_norms_module
 import audit.membership.signals as signals_module
 from audit.membership.signals import (
     SIGNALS,
@@ -338,7 +339,7 @@ def _no_functorch(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the torch.func path ran")
 
-    monkeypatch.setattr(signals_module, "_functorch_squared_norms", forbidden)
+    monkeypatch.setattr(gradient_norms_module, "_functorch_squared_norms", forbidden)
 
 
 @pytest.mark.parametrize(

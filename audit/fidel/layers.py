@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from audit.fidel.scoring import check_fraction
-from audit.membership.signals import eval_mode, model_input
+from audit.model_io import eval_mode, model_input
 
 __all__ = ["DEFAULT_MIN_REL_BIAS", "find_first_dense_layer", "layer_inputs", "dense_update", "reconstruct"]
 

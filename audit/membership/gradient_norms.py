@@ -1,0 +1,310 @@
+"""Per-sample gradient norms of a classifier's loss, w.r.t. all its trainable parameters or one layer's.
+
+For a Linear or Conv2d layer that sees one row per sample, sample i's gradient w.r.t. the weight is G_i^T A_i (A_i the
+layer's input, unfolded into patches for a convolution; G_i the gradient of the sample's loss w.r.t. the layer's
+output), so one batched forward and backward give every sample's norm without building per-sample gradients when the
+Gram matrices are smaller ("ghost" norms, as opacus' fast gradient clipping does). Any other parameter, or a layer that
+sees the batch folded into its rows or sequence-first, goes through torch.func (vmap of grad), or a per-sample autograd
+loop when vmap cannot batch the forward. The first samples of every call are checked against per-sample autograd.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from audit.model_io import chunks, eval_mode
+
+__all__ = ["gradient_parameter_names", "gradient_norms"]
+
+# vmap(grad) materialises one full gradient per sample of the chunk; cap a chunk's per-sample gradients at this many
+# bytes so a large model (e.g. the ~23M-parameter tutorial net, ~93 MB per sample) cannot exhaust RAM whatever
+# batch_size the caller picked.
+_MAX_CHUNK_GRAD_BYTES = 512 * 2**20
+
+
+def gradient_parameter_names(model: nn.Module, layer: str | None) -> list[str]:
+    """Full names (as in model.named_parameters()) of the parameters to differentiate."""
+    if layer is None:
+        names = [name for name, p in model.named_parameters() if p.requires_grad]
+        if not names:
+            raise ValueError("the model has no trainable parameters")
+        return names
+    modules = dict(model.named_modules())
+    owners = [name for name, m in modules.items() if name and any(p.requires_grad for p in m.parameters())]
+    if layer not in modules:
+        raise ValueError(f"unknown layer {layer!r}; modules with trainable parameters: {', '.join(owners)}")
+    prefix = f"{layer}." if layer else ""
+    # Take names from the root so they are exactly the keys functional_call expects (tied weights are listed once).
+    names = [name for name, p in model.named_parameters() if p.requires_grad and name.startswith(prefix)]
+    if not names:
+        raise ValueError(
+            f"layer {layer!r} ({type(modules[layer]).__name__}) has no trainable parameters; "
+            f"modules with trainable parameters: {', '.join(owners)}"
+        )
+    return names
+
+
+def gradient_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str], batch_size: int,
+                    *, want_logits: bool = False) -> tuple[np.ndarray, torch.Tensor | None]:
+    """Per-sample gradient norms w.r.t. the parameters `names`, and (if the layer-wise path ran and `want_logits`)
+    the float64 logits of the same forward pass, else None."""
+    with eval_mode(model), torch.no_grad():  # torch.func.grad and enable_grad() below still see gradients
+        layers = _layerwise_targets(model, names)
+        if layers is not None:
+            found = _layerwise_norms(model, x, y, layers, batch_size, want_logits=want_logits)
+            if found is not None:
+                squared, logits = found
+                return squared.sqrt().cpu().numpy(), logits
+        return _functorch_squared_norms(model, x, y, names, batch_size).sqrt().cpu().numpy(), None
+
+
+def _functorch_squared_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str],
+                             batch_size: int) -> torch.Tensor:
+    """Squared per-sample gradient norms by torch.func (vmap of grad), any model; float64 of shape (N,).
+
+    Materialises every sample's full gradient: the general path, used when the layer-wise one does not apply.
+    """
+    wanted = set(names)
+    # Detached copies share storage with the model but are outside autograd, so neither the parameters nor their
+    # .grad fields can be touched; torch.func tracks the trainable ones itself.
+    trainable = {n: p.detach() for n, p in model.named_parameters() if n in wanted}
+    constants = {n: p.detach() for n, p in model.named_parameters() if n not in wanted}
+    constants.update({n: b.detach() for n, b in model.named_buffers()})
+
+    per_sample_elems = sum(p.numel() for p in trainable.values())
+    elem_bytes = next(iter(trainable.values())).element_size()
+    chunk = max(1, min(batch_size, _MAX_CHUNK_GRAD_BYTES // max(1, per_sample_elems * elem_bytes)))
+
+    def sample_loss(params, xi, yi):
+        out = functional_call(model, (params, constants), (xi.unsqueeze(0),))
+        return F.cross_entropy(out, yi.unsqueeze(0))
+
+    per_sample_grads = vmap(grad(sample_loss), in_dims=(None, 0, 0))
+
+    def squared_norms_vmap(xs, ys):
+        grads = per_sample_grads(trainable, xs, ys)
+        # Norm per tensor in the parameters' dtype (no float64 copy of the big gradient block), summed in float64.
+        return sum(torch.linalg.vector_norm(g.reshape(len(xs), -1), dim=1).double() ** 2 for g in grads.values())
+
+    def squared_norms_loop(xs, ys):
+        return _loop_squared_norms(sample_loss, trainable, xs, ys)
+
+    result = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
+    use_vmap = True
+    for part in chunks(x.shape[0], chunk):
+        vmap_error = None
+        if use_vmap:
+            try:
+                result[part] = squared_norms_vmap(x[part], y[part])
+                continue
+            except (RuntimeError, NotImplementedError) as err:
+                vmap_error = err
+        # The loop is for forwards that only vmap cannot batch: in-place writes of batched values into fresh or
+        # captured tensors, .item() / float() / data-dependent control flow, dynamic shapes (boolean masks,
+        # nonzero), .tolist() (no storage), old-style autograd.Functions. torch raises these as RuntimeError with
+        # no single type or prefix, so the test is the loop itself, outside the except block: an error that is not
+        # vmap's (a wrong input shape or dtype) fails there too, on the first sample, and propagates with its own
+        # message and no fallback warning.
+        result[part] = squared_norms_loop(x[part], y[part])
+        if vmap_error is not None:
+            warnings.warn(
+                f"gradient_norm_signal: torch.func.vmap failed ({vmap_error}); falling back to a per-sample "
+                "autograd loop, which is slower",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            use_vmap = False
+    return result
+
+
+def _loop_squared_norms(sample_loss, trainable: dict, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+    """Squared gradient norms one sample at a time with plain autograd (works for any forward)."""
+    out = torch.empty(len(xs), dtype=torch.float64, device=xs.device)
+    for i in range(len(xs)):
+        params = {n: t.detach().requires_grad_() for n, t in trainable.items()}
+        with torch.enable_grad():
+            grads = torch.autograd.grad(sample_loss(params, xs[i], ys[i]), list(params.values()), allow_unused=True)
+        out[i] = sum(float(g.double().pow(2).sum()) for g in grads if g is not None)
+    return out
+
+
+# ---------------------------------------------------------------- layer-wise per-sample gradient norms
+#
+# For a Linear or Conv2d layer, sample i's gradient w.r.t. the weight is G_i^T A_i, where A_i holds the layer's
+# input (Conv2d: unfolded into patches, one row per output position) and G_i the gradient of the sample's loss w.r.t.
+# the layer's output (one row per position); w.r.t. the bias it is the column sums of G_i. One batched forward and a
+# backward to the layer's output give every G_i (samples do not interact in eval mode; the loss and logits signals
+# batch on the same assumption), so no per-sample weight gradient is ever built when the "ghost" identity
+# ||G^T A||_F^2 = <A A^T, G G^T> is cheaper: for the tutorial's conv5 (16 positions) that is 16x16 Gram matrices
+# instead of 590k gradient entries per sample. Layers after the audited one are differentiated w.r.t. their inputs
+# only, layers before it not at all.
+
+_LAYERWISE_TYPES = (nn.Linear, nn.Conv2d)
+_PROBE_SAMPLES = 4  # first samples of every call checked against one-sample-at-a-time autograd
+_PROBE_RTOL = 1e-3
+
+
+def _layerwise_targets(model: nn.Module, names: list[str]) -> dict[str, tuple[nn.Module, tuple[str, ...]]] | None:
+    """module name -> (module, its wanted parameter attributes) if every wanted parameter is the weight or bias of a
+    plain Linear / Conv2d (exact types: a subclass may change the forward) that no other module shares; else None."""
+    modules = dict(model.named_modules())
+    owners: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        owners[id(p)] = owners.get(id(p), 0) + 1
+    targets: dict[str, list[str]] = {}
+    for name in names:
+        module_name, _, attr = name.rpartition(".")
+        module = modules.get(module_name)
+        if type(module) not in _LAYERWISE_TYPES or attr not in ("weight", "bias"):
+            return None
+        if owners.get(id(getattr(module, attr)), 0) != 1:  # tied weights: the layer's output is not all of it
+            return None
+        if isinstance(module, nn.Conv2d) and (
+            module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str)
+        ):
+            return None
+        targets.setdefault(module_name, []).append(attr)
+    return {name: (modules[name], tuple(attrs)) for name, attrs in targets.items()}
+
+
+def _patches(module: nn.Module, inp: torch.Tensor) -> torch.Tensor | None:
+    """The layer's input as (B, positions, in_features): what its weight multiplies at each output position."""
+    if isinstance(module, nn.Linear):
+        return inp.reshape(inp.shape[0], -1, inp.shape[-1]) if inp.ndim >= 2 else None
+    if inp.ndim != 4:
+        return None
+    cols = F.unfold(inp, module.kernel_size, dilation=module.dilation, padding=module.padding, stride=module.stride)
+    return cols.transpose(1, 2)  # (B, K, P) -> (B, P, K)
+
+
+def _squared_layer_norms(module: nn.Module, attrs: tuple[str, ...], inp: torch.Tensor, grad_out: torch.Tensor,
+                         batch: int) -> torch.Tensor | None:
+    """Per-sample squared norms of the gradient w.r.t. the layer's `attrs`, float64 (batch,); None if the layer
+    does not see one row per sample of the `batch` or shapes are odd."""
+    # The identities below read row i of the layer's input and output gradient as sample i's. A layer that sees the
+    # batch folded into its rows (x.reshape(B * T, D)) or sequence-first ((T, B, D)) breaks that: leave it to the
+    # general path. (T == B sequence-first passes this check; the probe against per-sample autograd catches it.)
+    if inp.ndim < 2 or inp.shape[0] != batch or grad_out.ndim < 2 or grad_out.shape[0] != batch:
+        return None
+    a = _patches(module, inp)
+    if a is None:
+        return None
+    b = a.shape[0]
+    if isinstance(module, nn.Conv2d):
+        g = grad_out.reshape(b, grad_out.shape[1], -1).transpose(1, 2)  # (B, O, P) -> (B, P, O)
+    else:
+        g = grad_out.reshape(b, -1, grad_out.shape[-1])
+    if g.shape[1] != a.shape[1]:
+        return None
+    total = torch.zeros(b, dtype=torch.float64, device=a.device)
+    if "bias" in attrs:
+        total += torch.linalg.vector_norm(g.sum(dim=1), dim=1).double() ** 2
+    if "weight" not in attrs:
+        return total
+    positions, k, o = a.shape[1], a.shape[2], g.shape[2]
+    if positions == 1:  # a plain Linear: ||g a^T||^2 = ||g||^2 ||a||^2
+        total += (torch.linalg.vector_norm(a[:, 0], dim=1).double() ** 2
+                  * torch.linalg.vector_norm(g[:, 0], dim=1).double() ** 2)
+    elif positions * (k + o) < k * o:  # the Gram matrices are smaller than the gradient
+        a64, g64 = a.double(), g.double()  # float64: the inner product of the two Grams may cancel
+        total += (torch.bmm(a64, a64.transpose(1, 2)) * torch.bmm(g64, g64.transpose(1, 2))).sum(dim=(1, 2))
+    else:  # build the per-sample weight gradients (B, O, K), as few samples at a time as the byte cap needs
+        step = max(1, _MAX_CHUNK_GRAD_BYTES // max(1, k * o * a.element_size()))
+        for part in chunks(b, step):
+            per_sample = torch.bmm(g[part].transpose(1, 2), a[part])
+            total[part] += torch.linalg.vector_norm(per_sample.reshape(len(per_sample), -1), dim=1).double() ** 2
+    return total
+
+
+def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers: dict, batch_size: int,
+                     *, want_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """Squared per-sample gradient norms (float64, (N,)) and the float64 logits if `want_logits`; None if the
+    forward does not fit the layer-wise computation (a layer called twice or never, an in-place change of a layer's
+    input, a layer that does not see one row per sample, an output that is not (batch, classes) logits) or if it
+    disagrees with per-sample autograd on the first samples (e.g. samples that interact in the forward, a weight
+    also used outside its layer): the caller then takes the general path."""
+    # All parameters and buffers detached: autograd starts at the audited layers' outputs, nothing reaches the model.
+    state = {n: p.detach() for n, p in model.named_parameters()}
+    state.update({n: b.detach() for n, b in model.named_buffers()})
+    reference = _probe_reference(model, state, x, y, layers)  # before the hooks below change the forward
+    captured: dict[str, list] = {}
+
+    def hook_for(name):
+        def hook(module, inputs, output):
+            if not isinstance(output, torch.Tensor) or not inputs or not isinstance(inputs[0], torch.Tensor):
+                captured.setdefault(name, []).extend([None, None])  # unusable: marks the call as failed
+                return None
+            # Downstream of another audited layer the output is already in the graph; else it starts one.
+            z = output if output.requires_grad else output.detach().requires_grad_()
+            captured.setdefault(name, []).append((inputs[0], inputs[0]._version, z))
+            # Later layers get a copy: an in-place op after the layer (ReLU(inplace=True)) must not change the tensor
+            # whose gradient is read.
+            return z.clone()
+        return hook
+
+    handles = [module.register_forward_hook(hook_for(name)) for name, (module, _) in layers.items()]
+    squared = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
+    parts = []
+    try:
+        for part in chunks(x.shape[0], batch_size):
+            captured.clear()
+            with torch.enable_grad():
+                out = functional_call(model, state, (x[part],))
+                if (not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != part.stop - part.start
+                        or not out.requires_grad):
+                    return None
+                if any(len(captured.get(name, ())) != 1 for name in layers):
+                    return None
+                outputs = [captured[name][0][2] for name in layers]
+                # The sum of the samples' own losses: its gradient w.r.t. sample i's layer output is sample i's.
+                loss = F.cross_entropy(out, y[part], reduction="sum")
+                grads = torch.autograd.grad(loss, outputs, allow_unused=True)
+            total = torch.zeros(part.stop - part.start, dtype=torch.float64, device=x.device)
+            for (name, (module, attrs)), g in zip(layers.items(), grads):
+                inp, version, _ = captured[name][0]
+                if inp._version != version:
+                    return None
+                if g is None:  # the layer does not reach the loss: zero gradient
+                    continue
+                layer_sq = _squared_layer_norms(module, attrs, inp.detach(), g, part.stop - part.start)
+                if layer_sq is None:
+                    return None
+                total += layer_sq
+            squared[part] = total
+            if want_logits:
+                parts.append(out.detach().to(torch.float64))
+    finally:
+        for handle in handles:
+            handle.remove()
+        captured.clear()
+    got = squared[: len(reference)].sqrt()
+    if not torch.allclose(got, reference, rtol=_PROBE_RTOL, atol=_PROBE_RTOL * float(reference.max())):
+        warnings.warn(
+            "gradient_norm_signal: layer-wise per-sample gradient norms disagree with per-sample autograd on the "
+            f"first samples ({got.tolist()} vs {reference.tolist()}): does the forward mix samples, use the "
+            "layer's weights elsewhere or run the layer sequence-first? Using torch.func instead",
+            RuntimeWarning,
+            stacklevel=5,
+        )
+        return None
+    return squared, (torch.cat(parts) if want_logits else None)
+
+
+def _probe_reference(model: nn.Module, state: dict, x: torch.Tensor, y: torch.Tensor, layers: dict) -> torch.Tensor:
+    """Gradient norms of the first few samples by one-sample-at-a-time autograd, to check the layer-wise ones."""
+    names = [f"{name}.{attr}" if name else attr for name, (_, attrs) in layers.items() for attr in attrs]
+    trainable = {n: state[n] for n in names}
+    constants = {n: t for n, t in state.items() if n not in trainable}
+
+    def sample_loss(params, xi, yi):
+        out = functional_call(model, (params, constants), (xi.unsqueeze(0),))
+        return F.cross_entropy(out, yi.unsqueeze(0))
+
+    k = min(_PROBE_SAMPLES, x.shape[0])
+    return _loop_squared_norms(sample_loss, trainable, x[:k], y[:k]).sqrt()
