@@ -22,7 +22,7 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from sklearn.metrics import roc_auc_score, roc_curve  # noqa: E402
 
-from audit.reporting import atomic_io, party as report  # noqa: E402
+from audit.reporting import atomic_io, plots  # noqa: E402
 from audit.membership.population_attack import population_attack  # noqa: E402
 from audit.reporting.party import ReportWriter, load_round_records, validate_record, write_index  # noqa: E402
 
@@ -403,13 +403,13 @@ def test_unsafe_party_name_in_record_is_refused(tmp_path):
 def saved_figures(monkeypatch):
     """The figures the report writer saves, by file name (the files are still written)."""
     figures = {}
-    save = report.atomic_savefig
+    save = plots.atomic_savefig
 
     def keep(fig, path, **kwargs):
         figures[Path(path).name] = fig
         return save(fig, path, **kwargs)
 
-    monkeypatch.setattr(report, "atomic_savefig", keep)
+    monkeypatch.setattr(plots, "atomic_savefig", keep)
     return figures
 
 
