@@ -24,6 +24,7 @@ from types import MappingProxyType
 import numpy as np
 
 from audit.fidel import FIDEL_METRICS
+from audit.gate_contract import NON_FINITE_UPDATE
 from audit.settings import AuditSettings
 
 __all__ = [
@@ -42,7 +43,6 @@ __all__ = [
 ]
 
 ACTIONS = ("withhold", "dp_retrain", "report_only")
-NON_FINITE_UPDATE = "non_finite_update"
 GATE_PREFIX = "task_runner.settings.gate"
 
 # Allowed threshold ranges by metric-name suffix: rates and APs are fractions, "AP over chance" is a ratio >= 0,
