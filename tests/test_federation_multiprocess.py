@@ -263,6 +263,9 @@ def test_a_collaborator_not_in_cols_yaml_is_refused(federation):
     assert "Received Tasks" not in log and not (ws / "reports").exists()
     report = (federation.run_dir / "aggregator" / "reports" / "aggregator" / "round_0000.json").read_text()
     assert "intruder" not in report
+    # ... and the aggregator says so in its own log, with the name claimed and where the request came from
+    agg_log = (federation.run_dir / "aggregator" / "logs" / "aggregator.log").read_text()
+    assert "Refused a request from 'intruder' (certificate name 'intruder') at ipv" in agg_log
 
 
 def test_a_run_starts_fresh_and_only_once(federation):
