@@ -22,7 +22,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FX = Path(sys.executable).parent / "fx"
-pytestmark = pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv")
+pytestmark = [pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv"),
+              pytest.mark.federation]
 
 COLLABORATORS = ["collaborator1", "collaborator2"]
 ROUNDS = 2
