@@ -25,6 +25,7 @@ import numpy as np
 
 from audit.fidel import FIDEL_METRICS
 from audit.population_attack import tolerance_name
+from audit.gate_contract import NON_FINITE_UPDATE
 from audit.settings import AuditSettings
 
 __all__ = [
@@ -43,7 +44,6 @@ __all__ = [
 ]
 
 ACTIONS = ("withhold", "dp_retrain", "report_only")
-NON_FINITE_UPDATE = "non_finite_update"
 GATE_PREFIX = "task_runner.settings.gate"
 
 # Allowed threshold ranges by metric-name suffix: rates and APs are fractions, "AP over chance" is a ratio >= 0,

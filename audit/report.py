@@ -52,6 +52,7 @@ from matplotlib.figure import Figure  # no pyplot: figures are never registered 
 from matplotlib.ticker import MaxNLocator
 
 from .atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
+from .csv_cells import spreadsheet_safe
 
 __all__ = [
     "ReportWriter",
@@ -425,6 +426,8 @@ def _fmt(value: Any, digits: int = 4) -> str:
 def _csv_cell(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, str):  # text (e.g. a name from a plan); a number below stays a number, sign and all
+        return spreadsheet_safe(value)
     if _is_int(value):
         return str(int(value))
     return repr(float(value))  # shortest string that round-trips exactly
@@ -777,7 +780,7 @@ class ReportWriter:
         names = sorted({k for r in records for k in r["metrics"]})
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(["round", *names])
+        writer.writerow(["round", *(_csv_cell(n) for n in names)])
         for r in records:
             writer.writerow([r["round"], *(_csv_cell(r["metrics"].get(n)) for n in names)])
         atomic_write_text(self.party_dir / "metrics.csv", buf.getvalue())

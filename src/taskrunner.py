@@ -23,7 +23,8 @@ from openfl.utilities import TensorKey
 
 from audit.deanon_mitigation import (DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation, mitigate_data, mitigate_update,
                                      update_norm)
-from audit.gate import NON_FINITE_UPDATE, GatePolicy, GateVerdict, non_finite_tensors
+from audit.gate import GatePolicy, GateVerdict, non_finite_tensors
+from audit.gate_contract import GATE_EPSILON, GATE_KEPT, GATE_RETRIES, NON_FINITE_UPDATE, tripped_name
 from audit.fidel import save_reveal_grid
 from audit.report import ReportWriter
 from audit.round_audit import SETS, AuditSets, DeanonContext, audit_round, record_to_json
@@ -38,7 +39,6 @@ logger = logging.getLogger(__name__)
 
 OPTIMIZERS = ("SGD", "Adam")
 SETTINGS_PREFIX = "task_runner.settings"
-GATE_TRIPPED_PREFIX = "gate_tripped__"
 
 
 def cross_entropy(output, target):
@@ -304,14 +304,14 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         return out
 
     def _gate_metrics(self, verdict: GateVerdict, outcome: dict) -> dict[str, float]:
-        """The scalars the aggregator gets (the names are a contract with src.aggregation and its report)."""
+        """The scalars the aggregator gets (audit.gate_contract: read by src.aggregation and its report)."""
         metrics = {
-            "gate_kept": 0.0 if outcome["verdict"] == "withheld" else 1.0,
-            "gate_retries": float(outcome["retries"]),
-            "gate_epsilon": float(outcome["epsilon"]),
+            GATE_KEPT: 0.0 if outcome["verdict"] == "withheld" else 1.0,
+            GATE_RETRIES: float(outcome["retries"]),
+            GATE_EPSILON: float(outcome["epsilon"]),
         }
         for name in self.gate_tripped_names:
-            metrics[GATE_TRIPPED_PREFIX + name] = float(verdict.tripped[name][0]) if name in verdict.tripped else 0.0
+            metrics[tripped_name(name)] = float(verdict.tripped[name][0]) if name in verdict.tripped else 0.0
         return metrics
 
     def _audit(self, model, global_model, col_name: str, round_num: int) -> dict:
