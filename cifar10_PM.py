@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from audit.config.gate_contract import GATE_WITHHELD
+
 ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by the tests
     sys.path.insert(0, str(ROOT))
@@ -383,6 +385,19 @@ def gate_verdicts(report_dir: Path, names, rounds: int) -> list[dict[str, dict |
     return out
 
 
+def averaged_summary(record: dict) -> str:
+    """What the aggregator averaged in a round, from its report's record (the decision GatedWeightedAverage
+    applied: audit.config.gate_contract), and who was left out and why when not by its own gate's verdict."""
+    entries = record.get("collaborators") or {}
+    averaged = [name for name, entry in entries.items() if entry.get("averaged")]
+    text = f"averaged: {', '.join(averaged) if averaged else 'none (global model unchanged)'}"
+    # A withheld verdict is on the line already; the aggregator's own reasons (NaN/Inf tensors, an unreadable
+    # verdict, the straggler policy) are not.
+    others = [f"{name} {entry['status']}" for name, entry in entries.items()
+              if not entry.get("averaged") and entry.get("cause") != GATE_WITHHELD]
+    return text + (f" (left out: {', '.join(others)})" if others else "")
+
+
 def print_gate_summary(report_dir: Path, aggregator_report_dir: Path | None, names, rounds: int, gate: dict) -> None:
     """Per round: each collaborator's verdict (kept, dp_retrained, withheld) and what tripped the gate, from its
     round record, and the updates the aggregator averaged, from its report."""
@@ -406,8 +421,7 @@ def print_gate_summary(report_dir: Path, aggregator_report_dir: Path | None, nam
         line = f"round {r}: " + "; ".join(parts)
         agg_file = None if aggregator_report_dir is None else Path(aggregator_report_dir) / f"round_{r:04d}.json"
         if agg_file is not None and agg_file.is_file():
-            kept = json.loads(agg_file.read_text()).get("kept") or []
-            line += f" | averaged: {', '.join(kept) if kept else 'none (global model unchanged)'}"
+            line += " | " + averaged_summary(json.loads(agg_file.read_text()))
         print(line)
 
 

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
-from audit.config.gate_contract import GATE_EPSILON, GATE_KEPT, GATE_RETRIES, GATE_TRIPPED_PREFIX, NON_FINITE_UPDATE
+from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT, NON_FINITE_UPDATE,
+                                        VERDICTS, WITHHELD, tripped_name)
 
 __all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "Retrained", "DPTry", "GateOutcome",
            "run_gate"]
 
-KEPT, DP_RETRAINED, WITHHELD = "kept", "dp_retrained", "withheld"
-VERDICTS = (KEPT, DP_RETRAINED, WITHHELD)
 OVER_THRESHOLD = "over_threshold"
 
 # What the caller sends for each verdict.
@@ -112,7 +111,7 @@ class GateOutcome:
         }
         tripped = self.gate_verdict.tripped
         for name in (*watched, *((NON_FINITE_UPDATE,) if NON_FINITE_UPDATE not in watched else ())):
-            out[GATE_TRIPPED_PREFIX + name] = float(tripped[name][0]) if name in tripped else 0.0
+            out[tripped_name(name)] = float(tripped[name][0]) if name in tripped else 0.0
         return out
 
 

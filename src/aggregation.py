@@ -1,61 +1,77 @@
 """The aggregator side of gating (`tasks.train.aggregation_type: {template: src.aggregation.GatedWeightedAverage}`).
 
 A collaborator whose gate withheld its update sends the received global weights back; averaged in with its
-full weight, they would pull the new model towards the old one. So the average leaves out, for every model
-tensor of the round:
+full weight, they would pull the new model towards the old one. So the average takes, for every model tensor
+of the round, only the collaborators `audit.config.gate_contract.decide` keeps:
 
-- collaborators whose `gate_kept` metric of this round is 0 (a collaborator that sends no `gate_kept`,
-  e.g. a runner without the gate, counts as kept);
-- collaborators with NaN/Inf in this tensor or in any other tensor they trained this round, so a broken
-  collaborator is left out of every tensor, not only of the broken ones.
+- a collaborator whose `gate_kept` metric of this round is 0, or not a finite number (fail closed), is left
+  out; one that sends no `gate_kept` (e.g. a runner without the gate) is averaged;
+- a collaborator with NaN/Inf in this tensor or in any other tensor it trained this round is left out, so a
+  broken collaborator is left out of every tensor, not only of the broken ones.
 
-The remaining weights (normalised data sizes) are re-normalised. If nobody is left, the tensor is the
-round's starting global tensor: the model does not change.
+The aggregator's report (src/aggregator_report.py) reads the same decisions from the same TensorDB rows
+(`round_decisions`). The remaining weights (normalised data sizes) are re-normalised. If nobody is left, the
+tensor is the round's starting global tensor: the model does not change.
 """
 
 from __future__ import annotations
 
 import logging
+from typing import Iterable, Mapping
 
 import numpy as np
 from openfl.interface.aggregation_functions import AggregationFunction
 
+from audit.config.gate_contract import GATE_KEPT, Decision, decide
+
 logger = logging.getLogger(__name__)
 
-GATE_KEPT = "gate_kept"
+
+def _finite(value) -> bool:
+    array = np.asarray(value)
+    return array.dtype.kind not in "fc" or bool(np.isfinite(array).all())
+
+
+def round_decisions(rows: Iterable[Mapping], fl_round: int, collaborators: Iterable[str]) -> dict[str, Decision]:
+    """Each collaborator's averaging decision for `fl_round`, from the aggregator's TensorDB rows.
+
+    A row is a mapping with `round`, `tensor_name`, `tags` and `nparray`. A collaborator's results carry its name
+    among their tags (OpenFL sorts tags, so they are matched as a set): its `gate_kept` metric is tagged
+    {col, 'metric'}, its trained tensors {col, 'trained', ...} without 'metric'.
+    """
+    names = set(collaborators)
+    gate_kept: dict[str, object] = {}
+    finite = dict.fromkeys(names, True)
+    for row in rows:
+        if int(row["round"]) != int(fl_round):
+            continue
+        tags = set(row["tags"] or ())
+        owners = tags & names
+        if len(owners) != 1:
+            continue
+        (col,) = owners
+        if "metric" in tags:
+            if row["tensor_name"] == GATE_KEPT and tags == {col, "metric"}:
+                gate_kept[col] = row["nparray"]
+        elif "trained" in tags and not _finite(row["nparray"]):
+            finite[col] = False
+    return {col: decide(gate_kept.get(col), finite_update=finite[col]) for col in sorted(names)}
 
 
 class GatedWeightedAverage(AggregationFunction):
-    """Weighted average of the updates the collaborators' gates kept and that are finite."""
+    """Weighted average of the updates `audit.config.gate_contract.decide` keeps."""
 
     def call(self, local_tensors, db_iterator, tensor_name, fl_round, tags):
-        cols = {lt.col_name for lt in local_tensors}
-        excluded: dict[str, str] = {}
-        start = None
-        # Rows of the aggregator's TensorDB; a collaborator's results carry its name among their tags
-        # (OpenFL sorts tags, so match them as a set: ('collaborator1', 'metric'), ('collaborator1', 'trained')).
-        for row in db_iterator:
-            if int(row["round"]) != int(fl_round):
-                continue
-            row_tags = set(row["tags"])
-            if row["tensor_name"] == tensor_name and row_tags == {"model"}:
-                start = row["nparray"]
-                continue
-            owners = row_tags & cols
-            if len(owners) != 1:
-                continue
-            col = owners.pop()
-            if row["tensor_name"] == GATE_KEPT and "metric" in row_tags:
-                if not float(np.asarray(row["nparray"])) >= 0.5:  # 0.0 = withheld (NaN also fails closed)
-                    excluded.setdefault(col, "gated")
-            elif "trained" in row_tags and "metric" not in row_tags and not _finite(row["nparray"]):
-                excluded[col] = "non_finite_update"
-        for lt in local_tensors:
+        rows = list(db_iterator)
+        start = next((row["nparray"] for row in rows if int(row["round"]) == int(fl_round)
+                      and row["tensor_name"] == tensor_name and set(row["tags"]) == {"model"}), None)
+        local = {lt.col_name: lt for lt in local_tensors}
+        decisions = round_decisions(rows, fl_round, local)
+        for name, lt in local.items():  # the tensor being averaged, even if it were missing from the rows
             if not _finite(lt.tensor):
-                excluded[lt.col_name] = "non_finite_update"
-
-        kept = [lt for lt in local_tensors if lt.col_name not in excluded]
-        self._log(fl_round, excluded)
+                decisions[name] = decide(None, finite_update=False)
+        kept = [lt for lt in local_tensors if decisions[lt.col_name].averaged]
+        self._log(fl_round, {c: d.status for c, d in decisions.items() if not d.averaged})
         if not kept:
             if start is None:
                 raise RuntimeError(
@@ -74,8 +90,3 @@ class GatedWeightedAverage(AggregationFunction):
             seen.add(key)
             logger.info("round %s: left out of the average: %s", fl_round,
                         ", ".join(f"{c} ({why})" for c, why in sorted(excluded.items())))
-
-
-def _finite(value) -> bool:
-    array = np.asarray(value)
-    return array.dtype.kind not in "fc" or bool(np.isfinite(array).all())

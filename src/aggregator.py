@@ -8,7 +8,7 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
 - aggregator-side audit callbacks: the report below, plus any listed in `aggregator.settings.callbacks`
   (`[{template: module.Class, settings: {...}}]`) or passed as objects (in-process runs).
 - `aggregator.settings.report_dir` (default reports/aggregator): the aggregator's report, per round which
-  collaborators were kept, gated or left out and why, and the averaged audit metrics (src/aggregator_report.py).
+  collaborators' updates were averaged, withheld or left out and why, and the averaged audit metrics (src/aggregator_report.py).
 - `aggregator.settings.deanon` (default `enabled: false`): the aggregator-side deanonymization audit, the paper's
   honest-but-curious server attacking the real updates; writes `<report_dir>/deanon/` (src/deanon_callback.py).
 
@@ -25,6 +25,7 @@ from openfl.callbacks import Callback
 from openfl.component import Aggregator
 
 from src import aggregator_server
+from src.aggregation import round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record
 from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
 
@@ -49,16 +50,20 @@ class AggregatorReportCallback(Callback):
         # that cannot be written is logged loudly (and kept in self.errors); the training goes on.
         try:
             agg = self.aggregator
+            frame = self.tensor_db.tensor_db
             record = round_record(
                 round_num,
                 authorized=agg.authorized_cols,
                 stragglers=agg.stragglers,
-                metrics=metrics_from_tensor_db(self.tensor_db.tensor_db, round_num, agg.authorized_cols),
+                metrics=metrics_from_tensor_db(frame, round_num, agg.authorized_cols),
+                # the decisions GatedWeightedAverage made, from the same rows
+                decisions=round_decisions(frame.to_dict("records"), round_num, agg.authorized_cols),
                 aggregator_logs=logs,
             )
             path = self.writer.write_round(record)
-            logger.info("Round %d aggregator report: kept %s, gated %s, stragglers %s -> %s",
-                        round_num, record["kept"], record["gated"], record["stragglers"], path)
+            logger.info("Round %d aggregator report: averaged %s, withheld %s, left out (NaN/Inf) %s, "
+                        "stragglers %s -> %s", round_num, record["kept"], record["withheld"],
+                        record["left_out_non_finite"], record["stragglers"], path)
         except Exception as err:  # noqa: BLE001 - see above
             self.errors.append(f"round {round_num}: {err!r}")
             logger.exception("Round %d: could not write the aggregator report under %s", round_num, self.writer.root)

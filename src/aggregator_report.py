@@ -1,20 +1,16 @@
-"""The aggregator's own per-round report: which collaborators were kept or gated and why, averaged audit metrics.
+"""The aggregator's own per-round report: which collaborators' updates were averaged, which were not and why,
+and the averaged audit metrics.
 
 It reads only what the collaborators already send, scalar metrics, from the aggregator's TensorDB at the end
-of each round (rows tagged (collaborator, 'metric') for that round). Data contract with the collaborators'
-gate (their `train` task):
+of each round (rows tagged (collaborator, 'metric') for that round), plus whether the tensors each one trained
+hold NaN/Inf. The names it reads and the decision "averaged or not, and why" are audit.config.gate_contract's, the
+same that src.aggregation.GatedWeightedAverage applies, so a collaborator reported `kept` is one whose update
+is in the round's model:
 
-    gate_kept                1.0 if the update was sent, 0.0 if it was withheld (gated)
-    gate_retries             how many times the collaborator retrained before the decision
-    gate_epsilon             the privacy budget spent, if the gate reports one
-    gate_tripped__<metric>   the measured value of each audit metric that tripped the gate
-                             (gate_tripped__non_finite_update = 1.0 for a NaN/Inf update); 0.0 = did not
-                             trip: OpenFL averages a task's metrics by the names the first reporter sent, so
-                             every collaborator sends every watched name each round
-    mia_<model>_<signal>_auc, mia_<model>_<signal>_tpr_at_fpr_<t>   audit metrics
-
-A collaborator that reported no `gate_kept` counts as kept (gating may be off) and the report says so.
-A collaborator that OpenFL's straggler policy left out of the round is listed as a straggler.
+    kept                  averaged (gate_kept 1, or no gate_kept sent: gating may be off, the reason says so)
+    withheld              its gate withheld it (gate_kept 0), or its gate_kept is NaN/not a number (fail closed)
+    left_out_non_finite   a tensor it sent holds NaN/Inf, whatever its gate said
+    straggler             OpenFL's straggler policy ended the round without it
 
 Layout under `report_dir` (every file written atomically; the summaries are rebuilt from the round files on
 disk, so a crash leaves the earlier rounds intact and the next round repairs the summaries):
@@ -33,22 +29,24 @@ import html
 import io
 import logging
 import math
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from audit.reporting.round_files import load_round_records, round_file_name
-from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
+from audit.config.gate_contract import (GATE_EPSILON, GATE_KEPT, GATE_KEPT_NOT_FINITE, GATE_RETRIES, GATE_TRIPPED_PREFIX,
+                                        KEPT, LEFT_OUT_NON_FINITE, NO_GATE_METRIC, NON_FINITE_TENSORS, NON_FINITE_UPDATE,
+                                        STRAGGLER, WITHHELD, Decision, decide)
+from audit.reporting.atomic_io import atomic_write_text
+from audit.reporting.csv_cells import spreadsheet_safe_row
+from audit.reporting.html import page
+from audit.reporting.writer import RoundReportWriter
 
 logger = logging.getLogger(__name__)
 
-GATE_KEPT = "gate_kept"
-GATE_RETRIES = "gate_retries"
-GATE_EPSILON = "gate_epsilon"
-GATE_TRIPPED_PREFIX = "gate_tripped__"
-NON_FINITE_UPDATE = "non_finite_update"
 AUDIT_PREFIX = "mia_"
+# The record's lists of collaborators by status (key -> status); "stragglers" predates the others.
+STATUS_LISTS = {"kept": KEPT, "withheld": WITHHELD, "left_out_non_finite": LEFT_OUT_NON_FINITE,
+                "stragglers": STRAGGLER}
 
-KEPT, GATED, STRAGGLER = "kept", "gated", "straggler"
+
 def _finite_or_none(value: Any) -> float | None:
     try:
         number = float(value)
@@ -84,11 +82,17 @@ def metrics_from_tensor_db(frame, round_num: int, collaborators: Iterable[str]) 
     return out
 
 
-def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool) -> dict:
-    """Status, reason and the gate and audit metrics of one collaborator in one round."""
+def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decision: Decision | None = None) -> dict:
+    """Status, reason and the gate and audit metrics of one collaborator in one round.
+
+    `decision` is audit.config.gate_contract's for this collaborator (src.aggregation.round_decisions, which also
+    knows whether its tensors were finite); None decides from its metrics alone, as for finite tensors.
+    """
     gate_reported = GATE_KEPT in metrics
+    if decision is None:
+        decision = decide(metrics.get(GATE_KEPT), finite_update=True)
     kept_value = _finite_or_none(metrics.get(GATE_KEPT))
-    tripped = {  # 0.0 = sent but not tripped (see the module docstring); NaN/Inf = tripped, value unknown
+    tripped = {  # 0.0 = sent but not tripped (see audit.config.gate_contract); NaN/Inf = tripped, value unknown
         name[len(GATE_TRIPPED_PREFIX):]: _finite_or_none(value)
         for name, value in sorted(metrics.items()) if name.startswith(GATE_TRIPPED_PREFIX) and value != 0.0
     }
@@ -103,24 +107,13 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool) -> dict
         status = STRAGGLER
         reason = ("did not report all its tasks in time; OpenFL's straggler policy ended the round without it, "
                   "so its update is not in this round's model")
-    elif not gate_reported:
-        status = KEPT
-        reason = "reported no gate_kept metric (gating may be off); counted as kept"
-    elif kept_value is None:
-        status = KEPT
-        reason = f"gate_kept is not a finite number ({metrics.get(GATE_KEPT)!r}); counted as kept"
-    elif kept_value >= 0.5:
-        status = KEPT
-        reason = "passed the gate" + (f" after {retries:g} retries" if retries else "")
-        if causes:  # e.g. a gate that only reports
-            reason = "sent although the gate tripped: " + ", ".join(causes)
     else:
-        status = GATED
-        reason = "update withheld: " + (", ".join(causes) if causes else "no tripped metric reported")
-        if retries:
-            reason += f" (after {retries:g} retries)"
+        status = decision.status
+        reason = _reason(decision, metrics.get(GATE_KEPT), causes, retries)
     return {
         "status": status,
+        "cause": STRAGGLER if straggler else decision.cause,
+        "averaged": status == KEPT,
         "reason": reason,
         "gate_reported": gate_reported,
         "gate_kept": kept_value,
@@ -135,15 +128,46 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool) -> dict
     }
 
 
+def _reason(decision: Decision, gate_kept, causes: list[str], retries: float | None) -> str:
+    after = f" (after {retries:g} retries)" if retries else ""
+    if decision.status == LEFT_OUT_NON_FINITE:
+        said = "" if gate_kept is None else f"; its gate_kept was {_number(gate_kept)}"
+        return f"left out of the average: a tensor it sent holds NaN/Inf{said}"
+    if decision.cause == NO_GATE_METRIC:
+        return "reported no gate_kept metric (gating may be off); averaged"
+    if decision.cause == GATE_KEPT_NOT_FINITE:
+        return f"gate_kept is not a finite number ({_number(gate_kept)}); treated as withheld, left out of the average"
+    if decision.status == WITHHELD:
+        return "update withheld: " + (", ".join(causes) if causes else "no tripped metric reported") + after
+    if causes:  # e.g. a gate that only reports
+        return "sent although the gate tripped: " + ", ".join(causes)
+    return "passed the gate" + (f" after {retries:g} retries" if retries else "")
+
+
+def _number(value: Any) -> str:
+    try:
+        return f"{float(value):g}"
+    except (TypeError, ValueError):
+        return repr(value)
+
+
 def round_record(round_num: int, *, authorized: Iterable[str], stragglers: Iterable[str],
-                 metrics: Mapping[str, Mapping[str, float]], aggregator_logs: Mapping[str, Any] | None = None) -> dict:
-    """The report of one round (a JSON-able dict)."""
+                 metrics: Mapping[str, Mapping[str, float]], decisions: Mapping[str, Decision] | None = None,
+                 aggregator_logs: Mapping[str, Any] | None = None) -> dict:
+    """The report of one round (a JSON-able dict).
+
+    `decisions`: each collaborator's audit.config.gate_contract decision as the average made it
+    (src.aggregation.round_decisions on the same TensorDB); a collaborator without one is decided from its
+    metrics as if its tensors were finite.
+    """
     stragglers = set(stragglers)
+    decisions = decisions or {}
     collaborators = {
-        name: collaborator_entry(metrics.get(name, {}), straggler=name in stragglers)
+        name: collaborator_entry(metrics.get(name, {}), straggler=name in stragglers, decision=decisions.get(name))
         for name in sorted(set(authorized) | set(metrics))
     }
-    by_status = {s: [n for n, e in collaborators.items() if e["status"] == s] for s in (KEPT, GATED, STRAGGLER)}
+    by_status = {key: [n for n, e in collaborators.items() if e["status"] == status]
+                 for key, status in STATUS_LISTS.items()}
     # Each collaborator that reported a metric counts once (OpenFL's own averages, in aggregator_logs, are
     # weighted by data size and leave stragglers out).
     names = sorted({k for e in collaborators.values() for k, v in e["audit_metrics"].items() if v is not None})
@@ -151,15 +175,14 @@ def round_record(round_num: int, *, authorized: Iterable[str], stragglers: Itera
     for name in names:
         values = [e["audit_metrics"][name] for e in collaborators.values() if e["audit_metrics"].get(name) is not None]
         averaged[name] = {"mean": sum(values) / len(values), "n": len(values)}
-    notes = [f"{n}: {collaborators[n]['reason']}" for n in collaborators if not collaborators[n]["gate_reported"]
-             and collaborators[n]["status"] != STRAGGLER]
+    # What a reader would not expect from the gates' verdicts alone.
+    notes = [f"{n}: {e['reason']}" for n, e in collaborators.items()
+             if e["cause"] in (NO_GATE_METRIC, GATE_KEPT_NOT_FINITE, NON_FINITE_TENSORS)]
     return {
         "round": int(round_num),
         "written_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "authorized_collaborators": sorted(set(authorized)),
-        "kept": by_status[KEPT],
-        "gated": by_status[GATED],
-        "stragglers": by_status[STRAGGLER],
+        **by_status,  # kept (= the updates averaged), withheld, left_out_non_finite, stragglers
         "collaborators": collaborators,
         "averaged_audit_metrics": averaged,
         "aggregator_logs": {k: _finite_or_none(v) for k, v in sorted((aggregator_logs or {}).items())},
@@ -167,19 +190,10 @@ def round_record(round_num: int, *, authorized: Iterable[str], stragglers: Itera
     }
 
 
-class AggregatorReportWriter:
+class AggregatorReportWriter(RoundReportWriter):
     """Writes round records under `root` and rebuilds the summaries from the round files on disk."""
 
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    def write_round(self, record: Mapping) -> Path:
-        path = atomic_write_json(self.root / round_file_name(record["round"]), record)
-        self.rebuild_summary()
-        return path
-
-    def load_rounds(self) -> list[dict]:
-        return load_round_records(self.root, "aggregator round")
+    what = "aggregator round"
 
     def rebuild_summary(self) -> None:
         records = self.load_rounds()
@@ -196,6 +210,13 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _cell(value: Any) -> Any:
+    """A number for a CSV cell: ints as ints, floats in full (repr), None empty."""
+    if value is None:
+        return ""
+    return int(value) if float(value).is_integer() else float(value)
+
+
 def _decisions_csv(records: list[dict]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
@@ -204,8 +225,10 @@ def _decisions_csv(records: list[dict]) -> str:
     for record in records:
         for name, entry in record["collaborators"].items():
             tripped = ";".join(f"{k}={_fmt(v)}" for k, v in entry.get("tripped", {}).items())
-            writer.writerow([record["round"], name, entry["status"], entry["reason"], entry["gate_reported"],
-                             _fmt(entry.get("gate_retries")), _fmt(entry.get("gate_epsilon")), tripped])
+            # Text (names, reasons) is escaped for spreadsheets; numbers are written as numbers.
+            writer.writerow(spreadsheet_safe_row([
+                record["round"], name, entry["status"], entry["reason"], entry["gate_reported"],
+                _cell(entry.get("gate_retries")), _cell(entry.get("gate_epsilon")), tripped]))
     return buf.getvalue()
 
 
@@ -213,17 +236,12 @@ def _metrics_csv(records: list[dict]) -> str:
     names = sorted({k for r in records for k in r.get("averaged_audit_metrics", {})})
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["round", "kept", "gated", "stragglers", *names])
+    writer.writerow(spreadsheet_safe_row(["round", *STATUS_LISTS, *names]))
     for r in records:
         averaged = r.get("averaged_audit_metrics", {})
-        writer.writerow([r["round"], len(r["kept"]), len(r["gated"]), len(r["stragglers"]),
-                         *(repr(averaged[n]["mean"]) if n in averaged else "" for n in names)])
+        writer.writerow([r["round"], *(len(r.get(key, [])) for key in STATUS_LISTS),
+                         *(float(averaged[n]["mean"]) if n in averaged else "" for n in names)])
     return buf.getvalue()
-
-
-_STYLE = """body{font-family:sans-serif;margin:1.5em;max-width:80em}table{border-collapse:collapse;margin:.5em 0}
-td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left;font-size:90%}.kept{color:#176117}
-.gated{color:#a31515;font-weight:bold}.straggler{color:#8a5a00}.muted{color:#666}"""
 
 
 def _page(records: list[dict]) -> str:
@@ -235,22 +253,19 @@ def _page(records: list[dict]) -> str:
         body.append("<p>No rounds yet.</p>")
     names = sorted({k for r in records for k in r.get("averaged_audit_metrics", {})})
     if names:
-        body.append("<h2>Audit metrics averaged over the collaborators</h2><table><tr><th>round</th>"
+        body.append('<h2>Audit metrics averaged over the collaborators</h2><div class="scroll"><table><tr><th>round</th>'
                     + "".join(f"<th>{e(n)}</th>" for n in names) + "</tr>")
         for r in reversed(records):
             averaged = r.get("averaged_audit_metrics", {})
             body.append(f"<tr><td>{r['round']}</td>" + "".join(
                 f"<td>{e(_fmt(averaged[n]['mean'])) if n in averaged else ''}</td>" for n in names) + "</tr>")
-        body.append("</table>")
+        body.append("</table></div>")
     for r in reversed(records):
-        body.append(f"<h2>Round {r['round']}</h2><p>kept {len(r['kept'])}, gated {len(r['gated'])}, "
-                    f"stragglers {len(r['stragglers'])}</p><table><tr><th>collaborator</th><th>status</th>"
-                    "<th>reason</th></tr>")
+        counts = ", ".join(f"{key.replace('_', ' ')} {len(r.get(key, []))}" for key in STATUS_LISTS)
+        body.append(f"<h2>Round {r['round']}</h2><p>averaged: {e(', '.join(r['kept']) or 'none')} ({counts})</p>"
+                    "<table><tr><th>collaborator</th><th>status</th><th>reason</th></tr>")
         for name, entry in r["collaborators"].items():
-            body.append(f"<tr><td>{e(name)}</td><td class=\"{e(entry['status'])}\">{e(entry['status'])}</td>"
-                        f"<td>{e(entry['reason'])}</td></tr>")
+            body.append(f"<tr><td>{e(name)}</td><td class=\"text {e(entry['status'])}\">{e(entry['status'])}</td>"
+                        f"<td class=\"text\">{e(entry['reason'])}</td></tr>")
         body.append("</table>")
-    now = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Aggregator report</title>"
-            f"<style>{_STYLE}</style></head><body>{''.join(body)}<p class=\"muted\">Updated {e(now)}.</p>"
-            "</body></html>\n")
+    return page("Aggregator report", body)

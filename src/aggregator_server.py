@@ -11,12 +11,18 @@ just before `_get_server`, so the plan that loads our aggregator also gets the b
 to OpenFL's files, no copied server code, and TLS, interop and request checks untouched. Rejected: a copy of
 `Plan.get_server` (duplicates OpenFL code), rewriting the URI inside `create_grpc_server` (string surgery on
 every server), `transport_protocol: rest` (another transport).
+
+The subclass also logs every request OpenFL refuses, at WARNING, with the name claimed and the peer address:
+OpenFL answers a certificate whose name is not an authorized collaborator UNAUTHENTICATED
+(`validate_collaborator`, with TLS) and a header naming an unknown sender with an error (`check_request`,
+which every RPC runs after `validate_collaborator`) and logs neither.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+import threading
 
 from openfl.transport import AggregatorGRPCServer
 
@@ -37,13 +43,47 @@ def bind_uri(agg_addr: str, agg_port) -> str:
 
 
 class AddressBoundGRPCServer(AggregatorGRPCServer):
-    """OpenFL's gRPC server, listening on `agg_addr` instead of on every interface."""
+    """OpenFL's gRPC server, listening on `agg_addr` instead of on every interface, logging refused requests."""
 
     def __init__(self, aggregator, agg_port, agg_addr=None, **kwargs):
         super().__init__(aggregator, agg_port, **kwargs)
         if agg_addr:
             self.uri = bind_uri(agg_addr, agg_port)
+        self._request = threading.local()  # the peer of the request this gRPC worker thread is serving
         logger.info("Aggregator gRPC server will listen on %s", self.uri)
+
+    def validate_collaborator(self, request, context):
+        self._request.peer = _peer(context)
+        try:
+            super().validate_collaborator(request, context)
+        except Exception:  # context.abort raises a bare Exception once the status (UNAUTHENTICATED) is set
+            common_name = _certificate_name(context)
+            logger.warning("Refused a request from %r (certificate name %r) at %s: not an authorized collaborator "
+                           "(UNAUTHENTICATED)", request.header.sender, common_name, self._request.peer)
+            raise
+
+    def check_request(self, request):
+        try:
+            super().check_request(request)
+        except AssertionError as err:
+            logger.warning("Refused a request from %r at %s: %s", request.header.sender,
+                           getattr(self._request, "peer", "an unknown address"), err)
+            raise
+
+
+def _peer(context) -> str:
+    try:
+        return context.peer()  # e.g. "ipv4:127.0.0.1:53122", "ipv6:[::1]:53122"
+    except Exception:  # noqa: BLE001 - only for the log line
+        return "an unknown address"
+
+
+def _certificate_name(context) -> str | None:
+    try:
+        names = context.auth_context().get("x509_common_name") or []
+        return names[0].decode("utf-8", "replace") if names else None
+    except Exception:  # noqa: BLE001 - only for the log line
+        return None
 
 
 def install() -> None:

@@ -1,6 +1,7 @@
 """src.aggregator.AuditingAggregator: plan settings, poll interval, bound gRPC server, callbacks."""
 
 import inspect
+import logging
 import ipaddress
 import os
 import socket
@@ -196,3 +197,82 @@ def test_fx_aggregator_start_rejects_a_bad_poll_interval(tmp_path):
     assert result.returncode != 0
     assert "aggregator.settings.poll_interval_s: must be >= 1 second, got 0" in result.stdout + result.stderr
     assert time.monotonic() - start < 60
+
+
+# ---------------------------------------------------------------------------------------------------------
+# refused requests leave a trace on the aggregator's side: who claimed what, from where
+
+
+def _serve(servicer, credentials_args):
+    from openfl.protocols import aggregator_pb2_grpc
+
+    server = create_grpc_server(servicer.uri, *credentials_args)
+    aggregator_pb2_grpc.add_AggregatorServicer_to_server(servicer, server)
+    server.start()
+    return server
+
+
+def _get_tasks(channel, agg, sender):
+    from openfl.protocols import aggregator_pb2, aggregator_pb2_grpc
+    from openfl.transport.grpc.common import create_header
+
+    header = create_header(sender=sender, receiver=agg.uuid, federation_uuid=agg.federation_uuid,
+                           single_col_cert_common_name=agg.single_col_cert_common_name)
+    return aggregator_pb2_grpc.AggregatorStub(channel).GetTasks(aggregator_pb2.GetTasksRequest(header=header),
+                                                                 timeout=30)
+
+
+def _refusals(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "src.aggregator_server" and r.levelno == logging.WARNING and "Refused" in r.getMessage()]
+
+
+def test_a_request_naming_an_unknown_collaborator_is_logged_with_its_address(tmp_path, caplog):
+    import grpc
+
+    agg = make_aggregator(tmp_path)
+    port = _free_port()
+    server = _serve(AddressBoundGRPCServer(agg, port, use_tls=False, agg_addr="127.0.0.1"),
+                    (False, None, None, None, False))
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            assert _get_tasks(channel, agg, "collaborator1").tasks  # a listed collaborator is served, silently
+            assert _refusals(caplog) == []
+            with pytest.raises(grpc.RpcError):
+                _get_tasks(channel, agg, "=intruder")
+    finally:
+        server.stop(0)
+    (message,) = _refusals(caplog)
+    assert message.startswith("Refused a request from '=intruder' at ipv4:127.0.0.1:")
+    assert "Sender in request header is not authorized" in message
+
+
+def test_a_certified_but_unlisted_collaborator_is_refused_unauthenticated_and_logged(tmp_path, caplog):
+    """mTLS with a certificate the federation's CA signed, for a name not in the aggregator's cols.yaml."""
+    import grpc
+    from openfl.cryptography.ca import generate_root_cert, sign_certificate
+    from openfl.cryptography.io import write_crt, write_key
+    from openfl.cryptography.participant import generate_csr
+    from openfl.transport.grpc.common import create_tls_channel
+
+    ca_key, ca_cert = generate_root_cert()
+    write_crt(ca_cert, tmp_path / "ca.crt")
+    for name, is_server in (("localhost", True), ("intruder", False)):
+        key, csr = generate_csr(name, server=is_server)
+        write_crt(sign_certificate(csr, ca_key, ca_cert.subject), tmp_path / f"{name}.crt")
+        write_key(key, tmp_path / f"{name}.key")
+    agg = make_aggregator(tmp_path / "agg")
+    port = _free_port()
+    files = [str(tmp_path / f) for f in ("localhost.key", "localhost.crt", "ca.crt")]
+    server = _serve(AddressBoundGRPCServer(agg, port, use_tls=True, agg_addr="localhost"), (True, *files, True))
+    try:
+        channel = create_tls_channel(f"localhost:{port}", str(tmp_path / "ca.crt"), True,
+                                     str(tmp_path / "intruder.crt"), str(tmp_path / "intruder.key"))
+        with channel, pytest.raises(grpc.RpcError) as refused:
+            _get_tasks(channel, agg, "intruder")
+    finally:
+        server.stop(0)
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    (message,) = _refusals(caplog)
+    assert message.startswith("Refused a request from 'intruder' (certificate name 'intruder') at ipv")
+    assert message.endswith("not an authorized collaborator (UNAUTHENTICATED)")

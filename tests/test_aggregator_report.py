@@ -7,15 +7,18 @@ import math
 import numpy as np
 import pytest
 from openfl.databases import TensorDB
-from openfl.utilities import TensorKey
+from openfl.utilities import TensorKey, change_tags
 
+from cifar10_PM import averaged_summary
+from src.aggregation import GatedWeightedAverage, round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record
+from src.taskrunner import AuditedTaskRunner
 from workspace.in_process import collaborator_names, run_in_process
 
 AUDIT = {"mia_local_loss_auc": 0.6, "mia_local_loss_tpr_at_fpr_0.1": 0.2}
 
 
-def test_kept_gated_ungated_and_straggler_with_reasons():
+def test_kept_withheld_ungated_and_straggler_with_reasons():
     record = round_record(3, authorized=["a", "b", "c", "d", "e"], stragglers=["d"], metrics={
         "a": {"gate_kept": 1.0, "gate_retries": 0.0, "gate_epsilon": 0.0, "gate_tripped__non_finite_update": 0.0,
               "gate_tripped__mia_local_loss_auc": 0.0, **AUDIT},
@@ -27,12 +30,14 @@ def test_kept_gated_ungated_and_straggler_with_reasons():
     })
     entries = record["collaborators"]
     assert record["round"] == 3
-    assert (record["kept"], record["gated"], record["stragglers"]) == (["a", "c"], ["b", "e"], ["d"])
+    assert (record["kept"], record["withheld"], record["stragglers"]) == (["a", "c"], ["b", "e"], ["d"])
+    assert record["left_out_non_finite"] == []
+    assert [n for n, e in entries.items() if e["averaged"]] == ["a", "c"]
     assert entries["a"]["reason"] == "passed the gate" and entries["a"]["tripped"] == {}
     assert entries["b"]["reason"] == "update withheld: mia_local_loss_auc = 0.81 (after 2 retries)"
     assert entries["b"]["gate_epsilon"] == 3.5 and entries["b"]["tripped"] == {"mia_local_loss_auc": 0.81}
     assert entries["c"]["status"] == "kept" and not entries["c"]["gate_reported"]
-    assert "no gate_kept metric" in entries["c"]["reason"] and "counted as kept" in entries["c"]["reason"]
+    assert "no gate_kept metric" in entries["c"]["reason"] and entries["c"]["reason"].endswith("averaged")
     assert any(note.startswith("c: ") for note in record["notes"])
     assert "straggler policy" in entries["d"]["reason"]
     assert entries["e"]["reason"] == "update withheld: non-finite update (NaN/Inf)"
@@ -48,11 +53,15 @@ def test_a_gate_that_only_reports_is_shown_as_tripped_but_kept():
     assert entry["reason"] == "sent although the gate tripped: mia_update_loss_reduction_auc = 0.9"
 
 
-def test_non_finite_numbers_become_null_so_the_record_stays_strict_json(tmp_path):
+def test_a_nan_verdict_is_withheld_and_the_record_stays_strict_json(tmp_path):
     record = round_record(0, authorized=["a"], stragglers=[], metrics={"a": {"gate_kept": float("nan"),
                                                                            "mia_local_loss_auc": float("inf")}},
                           aggregator_logs={"aggregator/train/x": float("nan")})
-    assert record["collaborators"]["a"]["status"] == "kept" and "not a finite number" in record["collaborators"]["a"]["reason"]
+    entry = record["collaborators"]["a"]
+    # The verdict is unreadable: the update may be one its gate withheld, so it is not averaged (fail closed).
+    assert (entry["status"], entry["averaged"], record["kept"], record["withheld"]) == ("withheld", False, [], ["a"])
+    assert "not a finite number" in entry["reason"] and "treated as withheld" in entry["reason"]
+    assert record["notes"] == [f"a: {entry['reason']}"]
     AggregatorReportWriter(tmp_path).write_round(record)  # would raise on NaN
     loaded = json.loads((tmp_path / "round_0000.json").read_text())
     assert loaded["collaborators"]["a"]["audit_metrics"]["mia_local_loss_auc"] is None
@@ -85,12 +94,12 @@ def test_summaries_are_rebuilt_from_the_round_files(tmp_path):
     writer.rebuild_summary()  # the corrupt file is skipped, the good rounds stay
     decisions = list(csv.DictReader((tmp_path / "decisions.csv").open()))
     assert [(d["round"], d["collaborator"], d["status"]) for d in decisions] == [
-        ("0", "a", "kept"), ("0", "b", "kept"), ("1", "a", "kept"), ("1", "b", "gated")]
+        ("0", "a", "kept"), ("0", "b", "kept"), ("1", "a", "kept"), ("1", "b", "withheld")]
     metrics = list(csv.DictReader((tmp_path / "metrics.csv").open()))
-    assert [(m["round"], m["kept"], m["gated"]) for m in metrics] == [("0", "2", "0"), ("1", "1", "1")]
+    assert [(m["round"], m["kept"], m["withheld"]) for m in metrics] == [("0", "2", "0"), ("1", "1", "1")]
     assert float(metrics[1]["mia_local_loss_auc"]) == pytest.approx(0.6)
     page = (tmp_path / "index.html").read_text()
-    assert "Round 1" in page and "gated" in page
+    assert "Round 1" in page and "withheld" in page
     assert not list(tmp_path.glob(".*.tmp"))  # atomic writes leave no temp files
 
 
@@ -136,3 +145,115 @@ def test_a_report_that_cannot_be_written_does_not_stop_the_federation(tmp_path):
     assert len(result.round_logs) == 2  # both rounds ended
     assert len(result.aggregator.report.errors) == 2 and all("round" in e for e in result.aggregator.report.errors)
     assert all(math.isfinite(v) for v in result.round_logs[-1].values())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the report says what GatedWeightedAverage averaged: one decision (audit.config.gate_contract) read by both
+
+
+def _cache_results(db, round_num, col, tensors, gate_kept):
+    """`col`'s train results as the aggregator caches them (tags sorted by OpenFL's change_tags)."""
+    entries = {TensorKey(n, "agg", round_num, False, change_tags(("trained",), add_field=col)): v
+               for n, v in tensors.items()}
+    if gate_kept is not None:
+        entries[TensorKey("gate_kept", "agg", round_num, True, change_tags(("metric",), add_field=col))] = (
+            np.array(gate_kept))
+    db.cache_tensor(entries)
+
+
+def test_the_report_lists_as_kept_exactly_the_updates_the_average_took():
+    rng = np.random.default_rng(7)
+    shapes = {"emb.weight": (11, 3), "bn.running_var": (5,)}  # an embedding table, BatchNorm statistics
+    start = {n: rng.normal(size=s).astype(np.float32) for n, s in shapes.items()}
+    db = TensorDB()
+    db.cache_tensor({TensorKey(n, "agg", 2, False, ("model",)): v for n, v in start.items()})
+    sent = {c: {n: rng.normal(size=s).astype(np.float32) for n, s in shapes.items()}
+            for c in ("alice", "bob", "carol", "dave", "erin", "frank")}
+    sent["bob"]["bn.running_var"][2] = np.inf    # only one of its tensors: left out of every tensor
+    sent["carol"]["emb.weight"][0, 0] = np.nan
+    verdicts = {"alice": 1.0, "bob": 1.0, "carol": 1.0, "dave": float("nan"), "erin": 0.0, "frank": None}
+    for col, tensors in sent.items():
+        _cache_results(db, 2, col, tensors, verdicts[col])
+    weights = {"alice": 0.1, "bob": 0.3, "carol": 0.2, "dave": 0.15, "erin": 0.15, "frank": 0.1}
+    cols = sorted(sent)
+
+    record = round_record(2, authorized=cols, stragglers=[], metrics=metrics_from_tensor_db(db.tensor_db, 2, cols),
+                          decisions=round_decisions(db.tensor_db.to_dict("records"), 2, cols))
+    assert record["kept"] == ["alice", "frank"]
+    assert record["left_out_non_finite"] == ["bob", "carol"] and record["withheld"] == ["dave", "erin"]
+    entries = record["collaborators"]
+    assert entries["bob"]["reason"] == "left out of the average: a tensor it sent holds NaN/Inf; its gate_kept was 1"
+    assert entries["dave"]["reason"].startswith("gate_kept is not a finite number (nan)")
+    assert entries["frank"]["cause"] == "no_gate_metric" and entries["frank"]["averaged"]
+
+    function = GatedWeightedAverage()
+    for name in shapes:
+        got = db.get_aggregated_tensor(TensorKey(name, "agg", 2, False, ("trained",)), weights, function)
+        kept = record["kept"]
+        want = sum(sent[c][name] * weights[c] for c in kept) / sum(weights[c] for c in kept)
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+FAULTS = {"collaborator2": "inf", "collaborator3": "nan", "collaborator4": "nan_verdict"}
+
+
+class FaultyTaskRunner(AuditedTaskRunner):
+    """The real task runner, whose results are then broken the way a faulty (or foreign) runner would send
+    them: after its gate kept the update, one weight becomes Inf or NaN, or its gate_kept becomes NaN."""
+
+    def train_task(self, col_name, round_num, input_tensor_dict, **kwargs):
+        global_out, local_out = super().train_task(col_name, round_num, input_tensor_dict, **kwargs)
+        fault = FAULTS.get(col_name)
+        if fault == "nan_verdict":
+            global_out[TensorKey("gate_kept", col_name, round_num, True, ("metric",))] = np.array(np.nan)
+        elif fault is not None:
+            key = min((k for k in global_out if "trained" in k.tags), key=lambda k: k.tensor_name)
+            broken = np.array(global_out[key], copy=True)  # a copy: the local model itself stays intact
+            broken.flat[0] = np.inf if fault == "inf" else np.nan
+            global_out[key] = broken
+        return global_out, local_out
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
+    overrides = {"tasks": {"train": {"kwargs": {"epochs": 1}}},
+                 "task_runner": {"template": f"{__name__}.FaultyTaskRunner",
+                                 "settings": {"audit": {"enabled": False}}}}
+    return run_in_process(tmp_path_factory.mktemp("faulty"), collaborators=4, rounds=1, overrides=overrides)
+
+
+def test_inf_nan_and_a_nan_verdict_are_reported_as_left_out_as_they_were(faulty):
+    sent = faulty.collaborator_metrics[0]
+    for col in ("collaborator1", "collaborator2", "collaborator3"):
+        assert sent[f"{col}/train/gate_kept"] == 1.0  # their gates kept them
+    assert math.isnan(sent["collaborator4/train/gate_kept"])
+    record = json.loads((faulty.aggregator_report_dir / "round_0000.json").read_text())
+    assert record["kept"] == ["collaborator1"]
+    assert record["left_out_non_finite"] == ["collaborator2", "collaborator3"]
+    assert record["withheld"] == ["collaborator4"]
+    # ... and that is what the average did: the new global model is collaborator1's update alone.
+    db = faulty.aggregator.tensor_db.tensor_db
+    rows = db[(db["round"] == 0) & db["tags"].map(lambda t: set(t) == {"collaborator1", "trained"})]
+    own = {name: np.asarray(a) for name, a in zip(rows["tensor_name"], rows["nparray"])}
+    new = faulty.global_weights(1)
+    assert own.keys() == new.keys() and own
+    for name in own:
+        np.testing.assert_allclose(new[name], own[name], rtol=1e-5, atol=1e-7, err_msg=name)
+    # the demo's summary line reads the same record
+    assert averaged_summary(record) == ("averaged: collaborator1 (left out: collaborator2 left_out_non_finite, "
+                                        "collaborator3 left_out_non_finite, collaborator4 withheld)")
+
+
+def test_csv_files_escape_names_from_plans_but_not_numbers(tmp_path):
+    evil = ["=HYPERLINK(\"http://x\")", "@SUM(A1)", "+1", "-2", "\tx"]
+    metrics = {name: {"gate_kept": 1.0, "gate_epsilon": 0.25, "mia_local_margin": -0.5} for name in evil}
+    metrics["-2"]["gate_kept"] = 0.0
+    metrics["-2"]["gate_tripped__mia_local_margin"] = -0.5
+    AggregatorReportWriter(tmp_path).write_round(round_record(0, authorized=evil, stragglers=[], metrics=metrics))
+    rows = list(csv.DictReader((tmp_path / "decisions.csv").open(newline="")))
+    assert sorted(r["collaborator"] for r in rows) == sorted("'" + name for name in evil)
+    withheld = next(r for r in rows if r["collaborator"] == "'-2")
+    assert withheld["status"] == "withheld" and withheld["reason"] == "update withheld: mia_local_margin = -0.5"
+    assert withheld["gate_epsilon"] == "0.25" and withheld["tripped"] == "mia_local_margin=-0.5"
+    averaged = next(csv.DictReader((tmp_path / "metrics.csv").open(newline="")))
+    assert averaged["mia_local_margin"] == "-0.5" and averaged["kept"] == "4"  # a number stays a number

@@ -253,10 +253,10 @@ def test_gate_verdicts_in_aggregator_report(gated_run):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for r in (0, 1):
         record = json.loads((log_dir / "_run" / "aggregator_report" / f"round_{r:04d}.json").read_text())
-        assert record["gated"] == list(COLLABORATORS) and record["kept"] == []
+        assert record["withheld"] == list(COLLABORATORS) and record["kept"] == []
         for col in COLLABORATORS:
             entry = record["collaborators"][col]
-            assert entry["status"] == "gated" and entry["gate_kept"] == 0.0
+            assert entry["status"] == "withheld" and entry["gate_kept"] == 0.0 and not entry["averaged"]
             assert "mia_local_loss_auc" in entry["tripped"] and entry["reason"].startswith("update withheld")
 
 

@@ -22,7 +22,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 FX = Path(sys.executable).parent / "fx"
-pytestmark = pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv")
+pytestmark = [pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv"),
+              pytest.mark.federation]
 
 COLLABORATORS = ["collaborator1", "collaborator2"]
 ROUNDS = 2
@@ -270,6 +271,9 @@ def test_a_collaborator_not_in_cols_yaml_is_refused(federation):
     assert "Received Tasks" not in log and not (ws / "reports").exists()
     report = (federation.run_dir / "aggregator" / "reports" / "aggregator" / "round_0000.json").read_text()
     assert "intruder" not in report
+    # ... and the aggregator says so in its own log, with the name claimed and where the request came from
+    agg_log = (federation.run_dir / "aggregator" / "logs" / "aggregator.log").read_text()
+    assert "Refused a request from 'intruder' (certificate name 'intruder') at ipv" in agg_log
 
 
 @pytest.mark.federation

@@ -18,7 +18,8 @@ import pytest
 from workspace.federation import Outcome, _watch, metrics_file
 from workspace.prepare import (FederationLayout, SetupError, check_archive, check_port, check_run_dir, fx_exception,
                                restrict_private_keys)
-from workspace.processes import ProcessRegistry, describe_returncode
+from workspace.processes import ProcessRegistry, describe_returncode, is_running, snapshot
+from workspace.progress import Liveness
 from workspace.run_plan import PlanOverrideError, build_run_plan, merge_overrides, parse_set_option, port_is_free
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,7 +280,8 @@ time.sleep(300)  # like OpenFL's server waiting for a dead collaborator's quit
 """
 
 
-def run_watch(tmp_path, collaborators: dict, *, aggregator_exits=True, rounds=2, keep_going=False, timeout_s=30):
+def run_watch(tmp_path, collaborators: dict, *, aggregator_exits=True, rounds=2, keep_going=False, timeout_s=30,
+              liveness_s=None, aggregator=FAKE_AGGREGATOR, straggler_wait_s=0.0):
     layout = FederationLayout(run_dir=str(tmp_path), collaborators=list(collaborators), rounds=rounds, port=0,
                               use_tls=False)
     metrics_file(layout).parent.mkdir(parents=True)
@@ -289,16 +291,22 @@ def run_watch(tmp_path, collaborators: dict, *, aggregator_exits=True, rounds=2,
     def launch(name, code, *args):
         logs[name] = tmp_path / f"{name}.log"
         processes[name] = registry.start(name, [sys.executable, "-c", code, *map(str, args)], cwd=tmp_path,
-                                         log_path=logs[name], env={})
+                                         log_path=logs[name], env={"PYTHONUNBUFFERED": "1"})
 
-    launch("aggregator", FAKE_AGGREGATOR, metrics_file(layout), rounds, "exit" if aggregator_exits else "stay")
+    launch("aggregator", aggregator, metrics_file(layout), rounds, "exit" if aggregator_exits else "stay")
     for name, code in collaborators.items():
         launch(name, code)
+    liveness = None
+    if liveness_s is not None:
+        liveness = Liveness(floor_s=liveness_s, straggler_wait_s=straggler_wait_s)
+        for name, p in processes.items():
+            liveness.add(name, p.pid, [logs[name]], collaborator=name != "aggregator", now=p.started_at)
     outcome = Outcome(ok=False, rounds_done=0, rounds=rounds, seconds=0)
     messages = []
     try:
         _watch(layout, processes, logs, outcome, total=rounds, timeout_s=timeout_s, keep_going=keep_going,
-               say=messages.append, progress=None, poll_s=0.05, begin=time.monotonic())
+               say=messages.append, progress=None, poll_s=0.05, begin=time.monotonic(), liveness=liveness,
+               stop=registry.stop)
     finally:
         stopped = registry.stop_all()
     return outcome, stopped, messages
@@ -391,3 +399,155 @@ def test_a_folder_with_an_earlier_runs_state_is_not_started(tmp_path):
     layout.status = "finished"
     with pytest.raises(SetupError, match="already started"):
         start(layout, registry=ProcessRegistry())
+
+
+
+# ---------------------------------------------------------------------------------------------------------
+# liveness: a party that stops answering is named and ends the run as a dead one does
+
+
+CHATTY = "import time\nfor i in range(200):\n    print('working', i, flush=True); time.sleep(0.05)"  # logs for 10 s
+STOPS = "import os, signal, time; print('up', flush=True); time.sleep(0.3); os.kill(os.getpid(), signal.SIGSTOP)"
+HANGS = "import time; time.sleep(60)"  # a deadlock: no log line, no CPU, state S
+BUSY = "import time\nend = time.monotonic() + 4\nwhile time.monotonic() < end: pass"  # training: CPU, no log line
+SLOW_AGGREGATOR = """
+import json, sys, time
+time.sleep(3)  # waits for the collaborators' first round (c1 trains on, after it: no gap without progress)
+with open(sys.argv[1], "a") as f:
+    f.write(json.dumps({"round_number": 0, "elapsed_seconds": 3.0}) + "\\n")
+"""
+
+
+def test_a_stopped_collaborator_is_named_and_ends_the_run(tmp_path):
+    began = time.monotonic()
+    outcome, stopped, messages = run_watch(tmp_path, {"c1": CHATTY, "c2": STOPS}, rounds=50, liveness_s=2.0)
+    assert time.monotonic() - began < 7  # stopped for the liveness setting, 2 s
+    assert not outcome.ok and list(outcome.frozen) == ["c2"] and not outcome.dead
+    assert "its process is stopped (state T" in outcome.frozen["c2"]
+    assert outcome.problems == [f"stopped the federation: {outcome.frozen['c2']}"]
+    assert outcome.frozen["c2"].startswith("c2 (pid ") and " stopped answering: " in outcome.frozen["c2"]
+    assert any("c2" in m and "stopped answering" in m for m in messages)
+    assert set(stopped) == {"aggregator", "c1", "c2"}  # the stopped one too (SIGTERM + SIGCONT)
+
+
+def test_keep_going_stops_a_frozen_collaborator_lets_the_others_finish_and_does_not_idle(tmp_path):
+    began = time.monotonic()
+    outcome, stopped, _ = run_watch(tmp_path, {"c1": SURVIVOR, "c2": STOPS}, aggregator_exits=False,
+                                    keep_going=True, liveness_s=2.0)
+    assert time.monotonic() - began < 9  # the fake aggregator would wait 300 s for c2's quit signal
+    assert not outcome.ok and set(outcome.dead) == {"c2"} and "stopped answering" in outcome.dead["c2"]
+    assert outcome.dead["c2"].endswith("; stopped it")
+    assert outcome.problems == [f"all 2 rounds finished without: {outcome.dead['c2']}"]
+    assert stopped == ["aggregator"]
+
+
+def test_a_silent_collaborator_while_rounds_go_on_is_named(tmp_path):
+    outcome, _, _ = run_watch(tmp_path, {"c1": CHATTY, "c2": HANGS}, rounds=8, aggregator_exits=False,
+                              liveness_s=2.0)
+    assert list(outcome.frozen) == ["c2"]
+    assert "though a round ended" in outcome.frozen["c2"] and "during its silence" in outcome.frozen["c2"]
+    assert "process state S" in outcome.frozen["c2"]
+
+
+def test_when_nothing_moves_every_party_is_named_longest_silent_first(tmp_path):
+    outcome, _, _ = run_watch(tmp_path, {"c1": HANGS, "c2": HANGS}, rounds=1, aggregator=HANGS, liveness_s=2.0)
+    assert list(outcome.frozen) == ["aggregator", "c1", "c2"]  # started (and fell silent) in that order
+    assert all("no party made progress" in why for why in outcome.frozen.values())
+    assert "stopped answering" in outcome.problems[0]
+
+
+def test_a_party_working_without_logging_keeps_the_federation_live(tmp_path):
+    # The first round: c1 trains (CPU, no log line), c2 and the aggregator wait without a sign of life.
+    outcome, _, _ = run_watch(tmp_path, {"c1": BUSY, "c2": "import time; time.sleep(3.2)"}, rounds=1,
+                              liveness_s=2.0, aggregator=SLOW_AGGREGATOR)
+    assert outcome.ok and not outcome.frozen, outcome.problems
+
+
+def test_survivors_waiting_for_the_straggler_cutoff_are_not_frozen(tmp_path):
+    # keep-going, c2 dead: the aggregator and c1 wait silently for the straggler policy to end the round
+    outcome, _, _ = run_watch(tmp_path, {"c1": "import time; time.sleep(4)", "c2": DIES}, rounds=1,
+                              aggregator=SLOW_AGGREGATOR.replace("time.sleep(3)", "time.sleep(3.5)"),
+                              keep_going=True, liveness_s=2.0, straggler_wait_s=5.0)
+    assert not outcome.frozen and set(outcome.dead) == {"c2"}, outcome.problems
+    assert outcome.problems == [f"finished without: {outcome.dead['c2']}"]
+
+
+def test_the_liveness_window_grows_with_the_slowest_round():
+    liveness = Liveness(floor_s=10)
+    assert liveness.window([]) == 10 and liveness.window([2.0, 3.0]) == 10
+    assert liveness.window([2.0, 30.0, 4.0]) == 90
+    with pytest.raises(ValueError, match="liveness: 1 s is below 2 s"):
+        Liveness(floor_s=1)
+
+
+@pytest.mark.parametrize("value", ["-1", "1", "nan", "inf", "soon"])
+def test_a_bad_liveness_option_is_one_clear_line(value):
+    result = subprocess.run([sys.executable, "-m", "workspace", "start", "--dir", "nowhere", "--liveness", value],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert f"argument --liveness: expected 0 (no liveness check) or seconds >= 2, got '{value}'" in result.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------
+# a tooling killed outright: its participants die with it, and the folder says what happened
+
+
+TOOL = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from workspace.processes import ProcessRegistry
+registry = ProcessRegistry()
+child = registry.start("child", [sys.executable, "-c", "import time; time.sleep(60)"], cwd=Path.cwd(),
+                       log_path=Path(sys.argv[2]), env={})
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_participants_die_with_a_tooling_killed_outright(tmp_path):
+    tool = subprocess.Popen([sys.executable, "-c", TOOL, str(ROOT), str(tmp_path / "child.log")], cwd=tmp_path,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(tool.stdout.readline())
+        assert is_running(child)
+        tool.kill()
+        tool.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while is_running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not is_running(child)
+    finally:
+        tool.kill()
+        tool.wait()
+
+
+def test_a_folder_left_running_by_a_killed_tooling_is_reported_stale(tmp_path):
+    from workspace.federation import check_fresh, stale_state
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    survivor = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        layout = FederationLayout(run_dir=str(tmp_path), collaborators=["c1"], rounds=1, port=0, use_tls=False,
+                                  status="running")
+        layout.extra = {"tool": {"pid": gone.pid, "start_ticks": None},
+                        "pids": {"aggregator": gone.pid, "c1": survivor.pid},
+                        "start_ticks": {"aggregator": None, "c1": snapshot(survivor.pid).start_ticks}}
+        message = stale_state(layout)
+        assert message.startswith(f"stale: the tool (pid {gone.pid}) that started {tmp_path} is gone")
+        assert f"aggregator (pid {gone.pid}) gone" in message
+        assert f"c1 (pid {survivor.pid}) STILL RUNNING, stop it with: kill -- -{survivor.pid}" in message
+        with pytest.raises(SetupError, match="^stale: the tool"):
+            check_fresh(layout)
+        # a recorded start time that does not match is another process that got the PID
+        layout.extra["start_ticks"]["c1"] += 1
+        assert f"c1 (pid {survivor.pid}) gone" in stale_state(layout)
+        # while the tooling runs, the folder is running, not stale
+        layout.extra["tool"] = {"pid": os.getpid(), "start_ticks": snapshot(os.getpid()).start_ticks}
+        assert stale_state(layout).endswith("is still up; stop it with Ctrl-C or kill it")
+        layout.status = "failed"
+        assert stale_state(layout) is None
+    finally:
+        survivor.kill()
+        survivor.wait()

@@ -549,3 +549,15 @@ def test_atomic_savefig_failure_keeps_previous_image(tmp_path):
         atomic_io.atomic_savefig(fig, path, format="no-such-format")
     assert path.read_bytes() == before
     assert temp_files(tmp_path) == []
+
+
+def test_metrics_csv_escapes_formula_like_names_but_keeps_negative_numbers(tmp_path):
+    rec = make_record(0)
+    rec["metrics"].update({"=HYPERLINK(\"http://x\")": -0.5, "@SUM(A1)": 2, "-2+3": -1e-300, "train_loss": -0.25})
+    ReportWriter(tmp_path, PARTY).write_round(rec)
+    text = (tmp_path / PARTY / "metrics.csv").read_text()
+    header, row = text.splitlines()
+    assert '"\'=HYPERLINK(""http://x"")"' in header and ",'@SUM(A1)," in header and ",'-2+3," in header
+    values = read_csv(tmp_path / PARTY / "metrics.csv")[0]
+    assert values["'=HYPERLINK(\"http://x\")"] == "-0.5" and values["'@SUM(A1)"] == "2"
+    assert values["'-2+3"] == "-1e-300" and values["train_loss"] == "-0.25"  # numbers stay numbers

@@ -24,10 +24,10 @@ from workspace.in_process import WORKSPACE_ROOT
 if str(WORKSPACE_ROOT) not in sys.path:  # src.aggregator_settings, audit.reporting.atomic_io
     sys.path.insert(0, str(WORKSPACE_ROOT))
 
-from workspace.federation import start  # noqa: E402
-from workspace.prepare import FederationLayout, SetupError, prepare  # noqa: E402
+from workspace.federation import stale_state, start  # noqa: E402
+from workspace.prepare import STATE_FILE, FederationLayout, SetupError, prepare  # noqa: E402
 from workspace.processes import FxNotFoundError, ProcessRegistry  # noqa: E402
-from workspace.progress import ProgressLine  # noqa: E402
+from workspace.progress import DEFAULT_LIVENESS_S, MIN_LIVENESS_S, ProgressLine  # noqa: E402
 from workspace.run_plan import merge_overrides  # noqa: E402
 
 
@@ -41,6 +41,17 @@ class Interrupted(KeyboardInterrupt):
 
 def _raise_interrupted(signum, _frame):
     raise Interrupted(signum)
+
+
+def _liveness_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value == 0 or MIN_LIVENESS_S <= value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected 0 (no liveness check) or seconds >= {MIN_LIVENESS_S:g}, "
+                                         f"got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--keep-going", action="store_true",
                        help="if a collaborator dies, let the others finish (the plan's straggler policy ends each "
                             "round without it); the run still fails, naming it")
+        p.add_argument("--liveness", type=_liveness_seconds, default=DEFAULT_LIVENESS_S, metavar="SECONDS",
+                       help="a participant that shows no progress (no log line, no CPU use) for SECONDS while "
+                            "stopped or while rounds end without it, or every party when nothing moves for "
+                            "max(SECONDS, 3 x the slowest round so far), is named and the run ends as for a dead "
+                            f"one (default {DEFAULT_LIVENESS_S:g}; 0: no liveness check)")
 
     setup_options(run := sub.add_parser("run", help="prepare and start a federation"))
     start_options(run)
@@ -102,6 +118,10 @@ def main(argv=None) -> int:
         if getattr(args, "timeout", None) is not None and not args.timeout > 0:  # also NaN
             raise SetupError(f"--timeout {args.timeout:g}: must be a number of seconds > 0 (leave it out for no limit)")
         if args.command in ("run", "prepare"):
+            if args.dir is not None and (args.dir / STATE_FILE).is_file():  # a folder a killed tooling left behind
+                stale = stale_state(FederationLayout.load(args.dir))
+                if stale:
+                    raise SetupError(stale)
             overrides = list(args.overrides)
             if args.poll_interval is not None:
                 overrides.append(f"aggregator.settings.poll_interval_s={args.poll_interval}")
@@ -114,7 +134,7 @@ def main(argv=None) -> int:
         else:
             layout = FederationLayout.load(args.dir)
         outcome = start(layout, registry=registry, timeout_s=args.timeout, keep_going=args.keep_going,
-                        progress=ProgressLine())
+                        progress=ProgressLine(), liveness_s=args.liveness)
         for problem in outcome.problems:
             print(f"error: {problem}", file=sys.stderr)
         status = "finished" if outcome.ok else "FAILED"

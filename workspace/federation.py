@@ -9,21 +9,30 @@ The watcher reads the aggregator's metrics log for progress and the processes' e
   naming it; with keep_going the surviving collaborators go on (the plan's straggler policy ends each round
   without the dead one) and the run still fails, naming it, once they are done. OpenFL's aggregator itself
   never exits in that case (it waits to send the dead collaborator its quit signal), so it is stopped;
+- a participant that stops answering (stopped, deadlocked: no progress within the liveness window, see
+  workspace.progress.Liveness) is named and the run ends as for a dead one; with keep_going a frozen
+  collaborator is stopped, the others go on, and the run fails naming it;
 - the optional overall timeout stops everything and names what was still running.
 Every process started is stopped by process group whatever happens (including Ctrl-C, handled by the CLI).
+If the tooling itself is killed outright, the participants die with it (workspace.processes) and the next
+command on the folder reports the stale state that federation.json was left in (`stale_state`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from workspace.prepare import AGGREGATOR, FederationLayout, SetupError
-from workspace.processes import ProcessRegistry, Started, describe_returncode, fx_environment, fx_executable
-from workspace.progress import ProgressLine, rounds_done
+import yaml
+
+from workspace.prepare import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
+from workspace.processes import (ProcessRegistry, Started, describe_returncode, fx_environment, fx_executable,
+                                 is_running, snapshot)
+from workspace.progress import DEFAULT_LIVENESS_S, Liveness, ProgressLine, rounds_done
 from workspace.run_plan import port_is_free
 
 AGGREGATOR_EXIT_GRACE_S = 30.0  # OpenFL's server checks every 5 s whether every collaborator got its quit signal
@@ -37,6 +46,7 @@ class Outcome:
     seconds: float
     problems: list[str] = field(default_factory=list)
     dead: dict[str, str] = field(default_factory=dict)
+    frozen: dict[str, str] = field(default_factory=dict)  # parties that stopped answering -> why
     reports: dict[str, Path] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
     round_seconds: list[float] = field(default_factory=list)  # the aggregator's elapsed_seconds per round
@@ -69,8 +79,47 @@ def round_seconds(layout: FederationLayout) -> list[float]:
     return [out[r] for r in sorted(out)]
 
 
+def straggler_wait_s(layout: FederationLayout) -> float:
+    """How long the plan's straggler policy lets a round wait for a missing collaborator (0 if it sets no cutoff)."""
+    try:
+        plan = yaml.safe_load((layout.workspace(AGGREGATOR) / "plan" / "plan.yaml").read_text()) or {}
+        return float(plan["straggler_handling_policy"]["settings"]["straggler_cutoff_time"])
+    except (OSError, yaml.YAMLError, KeyError, TypeError, ValueError):
+        return 0.0
+
+
+def _this_process() -> dict:
+    snap = snapshot(os.getpid())
+    return {"pid": os.getpid(), "start_ticks": snap.start_ticks if snap else None}
+
+
+def stale_state(layout: FederationLayout) -> str | None:
+    """What to tell about a folder whose federation.json says 'running' (None if it does not).
+
+    `start` records its own PID and each participant's (with their start times, so a reused PID is not
+    mistaken for them); a tooling killed outright leaves 'running' behind.
+    """
+    if layout.status != "running":
+        return None
+    tool = layout.extra.get("tool") or {}
+    if is_running(tool.get("pid"), tool.get("start_ticks")):
+        return (f"{layout.root} is running now: the tooling (pid {tool['pid']}) that started it is still up; "
+                "stop it with Ctrl-C or kill it")
+    starts = layout.extra.get("start_ticks") or {}
+    parties = [f"{name} (pid {pid}) " + (f"STILL RUNNING, stop it with: kill -- -{pid}"
+                                         if is_running(pid, starts.get(name)) else "gone")
+               for name, pid in (layout.extra.get("pids") or {}).items()]
+    who = f"the tool (pid {tool['pid']})" if tool.get("pid") else "the tool (its pid was not recorded)"
+    return (f"stale: {who} that started {layout.root} is gone (killed?), and its {STATE_FILE} still says "
+            f"'running'; participants: {', '.join(parties) or 'none recorded'}. Nothing in it can be resumed: "
+            "prepare a fresh folder")
+
+
 def check_fresh(layout: FederationLayout) -> None:
     """A prepared folder runs once: nothing in it may carry state from an earlier start."""
+    stale = stale_state(layout)
+    if stale:
+        raise SetupError(stale)
     if layout.status != "prepared":
         raise SetupError(f"{layout.root} was already started (status {layout.status!r}); prepare a fresh folder "
                          "so that no participant picks up an earlier run's state")
@@ -91,7 +140,9 @@ def _tail(path: Path, lines: int = 12) -> str:
 
 def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: float | None = None,
           keep_going: bool = False, say: Callable[[str], None] = print, progress: ProgressLine | None = None,
-          poll_s: float = 0.25) -> Outcome:
+          poll_s: float = 0.25, liveness_s: float | None = DEFAULT_LIVENESS_S) -> Outcome:
+    """Start the prepared federation and watch it to its end. `liveness_s` (`--liveness`): how long a party may
+    show no progress before it counts as frozen (workspace.progress.Liveness); None or 0: no liveness check."""
     check_fresh(layout)
     if not port_is_free(layout.port):
         raise SetupError(f"port {layout.port} (network.settings.agg_port) is in use on 127.0.0.1; prepare again "
@@ -110,16 +161,25 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
                                          env=fx_environment(f"logs/{name}.log"))
 
     layout.status = "running"
+    layout.extra["tool"] = _this_process()  # so the next command can tell a killed tooling (stale_state)
     layout.save()
     try:
         launch(AGGREGATOR, ["aggregator", "start"])
         for name in layout.collaborators:  # they retry every client_reconnect_interval until the server is up
             launch(name, ["collaborator", "start", "-n", name])
         layout.extra["pids"] = {name: p.pid for name, p in processes.items()}
+        layout.extra["start_ticks"] = {name: getattr(snapshot(p.pid), "start_ticks", None)
+                                       for name, p in processes.items()}
         layout.save()
         say("started " + ", ".join(f"{name} (pid {p.pid})" for name, p in processes.items()))
+        liveness = None
+        if liveness_s:
+            liveness = Liveness(floor_s=liveness_s, straggler_wait_s=straggler_wait_s(layout))
+            for name, p in processes.items():
+                liveness.add(name, p.pid, [logs[name], layout.workspace(name) / "logs" / f"{name}.log"],
+                             collaborator=name != AGGREGATOR, now=p.started_at)
         _watch(layout, processes, logs, outcome, total=total, timeout_s=timeout_s, keep_going=keep_going, say=say,
-               progress=progress, poll_s=poll_s, begin=begin)
+               progress=progress, poll_s=poll_s, begin=begin, liveness=liveness, stop=registry.stop)
     finally:
         still_running = registry.stop_all()
         if progress is not None:
@@ -134,7 +194,8 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
     return outcome
 
 
-def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, say, progress, poll_s, begin):
+def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, say, progress, poll_s, begin,
+           liveness: Liveness | None = None, stop: Callable[[Started], None] | None = None):
     agg = processes[AGGREGATOR]
     cols = {n: processes[n] for n in layout.collaborators}
     exited: dict[str, int] = {}
@@ -146,16 +207,21 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
             if rc is None or name in exited:
                 continue
             exited[name] = rc
-            if rc != 0:
+            if rc != 0 and name not in outcome.dead:
                 outcome.dead[name] = (f"{name} (pid {proc.pid}) {describe_returncode(rc)} during round "
                                       f"{min(done, total - 1)} ({done}/{total} rounds finished); log: {logs[name]}")
                 say(f"\n!! {outcome.dead[name]}")
         agg_rc = agg.popen.poll()
-        if progress is not None:
-            states = {AGGREGATOR: "up" if agg_rc is None else describe_returncode(agg_rc)}
-            states.update({n: ("up" if n not in exited else "done" if exited[n] == 0 else "DEAD") for n in cols})
-            progress.update(min(done, total), total, states)
         now = time.monotonic()
+        if liveness is not None and _frozen(layout, processes, logs, outcome, liveness, exited, done=done,
+                                            total=total, now=now, keep_going=keep_going, say=say, stop=stop):
+            return
+        if progress is not None:
+            states = {AGGREGATOR: _state(liveness, AGGREGATOR, outcome) if agg_rc is None
+                      else describe_returncode(agg_rc)}
+            states.update({n: (_state(liveness, n, outcome) if n not in exited else "done" if exited[n] == 0
+                               else "FROZEN" if n in outcome.frozen else "DEAD") for n in cols})
+            progress.update(min(done, total), total, states)
 
         if outcome.dead and not keep_going:
             outcome.problems.append("stopped the federation because a participant died: "
@@ -197,3 +263,35 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
                                     f"still running: {', '.join(running)}")
             return
         time.sleep(poll_s)
+
+
+def _state(liveness: Liveness | None, name: str, outcome: Outcome) -> str:
+    if name in outcome.frozen:
+        return "FROZEN"
+    return "stopped" if liveness is not None and liveness.state(name) in ("T", "t") else "up"
+
+
+def _frozen(layout, processes, logs, outcome, liveness, exited, *, done, total, now, keep_going, say, stop) -> bool:
+    """Name the parties that stopped answering; True if the run must end (as for a dead participant)."""
+    running = [n for n, p in processes.items() if n not in exited and p.popen.poll() is None]
+    liveness.observe(running, done, now)
+    frozen = liveness.frozen(running, now, round_seconds(layout),
+                             waiting_for_stragglers=keep_going and bool(outcome.dead))
+    if not frozen:
+        return False
+    for name, why in frozen.items():
+        outcome.frozen[name] = (f"{name} (pid {processes[name].pid}) stopped answering: {why}; during round "
+                                f"{min(done, total - 1)} ({done}/{total} rounds finished); log: {logs[name]}")
+        say(f"\n!! {outcome.frozen[name]}")
+    stalled = AGGREGATOR in frozen or len(frozen) == len(running)
+    if keep_going and not stalled and stop is not None:
+        # As for a dead collaborator: stop it (a frozen one would hold its round until the straggler cutoff
+        # and never take its quit signal), let the others finish, and fail naming it.
+        for name in frozen:
+            stop(processes[name])
+            rc = processes[name].popen.poll()
+            exited[name] = -9 if rc is None else rc  # -9: not reaped yet (e.g. in uninterruptible sleep)
+            outcome.dead[name] = outcome.frozen[name] + "; stopped it"
+        return False
+    outcome.problems.append("stopped the federation: " + "; ".join(outcome.frozen[n] for n in frozen))
+    return True

@@ -4,10 +4,19 @@ Every `fx` command (set-up commands and the long-running aggregator and collabor
 session, so its process group id is its PID: a Ctrl-C in the terminal reaches only the tooling, and the
 tooling stops each process group it started (SIGTERM, then SIGKILL after a grace period), never anything
 found by name.
+
+A tooling killed outright (SIGKILL, OOM killer) runs no clean-up: on Linux every process it starts asks the
+kernel for SIGKILL when the tooling dies (prctl PR_SET_PDEATHSIG), so no participant is left orphaned. The
+signal is SIGKILL because a stopped (SIGSTOP) process would leave a SIGTERM pending. Elsewhere there is no
+such request; `federation.json` then still names the orphans (see workspace/federation.py).
+
+`snapshot(pid)` reads what /proc shows of a process (state, CPU time, start time) for the liveness check.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
@@ -44,6 +53,80 @@ def fx_environment(log_file: str | None = None) -> dict:
     else:
         env.pop("LOG_FILE", None)
     return env
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _load_prctl():
+    """libc's prctl, resolved now: the function passed as preexec_fn runs between fork and exec, where it
+    should do as little as possible (no imports, no library look-ups)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def die_with_this_process():
+    """A preexec_fn that has the child SIGKILLed when the process starting it dies (None where unsupported).
+
+    The kernel sends the signal when the *thread* that forked the child exits: start participants from a
+    thread that outlives them (the main thread; `ProcessRegistry.run` waits for its child in the calling thread).
+    """
+    if _PRCTL is None:
+        return None
+    parent = os.getpid()
+    prctl = _PRCTL
+
+    def preexec():
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before the request was in place
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What /proc/<pid>/stat shows of a process."""
+
+    state: str        # R running, S sleeping, D disk wait, T stopped (SIGSTOP), t traced, Z zombie, ...
+    cpu_ticks: int    # user + system time of the process and of its reaped children, in clock ticks
+    start_ticks: int  # start time after boot, in clock ticks: with the PID, identifies the process
+
+
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def snapshot(pid: int) -> Snapshot | None:
+    """The process's state, CPU time and start time; None if it is gone (or /proc is not there)."""
+    try:
+        with open(f"/proc/{int(pid)}/stat", "rb") as f:
+            text = f.read().decode("ascii", "replace")
+    except (OSError, ValueError):
+        return None
+    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split after the last ")".
+    fields = text[text.rfind(")") + 2:].split()
+    try:
+        utime, stime, cutime, cstime = (int(v) for v in fields[11:15])
+        return Snapshot(state=fields[0], cpu_ticks=utime + stime + cutime + cstime, start_ticks=int(fields[19]))
+    except (IndexError, ValueError):
+        return None
+
+
+def is_running(pid: int | None, start_ticks: int | None = None) -> bool:
+    """Whether `pid` is a live process (not a zombie) and, given its recorded start time, the same one."""
+    if not pid:
+        return False
+    snap = snapshot(pid)
+    if snap is None or snap.state in ("Z", "X"):
+        return False
+    return start_ticks is None or snap.start_ticks == int(start_ticks)
 
 
 def describe_returncode(returncode: int | None) -> str:
@@ -91,7 +174,8 @@ class ProcessRegistry:
             log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(log_path, "ab") as log:
                 popen = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
+                                         stderr=subprocess.STDOUT, start_new_session=True,
+                                         preexec_fn=die_with_this_process())
             started = Started(name, popen, log_path)
             self._started.append(started)
             return started
@@ -116,6 +200,7 @@ class ProcessRegistry:
         pgid = started.pid  # start_new_session=True: the group id is the PID
         if started.popen.poll() is None:
             _killpg(pgid, signal.SIGTERM)
+            _killpg(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) process would keep the SIGTERM pending
             try:
                 started.popen.wait(timeout=self.stop_grace_s)
             except subprocess.TimeoutExpired:

@@ -1,7 +1,90 @@
-"""The scalar names collaborators send and the aggregator reads: one definition for both sides (torch-free)."""
+"""What a collaborator's gate tells the aggregator, and the one decision both sides read from it.
 
-GATE_KEPT = "gate_kept"            # 1.0 if the update was sent, 0.0 if its gate withheld it
-GATE_RETRIES = "gate_retries"      # DP retrains before the decision
-GATE_EPSILON = "gate_epsilon"      # the round's DP epsilon (0.0 without a DP retrain)
-GATE_TRIPPED_PREFIX = "gate_tripped__"  # + metric: the value that tripped the gate, 0.0 if it did not
-NON_FINITE_UPDATE = "non_finite_update"  # the pseudo-metric of an update holding NaN/Inf
+The collaborator's `train` task (src/taskrunner.py) sends, with its update, these scalar metrics:
+
+    gate_kept                1.0 if the update was sent, 0.0 if its gate withheld it
+    gate_retries             DP retrains before the decision
+    gate_epsilon             the privacy budget those retrains spent (0.0 without)
+    gate_tripped__<metric>   the measured value of each watched metric that tripped the gate, 0.0 if it did not
+                             (OpenFL averages a task's metrics by the names the first reporter sent, so every
+                             collaborator sends every watched name each round); gate_tripped__non_finite_update
+                             is 1.0 for an update with NaN/Inf
+
+The aggregator's average (src/aggregation.py) and its report (src/aggregator_report.py) both call `decide` on
+what arrived, so the report says exactly what was averaged. This module imports neither torch nor OpenFL.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = [
+    "GATE_KEPT", "GATE_RETRIES", "GATE_EPSILON", "GATE_TRIPPED_PREFIX", "NON_FINITE_UPDATE",
+    "KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "LEFT_OUT_NON_FINITE", "STRAGGLER", "STATUSES",
+    "PASSED", "NO_GATE_METRIC", "GATE_WITHHELD", "GATE_KEPT_NOT_FINITE", "NON_FINITE_TENSORS",
+    "Decision", "decide", "tripped_name",
+]
+
+GATE_KEPT = "gate_kept"
+GATE_RETRIES = "gate_retries"
+GATE_EPSILON = "gate_epsilon"
+GATE_TRIPPED_PREFIX = "gate_tripped__"
+NON_FINITE_UPDATE = "non_finite_update"  # the gate's reason, and the tripped name, for a NaN/Inf update
+
+# A collaborator's gate verdict on its own update (audit.gate_flow): sent as trained, sent after a DP retrain, or
+# withheld (the received weights are sent back).
+KEPT = "kept"
+DP_RETRAINED = "dp_retrained"
+WITHHELD = "withheld"
+VERDICTS = (KEPT, DP_RETRAINED, WITHHELD)
+
+# A collaborator's status in a round as the aggregator saw it, in the collaborators' words: KEPT (averaged in; a
+# DP-retrained update too), WITHHELD (its gate withheld it, or its verdict is unreadable: fail closed), and:
+LEFT_OUT_NON_FINITE = "left_out_non_finite"  # the aggregator found NaN/Inf in what it sent
+STRAGGLER = "straggler"                      # OpenFL's straggler policy ended the round without it
+STATUSES = (KEPT, WITHHELD, LEFT_OUT_NON_FINITE, STRAGGLER)
+
+# Why (`Decision.cause`).
+PASSED = "passed"                            # gate_kept = 1
+NO_GATE_METRIC = "no_gate_metric"            # no gate_kept sent (a runner without the gate): averaged
+GATE_WITHHELD = "gate_withheld"              # gate_kept = 0
+GATE_KEPT_NOT_FINITE = "gate_kept_not_finite"  # gate_kept NaN/Inf/not a number
+NON_FINITE_TENSORS = "non_finite_tensors"    # a tensor it trained this round holds NaN/Inf
+
+
+def tripped_name(metric: str) -> str:
+    """The metric a collaborator sends for a watched `metric` (e.g. gate_tripped__mia_local_loss_auc)."""
+    return GATE_TRIPPED_PREFIX + metric
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether one collaborator's update is averaged into this round's model, and why not."""
+
+    status: str  # KEPT, WITHHELD or LEFT_OUT_NON_FINITE
+    cause: str   # PASSED, NO_GATE_METRIC, GATE_WITHHELD, GATE_KEPT_NOT_FINITE or NON_FINITE_TENSORS
+
+    @property
+    def averaged(self) -> bool:
+        return self.status == KEPT
+
+
+def decide(gate_kept, *, finite_update: bool) -> Decision:
+    """The decision for a collaborator that reported `gate_kept` (None: it sent none) and whose trained tensors
+    are all finite or not.
+
+    NaN/Inf tensors leave it out whatever its gate said (they would poison the average). A `gate_kept` that is
+    not a finite number fails closed: the verdict is unreadable, so the update may be one its gate withheld.
+    """
+    if not finite_update:
+        return Decision(LEFT_OUT_NON_FINITE, NON_FINITE_TENSORS)
+    if gate_kept is None:
+        return Decision(KEPT, NO_GATE_METRIC)
+    try:
+        value = float(gate_kept)
+    except (TypeError, ValueError):
+        return Decision(WITHHELD, GATE_KEPT_NOT_FINITE)
+    if not math.isfinite(value):
+        return Decision(WITHHELD, GATE_KEPT_NOT_FINITE)
+    return Decision(KEPT, PASSED) if value >= 0.5 else Decision(WITHHELD, GATE_WITHHELD)

@@ -41,13 +41,13 @@ from typing import Any
 
 import numpy as np
 
-from audit.reporting.round_files import load_round_records, round_file_name
-from audit.reporting.atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
+from audit.reporting.writer import RoundReportWriter
+from audit.reporting.atomic_io import atomic_savefig, atomic_write_text
 from audit.deanon.attacks import KNN_K, match, reidentify, single_threaded
 from audit.deanon.representation import normalise_rows, update_vector
 from audit.config.deanon_settings import ATTACKS, REID_ATTACKS
 
-__all__ = ["UpdateHistory", "evaluate_round", "open_world_split", "DeanonReportWriter", "round_file_name",
+__all__ = ["UpdateHistory", "evaluate_round", "open_world_split", "DeanonReportWriter",
            "BUILDING_HISTORY", "EVALUATED", "SKIPPED", "UNSEEN", "OPEN_WORLD_REID_ATTACK", "MATCH_ATTACK"]
 
 logger = logging.getLogger(__name__)
@@ -381,19 +381,13 @@ def _value(record: Mapping, world: str, kind: str, attack: str, metric: str):
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
-class DeanonReportWriter:
+class DeanonReportWriter(RoundReportWriter):
     """`round_NNNN.json` per round, `summary.csv` and `ap_over_chance.png` rebuilt from the round files on disk."""
 
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
+    what = "deanonymization"
 
-    def write_round(self, record: Mapping) -> Path:
-        path = atomic_write_json(self.root / round_file_name(record["round"]), _clean(record))
-        self.rebuild_summary()
-        return path
-
-    def load_rounds(self) -> list[dict]:
-        return load_round_records(self.root, "deanonymization")
+    def prepare(self, record: Mapping) -> Mapping:
+        return _clean(record)
 
     def rebuild_summary(self) -> None:
         records = self.load_rounds()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+
+import jinja2
+from markupsafe import Markup
 import json
 import os
 from pathlib import Path
@@ -14,7 +17,7 @@ from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.readings import auc_of, csv_cell, exact_auc_of, fmt, ordered_models, tpr_at
 from audit.reporting.records import ROUND_DIR_RE, round_dir_name
 
-__all__ = ["party_page", "write_index"]
+__all__ = ["page", "party_page", "write_index", "escape", "href", "now"]
 
 def escape(text: Any) -> str:
     return html.escape(str(text), quote=True)
@@ -26,35 +29,14 @@ def href(*parts: str) -> str:
 
 
 
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:1.5em auto;max-width:1300px;
- padding:0 1em;color:#222}
-h1{font-size:1.5em}h2{font-size:1.2em;margin-top:1.6em;border-bottom:1px solid #ddd}h3{font-size:1.05em}
-img{max-width:100%;height:auto;border:1px solid #eee}
-table{border-collapse:collapse;font-size:.82em}th,td{border:1px solid #ddd;padding:2px 6px;text-align:right}
-th{background:#f4f4f4;white-space:nowrap}td:first-child,th:first-child{text-align:left;position:sticky;left:0;
- background:#fafafa}.scroll{overflow-x:auto;max-width:100%}
-section.round{margin:1.2em 0;padding-top:.4em;border-top:1px dashed #ccc}.muted{color:#777;font-size:.9em}
-pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:.8em}
-""".strip()
+# One page style for every report page (the party's, the run index, the aggregator's): templates/page.html.
+_TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("audit.reporting", "templates"),
+                                autoescape=jinja2.select_autoescape(["html"]), keep_trailing_newline=True)
 
 
 def page(title: str, body: list[str]) -> str:
-    return "\n".join([
-        "<!DOCTYPE html>",
-        '<html lang="en">',
-        "<head>",
-        '<meta charset="utf-8">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{escape(title)}</title>",
-        f"<style>{_CSS}</style>",
-        "</head>",
-        "<body>",
-        *body,
-        "</body>",
-        "</html>",
-        "",
-    ])
+    """A whole HTML page in the shared style; `body` is HTML already escaped by its builder."""
+    return _TEMPLATES.get_template("page.html").render(title=title, body=Markup("\n".join(body)), updated=now())
 
 
 def now() -> str:
@@ -102,13 +84,13 @@ def round_section(record: Mapping, tols: list[float]) -> list[str]:
 def party_page(party: str, records: list[dict], tols: list[float], tpr_files: list[str], log_scale: bool) -> str:
     body = ['<p><a href="../index.html">&larr; all parties</a></p>', f"<h1>Privacy audit: {escape(party)}</h1>"]
     if not records:
-        body.append(f'<p>No audited rounds yet. <span class="muted">Updated {escape(now())}.</span></p>')
+        body.append('<p>No audited rounds yet.</p>')
         return page(f"Privacy audit: {party}", body)
     latest = records[-1]["round"]
     body.append(
         f"<p>{len(records)} audited round{'s' if len(records) != 1 else ''} (latest: "
         f'<a href="#{escape(round_dir_name(latest))}">round {escape(latest)}</a>). '
-        f'Data: <a href="metrics.csv">metrics.csv</a>. <span class="muted">Updated {escape(now())}.</span></p>'
+        'Data: <a href="metrics.csv">metrics.csv</a>.</p>'
     )
     body += ["<h2>Membership-inference AUC per round (exact AUC)</h2>",
              '<p class="muted">Members against non-members over every threshold. Privacy Meter\'s grid AUC is in '
@@ -168,7 +150,6 @@ def write_index(root: str | os.PathLike) -> Path:
         body.append("</table>")
     else:
         body.append("<p>No party reports yet.</p>")
-    body.append(f'<p class="muted">Updated {escape(now())}.</p>')
     return atomic_write_text(root / "index.html", page("Privacy audit reports", body))
 
 

@@ -132,7 +132,7 @@ class ReportWriter(RoundReportWriter):
         names = sorted({k for r in records for k in r["metrics"]})
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
-        writer.writerow(["round", *names])
+        writer.writerow(["round", *(csv_cell(n) for n in names)])
         for r in records:
             writer.writerow([r["round"], *(csv_cell(r["metrics"].get(n)) for n in names)])
         atomic_write_text(self.party_dir / "metrics.csv", buf.getvalue())

@@ -11,6 +11,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from audit.config.checks import is_int
+from audit.reporting.csv_cells import spreadsheet_safe
 
 __all__ = ["MODEL_ORDER", "ordered_models", "float_or_nan", "curve", "auc_of", "exact_auc_of", "tpr_at",
            "tolerances_of", "series_keys", "fmt", "csv_cell"]
@@ -128,6 +129,8 @@ def fmt(value: Any, digits: int = 4) -> str:
 def csv_cell(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, str):  # text (e.g. a name from a plan); a number below stays a number, sign and all
+        return spreadsheet_safe(value)
     if is_int(value):
         return str(int(value))
     return repr(float(value))  # shortest string that round-trips exactly
