@@ -214,16 +214,20 @@ class TrainedCopies:
                 parts = []
                 for b in range(0, x.shape[0], batch_size):
                     xb = x[b:b + batch_size]
+                    vmap_error = None
                     if batched:
                         try:
                             out = _eval_chunk(self.model, params, buffers, xb, True)
                         except (RuntimeError, NotImplementedError) as err:
-                            warnings.warn(f"TrainedCopies.logits: torch.func.vmap cannot batch the model's forward "
-                                          f"({err}); evaluating the copies one at a time", RuntimeWarning,
-                                          stacklevel=2)
-                            batched = False
-                    if not batched:
+                            vmap_error = err
+                    if not batched or vmap_error is not None:
+                        # An error that is not vmap's is raised here again, with its own message and no warning.
                         out = _eval_chunk(self.model, params, buffers, xb, False)
+                    if vmap_error is not None:
+                        warnings.warn(f"TrainedCopies.logits: torch.func.vmap cannot batch the model's forward "
+                                      f"({vmap_error}); evaluating the copies one at a time", RuntimeWarning,
+                                      stacklevel=2)
+                        batched = False
                     if out.ndim != 3:
                         raise ValueError("the model must return a logits tensor of shape (batch, classes)")
                     parts.append(out.to(torch.float64))

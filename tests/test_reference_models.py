@@ -273,5 +273,9 @@ def test_template_model_is_left_alone_and_bad_input_is_named():
         refs.logits(x[:0])
     with pytest.raises(ValueError, match="train_references: x"):
         train_references(model, x[p], y[p][:, :5], TrainingRecipe(), seed=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a wrong input is not a vmap failure: its own error, no warning
+        with pytest.raises(RuntimeError, match="cannot be multiplied"):
+            refs.logits(x[:20, :5])
     with module_mode(model, training=False):  # the copies' outputs are not the template's
         assert not np.allclose(refs.logits(x[:20])[0], model(torch.as_tensor(x[:20])).detach().numpy())
