@@ -341,7 +341,7 @@ def test_bad_input_is_named():
 
 def test_twelve_thousand_by_six_thousand_is_fast_and_never_builds_the_pair_matrix():
     """The (12,000 x 6,000) LR matrix would take 576 MB; the sorted search needs a few arrays of 12,000 (measured
-    about 0.01 s; the matrix about 1.6 s). Its scores equal the matrix's on a slice."""
+    2-7 ms; the matrix 0.7-1.6 s). Its scores equal the matrix's on a slice."""
     rng = np.random.default_rng(9)
     tx, mx = rng.random(12000), rng.random(12000) * 0.5 + 0.25
     tz, mz = rng.random(6000), rng.random(6000) * 0.5 + 0.25
