@@ -1,4 +1,4 @@
-"""Many small local trainings at once: the adversary's shadow updates.
+"""Many small local trainings at once: the adversary's shadow updates, and reference models for RMIA.
 
 Each copy starts from the same (received global) weights and runs the collaborators' local recipe on its own
 data subset. The copies' parameters are stacked along a leading axis and trained together: a torch.func.vmap'd
@@ -8,6 +8,10 @@ act element-wise, so torch.optim on the stacked tensors is each copy's own optim
 way: each copy's BatchNorm updates its own running statistics, as a separate local training would, and the
 received model's parameters and buffers are never written. A forward vmap cannot batch (e.g. BatchNorm with
 momentum=None) trains the copies one at a time instead, with a warning.
+
+`train_copies` returns each copy's update (trained minus start) of chosen parameters; `train_references` keeps the
+trained copies' parameters and buffers stacked (`TrainedCopies`), and `TrainedCopies.logits(x)` runs every copy on
+the same samples in eval mode under vmap, for membership inference against reference models (audit/rmia.py).
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from torch.func import functional_call, vmap
 from audit.config.vocabulary import OPTIMIZERS
 from audit.model_io import model_input, module_mode
 
-__all__ = ["TrainingRecipe", "train_copies", "copies_per_chunk"]
+__all__ = ["TrainingRecipe", "TrainedCopies", "train_copies", "train_references", "copies_per_chunk"]
 
 # Memory for stacked copies: parameters, gradients and up to two optimiser states each (float32).
 _CHUNK_BUDGET_BYTES = 512 * 2**20
@@ -100,28 +104,20 @@ def _train_chunk(model, params, buffers, x, y, recipe: TrainingRecipe, generator
     return {n: t.detach() for n, t in stacked.items()}, stacked_buffers
 
 
-def train_copies(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, names: list[str], seed: int = 0,
-                 chunk: int | None = None) -> np.ndarray:
-    """Train len(x) copies of `model`, copy c on (x[c], y[c]) with `recipe`; return their raw updates.
-
-    x: (copies, samples, *features), y: (copies, samples) labels. Returns (copies, d) float64: each copy's
-    trained-minus-start values of the parameters `names`, flattened and concatenated in that order.
-    Deterministic for a given seed (shuffles and dropout); `model` itself is left unchanged (parameters, buffers,
-    train/eval flags). Floating inputs are cast to the model's dtype, integer inputs (token ids) kept integer.
-    """
+def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, seed: int, chunk: int | None,
+                     on_chunk, caller: str) -> None:
+    """Train len(x) copies of `model` on (x[c], y[c]), `chunk` copies at a time, and hand each chunk's trained
+    parameters and buffers (stacked, (copies in the chunk, ...)) to on_chunk(start, params, buffers) before the next
+    chunk is trained: memory is one chunk's training plus what on_chunk keeps."""
     x = model_input(model, np.asarray(x))
     y = torch.as_tensor(np.asarray(y), dtype=torch.long, device=x.device)
     if x.shape[:2] != y.shape or y.ndim != 2 or y.shape[1] == 0:
-        raise ValueError(f"train_copies: x {tuple(x.shape)} and y {tuple(y.shape)} must be (copies, samples, ...) "
+        raise ValueError(f"{caller}: x {tuple(x.shape)} and y {tuple(y.shape)} must be (copies, samples, ...) "
                          "and (copies, samples) with samples >= 1")
     params = dict(model.named_parameters())
-    unknown = [n for n in names if n not in params]
-    if unknown:
-        raise ValueError(f"train_copies: {unknown} are not parameters of the model")
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     chunk = chunk or copies_per_chunk(model)
     generator = torch.Generator().manual_seed(seed)
-    out = []
     batched = True
     # Train mode for every submodule, as the local training runs (model.train()); each one's flag comes back after.
     with torch.random.fork_rng(devices=[]), module_mode(model, training=True):
@@ -132,7 +128,7 @@ def train_copies(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, names:
             if batched:
                 dropout_state, shuffle_state = torch.get_rng_state(), generator.get_state()
                 try:
-                    trained, _ = _train_chunk(*args)
+                    trained, trained_buffers = _train_chunk(*args)
                 except (RuntimeError, NotImplementedError) as err:
                     vmap_error = err
                     torch.set_rng_state(dropout_state)  # redo the chunk from scratch, same draws
@@ -141,11 +137,123 @@ def train_copies(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, names:
                 # For forwards vmap cannot batch (BatchNorm with momentum=None reads float(num_batches_tracked),
                 # .item(), data-dependent control flow); an error that is not vmap's is raised here again, by plain
                 # autograd, with its own message. Stacked buffers are made anew per call: the failed try left none.
-                trained, _ = _train_chunk(*args, batched=False)
+                trained, trained_buffers = _train_chunk(*args, batched=False)
             if vmap_error is not None:
-                warnings.warn(f"train_copies: torch.func.vmap cannot batch the model's training forward "
+                warnings.warn(f"{caller}: torch.func.vmap cannot batch the model's training forward "
                               f"({vmap_error}); training the copies one at a time, which is slower",
-                              RuntimeWarning, stacklevel=2)
+                              RuntimeWarning, stacklevel=3)
                 batched = False
-            out.append(torch.cat([(trained[n] - params[n].detach()).flatten(1) for n in names], dim=1))
+            on_chunk(start, trained, trained_buffers)
+
+
+def train_copies(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, names: list[str], seed: int = 0,
+                 chunk: int | None = None) -> np.ndarray:
+    """Train len(x) copies of `model`, copy c on (x[c], y[c]) with `recipe`; return their raw updates.
+
+    x: (copies, samples, *features), y: (copies, samples) labels. Returns (copies, d) float64: each copy's
+    trained-minus-start values of the parameters `names`, flattened and concatenated in that order.
+    Deterministic for a given seed (shuffles and dropout); `model` itself is left unchanged (parameters, buffers,
+    train/eval flags). Floating inputs are cast to the model's dtype, integer inputs (token ids) kept integer.
+    """
+    params = dict(model.named_parameters())
+    unknown = [n for n in names if n not in params]
+    if unknown:
+        raise ValueError(f"train_copies: {unknown} are not parameters of the model")
+    out = []
+
+    def keep_update(start, trained, buffers):
+        out.append(torch.cat([(trained[n] - params[n].detach()).flatten(1) for n in names], dim=1))
+
+    _train_in_chunks(model, x, y, recipe, seed=seed, chunk=chunk, on_chunk=keep_update, caller="train_copies")
     return torch.cat(out).double().cpu().numpy()
+
+
+# ------------------------------------------------------------------------------------------ reference models
+
+
+def _eval_chunk(model: torch.nn.Module, params: dict, buffers: dict, xb: torch.Tensor, batched: bool) -> torch.Tensor:
+    """Every copy of the chunk on the same batch: (copies, batch, classes). `model` must be in eval mode."""
+    if batched:
+        return vmap(lambda p, b: functional_call(model, (p, b), (xb,)))(params, buffers)
+    copies = next(iter(params.values())).shape[0]
+    return torch.stack([functional_call(model, ({n: t[c] for n, t in params.items()},
+                                                {n: t[c] for n, t in buffers.items()}), (xb,))
+                        for c in range(copies)])
+
+
+@dataclass(frozen=True, eq=False)
+class TrainedCopies:
+    """K trained copies of `model` without K nn.Modules: every parameter and buffer stacked, (K, *shape).
+
+    `model` is the template the copies were trained from (left unchanged); `logits` runs every copy in eval mode."""
+
+    model: torch.nn.Module
+    params: dict
+    buffers: dict
+
+    def __len__(self) -> int:
+        return next(iter(self.params.values())).shape[0]
+
+    def logits(self, x, *, batch_size: int = 256, chunk: int | None = None) -> np.ndarray:
+        """Every copy's outputs on the samples x, (K, N, classes) float64, in eval mode (Dropout off, each copy's own
+        BatchNorm running statistics), no autograd graph. One vmap'd call per `chunk` copies (default: as many as
+        `copies_per_chunk` trains at once) and `batch_size` samples, so memory is bounded by chunk x batch_size
+        activations whatever K and N; one copy at a time (with a warning) where vmap cannot batch the forward."""
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        x = model_input(self.model, x)
+        if x.ndim == 0 or x.shape[0] == 0:
+            raise ValueError(f"TrainedCopies.logits: x must be (N, ...) with N >= 1, got {tuple(x.shape)}")
+        chunk = chunk or copies_per_chunk(self.model)
+        batched = True
+        rows = []
+        with torch.no_grad(), module_mode(self.model, training=False):
+            for start in range(0, len(self), chunk):
+                params = {n: t[start:start + chunk] for n, t in self.params.items()}
+                buffers = {n: t[start:start + chunk] for n, t in self.buffers.items()}
+                parts = []
+                for b in range(0, x.shape[0], batch_size):
+                    xb = x[b:b + batch_size]
+                    vmap_error = None
+                    if batched:
+                        try:
+                            out = _eval_chunk(self.model, params, buffers, xb, True)
+                        except (RuntimeError, NotImplementedError) as err:
+                            vmap_error = err
+                    if not batched or vmap_error is not None:
+                        # An error that is not vmap's is raised here again, with its own message and no warning.
+                        out = _eval_chunk(self.model, params, buffers, xb, False)
+                    if vmap_error is not None:
+                        warnings.warn(f"TrainedCopies.logits: torch.func.vmap cannot batch the model's forward "
+                                      f"({vmap_error}); evaluating the copies one at a time", RuntimeWarning,
+                                      stacklevel=2)
+                        batched = False
+                    if out.ndim != 3:
+                        raise ValueError("the model must return a logits tensor of shape (batch, classes)")
+                    parts.append(out.to(torch.float64))
+                rows.append(torch.cat(parts, dim=1))
+        return torch.cat(rows).cpu().numpy()
+
+
+def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, seed: int = 0,
+                     chunk: int | None = None) -> TrainedCopies:
+    """Train len(x) reference models at once, copy c on (x[c], y[c]) with the party's `recipe`, exactly as
+    `train_copies` trains them (same shuffles, dropout masks, per-copy BatchNorm statistics for a seed), and keep
+    each copy's trained parameters and buffers: `.logits(samples)` then gives every copy's outputs, for RMIA's
+    Pr(x | reference) (`audit.rmia.true_class_probability`).
+
+    Every copy starts from `model`'s current parameters and buffers: pass the received global model for references
+    fine-tuned from it, or a freshly initialised model of the same architecture for references that never saw the
+    party's data. Training memory is one chunk's (`copies_per_chunk`: parameters, gradients, optimiser states); the
+    result holds K copies' parameters and buffers (4 bytes per float32 value per copy)."""
+    params, buffers = {}, {}
+
+    def keep(start, trained, trained_buffers):
+        for name, t in trained.items():
+            params.setdefault(name, []).append(t)
+        for name, t in trained_buffers.items():
+            buffers.setdefault(name, []).append(t)
+
+    _train_in_chunks(model, x, y, recipe, seed=seed, chunk=chunk, on_chunk=keep, caller="train_references")
+    return TrainedCopies(model, {n: torch.cat(ts) for n, ts in params.items()},
+                         {n: torch.cat(ts) for n, ts in buffers.items()})

@@ -1,0 +1,447 @@
+"""Uncertainty of membership-inference figures, and an empirical lower bound on the privacy parameter epsilon.
+
+Everything here works on per-sample attack scores with one convention: a higher score means "more likely a member"
+(members are the positives). Negate a loss or a gradient norm before passing it.
+
+- `clopper_pearson(k, n)`: the exact (Clopper-Pearson) interval of a rate k/n, e.g. a TPR or an FPR.
+- `auc_interval(pos, neg)`: the ROC AUC with a DeLong interval (or a stratified bootstrap), and the counts.
+- `population_threshold(population, fpr)` and `rates_at_threshold(pos, neg, threshold)`: the TPR (and FPR) of the
+  decision "score > threshold", the threshold set on a separate population so that at most a share `fpr` of it is
+  flagged, each with its Clopper-Pearson interval and counts. `tpr_at_population_fpr` does both.
+- `epsilon_lower_bound(pos, neg, delta=...)`: the largest epsilon that the attack's results prove with confidence
+  `confidence` (TensorFlow Privacy's privacy tests' definition, Clopper-Pearson bounds, Bonferroni over thresholds).
+- `attacker_advantage(pos, neg)`: max over thresholds of |TPR - FPR|, with a simultaneous (DKW) interval.
+
+What the intervals cover: the randomness of the scored samples given the model, i.e. "if we had drawn other members
+and non-members from the same distributions, scored by the same model". They say nothing about other training runs.
+
+    from audit.uncertainty import auc_interval, tpr_at_population_fpr, epsilon_lower_bound
+    auc = auc_interval(member_scores, nonmember_scores)                 # .estimate .lower .upper .n_pos .n_neg
+    at = tpr_at_population_fpr(member_scores, nonmember_scores, population_scores, 0.01)
+    eps = epsilon_lower_bound(member_scores, nonmember_scores, delta=1e-5)  # .epsilon .threshold .tp .fp ...
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import beta, bootstrap, norm, rankdata
+
+__all__ = [
+    "CONFIDENCE",
+    "RateInterval",
+    "AUCInterval",
+    "RatesAtThreshold",
+    "EpsilonLowerBound",
+    "Advantage",
+    "clopper_pearson",
+    "auc",
+    "delong",
+    "auc_interval",
+    "population_threshold",
+    "rates_at_threshold",
+    "tpr_at_population_fpr",
+    "epsilon_lower_bound",
+    "attacker_advantage",
+]
+
+CONFIDENCE = 0.95
+
+
+# ------------------------------------------------------------------------------------------ inputs
+
+
+def _scores(values, name: str, *, min_size: int = 1) -> np.ndarray:
+    try:
+        arr = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{name}: not an array of numbers ({exc})") from exc
+    if arr.ndim != 1:
+        raise ValueError(f"{name}: expected a 1-D array of per-sample scores, got shape {arr.shape}")
+    if arr.size < min_size:
+        raise ValueError(f"{name}: needs at least {min_size} score(s), got {arr.size}")
+    if np.isnan(arr).any():
+        raise ValueError(f"{name}: {int(np.isnan(arr).sum())} of {arr.size} scores are NaN")
+    return arr
+
+
+def _confidence(confidence) -> float:
+    if isinstance(confidence, bool) or not isinstance(confidence, (int, float)) or not 0.5 <= confidence < 1:
+        raise ValueError(f"confidence: {confidence!r} must be a number in [0.5, 1), e.g. 0.95")
+    return float(confidence)
+
+
+# ------------------------------------------------------------------------------------------ rates
+
+
+@dataclass(frozen=True)
+class RateInterval:
+    """A rate k/n with its two-sided Clopper-Pearson interval at `confidence`."""
+
+    rate: float
+    lower: float
+    upper: float
+    k: int
+    n: int
+    confidence: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _cp_lower(k, n, alpha):
+    """One-sided Clopper-Pearson lower bound: P(rate < bound) <= alpha. Vectorised over k (and alpha)."""
+    k = np.asarray(k, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.where(k > 0, beta.ppf(alpha, np.maximum(k, 1), n - k + 1), 0.0)
+
+
+def _cp_upper(k, n, alpha):
+    """One-sided Clopper-Pearson upper bound: P(rate > bound) <= alpha. Vectorised over k (and alpha)."""
+    k = np.asarray(k, dtype=np.float64)
+    with np.errstate(invalid="ignore"):
+        return np.where(k < n, beta.ppf(1 - alpha, k + 1, np.maximum(n - k, 1)), 1.0)
+
+
+def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> RateInterval:
+    """The rate k/n and its exact two-sided interval (scipy's beta quantiles; equal to
+    ``scipy.stats.binomtest(k, n).proportion_ci(confidence, method="exact")``, vectorised elsewhere here).
+
+    Conservative: it covers the true rate with probability >= `confidence` for every true rate and n."""
+    confidence = _confidence(confidence)
+    if isinstance(k, bool) or isinstance(n, bool) or int(k) != k or int(n) != n or not 0 <= k <= n or n < 1:
+        raise ValueError(f"clopper_pearson: need integers 0 <= k <= n, n >= 1; got k={k!r}, n={n!r}")
+    k, n = int(k), int(n)
+    alpha = (1 - confidence) / 2
+    return RateInterval(k / n, float(_cp_lower(k, n, alpha)), float(_cp_upper(k, n, alpha)), k, n, confidence)
+
+
+# ------------------------------------------------------------------------------------------ AUC
+
+
+@dataclass(frozen=True)
+class AUCInterval:
+    estimate: float
+    lower: float
+    upper: float
+    std_error: float
+    n_pos: int
+    n_neg: int
+    confidence: float
+    method: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def auc(pos_scores, neg_scores) -> float:
+    """ROC AUC = P(pos > neg) + P(pos = neg)/2 (Mann-Whitney with midranks; equals sklearn's roc_auc_score)."""
+    return delong(pos_scores, neg_scores, variance=False)[0]
+
+
+def delong(pos_scores, neg_scores, *, variance: bool = True) -> tuple[float, float]:
+    """(AUC, DeLong's variance of it), by the midrank algorithm of Sun & Xu (2014), "Fast Implementation of DeLong's
+    Algorithm for Comparing the Areas Under Correlated Receiver Operating Characteristic Curves", IEEE Signal
+    Processing Letters 21(11): O((m + n) log(m + n)) instead of DeLong's m * n placement values.
+
+    Written here (scikit-learn has the AUC but no variance): with ranks in the pooled sample (Tz), within the
+    positives (Tx) and within the negatives (Ty), positive i's placement is V10_i = (Tz_i - Tx_i) / n (its share of
+    negatives below it, ties half) and negative j's is V01_j = 1 - (Tz_j - Ty_j) / m; AUC = mean(V10) and
+    Var = var(V10) / m + var(V01) / n (sample variances)."""
+    pos = _scores(pos_scores, "positives (members)", min_size=2 if variance else 1)
+    neg = _scores(neg_scores, "negatives (non-members)", min_size=2 if variance else 1)
+    m, n = pos.size, neg.size
+    tz = rankdata(np.concatenate([pos, neg]))  # midranks: ties count half
+    area = (tz[:m].sum() - m * (m + 1) / 2) / (m * n)
+    if not variance:
+        return float(area), float("nan")
+    v10 = (tz[:m] - rankdata(pos)) / n
+    v01 = 1.0 - (tz[m:] - rankdata(neg)) / m
+    return float(area), float(v10.var(ddof=1) / m + v01.var(ddof=1) / n)
+
+
+def _resampled_auc(pos: np.ndarray, neg: np.ndarray):
+    """statistic(i, j) for scipy.stats.bootstrap: the AUC of pos[i] against neg[j], per row of the index arrays.
+
+    A resample is read as multiplicities (how often each member and non-member is drawn); its AUC is
+    sum_i w_i * (weighted count of negatives below pos_i, ties half) / (m n), off a cumulative sum over the sorted
+    negatives: O(m + n) per resample after one sort, no re-ranking."""
+    m, n = pos.size, neg.size
+    order = np.argsort(neg, kind="stable")
+    below = np.searchsorted(neg[order], pos, side="left")
+    not_above = np.searchsorted(neg[order], pos, side="right")
+
+    def multiplicities(idx: np.ndarray, size: int) -> np.ndarray:
+        rows = np.arange(idx.shape[0])[:, None] * size
+        return np.bincount((rows + idx).ravel(), minlength=idx.shape[0] * size).reshape(idx.shape[0], size)
+
+    def statistic(i, j, axis=-1):
+        i, j = np.asarray(i), np.asarray(j)
+        lead = np.broadcast_shapes(i.shape[:-1], j.shape[:-1])
+        i = np.broadcast_to(i, lead + i.shape[-1:]).reshape(-1, i.shape[-1])
+        j = np.broadcast_to(j, lead + j.shape[-1:]).reshape(-1, j.shape[-1])
+        w, v = multiplicities(i, m), multiplicities(j, n)[:, order]
+        cum = np.concatenate([np.zeros((len(v), 1)), np.cumsum(v, axis=1)], axis=1)
+        aucs = (w * (cum[:, below] + cum[:, not_above]) / 2).sum(axis=1) / (i.shape[-1] * j.shape[-1])
+        return aucs.reshape(lead)
+
+    return statistic
+
+
+def auc_interval(pos_scores, neg_scores, confidence: float = CONFIDENCE, *, method: str = "delong",
+                 n_bootstrap: int = 2000, seed: int = 0) -> AUCInterval:
+    """The AUC with a two-sided interval at `confidence`.
+
+    method "delong": estimate +- z * DeLong's standard error, clipped to [0, 1] (Wald interval: its coverage is close
+    to nominal for AUCs away from 0 and 1 and tens of samples per class or more; it falls short near AUC 1).
+    method "bootstrap": percentile interval of `n_bootstrap` stratified resamples (scipy.stats.bootstrap, seeded;
+    std_error is the resamples')."""
+    confidence = _confidence(confidence)
+    if method not in ("delong", "bootstrap"):
+        raise ValueError(f"method: {method!r}; choose 'delong' or 'bootstrap'")
+    if method == "bootstrap" and (isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int)
+                                  or n_bootstrap < 100):
+        raise ValueError(f"n_bootstrap: {n_bootstrap!r} must be an integer >= 100")
+    pos = _scores(pos_scores, "positives (members)", min_size=2)
+    neg = _scores(neg_scores, "negatives (non-members)", min_size=2)
+    alpha = 1 - confidence
+    if method == "delong":
+        area, var = delong(pos, neg)
+        se = math.sqrt(max(var, 0.0))
+        half = float(norm.ppf(1 - alpha / 2)) * se
+        lower, upper = max(0.0, area - half), min(1.0, area + half)
+    else:  # members and non-members resampled separately (paired=False): the class sizes stay fixed
+        area = auc(pos, neg)
+        boot = bootstrap((np.arange(pos.size), np.arange(neg.size)), _resampled_auc(pos, neg), paired=False,
+                         vectorized=True, n_resamples=n_bootstrap, batch=max(1, 2**20 // (pos.size + neg.size)),
+                         confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
+        se = float(boot.standard_error)
+        lower, upper = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
+    return AUCInterval(area, lower, upper, se, pos.size, neg.size, confidence, method)
+
+
+# ------------------------------------------------------------------------------------------ TPR at an FPR
+
+
+@dataclass(frozen=True)
+class RatesAtThreshold:
+    """The decision "member iff score > threshold" on members (TPR) and non-members (FPR), each with its
+    Clopper-Pearson interval and counts. `target_fpr` and `population_fpr` are set when the threshold came from a
+    population (`tpr_at_population_fpr`): the tolerance asked for and the share of the population flagged."""
+
+    threshold: float
+    tpr: RateInterval
+    fpr: RateInterval
+    target_fpr: float | None = None
+    population_fpr: float | None = None
+    n_population: int | None = None
+
+    def to_dict(self) -> dict:
+        out = dict(self.__dict__)
+        out["tpr"], out["fpr"] = self.tpr.to_dict(), self.fpr.to_dict()
+        return out
+
+
+def population_threshold(population_scores, fpr: float) -> float:
+    """The threshold t such that "score > t" flags at most floor(fpr * n) of the n population scores, and as many
+    as the ties allow: the (k+1)-th largest population score, k = floor(fpr * n) (-inf if k >= n).
+
+    The population's FPR at t is <= fpr by construction; the non-members' FPR at t is a random quantity around it,
+    which `rates_at_threshold` measures with its own interval."""
+    population = _scores(population_scores, "population")
+    if isinstance(fpr, bool) or not isinstance(fpr, (int, float)) or not 0 <= fpr <= 1:
+        raise ValueError(f"fpr: {fpr!r} must be a number in [0, 1]")
+    k = math.floor(fpr * population.size + 1e-9)  # 1e-9: 0.01 * 300 is 3.0000000000000004 or 2.9999999999999996
+    if k >= population.size:
+        return float("-inf")
+    return float(np.sort(population)[::-1][k])
+
+
+def rates_at_threshold(pos_scores, neg_scores, threshold: float, confidence: float = CONFIDENCE) -> RatesAtThreshold:
+    """TPR and FPR of "member iff score > threshold", with Clopper-Pearson intervals and the counts.
+
+    The TPR interval covers the true TPR of this fixed threshold (the share of the members' distribution above it)
+    with probability >= `confidence`, provided the threshold was chosen without looking at these members (e.g. on a
+    separate population). It does not cover "the TPR at FPR exactly t": the threshold's true FPR differs from the
+    tolerance it was set for; read it, with its interval, in `fpr`."""
+    confidence = _confidence(confidence)
+    pos = _scores(pos_scores, "positives (members)")
+    neg = _scores(neg_scores, "negatives (non-members)")
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float, np.floating)) or math.isnan(threshold):
+        raise ValueError(f"threshold: {threshold!r} is not a number")
+    tp, fp = int((pos > threshold).sum()), int((neg > threshold).sum())
+    return RatesAtThreshold(float(threshold), clopper_pearson(tp, pos.size, confidence),
+                            clopper_pearson(fp, neg.size, confidence))
+
+
+def tpr_at_population_fpr(pos_scores, neg_scores, population_scores, fpr: float,
+                          confidence: float = CONFIDENCE) -> RatesAtThreshold:
+    """The threshold from the population (`population_threshold`), then the members' TPR and non-members' FPR at
+    it with their intervals (`rates_at_threshold`): the population attack's "TPR at FPR t" with honest error bars."""
+    population = _scores(population_scores, "population")
+    threshold = population_threshold(population, fpr)
+    rates = rates_at_threshold(pos_scores, neg_scores, threshold, confidence)
+    flagged = int((population > threshold).sum())
+    return RatesAtThreshold(rates.threshold, rates.tpr, rates.fpr, float(fpr), flagged / population.size,
+                            int(population.size))
+
+
+# ------------------------------------------------------------------------------------------ epsilon lower bound
+
+
+@dataclass(frozen=True)
+class EpsilonLowerBound:
+    """An epsilon that the attack's results prove: with probability >= `confidence` the mechanism that produced the
+    scores is not (epsilon', delta)-DP for any epsilon' < `epsilon` (0 when nothing is proven).
+
+    It rests on one decision rule (`rule`, at `threshold`) and one pair of rates (`pair`): epsilon =
+    log((numerator_lower - delta) / denominator_upper), each bound one-sided Clopper-Pearson at level `bound_alpha`
+    = (1 - confidence) / (bounds per threshold * n_thresholds) (Bonferroni). tp, fp, fn, tn: that rule's counts
+    at the threshold (members flagged, non-members flagged, members missed, non-members not flagged)."""
+
+    epsilon: float
+    delta: float
+    confidence: float
+    threshold: float | None
+    rule: str | None
+    pair: str | None
+    numerator_lower: float | None
+    denominator_upper: float | None
+    tp: int | None
+    fp: int | None
+    fn: int | None
+    tn: int | None
+    n_pos: int
+    n_neg: int
+    n_thresholds: int
+    bound_alpha: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _counts_at_all_cuts(pos: np.ndarray, neg: np.ndarray, thresholds: np.ndarray | None):
+    """Thresholds t and tp(t) = #{pos >= t}, fp(t) = #{neg >= t}; by default every distinct pooled score and +inf
+    (every way "score >= t" can split the pooled sample)."""
+    if thresholds is None:
+        thresholds = np.concatenate([np.unique(np.concatenate([pos, neg])), [np.inf]])
+    pos_sorted, neg_sorted = np.sort(pos), np.sort(neg)
+    tp = pos.size - np.searchsorted(pos_sorted, thresholds, side="left")
+    fp = neg.size - np.searchsorted(neg_sorted, thresholds, side="left")
+    return thresholds, tp, fp
+
+
+def _per_count(bound, counts: np.ndarray, n: int, alpha: float) -> np.ndarray:
+    """bound(k, n, alpha) for every entry of counts, computed once per distinct count (the beta quantiles dominate
+    the cost, and n_pos + n_neg + 1 thresholds share at most n + 1 counts)."""
+    distinct, where = np.unique(counts, return_inverse=True)
+    return bound(distinct, n, alpha)[where]
+
+
+def epsilon_lower_bound(pos_scores, neg_scores, *, delta: float = 0.0, confidence: float = CONFIDENCE,
+                        reverse: bool = True, thresholds=None) -> EpsilonLowerBound:
+    """Empirical epsilon lower bound from an attack's scores on members (pos) and non-members (neg).
+
+    As TensorFlow Privacy's ``privacy_tests/epsilon_lower_bound.py`` defines it (its Clopper-Pearson method): if a
+    mechanism is (eps, delta)-DP, every decision rule S satisfies P_in(S) <= e^eps P_out(S) + delta and the same with
+    in/out swapped. So for the rule "member iff score >= t": eps >= log((TPR - delta) / FPR) and
+    eps >= log((TNR - delta) / FNR); with `reverse`, also for the rule "member iff score < t" (FPR/TPR and FNR/TNR
+    in the first rule's terms), as TF Privacy's ``two_sided_threshold``. The rates are replaced by one-sided
+    Clopper-Pearson bounds (lower in the numerator, upper in the denominator) and the bound is the max over all
+    thresholds t, clipped at 0.
+
+    Choosing the best of many thresholds is corrected, as jax_privacy's ``CanaryScoreAuditor`` does (Bonferroni):
+    every bound holds at level (1 - confidence) / (bounds per threshold * n_thresholds), so that all of them hold
+    together with probability >= confidence. Per threshold the first rule needs two events (TPR >= its lower bound,
+    FPR <= its upper bound: TNR's lower bound is 1 - FPR's upper bound and FNR's upper bound 1 - TPR's lower bound,
+    for free), the reverse rule two more (the other tails). n_thresholds: by default every cut of the pooled sample,
+    counted as n_pos + n_neg + 1 whatever the ties (a number fixed before looking at the scores); or the length of
+    `thresholds`, a grid fixed in advance.
+
+    delta = 0 gives the pure-DP bound (TF Privacy ignores delta); a Gaussian mechanism has no finite pure-DP epsilon,
+    so compare with its eps(delta) at the delta you pass."""
+    confidence = _confidence(confidence)
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not 0 <= delta < 1:
+        raise ValueError(f"delta: {delta!r} must be a number in [0, 1)")
+    if not isinstance(reverse, bool):
+        raise ValueError(f"reverse: expected a bool, got {reverse!r}")
+    pos = _scores(pos_scores, "positives (members)")
+    neg = _scores(neg_scores, "negatives (non-members)")
+    if thresholds is not None:
+        thresholds = _scores(thresholds, "thresholds")
+        n_thresholds = thresholds.size
+    else:
+        n_thresholds = pos.size + neg.size + 1
+    cuts, tp, fp = _counts_at_all_cuts(pos, neg, thresholds)
+    n_pos, n_neg = pos.size, neg.size
+    fn, tn = n_pos - tp, n_neg - fp
+    bounds_per_threshold = 4 if reverse else 2
+    alpha = (1 - confidence) / (bounds_per_threshold * n_thresholds)
+
+    tpr_lo, fpr_hi = _per_count(_cp_lower, tp, n_pos, alpha), _per_count(_cp_upper, fp, n_neg, alpha)
+    candidates = [  # (rule, pair, numerator lower bound, denominator upper bound, ...)
+        ("member if score >= t", "TPR/FPR", tpr_lo, fpr_hi),
+        ("member if score >= t", "TNR/FNR", 1 - fpr_hi, 1 - tpr_lo),
+    ]
+    if reverse:  # member iff score < t: its TPR is our FNR, its FPR our TNR
+        tpr_hi, fpr_lo = _per_count(_cp_upper, tp, n_pos, alpha), _per_count(_cp_lower, fp, n_neg, alpha)
+        candidates += [
+            ("member if score < t", "TPR/FPR", 1 - tpr_hi, 1 - fpr_lo),  # FNR lower / TNR upper
+            ("member if score < t", "TNR/FNR", fpr_lo, tpr_hi),          # FPR lower / TPR upper
+        ]
+    best = None
+    for rule, pair, num, den in candidates:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            eps = np.where((num > delta) & (den > 0), np.log(np.maximum(num - delta, 1e-300)) - np.log(den), -np.inf)
+        i = int(np.argmax(eps))
+        if eps[i] > 0 and (best is None or eps[i] > best[0]):
+            best = (float(eps[i]), i, rule, pair, float(num[i]), float(den[i]))
+    if best is None:
+        return EpsilonLowerBound(0.0, float(delta), confidence, None, None, None, None, None, None, None, None, None,
+                                 n_pos, n_neg, n_thresholds, alpha)
+    eps, i, rule, pair, num, den = best
+    counts = (tp[i], fp[i], fn[i], tn[i]) if rule.endswith(">= t") else (fn[i], tn[i], tp[i], fp[i])
+    return EpsilonLowerBound(eps, float(delta), confidence, float(cuts[i]), rule, pair, num, den,
+                             *(int(c) for c in counts), n_pos, n_neg, n_thresholds, alpha)
+
+
+# ------------------------------------------------------------------------------------------ advantage
+
+
+@dataclass(frozen=True)
+class Advantage:
+    """max over thresholds t of |TPR(t) - FPR(t)| (rule "member iff score >= t"; the reverse rule gives the
+    negative), where it is reached, and a two-sided interval at `confidence` for the true advantage of the score
+    distributions (Dvoretzky-Kiefer-Wolfowitz with Massart's constant: simultaneous over all thresholds, so valid
+    for the maximum; conservative)."""
+
+    value: float
+    lower: float
+    upper: float
+    threshold: float
+    tpr: float
+    fpr: float
+    n_pos: int
+    n_neg: int
+    confidence: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def attacker_advantage(pos_scores, neg_scores, confidence: float = CONFIDENCE) -> Advantage:
+    """The attacker's advantage (TF Privacy's ``attacker_advantage``; the two-sample Kolmogorov-Smirnov statistic)
+    with its interval: P(sup_t |empirical CDF - CDF| > e) <= 2 exp(-2 n e^2) for each class, alpha/2 each."""
+    confidence = _confidence(confidence)
+    pos = _scores(pos_scores, "positives (members)")
+    neg = _scores(neg_scores, "negatives (non-members)")
+    cuts, tp, fp = _counts_at_all_cuts(pos, neg, None)
+    gap = tp / pos.size - fp / neg.size
+    i = int(np.argmax(np.abs(gap)))
+    value = float(abs(gap[i]))
+    alpha = 1 - confidence
+    half = math.sqrt(math.log(4 / alpha) / (2 * pos.size)) + math.sqrt(math.log(4 / alpha) / (2 * neg.size))
+    return Advantage(value, max(0.0, value - half), min(1.0, value + half), float(cuts[i]), float(tp[i] / pos.size),
+                     float(fp[i] / neg.size), pos.size, neg.size, confidence)
