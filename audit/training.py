@@ -240,7 +240,7 @@ def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     """Train len(x) reference models at once, copy c on (x[c], y[c]) with the party's `recipe`, exactly as
     `train_copies` trains them (same shuffles, dropout masks, per-copy BatchNorm statistics for a seed), and keep
     each copy's trained parameters and buffers: `.logits(samples)` then gives every copy's outputs, for RMIA's
-    Pr(x | reference) (`audit.rmia.true_class_probability`).
+    Pr(x | reference) (`audit.membership.rmia.true_class_probability`).
 
     Every copy starts from `model`'s current parameters and buffers: pass the received global model for references
     fine-tuned from it, or a freshly initialised model of the same architecture for references that never saw the
