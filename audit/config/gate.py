@@ -2,8 +2,8 @@
 
 A gate compares a round's audit metrics with the plan's thresholds (metric name -> highest allowed value);
 an update is gated if any metric is above its threshold. What then happens to the update (withhold it,
-retrain it with DP-SGD, or only report) is the task runner's job; this module knows nothing about OpenFL
-or torch.
+retrain it with DP-SGD, or only report) is audit.gate_flow's; this module imports neither OpenFL nor torch (a test
+checks it: tests/test_audit_steps.py).
 
 Every error is a SettingsError whose message starts with the dotted key of the offending setting.
 

@@ -9,7 +9,8 @@ expected AP of a random ranking), their ratio ("AP over chance"), top-1 and top-
 Matching: a Siamese network (twin FC-128 encoders, L1 distance, FC-1 sigmoid; BCE, RMSProp 1e-3) scores whether
 two updates come from one user, so it also works on users the adversary never saw; scored by AP on balanced pairs.
 
-An "open world" re-identification simply has an "unseen" label among the classes (see audit.deanon_world).
+An "open world" re-identification simply has an "unseen" label among the classes (see audit.deanon.server,
+which builds it from held-out users).
 """
 
 from __future__ import annotations
