@@ -8,7 +8,6 @@ Every error is a SettingsError whose message starts with the full dotted key of 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -16,9 +15,10 @@ from numbers import Integral
 from types import MappingProxyType
 
 import audit.config.builtin_steps  # noqa: F401  (registers the built-in steps and their sections)
-from audit.config.checks import SettingsError, check_bool, check_optional_module, check_positive_int, is_real
+from audit.config.checks import (SettingsError, check_bool, check_fpr_tolerances, check_optional_module,
+                                 check_positive_int)
 from audit.config.steps import registered
-from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, SIGNALS, THRESHOLD_FUNCTIONS, tolerance_name_clash
+from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, SIGNALS, THRESHOLD_FUNCTIONS
 
 __all__ = ["AuditSettings"]
 
@@ -133,26 +133,6 @@ def _signals(key: str, value) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def _fpr_tolerance(key: str, value) -> tuple[float, ...]:
-    items = [value] if is_real(value) else value
-    if not isinstance(items, (list, tuple)):
-        raise SettingsError(f"{key}: expected a list of numbers in (0, 1), got {value!r}")
-    if not items:
-        raise SettingsError(f"{key}: empty; give at least one FPR in (0, 1)")
-    out = []
-    for i, item in enumerate(items):
-        if not is_real(item):
-            raise SettingsError(f"{key}: item {i} is not a number: {item!r}")
-        item = float(item)
-        if not (math.isfinite(item) and 0.0 < item < 1.0):
-            raise SettingsError(f"{key}: {item!r} is outside (0, 1) (FPR tolerances are fractions)")
-        out.append(item)
-    clash = tolerance_name_clash(out)
-    if clash:
-        raise SettingsError(f"{key}: {clash}")
-    return tuple(out)
-
-
 def _threshold_function(key: str, value) -> str:
     if not isinstance(value, str) or value not in THRESHOLD_FUNCTIONS:
         raise SettingsError(f"{key}: unknown threshold function {value!r}; known: {', '.join(THRESHOLD_FUNCTIONS)}")
@@ -170,7 +150,7 @@ def _directory(key: str, value) -> str:
 _CHECKS = {
     "enabled": check_bool,
     "signals": _signals,
-    "fpr_tolerance": _fpr_tolerance,
+    "fpr_tolerance": check_fpr_tolerances,
     "interval": check_positive_int,
     "gradient_layer": check_optional_module,
     "threshold_function": _threshold_function,

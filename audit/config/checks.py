@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import Callable
 from numbers import Integral, Real
 
+from audit.config.vocabulary import tolerance_name_clash
+
 __all__ = ["SettingsError", "is_int", "is_real", "check_bool", "check_positive_int", "check_optional_module",
-           "with_defaults", "from_checks"]
+           "with_defaults", "from_checks", "check_fpr_tolerances"]
 
 
 class SettingsError(ValueError):
@@ -73,3 +76,28 @@ def from_checks(cls, checks: Mapping[str, Callable], value, prefix: str):
         if name not in checks:
             raise SettingsError(f"{prefix}.{name}: unknown setting; known: {', '.join(checks)}")
     return cls(**{name: checks[name](f"{prefix}.{name}", v) for name, v in value.items()})
+
+
+def check_fpr_tolerances(key: str, value) -> tuple[float, ...]:
+    """FPR tolerances: one number or a sequence of numbers in (0, 1), no two with one metric name."""
+    items = [value] if is_real(value) else value
+    if isinstance(items, (str, bytes, Mapping)):
+        raise SettingsError(f"{key}: expected a list of numbers in (0, 1), got {value!r}")
+    try:
+        items = list(items)
+    except TypeError:
+        raise SettingsError(f"{key}: expected a list of numbers in (0, 1), got {value!r}") from None
+    if not items:
+        raise SettingsError(f"{key}: empty; give at least one FPR in (0, 1)")
+    out = []
+    for i, item in enumerate(items):
+        if not is_real(item):
+            raise SettingsError(f"{key}: item {i} is not a number: {item!r}")
+        item = float(item)
+        if not (math.isfinite(item) and 0.0 < item < 1.0):
+            raise SettingsError(f"{key}: {item!r} is outside (0, 1) (FPR tolerances are fractions)")
+        out.append(item)
+    clash = tolerance_name_clash(out)
+    if clash:
+        raise SettingsError(f"{key}: {clash}")
+    return tuple(out)

@@ -37,7 +37,6 @@ import io
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from numbers import Real
 from typing import Callable, Mapping
 
 import numpy as np
@@ -51,7 +50,8 @@ from privacy_meter.metric_result import CombinedMetricResult
 from sklearn.metrics import roc_auc_score
 
 from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, THRESHOLD_FUNCTIONS as THRESHOLD_FUNCTION_NAMES
-from audit.config.vocabulary import tolerance_name, tolerance_name_clash
+from audit.config.checks import check_fpr_tolerances
+from audit.config.vocabulary import tolerance_name
 
 __all__ = [
     "DEFAULT_ALPHAS",
@@ -161,27 +161,7 @@ def _as_signal(values, name: str) -> np.ndarray:
 
 
 def _as_tolerances(fpr_tolerance) -> tuple[float, ...]:
-    if isinstance(fpr_tolerance, (str, bytes)):
-        raise ValueError(f"fpr_tolerance: expected a number or a sequence of numbers, got {fpr_tolerance!r}")
-    items = [fpr_tolerance] if isinstance(fpr_tolerance, Real) else fpr_tolerance
-    try:
-        items = list(items)
-    except TypeError as exc:
-        raise ValueError(f"fpr_tolerance: expected a number or a sequence of numbers, got {fpr_tolerance!r}") from exc
-    if not items:
-        raise ValueError("fpr_tolerance: empty")
-    tolerances = []
-    for tol in items:
-        if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, Real):
-            raise ValueError(f"fpr_tolerance: {tol!r} is not a number")
-        tol = float(tol)
-        if not 0.0 < tol < 1.0:
-            raise ValueError(f"fpr_tolerance: {tol!r} is outside (0, 1)")
-        tolerances.append(tol)
-    clash = tolerance_name_clash(tolerances)
-    if clash:
-        raise ValueError(f"fpr_tolerance: {clash}")
-    return tuple(tolerances)
+    return check_fpr_tolerances("fpr_tolerance", fpr_tolerance)
 
 
 def _as_alphas(alphas) -> np.ndarray:
