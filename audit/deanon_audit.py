@@ -65,17 +65,18 @@ def audit_sizes(member_count: int, prior_count: int, population_count: int, sett
     """The self-audit's sizes for a collaborator with these shard sizes (see the module docstring).
 
     The crowd's K users need K * (prior + private) distinct population samples, and the private size is the member
-    count. The crowd is as large as fits with one shadow update's data as the prior, at most `crowd_users`, at
-    least 2 (a crowd of one is no crowd): then the prior, and with it the shadow size, shrinks to what 2 users
-    leave. What the population has beyond that goes to a larger prior for every user (at most the non-member
-    count: the collaborator's prior is a part of it). A population that cannot give 2 users their private data and
-    one prior sample each fails, naming the data settings.
+    count. The crowd is as large as fits with one shadow update's data as the prior (all non-members if fewer),
+    at most `crowd_users` and at least 2 (a crowd of one is no crowd: then the prior, and with it the shadow
+    size, shrinks to what 2 users leave). What the population has beyond that goes to a larger prior for every
+    user (at most the non-member count: the collaborator's prior is a part of it). A population that cannot give
+    2 users their private data and one prior sample each fails, naming the data settings.
     """
     private = int(member_count)
     if private < 1 or prior_count < 1:
         raise ValueError(f"{PLAN_KEY}: the self-audit needs members and non-members, got {private} and {prior_count}")
     wanted_shadow = settings.shadow_size or private
-    users = min(settings.crowd_users, max(MIN_CROWD, crowd_capacity(population_count, wanted_shadow, private)))
+    smallest_prior = min(wanted_shadow, int(prior_count))
+    users = min(settings.crowd_users, max(MIN_CROWD, crowd_capacity(population_count, smallest_prior, private)))
     prior = min(int(prior_count), population_count // users - private)
     if prior < 1:
         raise ValueError(

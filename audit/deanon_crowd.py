@@ -24,7 +24,7 @@ __all__ = ["CrowdUser", "label_mixes", "crowd_capacity", "draw_crowd"]
 
 @dataclass(frozen=True)
 class CrowdUser:
-    mix: np.ndarray          # the user's class probabilities (its target; a user late in a skewed draw may get less)
+    mix: np.ndarray          # the user's class probabilities (its target: a class the pool runs short of gives less)
     prior: np.ndarray        # indices into the population arrays
     private: np.ndarray      # indices into the population arrays; no index is in two parts or two users
 

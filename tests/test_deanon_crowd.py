@@ -85,6 +85,9 @@ def test_every_user_gets_the_same_prior_and_private_size_within_the_population()
     tight = audit_sizes(131, 504, 517, settings)
     assert (tight.crowd_users, tight.prior_size, tight.shadow_size) == (2, 127, 127)
     assert "shadow updates on 127 samples, not 131" in tight.crowd_note
+    # Fewer non-members than one shadow update's data: every prior is all of them, and the crowd counts with that.
+    few = audit_sizes(90, 30, 404, settings)
+    assert (few.crowd_users, few.prior_size, few.shadow_size) == (3, 30, 30)
     for members, nonmembers, population, wanted in itertools.product((1, 7, 90), (1, 50, 400), (20, 200, 5000),
                                                                       (2, 10)):
         try:
