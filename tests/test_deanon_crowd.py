@@ -29,6 +29,8 @@ def test_crowd_users_share_no_sample_even_when_the_pool_is_used_up(alpha):
         assert all(len(u.prior) == prior and len(u.private) == private for u in crowd)
         taken = np.concatenate([np.concatenate([u.prior, u.private]) for u in crowd])
         assert np.array_equal(np.sort(taken), np.arange(len(labels)))  # each sample exactly once
+    again = draw_crowd(labels, users, prior, private, alpha, seed=seed)  # same seed, same crowd
+    assert all(np.array_equal(a.prior, b.prior) and np.array_equal(a.private, b.private) for a, b in zip(crowd, again))
 
 
 def test_a_crowd_too_large_for_the_pool_is_refused():
