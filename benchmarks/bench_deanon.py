@@ -12,6 +12,9 @@ shadow devices' updates labelled by user and name the owners of the anonymous de
 Utility is the global model's accuracy on every device's validation data after the last round (OpenFL's
 aggregated_model_validation), normalised to 1.0 for the run without mitigation. Mitigations run on the anonymous
 devices only: the shadow devices are the adversary's. Takes roughly a minute per federation on 2 cores.
+
+This is the server's attack on real updates: the collaborators' self-audit, and with it its synthetic crowd
+(audit/deanon_crowd.py), is off here. benchmarks/bench_deanon_self_audit.py measures the self-audit.
 """
 
 from __future__ import annotations

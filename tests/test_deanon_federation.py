@@ -41,7 +41,14 @@ def test_every_audited_round_has_the_self_audit_and_only_scalars_leave(federatio
         for round_num in range(ROUNDS):
             record = _record(federation, name, round_num)
             deanon = record["extra"]["deanon"]
-            assert deanon["crowd_users"] == 6 and deanon["shadows_per_user"] == 4 and deanon["crowd_alpha"] == 0.2
+            assert deanon["crowd_users_requested"] == 6 and deanon["shadows_per_user"] == 4
+            assert deanon["crowd_alpha"] == 0.2
+            # Every user alike: the members' count as private data, and a crowd of distinct population samples
+            # (about 400 here: 2 users of 90 + 90 fit, not 6).
+            sizes = record["sizes"]
+            assert deanon["private_size"] == sizes["members"] and deanon["prior_size"] <= sizes["nonmembers"]
+            assert 2 <= deanon["crowd_users"] < 6
+            assert deanon["crowd_users"] * (deanon["prior_size"] + deanon["private_size"]) <= sizes["population"]
             assert deanon["layer"] == "classifier.out"
             assert record["metrics"]["deanon_ap_over_chance"] == max(
                 record["metrics"]["deanon_mlp_ap_over_chance"], record["metrics"]["deanon_knn_ap_over_chance"])

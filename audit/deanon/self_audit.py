@@ -3,34 +3,42 @@
 The adversary (Orekondy et al., seeds 000/001) knows some data of every user ("prior"); it trains shadow updates
 on it, from the round's global model with the collaborators' local recipe, learns what each user's updates look
 like and names the owner of anonymous updates. Here the collaborator plays that server against itself:
-- users: this collaborator (prior = its own data not trained on, by default its non-member shard) and a crowd
-  of K synthetic users from the population data (audit.deanon.crowd), as skewed as the federation;
+- users: this collaborator (prior = its own data not trained on: a random part of its non-member shard; private
+  = its members) and a crowd of K synthetic users from the population data (audit.deanon.crowd), as skewed as
+  the federation;
 - training data of the attacks: S shadow updates per user, each on a random subset of that user's prior;
 - anonymous updates: this collaborator's real update (what it is about to send) and one update per crowd user
   trained on its private part, the size of this collaborator's training set.
+Every user stands alike towards the adversary (audit_sizes): the same prior size, the same private size (the
+member count: an update's direction depends on the number of steps), no sample in two users. The crowd is as
+large as the population shard holds, at most `crowd_users`.
 Metrics (all scalars; only these leave the collaborator): per attack mean AP, AP over chance, top-1/top-5, and
 this collaborator's own rank and AP; `deanon_ap_over_chance` is the strongest re-identification attack's ratio.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
 from audit.deanon.attacks import match, reidentify, single_threaded
-from audit.deanon.crowd import draw_crowd
+from audit.deanon.crowd import crowd_capacity, draw_crowd
 from audit.deanon.representation import last_layer, layer_tensor_names, normalise_rows, update_vector
 from audit.config.deanon_settings import REID_ATTACKS, DeanonSettings
 from audit.training import TrainingRecipe, train_copies
 
-__all__ = ["SELF", "DeanonResult", "deanon_self_audit"]
+__all__ = ["SELF", "DeanonResult", "AuditSizes", "audit_sizes", "deanon_self_audit"]
 
 SELF = "self"
+MIN_CROWD = 2  # the smallest crowd audit.deanon.crowd_users allows
+PLAN_KEY = "task_runner.settings.audit.deanon"  # where a plan sets these, for messages
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +48,56 @@ class DeanonResult:
 
     def to_dict(self) -> dict:
         return {"metrics": self.metrics, **self.details}
+
+
+@dataclass(frozen=True)
+class AuditSizes:
+    """How much data each user of the self-audit gets; the same for the collaborator and every crowd user."""
+
+    crowd_users: int         # K, the crowd actually drawn
+    prior_size: int          # every user's prior (the collaborator's: a random part of its non-members)
+    private_size: int        # every user's private data (the collaborator's: its members)
+    shadow_size: int         # samples per shadow update, a subset of the user's prior
+    crowd_note: str | None = None  # why the crowd is smaller than audit.deanon.crowd_users
+
+
+def audit_sizes(member_count: int, prior_count: int, population_count: int, settings: DeanonSettings) -> AuditSizes:
+    """The self-audit's sizes for a collaborator with these shard sizes (see the module docstring).
+
+    The crowd's K users need K * (prior + private) distinct population samples, and the private size is the member
+    count. The crowd is as large as fits with one shadow update's data as the prior (all non-members if fewer),
+    at most `crowd_users` and at least 2 (a crowd of one is no crowd: then the prior, and with it the shadow
+    size, shrinks to what 2 users leave). What the population has beyond that goes to a larger prior for every
+    user (at most the non-member count: the collaborator's prior is a part of it). A population that cannot give
+    2 users their private data and one prior sample each fails, naming the data settings.
+    """
+    private = int(member_count)
+    if private < 1 or prior_count < 1:
+        raise ValueError(f"{PLAN_KEY}: the self-audit needs members and non-members, got {private} and {prior_count}")
+    wanted_shadow = settings.shadow_size or private
+    smallest_prior = min(wanted_shadow, int(prior_count))
+    users = min(settings.crowd_users, max(MIN_CROWD, crowd_capacity(population_count, smallest_prior, private)))
+    prior = min(int(prior_count), population_count // users - private)
+    if prior < 1:
+        raise ValueError(
+            f"{PLAN_KEY}: the population shard ({population_count} samples) cannot give {MIN_CROWD} crowd users "
+            f"{private} private samples each (the member count) and a prior, all distinct; raise "
+            f"data_loader.settings.audit_dataset_ratio or lower data_loader.settings.train_dataset_ratio")
+    shadow = min(wanted_shadow, prior)
+    notes = []
+    if users < settings.crowd_users:
+        notes.append(f"a crowd of {users} users, not {PLAN_KEY}.crowd_users = {settings.crowd_users}")
+    if shadow < wanted_shadow:
+        notes.append(f"shadow updates on {shadow} samples, not {wanted_shadow} ({PLAN_KEY}.shadow_size or the "
+                     f"member count)")
+    note = None
+    if notes:
+        note = (f"{' and '.join(notes)}: every user gets {prior} prior + {private} private samples, no sample in two "
+                f"users, from {prior_count} non-members and a population shard of {population_count}")
+    return AuditSizes(crowd_users=users, prior_size=prior, private_size=private, shadow_size=shadow, crowd_note=note)
+
+
+_NOTED: set = set()  # notes already logged in this process: a shrunk crowd is logged once, not every round
 
 
 def _subsets(x, y, pool: np.ndarray, count: int, size: int, rng: np.random.Generator):
@@ -80,19 +138,21 @@ def deanon_self_audit(global_model: torch.nn.Module, trained_model: torch.nn.Mod
     names = layer_tensor_names([n for n, _ in global_model.named_parameters()], layer)
     prior_x, prior_y = np.asarray(prior[0]), np.asarray(prior[1])
     pop_x, pop_y = np.asarray(population[0]), np.asarray(population[1])
-    private_size = int(member_count)
-    shadow_size = min(settings.shadow_size or private_size, len(prior_y))
-    crowd_prior = len(prior_y)  # the adversary knows as much of every user
+    sizes = audit_sizes(member_count, len(prior_y), len(pop_y), settings)
+    if sizes.crowd_note is not None and sizes.crowd_note not in _NOTED:
+        _NOTED.add(sizes.crowd_note)
+        logger.warning("deanonymization self-audit: %s", sizes.crowd_note)
     alpha = settings.crowd_skew(federation_alpha)
-    crowd = draw_crowd(pop_y, settings.crowd_users, crowd_prior, private_size, alpha, seed=seed)
+    own_prior = rng.choice(len(prior_y), size=sizes.prior_size, replace=False)
+    crowd = draw_crowd(pop_y, sizes.crowd_users, sizes.prior_size, sizes.private_size, alpha, seed=seed)
 
     # Shadow updates: S per user, each on a random subset of that user's prior.
     S = settings.shadows_per_user
     xs, ys, labels = [], [], []
-    own_x, own_y = _subsets(prior_x, prior_y, np.arange(len(prior_y)), S, shadow_size, rng)
+    own_x, own_y = _subsets(prior_x, prior_y, own_prior, S, sizes.shadow_size, rng)
     xs.append(own_x), ys.append(own_y), labels.extend([SELF] * S)
     for k, user in enumerate(crowd):
-        cx, cy = _subsets(pop_x, pop_y, user.prior, S, shadow_size, rng)
+        cx, cy = _subsets(pop_x, pop_y, user.prior, S, sizes.shadow_size, rng)
         xs.append(cx), ys.append(cy), labels.extend([f"crowd_{k:02d}"] * S)
     shadows = normalise_rows(train_copies(global_model, np.concatenate(xs), np.concatenate(ys), recipe,
                                           names=names, seed=seed))
@@ -117,9 +177,9 @@ def deanon_self_audit(global_model: torch.nn.Module, trained_model: torch.nn.Mod
     if reid:
         metrics["deanon_ap_over_chance"] = max(reid)
     details = {
-        "layer": layer, "dimension": int(shadows.shape[1]), "crowd_users": len(crowd), "crowd_alpha": alpha,
-        "shadows_per_user": S, "shadow_size": shadow_size, "crowd_prior_size": crowd_prior,
-        "private_size": private_size, "attacks": attacks,
+        "layer": layer, "dimension": int(shadows.shape[1]), **asdict(sizes),
+        "crowd_users_requested": settings.crowd_users, "crowd_alpha": alpha, "shadows_per_user": S,
+        "attacks": attacks,
         "timings": {"shadow_training_s": shadow_s, "total_s": time.perf_counter() - start},
     }
     return DeanonResult(metrics=metrics, details=details)
