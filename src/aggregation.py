@@ -70,7 +70,10 @@ class GatedWeightedAverage(AggregationFunction):
         for name, lt in local.items():  # the tensor being averaged, even if it were missing from the rows
             if not _finite(lt.tensor):
                 decisions[name] = decide(None, finite_update=False)
-        kept = [lt for lt in local_tensors if decisions[lt.col_name].averaged]
+        # In collaborator-name order: OpenFL's RandomGroupedAssigner lists the round's collaborators in an unseeded random
+        # order, and with three or more float32 terms the order of a sum changes its last bits, so the same plan and
+        # seed would not give the same model (and metrics) run to run.
+        kept = sorted((lt for lt in local_tensors if decisions[lt.col_name].averaged), key=lambda lt: lt.col_name)
         self._log(fl_round, {c: d.status for c, d in decisions.items() if not d.averaged})
         if not kept:
             if start is None:

@@ -423,3 +423,19 @@ def test_bad_gate_plan_fails_at_start_naming_the_key(tmp_path, settings, key):
 def test_gated_metric_the_audit_settings_do_not_produce_fails_at_start(tmp_path):
     with pytest.raises(ValueError, match=r"gate\.thresholds\.mia_global_loss_auc: unknown metric"):
         build_runner(tmp_path, {"audit": {"audit_global": False}, "gate": {"thresholds": {"mia_global_loss_auc": 0.6}}})
+
+
+def test_the_gated_average_does_not_depend_on_the_order_collaborators_arrive_in():
+    """OpenFL's assigner orders a round's collaborators at random; float32 sums of three or more terms change with the
+    order, so the average must sum in a fixed order for the same plan and seed to give the same model."""
+    rng = np.random.default_rng(0)
+    cols = [f"collaborator{i}" for i in range(1, 6)]
+    tensors = {c: rng.normal(size=1000).astype(np.float32) for c in cols}
+    weights = dict(zip(cols, rng.dirichlet(np.ones(len(cols)))))
+    results = []
+    for order in (cols, cols[::-1], [cols[i] for i in (2, 0, 4, 1, 3)]):
+        local = [LocalTensor(col_name=c, tensor=tensors[c], weight=weights[c]) for c in order]
+        results.append(GatedWeightedAverage().call(local, iter([]), "w", 0, ("trained",)))
+    assert all(np.array_equal(results[0], r) for r in results[1:])
+    naive = [sum(tensors[c] * np.float32(weights[c]) for c in order) for order in (cols, cols[::-1])]
+    assert not np.array_equal(naive[0], naive[1])  # the order does matter to an unsorted float32 sum
