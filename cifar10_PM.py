@@ -173,7 +173,7 @@ def feature_layer(model_name: str, dataset: str, layer_number: int | None) -> st
 
     Without a number: the first layer of `features` that has parameters, if any.
     """
-    from src.data import dataset_info
+    from src.datasets import dataset_info
     from src.models import build_model
 
     info = dataset_info(dataset)
@@ -240,7 +240,7 @@ def main(argv=None) -> int:
         logging.getLogger("openfl").setLevel(logging.ERROR)
 
     _workspace_on_path()
-    from src.data import DatasetUnavailableError
+    from src.datasets import DatasetUnavailableError
     from src.dataloader import clear_dataset_cache
     from workspace.in_process import run_in_process
 

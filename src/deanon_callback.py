@@ -45,7 +45,8 @@ from typing import Iterable
 import numpy as np
 from openfl.callbacks import Callback
 
-from audit.deanon.server import DeanonReportWriter, UpdateHistory, evaluate_round
+from audit.deanon.server import UpdateHistory, evaluate_round
+from audit.deanon.server_report import DeanonReportWriter
 from audit.config.deanon_settings import ATTACKS
 from src.aggregator_settings import DeanonServerSettings, check_report_dir
 

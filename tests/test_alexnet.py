@@ -70,7 +70,7 @@ def test_model_lists():
 def test_layer_number_10_is_a_conv_layer_with_parameters(dataset):
     name = cifar10_PM.feature_layer("alexnet", dataset, 10)
     assert name == "features.conv5"
-    from src.data import dataset_info
+    from src.datasets import dataset_info
 
     info = dataset_info(dataset)
     layer = build_model("alexnet", info.input_shape, info.num_classes).get_submodule(name)
