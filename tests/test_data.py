@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 
+from src import data as data_mod
 from src import datasets as datasets_mod
 from src import dataloader as dl_mod
 from src.data import PartyData, split_federation, split_indices
