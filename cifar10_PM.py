@@ -12,18 +12,17 @@ the current round: validate, train, audit) with ETAs go to stderr; the summary l
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import logging
 import sys
 import time
 from pathlib import Path
 
-from audit.gate_contract import GATE_WITHHELD
 
 ROOT = Path(__file__).resolve().parent
-MODEL_CHOICES = ("cnn", "fcnn", "alexnet")  # = src.models.ALL_MODELS (not imported here: keep --help light)
-GATE_ACTIONS = ("withhold", "dp_retrain", "report_only")  # = audit.gate.ACTIONS (same reason)
+if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by the tests
+    sys.path.insert(0, str(ROOT))
+
+from audit.config.vocabulary import GATE_ACTIONS, MODELS  # noqa: E402  (torch-free: --help stays light)
 
 
 def str2bool(text: str) -> bool:
@@ -40,7 +39,7 @@ class GateArgument(argparse.Action):
     """`--gate ACTION METRIC=THRESHOLD ...` -> {"action": ..., "thresholds": {metric: float}}.
 
     Checks the syntax here; whether the metrics exist and the thresholds are in range depends on the audit
-    settings (--signals, --fpr_tolerance, --fidel), so `parse_args` checks that with audit.gate.GatePolicy.
+    settings (--signals, --fpr_tolerance, --fidel), so `parse_args` checks that with audit.config.gate.GatePolicy.
     """
 
     def __call__(self, parser, namespace, values, option_string=None):
@@ -87,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", choices=["cifar10", "digits"], default="cifar10")
     p.add_argument("--data-dir", dest="data_dir", default="data", help="where CIFAR-10 is (torchvision layout)")
     p.add_argument("--collaborators", type=int, default=2)
-    p.add_argument("--model", choices=MODEL_CHOICES, default="cnn",
+    p.add_argument("--model", choices=MODELS, default="cnn",
                    help="cnn, fcnn (the Fidel paper's) or alexnet (the tutorial's Net, ~23.3M parameters)")
     p.add_argument("--learning_rate", type=float, default=None, help="default: 0.005 for SGD, 0.001 for Adam")
     p.add_argument("--local_epochs", type=int, default=1, help="local epochs per round (the tutorial: 1)")
@@ -130,7 +129,7 @@ def check_fpr_tolerance(tolerances) -> None:
     """--fpr_tolerance checked as the plan's audit.fpr_tolerance is (each in (0, 1), no two giving one metric name),
     before any work; ValueError naming --fpr_tolerance."""
     _workspace_on_path()
-    from audit.settings import AuditSettings
+    from audit.config.audit_settings import AuditSettings
 
     try:
         AuditSettings.from_mapping({"fpr_tolerance": list(tolerances)}, prefix="audit")
@@ -139,23 +138,24 @@ def check_fpr_tolerance(tolerances) -> None:
 
 
 def gate_policy(args):
-    """audit.gate.GatePolicy of --gate for the audit the other flags configure (on plan/plan.yaml's audit settings);
+    """audit.config.gate.GatePolicy of --gate for the audit the other flags configure (on plan/plan.yaml's audit settings);
     ValueError naming --gate and the offending metric or value."""
     import yaml
 
     _workspace_on_path()
-    from audit.gate import GatePolicy, GateSettingsError
-    from audit.settings import AuditSettings
+    from audit.config.gate import GatePolicy, SettingsError
+    from audit.config.audit_settings import AuditSettings
 
     plan = yaml.safe_load((ROOT / "plan" / "plan.yaml").read_text())
     audit = dict(plan["task_runner"]["settings"].get("audit") or {})
     # The audit keys that decide which metrics exist; the others keep the plan's values.
-    audit.update(signals=list(dict.fromkeys(args.signals)), fpr_tolerance=list(args.fpr_tolerance), fidel=args.fidel,
-                 interval=args.auditing_interval, deanon={**(audit.get("deanon") or {}), "enabled": args.deanon})
+    audit.update(signals=list(dict.fromkeys(args.signals)), fpr_tolerance=list(args.fpr_tolerance),
+                 interval=args.auditing_interval, fidel={**(audit.get("fidel") or {}), "enabled": args.fidel},
+                 deanon={**(audit.get("deanon") or {}), "enabled": args.deanon})
     settings = AuditSettings.from_mapping(audit, prefix="audit")
     try:
         return GatePolicy.from_mapping(args.gate, audit_settings=settings, prefix="--gate")
-    except GateSettingsError as err:
+    except SettingsError as err:
         # "--gate.thresholds.<metric>: ..." -> "--gate: <metric>: ..."
         raise ValueError(str(err).replace("--gate.thresholds.", "--gate: ", 1)) from None
 
@@ -171,7 +171,7 @@ def feature_layer(model_name: str, dataset: str, layer_number: int | None) -> st
 
     Without a number: the first layer of `features` that has parameters, if any.
     """
-    from src.data import dataset_info
+    from src.datasets import dataset_info
     from src.models import build_model
 
     info = dataset_info(dataset)
@@ -218,7 +218,7 @@ def overrides_from_args(args) -> dict:
                 "gradient_layer": gradient_layer,
                 "log_scale": args.log_scale,
                 "report_dir": str(args.report_dir),
-                "fidel": args.fidel,
+                "fidel": {"enabled": args.fidel},
                 "deanon": {"enabled": args.deanon},
             },
         }},
@@ -238,10 +238,11 @@ def main(argv=None) -> int:
         logging.getLogger("openfl").setLevel(logging.ERROR)
 
     _workspace_on_path()
-    from src.data import DatasetUnavailableError
+    from src.datasets import DatasetUnavailableError
     from src.dataloader import clear_dataset_cache
     from workspace.in_process import run_in_process
 
+    from workspace.demo_output import Progress, print_gate_summary, print_summary
     from workspace.in_process import collaborator_names
     from workspace.tutorial_outputs import write_tutorial_outputs
 
@@ -265,10 +266,11 @@ def main(argv=None) -> int:
 
     try:
         overrides = overrides_from_args(args)
-        with progress, audit_phase_hook(progress.phase):
+        with progress:
             result = run_in_process(
                 args.report_dir / "_run", collaborators=args.collaborators, rounds=args.comm_round,
                 overrides=overrides, on_task=on_task, on_round_end=on_round_end,
+                on_audit_start=lambda col, round_num: progress.phase(col, "audit", round_num),
             )
     except DatasetUnavailableError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -286,160 +288,6 @@ def main(argv=None) -> int:
     if result.aggregator_report_dir is not None:
         print(f"aggregator report (kept/gated per round): {result.aggregator_report_dir / 'index.html'}")
     return 0
-
-
-PHASE_NAMES = {
-    "aggregated_model_validation": "validate global model",
-    "train": "train",
-    "audit": "audit",
-    "locally_tuned_model_validation": "validate local model",
-}
-
-
-class Progress:
-    """tqdm bars on stderr: one over the rounds (ETA of the run) and one over the phases of the current round
-    (each collaborator's validate / train / audit / validate; ETA of the round). `phase(col, phase, round)` is
-    the in-process runner's `on_task` hook, and is also called when an audit starts (`audit_phase_hook`)."""
-
-    def __init__(self, rounds: int, collaborators: int, interval: int, *, enabled: bool = True):
-        self.rounds, self.collaborators, self.interval = rounds, collaborators, max(1, interval)
-        self.enabled = enabled
-        self.rounds_bar = self.phase_bar = None
-        self.round: int | None = None
-        self.pending = False  # a phase has started and is not counted yet
-
-    def __enter__(self):
-        from tqdm import tqdm
-
-        self._tqdm = tqdm
-        self.rounds_bar = tqdm(total=self.rounds, desc="rounds", unit="round", position=0, file=sys.stderr,
-                               disable=not self.enabled, dynamic_ncols=True)
-        return self
-
-    def __exit__(self, *exc):
-        self.end_round()
-        if self.rounds_bar is not None:
-            self.rounds_bar.close()
-        return False
-
-    def phase(self, col: str, phase: str, round_num: int) -> None:
-        if self.rounds_bar is None:
-            return
-        if self.round != round_num:
-            self.end_round()
-            self.round = round_num
-            audits = self.collaborators if round_num % self.interval == 0 else 0
-            self.phase_bar = self._tqdm(
-                total=3 * self.collaborators + audits, desc=f"round {round_num + 1}/{self.rounds}", unit="phase",
-                position=1, leave=False, file=sys.stderr, disable=not self.enabled, dynamic_ncols=True)
-        elif self.pending:
-            self._count()
-        self.pending = True
-        self.phase_bar.set_postfix_str(f"{col}: {PHASE_NAMES.get(phase, phase)}")
-
-    def _count(self) -> None:
-        if self.phase_bar.n >= self.phase_bar.total:  # an extra phase (e.g. a DP retrain's re-audit)
-            self.phase_bar.total += 1
-        self.phase_bar.update(1)
-
-    def end_round(self) -> None:
-        if self.phase_bar is None:
-            return
-        if self.pending:
-            self._count()
-        self.phase_bar.close()
-        self.phase_bar, self.pending = None, False
-        self.rounds_bar.update(1)
-
-
-@contextlib.contextmanager
-def audit_phase_hook(on_phase):
-    """Call `on_phase(col, "audit", round)` when a collaborator's audit starts (the audit runs inside the train
-    task, which the runner's `on_task` hook sees only as a whole). Patches this process's task runner class for
-    the duration of the run and restores it."""
-    from src.taskrunner import AuditedTaskRunner
-
-    original = AuditedTaskRunner._audit
-
-    def _audit(self, model, global_model, col_name, round_num):
-        on_phase(col_name, "audit", round_num)
-        return original(self, model, global_model, col_name, round_num)
-
-    AuditedTaskRunner._audit = _audit
-    try:
-        yield
-    finally:
-        AuditedTaskRunner._audit = original
-
-
-def print_summary(result) -> None:
-    """The tutorial's closing lines: averages over rounds and collaborators."""
-    def average(suffix):
-        values = [v for per_round in result.collaborator_metrics for k, v in per_round.items() if k.endswith(suffix)]
-        return sum(values) / len(values) if values else float("nan")
-
-    print(f"Average aggregated model validation values = {average('aggregated_model_validation/accuracy'):.4f}")
-    print(f"Average training loss = {average('train/cross_entropy'):.4f}")
-    print(f"Average local model validation values = {average('locally_tuned_model_validation/accuracy'):.4f}")
-    last = result.collaborator_metrics[-1] if result.collaborator_metrics else {}
-    keys = sorted(k for k in last if k.endswith("_auc"))
-    if keys:
-        print("(_auc: Privacy Meter's grid AUC; _exact_auc: members vs non-members over every threshold)")
-    for key in keys:
-        print(f"last round {key} = {last[key]:.4f}")
-
-
-def gate_verdicts(report_dir: Path, names, rounds: int) -> list[dict[str, dict | None]]:
-    """Per round, collaborator -> the gate's part of its round record (`extra.gate`), or None for a round without
-    a record (not audited, hence not gated)."""
-    out = []
-    for r in range(rounds):
-        per_col = {}
-        for name in names:
-            path = Path(report_dir) / name / f"round_{r:04d}" / "audit.json"
-            per_col[name] = json.loads(path.read_text()).get("extra", {}).get("gate") if path.is_file() else None
-        out.append(per_col)
-    return out
-
-
-def averaged_summary(record: dict) -> str:
-    """What the aggregator averaged in a round, from its report's record (the decision GatedWeightedAverage
-    applied: audit.gate_contract), and who was left out and why when not by its own gate's verdict."""
-    entries = record.get("collaborators") or {}
-    averaged = [name for name, entry in entries.items() if entry.get("averaged")]
-    text = f"averaged: {', '.join(averaged) if averaged else 'none (global model unchanged)'}"
-    # A withheld verdict is on the line already; the aggregator's own reasons (NaN/Inf tensors, an unreadable
-    # verdict, the straggler policy) are not.
-    others = [f"{name} {entry['status']}" for name, entry in entries.items()
-              if not entry.get("averaged") and entry.get("cause") != GATE_WITHHELD]
-    return text + (f" (left out: {', '.join(others)})" if others else "")
-
-
-def print_gate_summary(report_dir: Path, aggregator_report_dir: Path | None, names, rounds: int, gate: dict) -> None:
-    """Per round: each collaborator's verdict (kept, dp_retrained, withheld) and what tripped the gate, from its
-    round record, and the updates the aggregator averaged, from its report."""
-    limits = ", ".join(f"{name} > {value:g}" for name, value in gate["thresholds"].items())
-    print(f"\ngate: {gate['action']} if {limits}")
-    for r, per_col in enumerate(gate_verdicts(report_dir, names, rounds)):
-        parts = []
-        for name, verdict in per_col.items():
-            if verdict is None:
-                parts.append(f"{name} kept (not audited)")
-                continue
-            text = f"{name} {verdict['verdict']}"
-            tripped = verdict.get("tripped") or {}
-            if tripped:
-                text += " (" + ", ".join(
-                    f"{metric} = {'nan' if t['value'] is None else format(t['value'], '.4f')} > {t['threshold']:g}"
-                    for metric, t in tripped.items()) + ")"
-            if verdict.get("retries"):
-                text += f" after {verdict['retries']} DP retrain(s), epsilon {verdict['epsilon']:.3g}"
-            parts.append(text)
-        line = f"round {r}: " + "; ".join(parts)
-        agg_file = None if aggregator_report_dir is None else Path(aggregator_report_dir) / f"round_{r:04d}.json"
-        if agg_file is not None and agg_file.is_file():
-            line += " | " + averaged_summary(json.loads(agg_file.read_text()))
-        print(line)
 
 
 if __name__ == "__main__":

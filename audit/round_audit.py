@@ -1,29 +1,26 @@
-"""One round's membership-inference audit of a party's update.
+"""One round's audit of a party's update: the enabled audit steps (audit.config.steps), in order, on one context.
 
-Given the model the party received this round (global) and the model it trained from it (local), compute
-the per-sample signals on its members (train shard), non-members (test shard) and population (audit shard),
-run the population attack for each signal and model, and the update-based attack (loss under the received
-model minus loss under the trained one); optionally the Fidel reconstruction audit and the deanonymization
-self-audit (the non-members are the adversary's prior data of this party). Returns a JSON-able round record the report writer stores and
-flat scalar metrics that may leave the party.
+Given the model the party received this round (global) and the model it trained from it (local), each step the plan
+enables runs on the same `AuditContext`: the membership audit (signals on members, non-members and population, the
+population and update attacks), the Fidel reconstruction audit, the deanonymization self-audit, and any registered
+plug-in. Returns a JSON-able round record the report writer stores, with flat scalar metrics that may leave the party.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
 
 import numpy as np
 import torch
 
-from audit.deanon_audit import deanon_self_audit
-from audit.fidel import fidel_audit
-from audit.fidel_decoder import train_decoder
-from audit.population_attack import population_attack, tolerance_name, update_attack
-from audit.settings import AuditSettings
-from audit.shadow_training import TrainingRecipe
-from audit.signals import compute_signals, member_if_lower
+from audit.config.audit_settings import AuditSettings
+from audit.config.steps import AuditStep, registered
+from audit.training import TrainingRecipe
+
+__all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "audit_round", "record_to_json"]
 
 SETS = ("members", "nonmembers", "population")
 
@@ -51,60 +48,49 @@ class AuditSets:
             x = x.float()
         return x, torch.as_tensor(np.asarray(y), dtype=torch.int64)
 
+    def sizes(self) -> dict[str, int]:
+        return {name: int(len(getattr(self, name)[1])) for name in SETS}
+
 
 @dataclass(frozen=True)
-class DeanonContext:
-    """The collaborator's facts the deanonymization self-audit needs (audit.deanon_audit)."""
+class LocalTraining:
+    """The party's local training, for audits that train like it (shadow updates, reference models)."""
 
-    recipe: TrainingRecipe          # the local training recipe, for the shadow updates
+    recipe: TrainingRecipe          # optimiser, learning rate, epochs, batch size
     member_count: int               # how many samples the real update was trained on (before any mitigation)
     federation_alpha: float | None  # the federation's label skew (None = IID)
 
 
-def _signals_per_set(model, sets: AuditSets, names, settings: AuditSettings) -> tuple[dict, dict]:
-    """signal name -> set name -> values, and signal name -> seconds spent over the three sets.
+@dataclass(frozen=True)
+class AuditContext:
+    """Everything a step may use: the two models, the sets, the settings and the party's training."""
 
-    One compute_signals call per set: the signals share its forward pass (see compute_signals)."""
-    values: dict[str, dict[str, np.ndarray]] = {name: {} for name in names}
-    seconds = {name: 0.0 for name in names}
-    for set_name in SETS:
-        x, y = sets.tensors(set_name)
-        timings: dict[str, float] = {}
-        found = compute_signals(model, x, y, list(names), layer=settings.gradient_layer,
-                                batch_size=settings.batch_size, timings=timings)
-        for name in names:
-            values[name][set_name] = found[name]
-            seconds[name] += timings[name]
-    return values, seconds
+    local_model: torch.nn.Module
+    global_model: torch.nn.Module | None  # None when the round has no received model to compare with
+    sets: AuditSets
+    settings: AuditSettings
+    party: str
+    round_num: int
+    seed: int | None
+    training: LocalTraining | None
 
 
-def _population_attacks(signal_values: dict, settings: AuditSettings) -> dict:
-    return {
-        name: population_attack(
-            per_set["members"],
-            per_set["nonmembers"],
-            per_set["population"],
-            settings.fpr_tolerance,
-            signal=name,
-            member_if_lower=member_if_lower(name),
-            threshold_function=settings.threshold_function,
-        )
-        for name, per_set in signal_values.items()
-    }
+@dataclass
+class StepResult:
+    """What a step returns: scalars that may leave the party, and what stays in its own report."""
+
+    metrics: dict[str, float]
+    details: dict | None = None                 # JSON-able; the record keeps it under extra[<step name>]
+    attacks: dict | None = None                 # membership attacks (model -> signal -> AttackResult): record["attacks"]
+    timings: dict = field(default_factory=dict)  # merged into record["timings"]
+    # Writes the party's private artefacts (e.g. reconstructed images) into its own round folder; never sent.
+    write_private: Callable[[Path], None] | None = None
 
 
-def scalar_metrics(attacks: Mapping[str, Mapping[str, object]]) -> dict[str, float]:
-    """Flat scalars: mia_<model>_<signal>_auc (Privacy Meter's grid AUC), mia_<model>_<signal>_exact_auc (the
-    members-vs-non-members AUC over every threshold) and mia_<model>_<signal>_tpr_at_fpr_<t>."""
-    metrics: dict[str, float] = {}
-    for model_kind, per_signal in attacks.items():
-        for signal, result in per_signal.items():
-            prefix = f"mia_{model_kind}_{signal}"
-            metrics[f"{prefix}_auc"] = float(result.auc)
-            metrics[f"{prefix}_exact_auc"] = float(result.exact_auc)
-            for tolerance, tpr in result.tpr_at_fpr.items():
-                metrics[f"{prefix}_tpr_at_fpr_{tolerance_name(tolerance)}"] = float(tpr)
-    return metrics
+def _runs(audit_step: AuditStep, context: AuditContext) -> bool:
+    if audit_step.needs_global and context.global_model is None:
+        return False
+    return audit_step.due(context.settings, context.round_num)
 
 
 def audit_round(
@@ -116,61 +102,33 @@ def audit_round(
     party: str,
     round_num: int,
     seed: int | None = None,
-    deanon: DeanonContext | None = None,
+    training: LocalTraining | None = None,
+    steps: tuple[AuditStep, ...] | None = None,
 ) -> dict:
-    """Audit one round; returns the round record (see audit.report for its layout).
-
-    The record's "attacks" hold AttackResult objects; `record_to_json` turns them into dicts.
-    `deanon`: what the deanonymization self-audit needs besides the sets (run when settings.deanon is due).
-    """
+    """Audit one round with every enabled step (default: all registered ones); returns the round record (see
+    audit.reporting for its layout). The record's "attacks" hold AttackResult objects; `record_to_json` turns them
+    into dicts. `training`: the party's local training, for the steps that train like it (deanonymization)."""
     start = time.perf_counter()
-    wanted = list(settings.signals)
-    need_global = global_model is not None and (settings.audit_global or settings.update_attack)
-    # The update attack needs the loss under both models, whether or not "loss" is an audited signal.
-    extra_loss = ["loss"] if settings.update_attack and "loss" not in wanted else []
-
-    local_values, local_seconds = _signals_per_set(local_model, sets, wanted + extra_loss, settings)
-    attacks = {"local": _population_attacks({k: local_values[k] for k in wanted}, settings)}
-    signal_seconds = {"local": local_seconds}
-
-    if need_global:
-        global_names = list(wanted) if settings.audit_global else []
-        if settings.update_attack and "loss" not in global_names:
-            global_names.append("loss")
-        global_values, global_seconds = _signals_per_set(global_model, sets, global_names, settings)
-        signal_seconds["global"] = global_seconds
-        if settings.audit_global:
-            attacks["global"] = _population_attacks({k: global_values[k] for k in wanted}, settings)
-        if settings.update_attack:
-            g, lo = global_values["loss"], local_values["loss"]
-            attacks["update"] = {
-                "loss_reduction": update_attack(
-                    g["members"], lo["members"],
-                    g["nonmembers"], lo["nonmembers"],
-                    g["population"], lo["population"],
-                    settings.fpr_tolerance,
-                )
-            }
-
-    metrics = scalar_metrics(attacks)
+    context = AuditContext(local_model, global_model, sets, settings, party, int(round_num), seed, training)
+    metrics: dict[str, float] = {}
+    attacks: dict = {}
     extra: dict = {}
-    timings = {"signals_s": signal_seconds}
-    fidel = None
-    if settings.fidel and global_model is not None:
-        fidel_start = time.perf_counter()
-        fidel = run_fidel(local_model, global_model, sets, settings, seed=seed)
-        metrics.update(fidel.metrics())
-        extra["fidel"] = fidel.to_dict()
-        timings["fidel_s"] = time.perf_counter() - fidel_start
-    if deanon is not None and global_model is not None and settings.deanon.due(round_num):
-        deanon_start = time.perf_counter()
-        result = deanon_self_audit(
-            global_model, local_model, sets.nonmembers, deanon.member_count, sets.population, deanon.recipe,
-            settings.deanon, federation_alpha=deanon.federation_alpha, seed=seed or 0,
-        )
+    timings: dict = {}
+    private = []
+    for audit_step in steps if steps is not None else registered():
+        if not _runs(audit_step, context):
+            continue
+        step_start = time.perf_counter()
+        result = audit_step.load_run()(context, audit_step.settings_of(settings))
+        timings[f"{audit_step.name}_s"] = time.perf_counter() - step_start
         metrics.update(result.metrics)
-        extra["deanon"] = result.to_dict()
-        timings["deanon_s"] = time.perf_counter() - deanon_start
+        if result.attacks is not None:
+            attacks.update(result.attacks)
+        if result.details is not None:
+            extra[audit_step.name] = result.details
+        timings.update(result.timings)
+        if result.write_private is not None:
+            private.append(result.write_private)
     timings["audit_s"] = time.perf_counter() - start
 
     return {
@@ -181,22 +139,11 @@ def audit_round(
         "timings": timings,
         "attacks": attacks,
         "metrics": metrics,
-        "sizes": {name: int(len(getattr(sets, name)[1])) for name in SETS},
+        "sizes": sets.sizes(),
         "extra": extra,
-        # In-memory only (record_to_json drops it): the reconstructions, for the collaborator's own grid image.
-        "_fidel": fidel,
+        # In-memory only (record_to_json drops it): writers of the party's private files for its round folder.
+        "_private": private,
     }
-
-
-def run_fidel(local_model, global_model, sets: AuditSets, settings: AuditSettings, *, seed: int | None):
-    """The Fidel reconstruction audit of this update against the round's training samples (the members)."""
-    decoder = None
-    if settings.fidel_decoder:  # fitted on the population under the received model, never on members
-        decoder = train_decoder(global_model, sets.population[0], layer=settings.fidel_layer)
-    return fidel_audit(
-        global_model, local_model, sets.members[0], layer=settings.fidel_layer,
-        threshold=settings.fidel_threshold, seed=seed or 0, decoder=decoder, batch_size=settings.batch_size,
-    )
 
 
 def record_to_json(record: dict) -> dict:

@@ -34,10 +34,12 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-from audit.atomic_io import atomic_savefig, atomic_write_json  # noqa: E402
-from audit.fidel import DEFAULT_THRESHOLD, fidel_audit, save_reveal_grid  # noqa: E402
-from audit.fidel_decoder import train_decoder  # noqa: E402
-from src.data import load_dataset  # noqa: E402
+from audit.reporting.atomic_io import atomic_savefig, atomic_write_json  # noqa: E402
+from audit.config.fidel_settings import DEFAULT_THRESHOLD  # noqa: E402
+from audit.fidel.attack import fidel_audit  # noqa: E402
+from audit.fidel.grid import save_reveal_grid  # noqa: E402
+from audit.fidel.decoder import train_decoder  # noqa: E402
+from src.datasets import load_dataset  # noqa: E402
 from src.models import CNN, FCNN  # noqa: E402
 
 SIZES = (1, 5, 10, 20, 30, 50, 100, 200)

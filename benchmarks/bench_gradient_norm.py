@@ -1,4 +1,4 @@
-"""Benchmark: per-sample gradient norms by audit.signals vs Privacy Meter 1.0.1 vs a naive per-sample loop.
+"""Benchmark: per-sample gradient norms by audit.membership.signals vs Privacy Meter 1.0.1 vs a naive per-sample loop.
 
 Run on demand (not a test):  .venv/bin/python benchmarks/bench_gradient_norm.py [--samples 200] [--threads 2]
 
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from audit.signals import gradient_norm_signal, loss_signal  # noqa: E402
+from audit.membership.signals import gradient_norm_signal, loss_signal  # noqa: E402
 
 
 def import_privacy_meter_model():

@@ -2,7 +2,7 @@
 
 A collaborator whose gate withheld its update sends the received global weights back; averaged in with its
 full weight, they would pull the new model towards the old one. So the average takes, for every model tensor
-of the round, only the collaborators `audit.gate_contract.decide` keeps:
+of the round, only the collaborators `audit.config.gate_contract.decide` keeps:
 
 - a collaborator whose `gate_kept` metric of this round is 0, or not a finite number (fail closed), is left
   out; one that sends no `gate_kept` (e.g. a runner without the gate) is averaged;
@@ -22,7 +22,7 @@ from typing import Iterable, Mapping
 import numpy as np
 from openfl.interface.aggregation_functions import AggregationFunction
 
-from audit.gate_contract import GATE_KEPT, Decision, decide
+from audit.config.gate_contract import GATE_KEPT, Decision, decide
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def round_decisions(rows: Iterable[Mapping], fl_round: int, collaborators: Itera
 
 
 class GatedWeightedAverage(AggregationFunction):
-    """Weighted average of the updates `audit.gate_contract.decide` keeps."""
+    """Weighted average of the updates `audit.config.gate_contract.decide` keeps."""
 
     def call(self, local_tensors, db_iterator, tensor_name, fl_round, tags):
         rows = list(db_iterator)
@@ -70,7 +70,10 @@ class GatedWeightedAverage(AggregationFunction):
         for name, lt in local.items():  # the tensor being averaged, even if it were missing from the rows
             if not _finite(lt.tensor):
                 decisions[name] = decide(None, finite_update=False)
-        kept = [lt for lt in local_tensors if decisions[lt.col_name].averaged]
+        # In collaborator-name order: OpenFL's RandomGroupedAssigner lists the round's collaborators in an unseeded random
+        # order, and with three or more float32 terms the order of a sum changes its last bits, so the same plan and
+        # seed would not give the same model (and metrics) run to run.
+        kept = sorted((lt for lt in local_tensors if decisions[lt.col_name].averaged), key=lambda lt: lt.col_name)
         self._log(fl_round, {c: d.status for c, d in decisions.items() if not d.averaged})
         if not kept:
             if start is None:

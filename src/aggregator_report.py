@@ -3,7 +3,7 @@ and the averaged audit metrics.
 
 It reads only what the collaborators already send, scalar metrics, from the aggregator's TensorDB at the end
 of each round (rows tagged (collaborator, 'metric') for that round), plus whether the tensors each one trained
-hold NaN/Inf. The names it reads and the decision "averaged or not, and why" are audit.gate_contract's, the
+hold NaN/Inf. The names it reads and the decision "averaged or not, and why" are audit.config.gate_contract's, the
 same that src.aggregation.GatedWeightedAverage applies, so a collaborator reported `kept` is one whose update
 is in the round's model:
 
@@ -29,15 +29,15 @@ import html
 import io
 import logging
 import math
-from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from audit.atomic_io import atomic_write_json, atomic_write_text
-from audit.csv_cells import spreadsheet_safe_row
-from audit.gate_contract import (GATE_EPSILON, GATE_KEPT, GATE_KEPT_NOT_FINITE, GATE_RETRIES, GATE_TRIPPED_PREFIX,
-                                 KEPT, LEFT_OUT_NON_FINITE, NO_GATE_METRIC, NON_FINITE_TENSORS, NON_FINITE_UPDATE,
-                                 STRAGGLER, WITHHELD, Decision, decide)
-from audit.round_files import load_round_records, round_file_name
+from audit.config.gate_contract import (GATE_EPSILON, GATE_KEPT, GATE_KEPT_NOT_FINITE, GATE_RETRIES, GATE_TRIPPED_PREFIX,
+                                        KEPT, LEFT_OUT_NON_FINITE, NO_GATE_METRIC, NON_FINITE_TENSORS, NON_FINITE_UPDATE,
+                                        STRAGGLER, WITHHELD, Decision, decide)
+from audit.reporting.atomic_io import atomic_write_text
+from audit.reporting.csv_cells import spreadsheet_safe_row
+from audit.reporting.html import page
+from audit.reporting.writer import RoundReportWriter
 
 logger = logging.getLogger(__name__)
 
@@ -85,14 +85,14 @@ def metrics_from_tensor_db(frame, round_num: int, collaborators: Iterable[str]) 
 def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decision: Decision | None = None) -> dict:
     """Status, reason and the gate and audit metrics of one collaborator in one round.
 
-    `decision` is audit.gate_contract's for this collaborator (src.aggregation.round_decisions, which also
+    `decision` is audit.config.gate_contract's for this collaborator (src.aggregation.round_decisions, which also
     knows whether its tensors were finite); None decides from its metrics alone, as for finite tensors.
     """
     gate_reported = GATE_KEPT in metrics
     if decision is None:
         decision = decide(metrics.get(GATE_KEPT), finite_update=True)
     kept_value = _finite_or_none(metrics.get(GATE_KEPT))
-    tripped = {  # 0.0 = sent but not tripped (see audit.gate_contract); NaN/Inf = tripped, value unknown
+    tripped = {  # 0.0 = sent but not tripped (see audit.config.gate_contract); NaN/Inf = tripped, value unknown
         name[len(GATE_TRIPPED_PREFIX):]: _finite_or_none(value)
         for name, value in sorted(metrics.items()) if name.startswith(GATE_TRIPPED_PREFIX) and value != 0.0
     }
@@ -156,7 +156,7 @@ def round_record(round_num: int, *, authorized: Iterable[str], stragglers: Itera
                  aggregator_logs: Mapping[str, Any] | None = None) -> dict:
     """The report of one round (a JSON-able dict).
 
-    `decisions`: each collaborator's audit.gate_contract decision as the average made it
+    `decisions`: each collaborator's audit.config.gate_contract decision as the average made it
     (src.aggregation.round_decisions on the same TensorDB); a collaborator without one is decided from its
     metrics as if its tensors were finite.
     """
@@ -190,19 +190,10 @@ def round_record(round_num: int, *, authorized: Iterable[str], stragglers: Itera
     }
 
 
-class AggregatorReportWriter:
+class AggregatorReportWriter(RoundReportWriter):
     """Writes round records under `root` and rebuilds the summaries from the round files on disk."""
 
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    def write_round(self, record: Mapping) -> Path:
-        path = atomic_write_json(self.root / round_file_name(record["round"]), record)
-        self.rebuild_summary()
-        return path
-
-    def load_rounds(self) -> list[dict]:
-        return load_round_records(self.root, "aggregator round")
+    what = "aggregator round"
 
     def rebuild_summary(self) -> None:
         records = self.load_rounds()
@@ -253,11 +244,6 @@ def _metrics_csv(records: list[dict]) -> str:
     return buf.getvalue()
 
 
-_STYLE = """body{font-family:sans-serif;margin:1.5em;max-width:80em}table{border-collapse:collapse;margin:.5em 0}
-td,th{border:1px solid #ccc;padding:.2em .5em;text-align:left;font-size:90%}.kept{color:#176117}
-.withheld,.left_out_non_finite{color:#a31515;font-weight:bold}.straggler{color:#8a5a00}.muted{color:#666}"""
-
-
 def _page(records: list[dict]) -> str:
     e = html.escape
     body = ["<h1>Aggregator report</h1>",
@@ -267,22 +253,19 @@ def _page(records: list[dict]) -> str:
         body.append("<p>No rounds yet.</p>")
     names = sorted({k for r in records for k in r.get("averaged_audit_metrics", {})})
     if names:
-        body.append("<h2>Audit metrics averaged over the collaborators</h2><table><tr><th>round</th>"
+        body.append('<h2>Audit metrics averaged over the collaborators</h2><div class="scroll"><table><tr><th>round</th>'
                     + "".join(f"<th>{e(n)}</th>" for n in names) + "</tr>")
         for r in reversed(records):
             averaged = r.get("averaged_audit_metrics", {})
             body.append(f"<tr><td>{r['round']}</td>" + "".join(
                 f"<td>{e(_fmt(averaged[n]['mean'])) if n in averaged else ''}</td>" for n in names) + "</tr>")
-        body.append("</table>")
+        body.append("</table></div>")
     for r in reversed(records):
         counts = ", ".join(f"{key.replace('_', ' ')} {len(r.get(key, []))}" for key in STATUS_LISTS)
         body.append(f"<h2>Round {r['round']}</h2><p>averaged: {e(', '.join(r['kept']) or 'none')} ({counts})</p>"
                     "<table><tr><th>collaborator</th><th>status</th><th>reason</th></tr>")
         for name, entry in r["collaborators"].items():
-            body.append(f"<tr><td>{e(name)}</td><td class=\"{e(entry['status'])}\">{e(entry['status'])}</td>"
-                        f"<td>{e(entry['reason'])}</td></tr>")
+            body.append(f"<tr><td>{e(name)}</td><td class=\"text {e(entry['status'])}\">{e(entry['status'])}</td>"
+                        f"<td class=\"text\">{e(entry['reason'])}</td></tr>")
         body.append("</table>")
-    now = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
-    return ("<!DOCTYPE html><html><head><meta charset=\"utf-8\"><title>Aggregator report</title>"
-            f"<style>{_STYLE}</style></head><body>{''.join(body)}<p class=\"muted\">Updated {e(now)}.</p>"
-            "</body></html>\n")
+    return page("Aggregator report", body)

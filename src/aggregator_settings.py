@@ -10,8 +10,8 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
-from audit.deanon_settings import ATTACKS, check_attacks  # reading a plan imports neither torch nor sklearn
-from audit.setting_checks import check_bool, from_checks, is_int
+from audit.config.deanon_settings import ATTACKS, check_attacks  # reading a plan imports neither torch nor sklearn
+from audit.config.checks import check_bool, from_checks, is_int
 
 PREFIX = "aggregator.settings"
 DEANON_PREFIX = f"{PREFIX}.deanon"

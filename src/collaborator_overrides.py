@@ -5,7 +5,7 @@
         epochs: 20               # overrides the train task's `epochs` kwarg (plan tasks section)
         learning_rate: 0.01
         gate: {action: withhold} # merged into the plan-wide `gate`, see merge_gate
-        mitigation: {method: mm_aug, alpha: 0.5}  # replaces the plan-wide `mitigation` (audit.deanon_mitigation)
+        mitigation: {method: mm_aug, alpha: 0.5}  # replaces the plan-wide `mitigation` (audit.deanon.mitigation)
 
 Every collaborator parses the same plan, so each knows every other's gate: the runner uses that to send
 the same metric names as all others (OpenFL's aggregator needs that, see src.taskrunner).
@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from numbers import Integral, Real
 
-from audit.deanon_mitigation import Mitigation
-from audit.gate import GATE_PREFIX, GatePolicy, GateSettingsError
-from audit.settings import AuditSettings
+from audit.config.mitigation_settings import Mitigation
+from audit.config.gate import GATE_PREFIX, GatePolicy, SettingsError
+from audit.config.audit_settings import AuditSettings
 
 PREFIX = "task_runner.settings.per_collaborator"
 KEYS = ("epochs", "learning_rate", "gate", "mitigation")
@@ -61,29 +61,29 @@ def parse_per_collaborator(
     if mapping is None:
         return default, {}
     if not isinstance(mapping, Mapping):
-        raise GateSettingsError(f"{PREFIX}: expected a mapping of collaborator name -> settings, got {mapping!r}")
+        raise SettingsError(f"{PREFIX}: expected a mapping of collaborator name -> settings, got {mapping!r}")
     out = {}
     for name, entry in mapping.items():
         key = f"{PREFIX}.{name}"
         if not isinstance(name, str) or not name.strip():
-            raise GateSettingsError(f"{PREFIX}: collaborator names must be non-empty strings, got {name!r}")
+            raise SettingsError(f"{PREFIX}: collaborator names must be non-empty strings, got {name!r}")
         if entry is None:
             entry = {}
         if not isinstance(entry, Mapping):
-            raise GateSettingsError(f"{key}: expected a mapping of settings, got {entry!r}")
+            raise SettingsError(f"{key}: expected a mapping of settings, got {entry!r}")
         for setting in entry:
             if setting not in KEYS:
-                raise GateSettingsError(f"{key}.{setting}: unknown setting; known: {', '.join(KEYS)}")
+                raise SettingsError(f"{key}.{setting}: unknown setting; known: {', '.join(KEYS)}")
         epochs = entry.get("epochs")
         if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, Integral) or epochs < 1):
-            raise GateSettingsError(f"{key}.epochs: expected an integer >= 1, got {epochs!r}")
+            raise SettingsError(f"{key}.epochs: expected an integer >= 1, got {epochs!r}")
         lr = entry.get("learning_rate")
         if lr is not None and (isinstance(lr, bool) or not isinstance(lr, Real) or not math.isfinite(lr) or lr <= 0):
-            raise GateSettingsError(f"{key}.learning_rate: expected a finite number > 0, got {lr!r}")
+            raise SettingsError(f"{key}.learning_rate: expected a finite number > 0, got {lr!r}")
         col_gate = default_gate
         if entry.get("gate") is not None:
             if not isinstance(entry["gate"], Mapping):
-                raise GateSettingsError(f"{key}.gate: expected a mapping, got {entry['gate']!r}")
+                raise SettingsError(f"{key}.gate: expected a mapping, got {entry['gate']!r}")
             col_gate = GatePolicy.from_mapping(
                 merge_gate(gate, entry["gate"]), audit_settings=audit_settings, prefix=f"{key}.gate"
             )

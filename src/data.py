@@ -1,17 +1,7 @@
-"""Datasets and the per-collaborator member / non-member / population split.
+"""The per-collaborator member / non-member / population split of a dataset (src.datasets loads them).
 
 No OpenFL imports here: this module is shared by the OpenFL data loader
 (:mod:`src.dataloader`), the auditor and the tests.
-
-Datasets
---------
-``digits``
-    scikit-learn's bundled 8x8 digits (1,797 images, no download), scaled to [0, 1].
-``cifar10``
-    torchvision's CIFAR-10, train + test concatenated (60,000 images, as the OpenFL
-    Privacy Meter tutorial does), scaled to [0, 1] then normalised with mean = std = 0.5
-    per channel (as the tutorial's ``Normalize((0.5,)*3, (0.5,)*3)``).  Never downloaded
-    unless ``download=True`` is asked for explicitly.
 
 The split (:func:`split_federation`)
 ------------------------------------
@@ -41,18 +31,13 @@ split, bit for bit.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
+from audit.config.checks import is_int, is_real
+
 __all__ = [
-    "DATASETS",
-    "DatasetUnavailableError",
-    "DatasetInfo",
-    "dataset_info",
-    "load_dataset",
     "PartyData",
     "SPLIT_SETS",
     "validate_split_settings",
@@ -61,118 +46,8 @@ __all__ = [
     "user_of_party",
 ]
 
-DATASETS = ("digits", "cifar10")
-
 #: Names of the three per-party sets, in the order they are cut from the shuffled pool.
 SPLIT_SETS = ("train", "test", "population")
-
-_CIFAR10_FOLDER = "cifar-10-batches-py"
-_DEFAULT_DATA_DIR = "data"
-
-
-class DatasetUnavailableError(RuntimeError):
-    """The dataset's files are absent (and not downloaded) or could not be fetched."""
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """Static description of a dataset (known without loading it)."""
-
-    name: str
-    input_shape: tuple[int, int, int]  # (C, H, W)
-    num_classes: int
-
-
-_INFOS = {
-    "digits": DatasetInfo("digits", (1, 8, 8), 10),
-    "cifar10": DatasetInfo("cifar10", (3, 32, 32), 10),
-}
-
-
-def _check_name(name) -> str:
-    key = name.strip().lower() if isinstance(name, str) else None
-    if key not in _INFOS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
-    return key
-
-
-def dataset_info(name) -> DatasetInfo:
-    """Shape and class count of dataset ``name`` without loading any data.
-
-    Raises ValueError naming ``name`` and the choices for an unknown dataset.
-    """
-    return _INFOS[_check_name(name)]
-
-
-# ----------------------------------------------------------------------------- loading
-
-
-def load_dataset(name, data_dir=None, *, download=False) -> tuple[np.ndarray, np.ndarray]:
-    """Load a whole dataset as ``(x, y)``: x float32 (N, C, H, W), y int64 (N,).
-
-    ``data_dir`` is only used by cifar10 (default ``"data"``, relative to the working
-    directory, i.e. the OpenFL workspace).  With ``download=False`` nothing touches the
-    network; missing files raise :class:`DatasetUnavailableError`.
-    """
-    key = _check_name(name)
-    if key == "digits":
-        return _load_digits()
-    return _load_cifar10(data_dir, download=download)
-
-
-def _load_digits() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    x = (bunch.images.astype(np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
-    y = bunch.target.astype(np.int64)
-    return np.ascontiguousarray(x), y
-
-
-def _cifar_unavailable(folder: Path, reason: str) -> DatasetUnavailableError:
-    return DatasetUnavailableError(
-        f"CIFAR-10 is not available: {reason}\n"
-        f"  looked in: {folder}\n"
-        f"  to get it: on a machine with network access run once with --download "
-        f"(data_loader.settings.download: true), or fetch and extract "
-        f"https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz; then copy the resulting "
-        f"'{_CIFAR10_FOLDER}' folder (data_batch_1..5, test_batch, batches.meta) into "
-        f"{folder.parent} (data_dir)\n"
-        f"  offline alternative: --dataset digits (scikit-learn's bundled digits, no download)."
-    )
-
-
-def _load_cifar10(data_dir, *, download: bool) -> tuple[np.ndarray, np.ndarray]:
-    root = Path(_DEFAULT_DATA_DIR if data_dir is None else os.fspath(data_dir)).expanduser()
-    root = root.resolve()
-    folder = root / _CIFAR10_FOLDER
-    if not download and not folder.is_dir():
-        # Decide before importing torchvision: fast, and certainly no network call.
-        raise _cifar_unavailable(folder, "the folder does not exist (download=False)")
-
-    try:
-        from torchvision.datasets import CIFAR10
-    except Exception as exc:  # pragma: no cover - torchvision is a project requirement
-        raise DatasetUnavailableError(f"cannot import torchvision to read CIFAR-10: {exc}") from exc
-
-    try:
-        parts = [CIFAR10(root=str(root), train=train, download=download) for train in (True, False)]
-    except Exception as exc:  # torchvision: RuntimeError (missing/corrupt), URLError/OSError (network)
-        reason = (
-            f"download failed ({type(exc).__name__}: {exc})"
-            if download
-            else f"the files are incomplete or corrupted ({exc})"
-        )
-        raise _cifar_unavailable(folder, reason) from exc
-
-    # Use the datasets' raw arrays (uint8 N,H,W,C), not per-image PIL access.
-    raw = np.concatenate([p.data for p in parts], axis=0)
-    y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
-    x = np.ascontiguousarray(raw.transpose(0, 3, 1, 2), dtype=np.float32)
-    # ToTensor() then Normalize(0.5, 0.5): (v / 255 - 0.5) / 0.5 == v * 2/255 - 1; in place.
-    x *= np.float32(2.0 / 255.0)
-    x -= np.float32(1.0)
-    return x, y
 
 
 # ----------------------------------------------------------------------------- splitting
@@ -190,14 +65,6 @@ class PartyData:
     population_y: np.ndarray
 
 
-def _is_number(v) -> bool:
-    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-
-
 def validate_split_settings(
     train_ratio, test_ratio, audit_ratio, n_parties, dirichlet_alpha=None, *, prefix="", devices_per_user=1
 ) -> None:
@@ -211,7 +78,7 @@ def validate_split_settings(
         "audit_dataset_ratio": audit_ratio,
     }
     for key, value in ratios.items():
-        if not _is_number(value) or not math.isfinite(value) or not value > 0:
+        if not is_real(value) or not math.isfinite(value) or not value > 0:
             raise ValueError(f"{prefix}{key}: must be a number > 0, got {value!r}")
     total = float(sum(ratios.values()))
     if total > 1.0 + 1e-9:
@@ -221,10 +88,10 @@ def validate_split_settings(
             f"{train_ratio} + {test_ratio} + {audit_ratio} = {total:g}"
         )
     parties_name = f"{prefix}collaborator_count" if prefix else "n_parties"
-    if not _is_int(n_parties) or n_parties < 1:
+    if not is_int(n_parties) or n_parties < 1:
         raise ValueError(f"{parties_name}: must be an integer >= 1, got {n_parties!r}")
     devices_name = f"{prefix}devices_per_user"
-    if not _is_int(devices_per_user) or devices_per_user < 1:
+    if not is_int(devices_per_user) or devices_per_user < 1:
         raise ValueError(f"{devices_name}: must be an integer >= 1, got {devices_per_user!r}")
     if n_parties % devices_per_user:
         raise ValueError(
@@ -234,7 +101,7 @@ def validate_split_settings(
             f"{max(1, n_parties // devices_per_user) * devices_per_user} or another {devices_name}"
         )
     if dirichlet_alpha is not None and (
-        not _is_number(dirichlet_alpha)
+        not is_real(dirichlet_alpha)
         or not math.isfinite(dirichlet_alpha)
         or not dirichlet_alpha > 0
     ):
@@ -262,9 +129,9 @@ def user_of_party(party_index, devices_per_user=1) -> tuple[int, int]:
 
     Party p is device ``p % devices_per_user`` of user ``p // devices_per_user`` (both 0-based).
     """
-    if not _is_int(party_index) or party_index < 0:
+    if not is_int(party_index) or party_index < 0:
         raise ValueError(f"party_index: must be an integer >= 0, got {party_index!r}")
-    if not _is_int(devices_per_user) or devices_per_user < 1:
+    if not is_int(devices_per_user) or devices_per_user < 1:
         raise ValueError(f"devices_per_user: must be an integer >= 1, got {devices_per_user!r}")
     user, device = divmod(int(party_index), int(devices_per_user))
     return user, device

@@ -45,15 +45,8 @@ from pathlib import Path
 import numpy as np
 from openfl.federated import PyTorchDataLoader
 
-from src.data import (
-    DATASETS,
-    PartyData,
-    dataset_info,
-    load_dataset,
-    split_indices,
-    user_of_party,
-    validate_split_settings,
-)
+from src.data import PartyData, split_indices, user_of_party, validate_split_settings
+from src.datasets import DATASETS, dataset_info, load_dataset
 
 logger = logging.getLogger(__name__)
 

@@ -3,9 +3,9 @@
 The paper's honest-but-curious server (Orekondy et al., seeds 000/001), run by the aggregator on the real updates:
 at the end of every round the callback reads from the aggregator's TensorDB the global model the collaborators
 started the round from and each collaborator's trained tensors of one layer, keeps the L2-normalised update
-vectors (audit.deanon_server.UpdateHistory), and from the round where `min_history_rounds` earlier rounds are
+vectors (audit.deanon.server.UpdateHistory), and from the round where `min_history_rounds` earlier rounds are
 stored trains the attacks on the earlier rounds and asks them to name the owners of this round's updates
-(audit.deanon_server.evaluate_round: closed and open world, AP over chance).
+(audit.deanon.server.evaluate_round: closed and open world, AP over chance).
 
 What the TensorDB holds at `on_round_end(r, logs)` (OpenFL 1.9, measured in an in-process run; the hook runs after
 aggregation and before the store is cleaned, `r` counting from 0):
@@ -45,8 +45,9 @@ from typing import Iterable
 import numpy as np
 from openfl.callbacks import Callback
 
-from audit.deanon_server import DeanonReportWriter, UpdateHistory, evaluate_round
-from audit.deanon_settings import ATTACKS
+from audit.deanon.server import UpdateHistory, evaluate_round
+from audit.deanon.server_report import DeanonReportWriter
+from audit.config.deanon_settings import ATTACKS
 from src.aggregator_settings import DeanonServerSettings, check_report_dir
 
 logger = logging.getLogger(__name__)

@@ -76,12 +76,13 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-__all__ = ["MODELS", "ALL_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model"]
+from audit.config.vocabulary import MODELS
+
+__all__ = ["MODELS", "PAPER_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model"]
 
 #: The Fidel-paper models (``classifier.fc1`` is ``classifier[0]``, 128 units; tests parametrize over these).
-MODELS = ("cnn", "fcnn")
-#: Every name ``build_model`` accepts: the Fidel-paper models plus the tutorial's ``alexnet``.
-ALL_MODELS = MODELS + ("alexnet",)
+PAPER_MODELS = ("cnn", "fcnn")
+assert set(PAPER_MODELS) < set(MODELS)  # MODELS: every name build_model accepts, plus the tutorial's alexnet
 ACTIVATIONS = ("relu", "sigmoid", "tanh")
 
 _ACT = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
@@ -260,7 +261,7 @@ def build_model(name, input_shape, num_classes, **kwargs) -> nn.Module:
     """
     key = name.strip().lower() if isinstance(name, str) else None
     if key not in _CLASSES:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(ALL_MODELS)}")
+        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}")
     cls = _CLASSES[key]
     allowed = [p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "input_shape", "num_classes")]
     for k in kwargs:

@@ -1,7 +1,7 @@
 """The task runner OpenFL loads (`task_runner.template: src.taskrunner.AuditedTaskRunner`).
 
 `train_task` trains locally, then audits the trained model (and the received global model) before it
-returns: OpenFL sends a task's results as soon as the task returns, so the gate (audit.gate) decides here
+returns: OpenFL sends a task's results as soon as the task returns, so the gate (audit.config.gate) decides here
 what is sent: the local update, a DP-SGD retrain of it, or the received global weights (withheld).
 Only scalar metrics leave the collaborator; the full round record, with per-sample-derived ROC curves and
 the gate's verdict, stays in its own report folder.
@@ -21,23 +21,23 @@ import torch.nn.functional as F
 from openfl.federated import PyTorchTaskRunner
 from openfl.utilities import TensorKey
 
-from audit.deanon_mitigation import (DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation, mitigate_data, mitigate_update,
-                                     update_norm)
-from audit.gate import GatePolicy, GateVerdict, non_finite_tensors
-from audit.gate_contract import GATE_EPSILON, GATE_KEPT, GATE_RETRIES, NON_FINITE_UPDATE, tripped_name
-from audit.fidel import save_reveal_grid
-from audit.report import ReportWriter
-from audit.round_audit import SETS, AuditSets, DeanonContext, audit_round, record_to_json
-from audit.settings import AuditSettings
-from audit.shadow_training import TrainingRecipe
-from audit.signals import gradient_parameter_names
+from audit.config.audit_settings import AuditSettings
+from audit.config.checks import is_int, is_real
+from audit.config.gate import GatePolicy, non_finite_tensors
+from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
+from audit.config.vocabulary import OPTIMIZERS
+from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
+from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
+from audit.membership.gradient_norms import gradient_parameter_names
+from audit.reporting.party import ReportWriter
+from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
+from audit.training import TrainingRecipe
 from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
 from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
 
 logger = logging.getLogger(__name__)
 
-OPTIMIZERS = ("SGD", "Adam")
 SETTINGS_PREFIX = "task_runner.settings"
 
 
@@ -52,8 +52,7 @@ def round_seed(seed: int, party: str, round_num: int) -> int:
 
 
 def _check_number(name: str, value, *, minimum=None, exclusive=False, integer=False):
-    kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind):
+    if not (is_int(value) if integer else is_real(value)):
         raise ValueError(f"{SETTINGS_PREFIX}.{name}: expected a {'integer' if integer else 'number'}, got {value!r}")
     if minimum is not None and (value <= minimum if exclusive else value < minimum):
         raise ValueError(f"{SETTINGS_PREFIX}.{name}: must be {'>' if exclusive else '>='} {minimum}, got {value!r}")
@@ -96,7 +95,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         watched = set(self.gate_policy.thresholds)
         for col in self.per_collaborator.values():
             watched |= set(col.gate.thresholds)
-        self.gate_tripped_names = tuple(sorted(watched)) + (NON_FINITE_UPDATE,)
+        self.gate_watched = tuple(sorted(watched))
         self.seed = seed
         self.optimizer_name, self.learning_rate, self.momentum = optimizer, float(learning_rate), float(momentum)
 
@@ -118,9 +117,12 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.optimizer = self.make_optimizer(self.model)
         self.loss_fn = cross_entropy
         self._audit_sets: AuditSets | None = None
-        self._deanon: DeanonContext | None = None  # set each round train_task audits
+        self._training: LocalTraining | None = None  # this round's local training, for the audits that train alike
         self._data_mitigation: dict | None = None  # what the data mitigation did, once per collaborator
         self.last_record: dict | None = None  # the latest round record, for in-process callers
+        # Called as on_audit_start(collaborator, round) when an audit starts (the demo's progress bar): the audit runs
+        # inside the train task, which OpenFL sees only as a whole.
+        self.on_audit_start = None
 
     def make_optimizer(self, model: torch.nn.Module, learning_rate: float | None = None) -> torch.optim.Optimizer:
         """The plan's optimizer for `model` (the DP retrain uses the same recipe)."""
@@ -156,7 +158,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         settings = self.audit_settings
         self._mitigate_data(col_name, col.mitigation)
         audit_now = settings.enabled and settings.due(round_num)
-        self._deanon = DeanonContext(
+        self._training = LocalTraining(
             recipe=TrainingRecipe(self.optimizer_name, learning_rate, self.momentum, epochs, self.data_loader.batch_size),
             member_count=len(self.audit_sets().members[1]), federation_alpha=self.data_loader.dirichlet_alpha,
         )
@@ -174,40 +176,58 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                                                   col_name, round_num)
 
         gate = col.gate
-        verdict, outcome, record = self._gate(
-            gate, trained, received, global_model, global_out, local_out, col_name, round_num, epochs, learning_rate
+        outcome = run_gate(
+            gate, trained, audited=global_model is not None,
+            audit_trained=lambda: self._audit(self.model, global_model, col_name, round_num),
+            # what a withheld round sends is the received weights, i.e. the global model
+            audit_received=lambda: self._audit(global_model, global_model, col_name, round_num),
+            empty_record=lambda: self._empty_record(col_name, round_num),
+            retrain=self._dp_retrainer(gate, global_model, col_name, round_num, epochs, learning_rate),
+            audit_retrained=lambda retrained: self._audit(
+                self._with_state(global_model, retrained.state), global_model, col_name, round_num),
         )
+        if outcome.sends == SEND_RECEIVED:
+            self._send(global_out, local_out, received)
+        elif outcome.sends == SEND_RETRAINED:
+            self._send(global_out, local_out, outcome.retrained.state)
+            # the loss reported is the one of the training whose result is sent
+            self._set_metric(global_out, cross_entropy.__name__, outcome.retrained.train_loss)
+        if outcome.non_finite_tensors:
+            logger.warning("%s round %d: update has NaN/Inf in %s; withheld", col_name, round_num,
+                           list(outcome.non_finite_tensors))
+        record = outcome.record
         if record is not None:
             record["timings"]["train_s"] = train_seconds
             if math.isfinite(train_loss):  # report metrics are finite numbers
                 record["metrics"]["train_loss"] = train_loss
-            record["extra"]["gate"] = self._gate_record(gate, verdict, outcome, audited=bool(record["attacks"]))
+            record["extra"]["gate"] = outcome.record_entry(gate)
             if mitigation_record is not None:
                 record["extra"]["mitigation"] = mitigation_record
             self.last_record = record
             round_dir = ReportWriter(settings.report_dir, col_name, log_scale=settings.log_scale).write_round(
                 record_to_json(record)
             )
-            if record.get("_fidel") is not None:  # private images: written only to this collaborator's report
-                save_reveal_grid(record["_fidel"], self.audit_sets().members[0], round_dir / "fidel_grid.png")
+            for write_private in record.get("_private", ()):  # e.g. Fidel's images: only in this party's report
+                write_private(round_dir)
+            tripped = outcome.gate_verdict.tripped
             logger.info(
                 "%s round %d audit: %s (audit %.2fs, train %.2fs); gate: %s%s",
                 col_name, round_num,
                 ", ".join(f"{k}={v:.3f}" for k, v in record["metrics"].items() if k.endswith("_auc")),
-                record["timings"].get("audit_s", 0.0), train_seconds, outcome["verdict"],
-                f" (tripped {', '.join(verdict.tripped)})" if verdict.tripped else "",
+                record["timings"].get("audit_s", 0.0), train_seconds, outcome.verdict,
+                f" (tripped {', '.join(tripped)})" if tripped else "",
             )
             for name, value in record["metrics"].items():
                 if name != "train_loss":
                     global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
-        for name, value in self._gate_metrics(verdict, outcome).items():
+        for name, value in outcome.scalars(self.gate_watched).items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out
 
     # ------------------------------------------------------------ mitigation
     def _mitigate_data(self, col_name: str, mitigation: Mitigation) -> None:
         """Once per collaborator, before its first training: the data mitigation (bkg_repl, rand_aug, mm_aug) of
-        audit.deanon_mitigation, with the federation's whole population set as the background data.
+        audit.deanon.mitigation, with the federation's whole population set as the background data.
 
         The membership audit keeps the original members (the private data whose leakage matters) and drops
         from its population the samples of its shard now trained on (they are no longer non-members)."""
@@ -247,84 +267,19 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                 "sent_update_norm": update_norm(start, sent)}
 
     # ------------------------------------------------------------------ gate
-    def _gate(self, gate: GatePolicy, trained: dict, received: dict, global_model, global_out: dict,
-              local_out: dict, col_name: str, round_num: int, epochs: int, learning_rate: float):
-        """Decide what this round sends and put it into the outputs; returns (verdict, outcome, record).
-
-        The record is the round's audit record (None if the round is not audited and nothing was withheld).
-        """
-        outcome = {"verdict": "kept", "retries": 0, "epsilon": 0.0, "tries": []}
-        bad = non_finite_tensors(trained)
-        if bad:
-            self._send(global_out, local_out, received)
-            outcome.update(verdict="withheld", reason=NON_FINITE_UPDATE, non_finite_tensors=bad)
-            logger.warning("%s round %d: update has NaN/Inf in %s; withheld", col_name, round_num, bad)
-            # Audit what is actually sent (the received weights), so the metric names match the others';
-            # off the audit schedule the report still records the withheld round, without attacks.
-            record = (self._audit(self.model, global_model, col_name, round_num) if global_model is not None
-                      else self._empty_record(col_name, round_num))
-            return GateVerdict.non_finite(), outcome, record
-        if global_model is None:
-            return GateVerdict(passed=True), outcome, None  # rounds without an audit are not gated
-
-        record = self._audit(self.model, global_model, col_name, round_num)
-        verdict = gate.decide(record["metrics"])
-        if verdict.passed or gate.action == "report_only":
-            return verdict, outcome, record
-        if gate.action == "dp_retrain":
-            outcome.update(self._dp_retrain(gate, global_model, col_name, round_num, epochs, learning_rate))
-            if outcome["verdict"] == "dp_retrained":
-                self._send(global_out, local_out, outcome.pop("state_dict"))
-                # the loss reported is the one of the training whose result is sent
-                self._set_metric(global_out, cross_entropy.__name__, outcome["train_loss"])
-                return verdict, outcome, record
-        self._send(global_out, local_out, received)
-        outcome["verdict"] = "withheld"
-        return verdict, outcome, record
-
-    @staticmethod
-    def _gate_record(gate: GatePolicy, verdict: GateVerdict, outcome: dict, *, audited: bool) -> dict:
-        """The gate's part of the round record (record["extra"]["gate"])."""
-        out = {
-            "verdict": outcome["verdict"],
-            "action": gate.action,
-            "reason": outcome.get("reason") or ("over_threshold" if not verdict.passed else None),
-            **verdict.to_dict(),
-            "thresholds": dict(gate.thresholds),
-            "retries": outcome["retries"],
-            "epsilon": outcome["epsilon"],
-            "delta": gate.dp.delta if outcome["retries"] else None,
-            "tries": outcome["tries"],
-            "audited": audited,
-        }
-        if "non_finite_tensors" in outcome:
-            out["non_finite_tensors"] = outcome["non_finite_tensors"]
-        if outcome["verdict"] == "dp_retrained" and math.isfinite(outcome["train_loss"]):
-            out["dp_train_loss"] = outcome["train_loss"]
-        return out
-
-    def _gate_metrics(self, verdict: GateVerdict, outcome: dict) -> dict[str, float]:
-        """The scalars the aggregator gets (audit.gate_contract: read by src.aggregation and its report)."""
-        metrics = {
-            GATE_KEPT: 0.0 if outcome["verdict"] == "withheld" else 1.0,
-            GATE_RETRIES: float(outcome["retries"]),
-            GATE_EPSILON: float(outcome["epsilon"]),
-        }
-        for name in self.gate_tripped_names:
-            metrics[tripped_name(name)] = float(verdict.tripped[name][0]) if name in verdict.tripped else 0.0
-        return metrics
-
     def _audit(self, model, global_model, col_name: str, round_num: int) -> dict:
+        if self.on_audit_start is not None:
+            self.on_audit_start(col_name, round_num)
         return audit_round(
             model, global_model, self.audit_sets(), self.audit_settings, party=col_name, round_num=round_num,
-            seed=self.seed, deanon=self._deanon,
+            seed=self.seed, training=self._training,
         )
 
     def _empty_record(self, col_name: str, round_num: int) -> dict:
         return {
             "party": col_name, "round": int(round_num), "seed": self.seed, "settings": self.audit_settings.to_dict(),
             "timings": {}, "attacks": {}, "metrics": {},
-            "sizes": {name: int(len(getattr(self.audit_sets(), name)[1])) for name in SETS}, "extra": {},
+            "sizes": self.audit_sets().sizes(), "extra": {},
         }
 
     def _send(self, global_out: dict, local_out: dict, weights: dict) -> None:
@@ -349,37 +304,32 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             if key.tensor_name == name and "metric" in key.tags:
                 global_out[key] = np.array(value)
 
-    def _dp_retrain(self, gate: GatePolicy, global_model, col_name: str, round_num: int, epochs: int,
-                    learning_rate: float) -> dict:
-        """DP-SGD retrains from the received weights, each re-audited, until one passes the gate.
+    @staticmethod
+    def _with_state(model: torch.nn.Module, state: dict) -> torch.nn.Module:
+        candidate = copy.deepcopy(model)
+        candidate.load_state_dict(state)
+        return candidate
 
-        The noise multiplier doubles on each try; the epsilon composes every try of the round.
-        Returns the outcome: verdict "dp_retrained" (with the passing state_dict) or "withheld".
-        """
-        dp = gate.dp
-        accountant = RoundAccountant((self.data_loader.X_train, self.data_loader.y_train))
-        tries = []
-        for attempt in range(1, dp.max_retries + 1):
+    def _dp_retrainer(self, gate: GatePolicy, global_model, col_name: str, round_num: int, epochs: int,
+                      learning_rate: float):
+        """retrain(attempt, noise_multiplier) for audit.gate_flow: DP-SGD from the received weights (opacus).
+        One accountant per round, so the epsilon each try reports composes every try of the round."""
+        accountant = None
+
+        def retrain(attempt: int, noise_multiplier: float) -> Retrained:
+            nonlocal accountant
+            if accountant is None:
+                accountant = RoundAccountant((self.data_loader.X_train, self.data_loader.y_train))
             result = dp_retrain(
                 global_model, lambda m: self.make_optimizer(m, learning_rate), accountant,
-                batch_size=self.data_loader.batch_size, epochs=epochs, noise_multiplier=dp.noise_for_try(attempt),
-                max_grad_norm=dp.max_grad_norm, seed=round_seed(self.seed, f"{col_name}/dp{attempt}", round_num),
+                batch_size=self.data_loader.batch_size, epochs=epochs, noise_multiplier=noise_multiplier,
+                max_grad_norm=gate.dp.max_grad_norm, seed=round_seed(self.seed, f"{col_name}/dp{attempt}", round_num),
             )
-            candidate = copy.deepcopy(global_model)
-            candidate.load_state_dict(result.state_dict)
-            if non_finite_tensors({k: v.numpy() for k, v in result.state_dict.items()}):
-                verdict, metrics = GateVerdict.non_finite(), {}
-            else:
-                metrics = self._audit(candidate, global_model, col_name, round_num)["metrics"]
-                verdict = gate.decide(metrics)
-            epsilon = accountant.epsilon(dp.delta)
-            tries.append({"attempt": attempt, "noise_multiplier": result.noise_multiplier, "steps": result.steps,
-                          "train_loss": result.loss if math.isfinite(result.loss) else None,
-                          "epsilon": epsilon, **verdict.to_dict(), "metrics": metrics})
-            logger.info("%s round %d: DP retrain %d (noise %.3g): epsilon %.3g, %s", col_name, round_num, attempt,
-                        result.noise_multiplier, epsilon, "passes" if verdict.passed else "still gated")
-            if verdict.passed:
-                return {"verdict": "dp_retrained", "retries": attempt, "epsilon": epsilon, "tries": tries,
-                        "state_dict": result.state_dict, "train_loss": result.loss}
-        return {"verdict": "withheld", "retries": dp.max_retries, "epsilon": accountant.epsilon(dp.delta),
-                "tries": tries}
+            epsilon = accountant.epsilon(gate.dp.delta)
+            logger.info("%s round %d: DP retrain %d (noise %.3g): epsilon %.3g", col_name, round_num, attempt,
+                        result.noise_multiplier, epsilon)
+            return Retrained(state=result.state_dict, train_loss=result.loss, noise_multiplier=result.noise_multiplier,
+                             steps=result.steps, epsilon=epsilon,
+                             non_finite=bool(non_finite_tensors({k: v.numpy() for k, v in result.state_dict.items()})))
+
+        return retrain

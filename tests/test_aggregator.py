@@ -179,6 +179,7 @@ def test_plan_get_server_builds_the_bound_server(tmp_path):
     assert server.uri == "localhost:50123"
 
 
+@pytest.mark.federation
 @pytest.mark.skipif(not (Path(sys.executable).parent / "fx").exists(), reason="fx comes with openfl in the venv")
 def test_fx_aggregator_start_rejects_a_bad_poll_interval(tmp_path):
     """The real entry point: `fx aggregator start` fails at once, naming the key, before serving anything."""

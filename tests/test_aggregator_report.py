@@ -9,7 +9,7 @@ import pytest
 from openfl.databases import TensorDB
 from openfl.utilities import TensorKey, change_tags
 
-from cifar10_PM import averaged_summary
+from workspace.demo_output import averaged_summary
 from src.aggregation import GatedWeightedAverage, round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record
 from src.taskrunner import AuditedTaskRunner
@@ -110,6 +110,7 @@ def in_process(tmp_path_factory):
     return run_in_process(tmp_path_factory.mktemp("agg_report"), collaborators=2, rounds=2, overrides=overrides)
 
 
+@pytest.mark.federation
 def test_in_process_run_writes_the_aggregator_report(in_process):
     report = in_process.aggregator_report_dir
     assert report == in_process.plan_dir.parent / "aggregator_report"
@@ -133,6 +134,7 @@ def test_in_process_run_writes_the_aggregator_report(in_process):
     assert "aggregator" not in (in_process.report_dir / "index.html").read_text()
 
 
+@pytest.mark.federation
 def test_a_report_that_cannot_be_written_does_not_stop_the_federation(tmp_path):
     blocker = tmp_path / "not_a_folder"
     blocker.write_text("a file where the report folder should be")
@@ -146,7 +148,7 @@ def test_a_report_that_cannot_be_written_does_not_stop_the_federation(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# the report says what GatedWeightedAverage averaged: one decision (audit.gate_contract) read by both
+# the report says what GatedWeightedAverage averaged: one decision (audit.config.gate_contract) read by both
 
 
 def _cache_results(db, round_num, col, tensors, gate_kept):

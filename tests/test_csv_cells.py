@@ -1,4 +1,4 @@
-"""audit.csv_cells: text a spreadsheet would run as a formula is escaped (OWASP), numbers are not."""
+"""audit.reporting.csv_cells: text a spreadsheet would run as a formula is escaped (OWASP), numbers are not."""
 
 import csv
 import io
@@ -6,7 +6,7 @@ import io
 import numpy as np
 import pytest
 
-from audit.csv_cells import spreadsheet_safe, spreadsheet_safe_row
+from audit.reporting.csv_cells import spreadsheet_safe, spreadsheet_safe_row
 
 
 @pytest.mark.parametrize("text", ["=1+1", "+1", "-1", "-0.5", "@SUM(A1)", "\tx", "\rx",

@@ -1,4 +1,4 @@
-"""Tests for src.data (datasets, split) and src.dataloader (the OpenFL data loader). No network."""
+"""Tests for src.datasets, src.data (the split) and src.dataloader (the OpenFL data loader). No network."""
 
 import socket
 
@@ -7,17 +7,10 @@ import pytest
 
 
 from src import data as data_mod
+from src import datasets as datasets_mod
 from src import dataloader as dl_mod
-from src.data import (
-    DATASETS,
-    DatasetInfo,
-    DatasetUnavailableError,
-    PartyData,
-    dataset_info,
-    load_dataset,
-    split_federation,
-    split_indices,
-)
+from src.data import PartyData, split_federation, split_indices
+from src.datasets import DATASETS, DatasetInfo, DatasetUnavailableError, dataset_info, load_dataset
 from src.dataloader import AuditDataLoader
 
 SETS = ("train", "test", "population")
@@ -380,7 +373,7 @@ def test_loader_cifar_missing_raises_dataset_unavailable(tmp_path, no_network):
 def test_loader_caches_dataset_per_process(monkeypatch):
     dl_mod.clear_dataset_cache()
     calls = []
-    real = data_mod.load_dataset
+    real = datasets_mod.load_dataset
 
     def counting(*a, **k):
         calls.append(a)

@@ -7,14 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from audit.deanon_attacks import balanced_pairs, match, random_ranking_ap, reidentify
-from audit.deanon_audit import SELF, deanon_self_audit
-from audit.deanon_crowd import draw_crowd, label_mixes
-from audit.deanon_representation import last_layer, layer_tensor_names, normalise_rows, update_vector
-from audit.deanon_settings import DeanonSettings, deanon_settings
-from audit.setting_checks import AuditSettingsError
-from audit.shadow_training import TrainingRecipe, train_copies
-from src.data import load_dataset, split_federation
+from audit.deanon.attacks import balanced_pairs, match, random_ranking_ap, reidentify
+from audit.deanon.self_audit import SELF, deanon_self_audit
+from audit.deanon.crowd import draw_crowd, label_mixes
+from audit.deanon.representation import last_layer, layer_tensor_names, normalise_rows, update_vector
+from audit.config.deanon_settings import DeanonSettings, deanon_settings
+from audit.config.checks import SettingsError
+from audit.training import TrainingRecipe, train_copies
+from src.data import split_federation
+from src.datasets import load_dataset
 from src.models import build_model
 
 RECIPE = TrainingRecipe("Adam", 0.003, 0.9, epochs=3, batch_size=32)
@@ -267,5 +268,5 @@ def test_deanon_settings_validate_with_dotted_keys():
     for bad, key in [({"crowd_users": 1}, "crowd_users"), ({"attacks": ["svm", "lasso"]}, "attacks"),
                      ({"crowd_alpha": -1}, "crowd_alpha"), ({"shadows": 3}, "shadows"),
                      ({"shadows_per_user": 1}, "shadows_per_user")]:
-        with pytest.raises(AuditSettingsError, match=rf"^a\.deanon\.{key}:"):
+        with pytest.raises(SettingsError, match=rf"^a\.deanon\.{key}:"):
             deanon_settings("a.deanon", bad)

@@ -1,14 +1,14 @@
 """The self-audit's crowd: disjoint users whose prior and private parts stand to each other as the collaborator's
-non-members and members do, and the sizes that make every user alike (audit.deanon_crowd, audit.deanon_audit)."""
+non-members and members do, and the sizes that make every user alike (audit.deanon.crowd, audit.deanon.self_audit)."""
 
 import itertools
 
 import numpy as np
 import pytest
 
-from audit.deanon_audit import audit_sizes
-from audit.deanon_crowd import crowd_capacity, draw_crowd
-from audit.deanon_settings import DeanonSettings
+from audit.deanon.self_audit import audit_sizes
+from audit.deanon.crowd import crowd_capacity, draw_crowd
+from audit.config.deanon_settings import DeanonSettings
 
 
 def _labels(n, seed=0):

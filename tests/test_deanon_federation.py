@@ -35,6 +35,7 @@ def _record(federation, name, round_num):
     return json.loads((federation.report_dir / name / f"round_{round_num:04d}" / "audit.json").read_text())
 
 
+@pytest.mark.federation
 def test_every_audited_round_has_the_self_audit_and_only_scalars_leave(federation):
     for name in ("collaborator1", "collaborator2"):
         for round_num in range(ROUNDS):
@@ -59,6 +60,7 @@ def test_every_audited_round_has_the_self_audit_and_only_scalars_leave(federatio
     assert len(rows) > 0 and all(np.asarray(a).size == 1 for a in rows["nparray"])
 
 
+@pytest.mark.federation
 def test_the_deanonymization_metric_gates_an_update(federation):
     gate = _record(federation, "collaborator1", ROUNDS - 1)["extra"]["gate"]
     assert gate["verdict"] == "withheld" and "deanon_ap_over_chance" in gate["tripped"]
@@ -66,6 +68,7 @@ def test_the_deanonymization_metric_gates_an_update(federation):
     assert federation.collaborator_metrics[-1]["collaborator1/train/gate_kept"] == 0.0
 
 
+@pytest.mark.federation
 def test_mitigations_are_applied_and_recorded(federation):
     noise = _record(federation, "collaborator1", 0)["extra"]["mitigation"]
     assert noise["method"] == "noise" and noise["sent_update_norm"] != noise["update_norm"]

@@ -1,4 +1,4 @@
-"""Tests for audit.deanon_mitigation: settings parsing, the data mitigations (bkg_repl, rand_aug, mm_aug) and the
+"""Tests for audit.deanon.mitigation: settings parsing, the data mitigations (bkg_repl, rand_aug, mm_aug) and the
 update mitigations (noise, dp_fedavg)."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from sklearn.cluster import KMeans
 
-from audit import deanon_mitigation as dm
-from audit.deanon_mitigation import Mitigation, mitigate_data, mitigate_update, update_norm
+from audit.deanon import mitigation as dm
+from audit.config.mitigation_settings import UPDATE_MITIGATIONS, Mitigation
+from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
 
 PREFIX = "task_runner.settings.mitigation"
 
@@ -101,7 +102,7 @@ def _data(n=40, n_bkg=300, seed=0):
 @pytest.mark.parametrize("method", ["none", "noise", "dp_fedavg", "bkg_repl", "rand_aug", "mm_aug"])
 def test_data_identity(method):
     x, y, bx, by = _data()
-    m = Mitigation(method, sigma=1.0) if method in dm.UPDATE_MITIGATIONS else Mitigation(method)  # alpha = 0
+    m = Mitigation(method, sigma=1.0) if method in UPDATE_MITIGATIONS else Mitigation(method)  # alpha = 0
     result = mitigate_data(m, x, y, bx, by, seed=0)
     assert np.array_equal(result.x, x) and np.array_equal(result.y, y)
     assert result.background_used.dtype == np.int64 and result.background_used.size == 0

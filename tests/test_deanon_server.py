@@ -7,8 +7,9 @@ import math
 import numpy as np
 import pytest
 
-from audit.deanon_server import (BUILDING_HISTORY, EVALUATED, SKIPPED, WITHHELD, DeanonReportWriter, UpdateHistory,
-                                 evaluate_round, open_world_split)
+from audit.deanon.server import (BUILDING_HISTORY, EVALUATED, SKIPPED, WITHHELD, UpdateHistory, evaluate_round,
+                                 open_world_split)
+from audit.deanon.server_report import DeanonReportWriter
 from src.aggregator_settings import AggregatorSettings, DeanonServerSettings
 from src.deanon_callback import DeanonymizationCallback, default_layer, resolve_layer
 from workspace.in_process import collaborator_names, run_in_process
@@ -241,6 +242,7 @@ def federation(tmp_path_factory):
                           overrides=FEDERATION_OVERRIDES)
 
 
+@pytest.mark.federation
 def test_federation_writes_the_deanonymization_report(federation):
     callback = federation.aggregator.deanon
     assert isinstance(callback, DeanonymizationCallback)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from audit.population_attack import population_attack
-from audit.signals import loss_signal
+from audit.membership.population_attack import population_attack
+from audit.membership.signals import loss_signal
 from workspace.in_process import collaborator_names, initial_tensor_dict, parse_plan, run_in_process
 
 ROUNDS = 3
@@ -28,6 +28,7 @@ def federation(tmp_path_factory):
     return run_in_process(tmp_path_factory.mktemp("fed"), collaborators=2, rounds=ROUNDS, overrides=OVERRIDES)
 
 
+@pytest.mark.federation
 def test_every_collaborator_and_round_has_its_reports(federation):
     for name in collaborator_names(2):
         party = federation.report_dir / name
@@ -44,6 +45,7 @@ def test_every_collaborator_and_round_has_its_reports(federation):
         assert [int(r["round"]) for r in rows] == list(range(ROUNDS))
 
 
+@pytest.mark.federation
 def test_audit_metrics_reach_the_aggregator_as_scalars(federation):
     last = federation.collaborator_metrics[-1]
     for name in collaborator_names(2):
@@ -60,12 +62,14 @@ def test_audit_metrics_reach_the_aggregator_as_scalars(federation):
     assert any("mia_local_loss_auc" in key for key in federation.round_logs[-1])
 
 
+@pytest.mark.federation
 def test_local_model_leaks_more_than_chance_once_it_overfits(federation):
     last = federation.collaborator_metrics[-1]
     aucs = [last[f"{name}/train/mia_local_loss_auc"] for name in collaborator_names(2)]
     assert np.mean(aucs) > 0.55, aucs
 
 
+@pytest.mark.federation
 def test_round_zero_audits_the_model_the_parties_start_from(federation):
     """The round-0 'global' model is the initial model every party received, not a fresh random init."""
     init = initial_tensor_dict(parse_plan(federation.plan_dir))
@@ -81,6 +85,7 @@ def test_round_zero_audits_the_model_the_parties_start_from(federation):
     assert record["attacks"]["global"]["loss"]["tpr_at_fpr"]["0.1"] == pytest.approx(direct.tpr_at_fpr[0.1], abs=1e-12)
 
 
+@pytest.mark.federation
 def test_same_plan_and_seed_give_the_same_metrics(federation, tmp_path):
     again = run_in_process(tmp_path, collaborators=2, rounds=ROUNDS, overrides=OVERRIDES)
     assert again.collaborator_metrics == federation.collaborator_metrics

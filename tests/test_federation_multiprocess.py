@@ -191,6 +191,7 @@ def federation(prepared, tmp_path_factory):
                       {name: (intruders[name][0], intruder_codes[name]) for name in intruders})
 
 
+@pytest.mark.federation
 def test_the_federation_finishes_and_says_where_the_reports_are(federation):
     assert federation.returncode == 0, federation.output[-4000:]
     assert f"federation finished: {ROUNDS}/{ROUNDS} rounds" in federation.output
@@ -199,6 +200,7 @@ def test_the_federation_finishes_and_says_where_the_reports_are(federation):
     assert state(federation.run_dir)["status"] == "finished"
 
 
+@pytest.mark.federation
 def test_each_collaborator_reports_every_round_in_its_own_workspace(federation):
     for name in COLLABORATORS:
         party = federation.run_dir / name / "reports" / name
@@ -211,6 +213,7 @@ def test_each_collaborator_reports_every_round_in_its_own_workspace(federation):
         assert not any((federation.run_dir / name / "reports" / other).exists() for other in others)
 
 
+@pytest.mark.federation
 def test_the_aggregator_reports_every_round_with_scalars_only(federation):
     agg = federation.run_dir / "aggregator"
     report = agg / "reports" / "aggregator"
@@ -227,6 +230,7 @@ def test_the_aggregator_reports_every_round_with_scalars_only(federation):
     assert not list(agg.rglob("audit.json")) and not list(agg.rglob("roc.png"))
 
 
+@pytest.mark.federation
 def test_the_aggregator_listens_on_loopback_only(federation):
     assert federation.listening, "no listening socket seen"
     for address in federation.listening:
@@ -234,6 +238,7 @@ def test_the_aggregator_listens_on_loopback_only(federation):
     assert not federation.listening & {"::", "0.0.0.0"}
 
 
+@pytest.mark.federation
 def test_mtls_was_on_and_only_the_certified_collaborators_are_authorised(federation):
     agg = federation.run_dir / "aggregator"
     plan = yaml.safe_load((agg / "plan" / "plan.yaml").read_text())
@@ -245,6 +250,7 @@ def test_mtls_was_on_and_only_the_certified_collaborators_are_authorised(federat
         assert "TLS disabled" not in log and "insecure channel" not in log
 
 
+@pytest.mark.federation
 def test_a_collaborator_with_a_certificate_from_another_ca_is_refused(federation):
     ws, returncode = federation.intruders["foreign_ca"]
     assert returncode is None  # still knocking when the federation had finished: it never got a quit signal
@@ -256,6 +262,7 @@ def test_a_collaborator_with_a_certificate_from_another_ca_is_refused(federation
     assert federation.returncode == 0
 
 
+@pytest.mark.federation
 def test_a_collaborator_not_in_cols_yaml_is_refused(federation):
     ws, returncode = federation.intruders["unlisted"]
     assert returncode is None
@@ -269,6 +276,7 @@ def test_a_collaborator_not_in_cols_yaml_is_refused(federation):
     assert "Refused a request from 'intruder' (certificate name 'intruder') at ipv" in agg_log
 
 
+@pytest.mark.federation
 def test_a_run_starts_fresh_and_only_once(federation):
     assert not list(federation.run_dir.rglob("tensor.db"))  # persist_checkpoint: false, fresh folders
     plan = yaml.safe_load((federation.run_dir / "aggregator" / "plan" / "plan.yaml").read_text())
@@ -278,6 +286,7 @@ def test_a_run_starts_fresh_and_only_once(federation):
     assert "already started" in again.stderr
 
 
+@pytest.mark.federation
 def test_a_killed_collaborator_fails_the_run_naming_it_and_keeps_earlier_reports(prepared, tmp_path):
     run_dir = fresh_copy(prepared, tmp_path / "run")
     tooling = start_cli(run_dir, tmp_path / "tooling.log")
@@ -302,6 +311,7 @@ def test_a_killed_collaborator_fails_the_run_naming_it_and_keeps_earlier_reports
     assert state(run_dir)["status"] == "failed"
 
 
+@pytest.mark.federation
 def test_ctrl_c_stops_every_process_it_started(prepared, tmp_path):
     run_dir = fresh_copy(prepared, tmp_path / "run")
     tooling = start_cli(run_dir, tmp_path / "tooling.log")
@@ -322,6 +332,7 @@ def test_ctrl_c_stops_every_process_it_started(prepared, tmp_path):
     assert state(run_dir)["status"] == "failed"
 
 
+@pytest.mark.federation
 @pytest.mark.parametrize("setting, key", [
     ("aggregator.settings.poll_interval_s=0", "aggregator.settings.poll_interval_s"),
     ("aggregator.settings.report_dir=[a, b]", "aggregator.settings.report_dir"),

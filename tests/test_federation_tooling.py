@@ -62,6 +62,7 @@ def test_run_plan_rejects_bad_values_naming_them(kwargs, overrides, message):
         build_run_plan(ROOT / "plan" / "plan.yaml", overrides=merge_overrides(overrides), **args)
 
 
+@pytest.mark.federation
 def test_stopping_kills_the_whole_process_group(tmp_path):
     registry = ProcessRegistry(stop_grace_s=2)
     started = registry.start("sh", ["sh", "-c", "sleep 300 & sleep 300 & wait"], cwd=tmp_path,
@@ -315,11 +316,13 @@ SURVIVOR = "import time; time.sleep(1.5)"
 DIES = "import os, signal, time; time.sleep(0.2); os.kill(os.getpid(), signal.SIGKILL)"
 
 
+@pytest.mark.federation
 def test_a_normal_end(tmp_path):
     outcome, stopped, _ = run_watch(tmp_path, {"c1": SURVIVOR, "c2": SURVIVOR})
     assert outcome.ok and not outcome.problems and stopped == []
 
 
+@pytest.mark.federation
 def test_a_death_stops_everything_at_once_by_default(tmp_path):
     began = time.monotonic()
     outcome, stopped, messages = run_watch(tmp_path, {"c1": "import time; time.sleep(60)", "c2": DIES})
@@ -331,6 +334,7 @@ def test_a_death_stops_everything_at_once_by_default(tmp_path):
     assert any("c2" in m for m in messages)
 
 
+@pytest.mark.federation
 def test_keep_going_lets_the_others_finish_then_fails_naming_the_dead(tmp_path):
     outcome, stopped, _ = run_watch(tmp_path, {"c1": SURVIVOR, "c2": DIES}, aggregator_exits=False, keep_going=True)
     assert not outcome.ok
@@ -338,6 +342,7 @@ def test_keep_going_lets_the_others_finish_then_fails_naming_the_dead(tmp_path):
     assert stopped == ["aggregator"]  # it would have waited forever for c2's quit signal
 
 
+@pytest.mark.federation
 def test_the_overall_timeout_names_what_still_runs(tmp_path):
     outcome, stopped, _ = run_watch(tmp_path, {"c1": "import time; time.sleep(60)"}, aggregator_exits=False,
                                     rounds=50, timeout_s=1.5)
@@ -346,6 +351,7 @@ def test_the_overall_timeout_names_what_still_runs(tmp_path):
     assert set(stopped) == {"aggregator", "c1"}
 
 
+@pytest.mark.federation
 def test_an_aggregator_that_fails_at_start_is_reported_with_its_last_lines(tmp_path):
     layout = FederationLayout(run_dir=str(tmp_path), collaborators=["c1"], rounds=1, port=0, use_tls=False)
     registry = ProcessRegistry(stop_grace_s=2)
@@ -365,6 +371,7 @@ def test_an_aggregator_that_fails_at_start_is_reported_with_its_last_lines(tmp_p
     assert "aggregator.settings.poll_interval_s" in outcome.problems[0]
 
 
+@pytest.mark.federation
 def test_python_dash_m_workspace_runs_from_the_namespace_package():
     result = subprocess.run([sys.executable, "-m", "workspace", "--help"], cwd=ROOT, capture_output=True, text=True,
                             timeout=120)

@@ -1,4 +1,4 @@
-"""Tests of audit.fidel / audit.fidel_decoder on real updates of the project's models on digits."""
+"""Tests of audit.fidel.attack / audit.fidel.decoder on real updates of the project's models on digits."""
 
 import copy
 import itertools
@@ -13,18 +13,13 @@ from matplotlib.image import imread
 from scipy.stats import pearsonr
 from torch import nn
 
-from audit.fidel import (
-    FIDEL_METRICS,
-    count_revealed,
-    dense_update,
-    fidel_audit,
-    find_first_dense_layer,
-    pearson_matrix,
-    reconstruct,
-    save_reveal_grid,
-)
-from audit.fidel_decoder import train_decoder
-from src.data import load_dataset
+from audit.config.fidel_settings import FIDEL_METRICS
+from audit.fidel.attack import fidel_audit
+from audit.fidel.layers import dense_update, find_first_dense_layer, reconstruct
+from audit.fidel.grid import save_reveal_grid
+from audit.fidel.scoring import count_revealed, pearson_matrix
+from audit.fidel.decoder import train_decoder
+from src.datasets import load_dataset
 from src.models import CNN, FCNN
 
 SHAPE = (1, 8, 8)

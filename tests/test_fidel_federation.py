@@ -14,7 +14,7 @@ OVERRIDES = {
                                  "audit_dataset_ratio": 0.49, "batch_size": 64}},
     "task_runner": {"settings": {
         "model": "fcnn", "optimizer": "SGD", "learning_rate": 0.01, "momentum": 0.0,
-        "audit": {"fidel": True},
+        "audit": {"fidel": {"enabled": True}},
         "gate": {"action": "withhold", "thresholds": {"fidel_revealed_fraction": 0.2}},
     }},
 }
@@ -25,6 +25,7 @@ def federation(tmp_path_factory):
     return run_in_process(tmp_path_factory.mktemp("fidel"), collaborators=2, rounds=1, overrides=OVERRIDES)
 
 
+@pytest.mark.federation
 def test_fidel_metrics_reach_the_aggregator_and_gate_the_update(federation):
     metrics = federation.collaborator_metrics[0]
     for name in collaborator_names(2):
@@ -41,6 +42,7 @@ def test_fidel_metrics_reach_the_aggregator_and_gate_the_update(federation):
             assert gate["verdict"] == "kept"
 
 
+@pytest.mark.federation
 def test_reconstruction_images_stay_with_the_collaborator(federation):
     for name in collaborator_names(2):
         assert (federation.report_dir / name / "round_0000" / "fidel_grid.png").stat().st_size > 0
@@ -55,6 +57,6 @@ def test_reconstruction_images_stay_with_the_collaborator(federation):
 def test_fidel_threshold_setting_is_validated(tmp_path):
     from workspace.in_process import initial_tensor_dict, parse_plan, write_run_plan
 
-    overrides = {"task_runner": {"settings": {"audit": {"fidel": True, "fidel_threshold": 1.5}}}}
-    with pytest.raises(ValueError, match=r"task_runner\.settings\.audit\.fidel_threshold"):
+    overrides = {"task_runner": {"settings": {"audit": {"fidel": {"enabled": True, "threshold": 1.5}}}}}
+    with pytest.raises(ValueError, match=r"task_runner\.settings\.audit\.fidel\.threshold"):
         initial_tensor_dict(parse_plan(write_run_plan(tmp_path, collaborators=2, rounds=1, overrides=overrides)))

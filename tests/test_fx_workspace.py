@@ -26,6 +26,7 @@ def fx(cwd, *args):
     return subprocess.run([str(FX), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.federation
 @pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv")
 def test_fx_plan_initialize_writes_the_initial_model(tmp_path):
     ws = copy_workspace(tmp_path)
@@ -34,6 +35,7 @@ def test_fx_plan_initialize_writes_the_initial_model(tmp_path):
     assert (ws / "save" / "init.pbuf").stat().st_size > 0
 
 
+@pytest.mark.federation
 @pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv")
 def test_fx_plan_initialize_rejects_a_bad_audit_key(tmp_path):
     ws = copy_workspace(tmp_path)

@@ -1,9 +1,9 @@
-"""audit.gate_contract.decide: whether a collaborator's update is averaged this round, and why not."""
+"""audit.config.gate_contract.decide: whether a collaborator's update is averaged this round, and why not."""
 
 import numpy as np
 import pytest
 
-from audit.gate_contract import (GATE_KEPT_NOT_FINITE, GATE_WITHHELD, KEPT, LEFT_OUT_NON_FINITE, NO_GATE_METRIC,
+from audit.config.gate_contract import (GATE_KEPT_NOT_FINITE, GATE_WITHHELD, KEPT, LEFT_OUT_NON_FINITE, NO_GATE_METRIC,
                                  NON_FINITE_TENSORS, PASSED, WITHHELD, decide)
 
 

@@ -1,4 +1,4 @@
-"""Unit tests of audit.gate: parsing and validation of the plan's gate, and its decisions."""
+"""Unit tests of audit.config.gate: parsing and validation of the plan's gate, and its decisions."""
 
 from __future__ import annotations
 
@@ -9,21 +9,18 @@ import pytest
 import torch
 from torch import nn
 
-from audit.gate import (
+from audit.config.gate import (
     NON_FINITE_UPDATE,
     DPSettings,
     GatePolicy,
-    GateSettingsError,
+    SettingsError,
     GateVerdict,
     audit_metric_names,
     metric_range,
     non_finite_tensors,
-    register_metric,
-    registered_metrics,
-    unregister_metric,
 )
 from audit.round_audit import AuditSets, audit_round
-from audit.settings import AuditSettings
+from audit.config.audit_settings import AuditSettings
 from src.collaborator_overrides import merge_gate, parse_per_collaborator
 
 AUDIT = AuditSettings()
@@ -152,7 +149,7 @@ def test_noise_doubles_on_each_try():
     ],
 )
 def test_bad_values_name_the_dotted_key(mapping, key, words):
-    with pytest.raises(GateSettingsError) as err:
+    with pytest.raises(SettingsError) as err:
         policy(mapping)
     message = str(err.value)
     assert message.startswith(key + ":"), message
@@ -161,7 +158,7 @@ def test_bad_values_name_the_dotted_key(mapping, key, words):
 
 def test_unknown_metric_message_lists_what_the_audit_produces():
     audit = AuditSettings(signals=("loss",), fpr_tolerance=(0.1,), audit_global=False)
-    with pytest.raises(GateSettingsError) as err:
+    with pytest.raises(SettingsError) as err:
         policy({"thresholds": {"mia_global_loss_auc": 0.6}}, audit)
     assert str(err.value) == (
         f"{PREFIX}.thresholds.mia_global_loss_auc: unknown metric; the audit produces: mia_local_loss_auc, "
@@ -171,19 +168,19 @@ def test_unknown_metric_message_lists_what_the_audit_produces():
 
 
 def test_exact_auc_is_gateable():
-    """The members-vs-non-members AUC over every threshold (audit.population_attack, exact_auc) is a gate metric
+    """The members-vs-non-members AUC over every threshold (audit.membership.population_attack, exact_auc) is a gate metric
     with the AUC range."""
     gate = policy({"action": "withhold", "thresholds": {"mia_local_loss_exact_auc": 0.7,
                                                         "mia_update_loss_reduction_exact_auc": 0.6}})
     verdict = gate.decide({"mia_local_loss_exact_auc": 0.75, "mia_local_loss_auc": 0.65,
                            "mia_update_loss_reduction_exact_auc": 0.55})
     assert verdict.tripped == {"mia_local_loss_exact_auc": (0.75, 0.7)}
-    with pytest.raises(GateSettingsError, match=r"mia_local_loss_exact_auc: 1\.2 is out of range; allowed: \[0, 1\]"):
+    with pytest.raises(SettingsError, match=r"mia_local_loss_exact_auc: 1\.2 is out of range; allowed: \[0, 1\]"):
         policy({"thresholds": {"mia_local_loss_exact_auc": 1.2}})
 
 
 def test_thresholds_need_an_enabled_audit():
-    with pytest.raises(GateSettingsError, match=r"audit\.enabled is false"):
+    with pytest.raises(SettingsError, match=r"audit\.enabled is false"):
         policy({"thresholds": {"mia_local_loss_auc": 0.6}}, AuditSettings(enabled=False))
     assert not policy({"action": "withhold"}, AuditSettings(enabled=False)).enabled
 
@@ -213,48 +210,29 @@ def test_audit_metric_names_are_what_a_real_audit_reports(audit):
     assert audit_metric_names(audit) == tuple(sorted(record["metrics"]))
 
 
-# ---------------------------------------------------------------------------------------------- registry
+# ---------------------------------------------------------------------------------------------- step metrics
 
 
-@pytest.fixture
-def fidel_registered():
-    register_metric("fidel_revealed_fraction")
-    register_metric("deanon_ap_over_chance")
-    yield
-    unregister_metric("fidel_revealed_fraction")
-    unregister_metric("deanon_ap_over_chance")
-
-
-def test_registered_metrics_can_be_gated_within_their_range(fidel_registered):
-    assert registered_metrics() == ("deanon_ap_over_chance", "fidel_revealed_fraction")
-    gate = policy({"thresholds": {"fidel_revealed_fraction": 0.1, "deanon_ap_over_chance": 3.0}})
+def test_a_steps_metrics_can_be_gated_only_when_its_section_is_enabled():
+    both = AuditSettings.from_mapping({"fidel": {"enabled": True}, "deanon": {"enabled": True}})
+    gate = policy({"thresholds": {"fidel_revealed_fraction": 0.1, "deanon_ap_over_chance": 3.0}}, both)
     assert gate.decide({"fidel_revealed_fraction": 0.2, "deanon_ap_over_chance": 2.0}).tripped == {
         "fidel_revealed_fraction": (0.2, 0.1)
     }
-    with pytest.raises(GateSettingsError, match=r"thresholds\.fidel_revealed_fraction: 1\.2 is out of range"):
-        policy({"thresholds": {"fidel_revealed_fraction": 1.2}})
-    with pytest.raises(GateSettingsError, match=r"thresholds\.deanon_ap_over_chance: -1 is out of range; allowed: >= 0"):
-        policy({"thresholds": {"deanon_ap_over_chance": -1}})
+    with pytest.raises(SettingsError, match=r"thresholds\.fidel_revealed_fraction: 1\.2 is out of range"):
+        policy({"thresholds": {"fidel_revealed_fraction": 1.2}}, both)
+    with pytest.raises(SettingsError, match=r"thresholds\.deanon_ap_over_chance: -1 is out of range; allowed: >= 0"):
+        policy({"thresholds": {"deanon_ap_over_chance": -1}}, both)
+    with pytest.raises(SettingsError, match="unknown metric"):
+        policy({"thresholds": {"fidel_revealed_fraction": 0.1}})  # the default audit runs no Fidel
 
 
-def test_unregistered_later_metrics_are_unknown():
-    assert "fidel_revealed_fraction" not in registered_metrics()
-    with pytest.raises(GateSettingsError, match="unknown metric"):
-        policy({"thresholds": {"fidel_revealed_fraction": 0.1}})
-
-
-def test_metric_ranges_and_registration_rules():
+def test_metric_ranges_by_suffix():
     assert metric_range("mia_local_loss_auc") == (0.0, 1.0)
     assert metric_range("mia_local_loss_tpr_at_fpr_0.01") == (0.0, 1.0)
     assert metric_range("x_ap_over_chance") == (0.0, math.inf)
+    assert metric_range("deanon_mlp_own_rank") == (1.0, math.inf)
     assert metric_range("something_else") is None
-    with pytest.raises(ValueError, match="no range rule"):
-        register_metric("something_else")
-    register_metric("something_else", low=0, high=10)
-    try:
-        assert policy({"thresholds": {"something_else": 10}}).thresholds["something_else"] == 10.0
-    finally:
-        unregister_metric("something_else")
 
 
 # ---------------------------------------------------------------------------------------------- per collaborator
@@ -317,6 +295,6 @@ def test_bad_mitigation_names_the_dotted_key(plan_wide, per_collaborator, key):
     ],
 )
 def test_bad_per_collaborator_values_name_the_dotted_key(per_collaborator, key):
-    with pytest.raises(GateSettingsError) as err:
+    with pytest.raises(SettingsError) as err:
         parse_per_collaborator(per_collaborator, gate=None, audit_settings=AUDIT)
     assert str(err.value).startswith(key + ":"), str(err.value)

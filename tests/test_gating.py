@@ -115,10 +115,12 @@ def withheld(tmp_path_factory):
     )
 
 
+@pytest.mark.federation
 def test_plan_loads_the_gated_average_for_train(withheld):
     assert isinstance(withheld.aggregator.assigner.get_aggregation_type_for_task("train"), GatedWeightedAverage)
 
 
+@pytest.mark.federation
 def test_leaky_update_is_measured_above_the_threshold_and_gated(withheld):
     leaky = metric(withheld, "collaborator3", AUC)
     assert leaky > 0.7
@@ -133,6 +135,7 @@ def test_leaky_update_is_measured_above_the_threshold_and_gated(withheld):
         assert metric(withheld, col, "gate_retries") == 0.0 and metric(withheld, col, "gate_epsilon") == 0.0
 
 
+@pytest.mark.federation
 def test_report_only_trips_but_keeps_the_update(withheld):
     value = metric(withheld, "collaborator2", AUC)
     assert value > 0.5
@@ -143,11 +146,13 @@ def test_report_only_trips_but_keeps_the_update(withheld):
     assert gate["tripped"] == {AUC: {"value": value, "threshold": 0.5}}
 
 
+@pytest.mark.federation
 def test_withheld_update_is_the_received_global_model(withheld):
     assert_same(sent(withheld, "collaborator3", 0), global_model(withheld, 0), exact=True)
     assert differs(sent(withheld, "collaborator1", 0), global_model(withheld, 0))
 
 
+@pytest.mark.federation
 def test_new_global_model_averages_only_the_kept_updates(withheld):
     new = global_model(withheld, 1)
     assert_same(new, average(withheld, ["collaborator1", "collaborator2"], 0))
@@ -155,12 +160,14 @@ def test_new_global_model_averages_only_the_kept_updates(withheld):
     assert differs(new, average(withheld, ["collaborator1", "collaborator2", "collaborator3"], 0))
 
 
+@pytest.mark.federation
 def test_aggregator_logs_the_kept_share_of_the_data(withheld):
     sizes = {c: withheld.runner(c).get_train_data_size() for c in ("collaborator1", "collaborator2", "collaborator3")}
     kept = (sizes["collaborator1"] + sizes["collaborator2"]) / sum(sizes.values())
     assert withheld.round_logs[0]["aggregator/train/gate_kept"] == pytest.approx(kept, rel=1e-6)
 
 
+@pytest.mark.federation
 def test_reports_record_verdict_tripped_metric_and_threshold(withheld):
     leaky = record(withheld, "collaborator3")
     gate = leaky["extra"]["gate"]
@@ -177,6 +184,7 @@ def test_reports_record_verdict_tripped_metric_and_threshold(withheld):
 # ---------------------------------------------------------------------------------------------- all gated
 
 
+@pytest.mark.federation
 def test_when_every_update_is_gated_the_global_model_is_unchanged(tmp_path):
     result = run_in_process(
         tmp_path, collaborators=2, rounds=1,
@@ -208,6 +216,7 @@ def retrained(tmp_path_factory):
     )
 
 
+@pytest.mark.federation
 def test_dp_retrained_update_passes_the_threshold_the_plain_one_failed(retrained):
     plain = metric(retrained, "collaborator3", AUC)
     gate = record(retrained, "collaborator3")["extra"]["gate"]
@@ -221,6 +230,7 @@ def test_dp_retrained_update_passes_the_threshold_the_plain_one_failed(retrained
     assert metric(retrained, "collaborator3", "cross_entropy") == pytest.approx(attempt["train_loss"], rel=1e-6)
 
 
+@pytest.mark.federation
 def test_dp_epsilon_is_the_accountants_at_the_plans_delta(retrained):
     gate = record(retrained, "collaborator3")["extra"]["gate"]
     (attempt,) = gate["tries"]
@@ -234,6 +244,7 @@ def test_dp_epsilon_is_the_accountants_at_the_plans_delta(retrained):
     assert attempt["steps"] == 40 * math.ceil(members / 32)
 
 
+@pytest.mark.federation
 def test_dp_retrained_update_is_sent_and_averaged_in(retrained):
     update = sent(retrained, "collaborator3", 0)
     assert differs(update, global_model(retrained, 0))
@@ -241,6 +252,7 @@ def test_dp_retrained_update_is_sent_and_averaged_in(retrained):
     assert_same(global_model(retrained, 1), average(retrained, ["collaborator1", "collaborator3"], 0))
 
 
+@pytest.mark.federation
 def test_update_still_leaky_after_the_retries_is_withheld(retrained):
     gate = record(retrained, "collaborator2")["extra"]["gate"]
     assert gate["verdict"] == "withheld" and gate["retries"] == 2
@@ -267,6 +279,7 @@ def diverged(tmp_path_factory):
     )
 
 
+@pytest.mark.federation
 def test_non_finite_update_is_gated_whatever_the_action(diverged):
     for round_num in (0, 1):
         assert metric(diverged, "collaborator2", "gate_kept", round_num) == 0.0
@@ -277,6 +290,7 @@ def test_non_finite_update_is_gated_whatever_the_action(diverged):
             assert metric(diverged, col, "gate_tripped__non_finite_update", round_num) == 0.0
 
 
+@pytest.mark.federation
 def test_non_finite_update_never_reaches_the_global_model(diverged):
     update = sent(diverged, "collaborator2", 1)
     assert all(np.isfinite(a).all() for a in update.values())
@@ -286,6 +300,7 @@ def test_non_finite_update_never_reaches_the_global_model(diverged):
     assert all(np.isfinite(a).all() for a in new.values())
 
 
+@pytest.mark.federation
 def test_non_finite_update_is_recorded_in_the_report(diverged):
     audited = record(diverged, "collaborator2", 0)
     gate = audited["extra"]["gate"]
@@ -408,3 +423,19 @@ def test_bad_gate_plan_fails_at_start_naming_the_key(tmp_path, settings, key):
 def test_gated_metric_the_audit_settings_do_not_produce_fails_at_start(tmp_path):
     with pytest.raises(ValueError, match=r"gate\.thresholds\.mia_global_loss_auc: unknown metric"):
         build_runner(tmp_path, {"audit": {"audit_global": False}, "gate": {"thresholds": {"mia_global_loss_auc": 0.6}}})
+
+
+def test_the_gated_average_does_not_depend_on_the_order_collaborators_arrive_in():
+    """OpenFL's assigner orders a round's collaborators at random; float32 sums of three or more terms change with the
+    order, so the average must sum in a fixed order for the same plan and seed to give the same model."""
+    rng = np.random.default_rng(0)
+    cols = [f"collaborator{i}" for i in range(1, 6)]
+    tensors = {c: rng.normal(size=1000).astype(np.float32) for c in cols}
+    weights = dict(zip(cols, rng.dirichlet(np.ones(len(cols)))))
+    results = []
+    for order in (cols, cols[::-1], [cols[i] for i in (2, 0, 4, 1, 3)]):
+        local = [LocalTensor(col_name=c, tensor=tensors[c], weight=weights[c]) for c in order]
+        results.append(GatedWeightedAverage().call(local, iter([]), "w", 0, ("trained",)))
+    assert all(np.array_equal(results[0], r) for r in results[1:])
+    naive = [sum(tensors[c] * np.float32(weights[c]) for c in order) for order in (cols, cols[::-1])]
+    assert not np.array_equal(naive[0], naive[1])  # the order does matter to an unsorted float32 sum

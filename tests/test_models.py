@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 
-from src.models import ACTIVATIONS, CNN, FCNN, MODELS, build_model
+from src.models import ACTIVATIONS, CNN, FCNN, PAPER_MODELS, build_model
 
 SHAPES = [(1, 8, 8), (3, 32, 32)]
 
@@ -16,7 +16,7 @@ def _seed():
     torch.manual_seed(0)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", PAPER_MODELS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_output_shape(name, shape):
     model = build_model(name, shape, 10)
@@ -43,7 +43,7 @@ def test_bad_num_classes():
         FCNN((1, 8, 8), 0)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", PAPER_MODELS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_module_names_and_first_dense_layer(name, shape):
     model = build_model(name, shape, 10)
@@ -106,7 +106,7 @@ def test_build_model_errors():
     assert isinstance(build_model("CNN", (1, 8, 8), 10), CNN)
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", PAPER_MODELS)
 def test_no_inplace_modules(name):
     for shape in SHAPES:
         model = build_model(name, shape, 10, **({"dropout": 0.2} if name == "fcnn" else {}))
@@ -114,7 +114,7 @@ def test_no_inplace_modules(name):
             assert not getattr(mod, "inplace", False), f"{mod_name} is in-place"
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", PAPER_MODELS)
 @pytest.mark.parametrize("shape", SHAPES)
 def test_gradients_flow(name, shape):
     model = build_model(name, shape, 10)
@@ -125,7 +125,7 @@ def test_gradients_flow(name, shape):
         assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, pname
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", PAPER_MODELS)
 def test_per_sample_gradients_with_torch_func(name):
     """Per-sample gradients (vmap over grad) work and match the per-sample loop."""
     from torch.func import functional_call, grad, vmap

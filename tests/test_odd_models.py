@@ -2,7 +2,7 @@
 BatchNorm (running statistics per copy), Dropout, BatchNorm with a cumulative average (vmap cannot batch it),
 Embedding with token inputs, synthetic tabular data.
 
-audit.shadow_training.train_copies is checked against copies trained one by one with torch.optim;
+audit.training.train_copies is checked against copies trained one by one with torch.optim;
 audit.round_audit.audit_round end to end (membership signals, Fidel, deanonymization self-audit)."""
 
 import copy
@@ -17,13 +17,13 @@ import torch.nn.functional as F
 from sklearn.datasets import make_classification
 from torch import nn
 
-from audit.deanon_audit import deanon_self_audit
-from audit.deanon_settings import DeanonSettings
-from audit.gate import audit_metric_names
-from audit.round_audit import AuditSets, DeanonContext, audit_round, record_to_json
-from audit.settings import AuditSettings
-from audit.shadow_training import TrainingRecipe, _train_chunk, train_copies
-from audit.signals import module_mode
+from audit.deanon.self_audit import deanon_self_audit
+from audit.config.deanon_settings import DeanonSettings
+from audit.config.gate import audit_metric_names
+from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
+from audit.config.audit_settings import AuditSettings
+from audit.training import TrainingRecipe, _train_chunk, train_copies
+from audit.model_io import module_mode
 
 COPIES, SIZE = 3, 40
 
@@ -270,8 +270,8 @@ def check_record(record, settings, models_before):
     "settings",
     [
         AuditSettings(batch_size=16),
-        AuditSettings(batch_size=16, gradient_layer="emb", fidel=True),
-        AuditSettings(batch_size=16, fidel=True, deanon=DEANON),
+        AuditSettings(batch_size=16, gradient_layer="emb", sections={"fidel": {"enabled": True}}),
+        AuditSettings(batch_size=16, sections={"fidel": {"enabled": True}, "deanon": DEANON}),
     ],
     ids=["signals", "fidel", "fidel+deanon"],
 )
@@ -281,13 +281,13 @@ def test_audit_round_on_token_inputs(settings):
     received = TokenBag()
     local = overfit(received, *sets.members)
     before = [(received, state_of(received)), (local, state_of(local))]
-    deanon = DeanonContext(TrainingRecipe("Adam", 0.05, 0.9, epochs=2, batch_size=16), 40, None)
-    record = audit_round(local, received, sets, settings, party="p", round_num=0, seed=1, deanon=deanon)
+    training = LocalTraining(TrainingRecipe("Adam", 0.05, 0.9, epochs=2, batch_size=16), 40, None)
+    record = audit_round(local, received, sets, settings, party="p", round_num=0, seed=1, training=training)
     check_record(record, settings, before)
     # The trained model memorised its 40 members (random labels): the loss attack sees it, the received one not.
     assert record["metrics"]["mia_local_loss_auc"] > 0.8
     assert abs(record["metrics"]["mia_global_loss_auc"] - 0.5) < 0.25
-    if settings.fidel:  # the first dense layer that sees one row per sample: after the Embedding's mean
+    if settings.fidel.enabled:  # the first dense layer that sees one row per sample: after the Embedding's mean
         assert record["extra"]["fidel"]["layer"] == "hidden" and record["extra"]["fidel"]["space"] == "activation"
 
 
@@ -301,9 +301,9 @@ def test_audit_round_on_tabular_batchnorm_dropout_model(tabular):
     local = train_one(frozen, *sets.members, TrainingRecipe("SGD", 0.05, 0.9, epochs=2, batch_size=16),
                       [torch.randperm(60, generator=torch.Generator().manual_seed(e)) for e in range(2)])
     before = [(received, state_of(received)), (local, state_of(local))]
-    settings = AuditSettings(fidel=True, deanon=DEANON)
-    deanon = DeanonContext(TrainingRecipe("SGD", 0.05, 0.9, epochs=2, batch_size=16), 60, 0.5)
-    record = audit_round(local, received, sets, settings, party="p", round_num=0, seed=2, deanon=deanon)
+    settings = AuditSettings(sections={"fidel": {"enabled": True}, "deanon": DEANON})
+    training = LocalTraining(TrainingRecipe("SGD", 0.05, 0.9, epochs=2, batch_size=16), 60, 0.5)
+    record = audit_round(local, received, sets, settings, party="p", round_num=0, seed=2, training=training)
     check_record(record, settings, before)
     fidel = record["extra"]["fidel"]
     assert fidel["layer"] == "0" and fidel["space"] == "input" and fidel["n_neurons_used"] == 0

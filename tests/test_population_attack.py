@@ -1,4 +1,4 @@
-"""Tests for audit.population_attack: equality with Privacy Meter's own PopulationMetric pipeline, the exact
+"""Tests for audit.membership.population_attack: equality with Privacy Meter's own PopulationMetric pipeline, the exact
 TPR-at-FPR reading, the member-if-higher and update attacks, and input validation."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from audit.population_attack import (
+from audit.membership.population_attack import (
     DEFAULT_ALPHAS,
     THRESHOLD_FUNCTIONS,
     AttackResult,
@@ -183,14 +183,14 @@ def test_equals_privacy_meter_population_metric(pm_pipeline, threshold_function)
 def test_equals_privacy_meter_with_audit_signals_loss(pm_pipeline):
     """Same check with the project's loss signal, when audit/signals.py (another module) is present.
 
-    audit.signals computes the loss in float64, Privacy Meter in float32, whose losses near 0 are multiples of
+    audit.membership.signals computes the loss in float64, Privacy Meter in float32, whose losses near 0 are multiples of
     ~1.2e-7; that reorders a few near-zero losses and moves a couple of non-members across the lowest
     thresholds. So the losses are compared to float32 precision, and the attack is compared with Privacy
     Meter's run_metric fed the very same float64 values (bit-for-bit), and with its own float32 run (closely).
     """
-    signals = pytest.importorskip("audit.signals")
+    signals = pytest.importorskip("audit.membership.signals")
     if not hasattr(signals, "loss_signal"):
-        pytest.skip("audit.signals has no loss_signal yet")
+        pytest.skip("audit.membership.signals has no loss_signal yet")
     metric = pm_pipeline.metric
     values = {name: signals.loss_signal(pm_pipeline.model, x, y) for name, (x, y) in pm_pipeline.sets.items()}
     for name, pm_values in [
@@ -237,9 +237,10 @@ def test_threshold_functions_are_privacy_meters():
     }
 
 
+@pytest.mark.federation
 def test_imports_only_allowed_privacy_meter_modules():
     code = (
-        "import sys, audit.population_attack, audit.settings\n"
+        "import sys, audit.membership.population_attack, audit.config.audit_settings\n"
         "pm = sorted(m for m in sys.modules if m.startswith('privacy_meter.'))\n"
         "assert pm == ['privacy_meter.hypothesis_test', 'privacy_meter.metric_result'], pm\n"
         "assert 'tensorflow' not in sys.modules\n"

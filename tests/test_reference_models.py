@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from sklearn.datasets import make_classification
 from torch import nn
 
-import audit.shadow_training as shadow_training
-from audit.shadow_training import TrainedCopies, TrainingRecipe, train_copies, train_references
-from audit.signals import module_mode
+import audit.training as shadow_training
+from audit.training import TrainedCopies, TrainingRecipe, train_copies, train_references
+from audit.model_io import module_mode
 
 SIZE = 36
 

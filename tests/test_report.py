@@ -1,4 +1,4 @@
-"""Tests for audit.report (per-party audit reports) and audit.atomic_io (crash-safe writes)."""
+"""Tests for audit.reporting.party (per-party audit reports) and audit.reporting.atomic_io (crash-safe writes)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,9 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from sklearn.metrics import roc_auc_score, roc_curve  # noqa: E402
 
-from audit import atomic_io, report  # noqa: E402
-from audit.population_attack import population_attack  # noqa: E402
-from audit.report import ReportWriter, load_round_records, validate_record, write_index  # noqa: E402
+from audit.reporting import atomic_io, plots  # noqa: E402
+from audit.membership.population_attack import population_attack  # noqa: E402
+from audit.reporting.party import ReportWriter, load_round_records, validate_record, write_index  # noqa: E402
 
 PARTY = "collaborator1"
 SIGNALS = ("loss", "logits", "gradient_norm")
@@ -290,7 +290,7 @@ def test_corrupt_audit_json_is_skipped(written, tmp_path, caplog):
     writer, records = written
     bad = tmp_path / PARTY / "round_0001" / "audit.json"
     bad.write_text('{"party": "collaborator1", "round": 1, "attacks": {')  # truncated
-    with caplog.at_level(logging.WARNING, logger="audit.report"):
+    with caplog.at_level(logging.WARNING, logger="audit.reporting.party"):
         loaded = load_round_records(tmp_path / PARTY)
     assert [r["round"] for r in loaded] == [0, 2]
     assert any("round_0001" in m for m in caplog.messages)
@@ -310,7 +310,7 @@ def test_corrupt_audit_json_is_skipped(written, tmp_path, caplog):
 )
 def test_invalid_audit_json_variants_are_skipped(written, tmp_path, content, caplog):
     (tmp_path / PARTY / "round_0001" / "audit.json").write_bytes(content)
-    with caplog.at_level(logging.WARNING, logger="audit.report"):
+    with caplog.at_level(logging.WARNING, logger="audit.reporting.party"):
         assert [r["round"] for r in load_round_records(tmp_path / PARTY)] == [0, 2]
     assert caplog.messages
 
@@ -403,13 +403,13 @@ def test_unsafe_party_name_in_record_is_refused(tmp_path):
 def saved_figures(monkeypatch):
     """The figures the report writer saves, by file name (the files are still written)."""
     figures = {}
-    save = report.atomic_savefig
+    save = plots.atomic_savefig
 
     def keep(fig, path, **kwargs):
         figures[Path(path).name] = fig
         return save(fig, path, **kwargs)
 
-    monkeypatch.setattr(report, "atomic_savefig", keep)
+    monkeypatch.setattr(plots, "atomic_savefig", keep)
     return figures
 
 

@@ -1,4 +1,4 @@
-"""audit.rmia: RMIA against a direct implementation of the paper's formulas (explicit loops), its identities with
+"""audit.membership.rmia: RMIA against a direct implementation of the paper's formulas (explicit loops), its identities with
 simpler attacks, its power where references carry information, Privacy Meter v2's tuning of `a`, and its cost."""
 
 import math
@@ -10,7 +10,7 @@ import pytest
 from scipy.special import softmax
 from sklearn.metrics import roc_auc_score
 
-from audit.rmia import (
+from audit.membership.rmia import (
     OFFLINE_A_GRID,
     Signals,
     marginal_probability,
@@ -19,7 +19,7 @@ from audit.rmia import (
     true_class_probability,
     tune_offline_a,
 )
-from audit.uncertainty import auc, auc_interval, tpr_at_population_fpr
+from audit.membership.uncertainty import auc, auc_interval, tpr_at_population_fpr
 
 # ------------------------------------------------------------------------------------------ the paper, by hand
 

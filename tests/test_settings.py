@@ -1,4 +1,4 @@
-"""Tests for audit.settings: defaults, validation errors naming the dotted key, round trip, schedule."""
+"""Tests for audit.config.audit_settings: defaults, validation errors naming the dotted key, round trip, schedule."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from audit.population_attack import THRESHOLD_FUNCTIONS
-from audit.settings import AuditSettings, AuditSettingsError
+from audit.membership.population_attack import THRESHOLD_FUNCTIONS
+from audit.config.audit_settings import AuditSettings, SettingsError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,10 +26,7 @@ DEFAULTS = {
     "update_attack": True,
     "log_scale": False,
     "report_dir": "reports",
-    "fidel": False,
-    "fidel_layer": None,
-    "fidel_threshold": 0.98,
-    "fidel_decoder": False,
+    "fidel": {"enabled": False, "layer": None, "threshold": 0.98, "decoder": False},
     "deanon": {
         "enabled": False, "interval": 1, "crowd_users": 10, "shadows_per_user": 8, "shadow_size": None,
         "layer": None, "attacks": ["mlp", "svm", "knn", "siamese"], "crowd_alpha": "federation",
@@ -151,7 +148,7 @@ BAD = [
 
 @pytest.mark.parametrize("mapping, key, words", BAD, ids=[f"{k}-{i}" for i, (_, k, _) in enumerate(BAD)])
 def test_errors_name_the_dotted_key(mapping, key, words):
-    with pytest.raises(AuditSettingsError) as info:
+    with pytest.raises(SettingsError) as info:
         AuditSettings.from_mapping(mapping)
     message = str(info.value)
     assert message.startswith(f"audit.{key}: "), message
@@ -162,13 +159,13 @@ def test_errors_name_the_dotted_key(mapping, key, words):
 @pytest.mark.parametrize("mapping, key, words", BAD[:6] + BAD[-2:])
 def test_errors_use_the_given_prefix(mapping, key, words):
     prefix = "task_runner.settings.audit"
-    with pytest.raises(AuditSettingsError) as info:
+    with pytest.raises(SettingsError) as info:
         AuditSettings.from_mapping(mapping, prefix=prefix)
     assert str(info.value).startswith(f"{prefix}.{key}: ")
 
 
 def test_unknown_key_lists_the_known_ones():
-    with pytest.raises(AuditSettingsError) as info:
+    with pytest.raises(SettingsError) as info:
         AuditSettings.from_mapping({"fpr": [0.1]})
     message = str(info.value)
     assert message.startswith("audit.fpr: unknown setting; known: ")
@@ -177,22 +174,22 @@ def test_unknown_key_lists_the_known_ones():
 
 
 def test_not_a_mapping():
-    with pytest.raises(AuditSettingsError) as info:
+    with pytest.raises(SettingsError) as info:
         AuditSettings.from_mapping(["loss"], prefix="x.audit")
     assert str(info.value).startswith("x.audit: ")
 
 
 def test_direct_construction_is_validated():
-    with pytest.raises(AuditSettingsError, match=r"^audit\.interval: "):
+    with pytest.raises(SettingsError, match=r"^audit\.interval: "):
         AuditSettings(interval=0)
-    with pytest.raises(AuditSettingsError, match=r"^audit\.signals: "):
+    with pytest.raises(SettingsError, match=r"^audit\.signals: "):
         AuditSettings(signals=("loss", "entropy"))
 
 
 def test_tolerances_with_one_metric_name_are_rejected_naming_both():
     """Issue 10: 0.1 and 0.1000001 both format to "0.1", so mia_<model>_<signal>_tpr_at_fpr_0.1 of one silently
     overwrote the other's."""
-    with pytest.raises(AuditSettingsError) as info:
+    with pytest.raises(SettingsError) as info:
         AuditSettings.from_mapping({"fpr_tolerance": [0.01, 0.1000001, 0.5, 0.1]}, prefix="task_runner.settings.audit")
     assert str(info.value) == (
         "task_runner.settings.audit.fpr_tolerance: 0.1000001 and 0.1 both give the metric name suffix "
@@ -228,6 +225,7 @@ def test_due_when_disabled_and_bad_rounds():
         AuditSettings().due(1.0)
 
 
+@pytest.mark.federation
 def test_settings_does_not_import_torch():
-    code = "import sys, audit.settings\nassert 'torch' not in sys.modules, 'torch imported'\n"
+    code = "import sys, audit.config.audit_settings\nassert 'torch' not in sys.modules, 'torch imported'\n"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)

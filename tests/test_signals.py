@@ -1,4 +1,4 @@
-"""Tests of audit.signals against naive one-sample-at-a-time references."""
+"""Tests of audit.membership.signals against naive one-sample-at-a-time references."""
 
 import copy
 import functools
@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import audit.signals as signals_module
-from audit.signals import (
+import audit.membership.gradient_norms as gradient_norms_module
+import audit.membership.signals as signals_module
+from audit.membership.signals import (
     SIGNALS,
     compute_signals,
     gradient_norm_signal,
@@ -338,7 +339,7 @@ def _no_functorch(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the torch.func path ran")
 
-    monkeypatch.setattr(signals_module, "_functorch_squared_norms", forbidden)
+    monkeypatch.setattr(gradient_norms_module, "_functorch_squared_norms", forbidden)
 
 
 @pytest.mark.parametrize(

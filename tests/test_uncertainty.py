@@ -11,7 +11,7 @@ from scipy.optimize import brentq
 from scipy.stats import binom, binomtest, ks_2samp, norm
 from sklearn.metrics import roc_auc_score
 
-from audit.uncertainty import (
+from audit.membership.uncertainty import (
     attacker_advantage,
     auc,
     auc_interval,
@@ -22,7 +22,7 @@ from audit.uncertainty import (
     rates_at_threshold,
     tpr_at_population_fpr,
 )
-from audit.uncertainty import _resampled_auc
+from audit.membership.uncertainty import _resampled_auc
 
 DRAWS = 1000
 

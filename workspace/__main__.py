@@ -21,7 +21,7 @@ from pathlib import Path
 
 from workspace.in_process import WORKSPACE_ROOT
 
-if str(WORKSPACE_ROOT) not in sys.path:  # src.aggregator_settings, audit.atomic_io
+if str(WORKSPACE_ROOT) not in sys.path:  # src.aggregator_settings, audit.reporting.atomic_io
     sys.path.insert(0, str(WORKSPACE_ROOT))
 
 from workspace.federation import stale_state, start  # noqa: E402

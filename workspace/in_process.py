@@ -154,8 +154,10 @@ class FederationResult:
 
 def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, overrides: Mapping | None = None,
                    on_round_end: Callable[[int, dict], None] | None = None,
-                   on_task: Callable[[str, str, int], None] | None = None) -> FederationResult:
-    """Run the whole federation; `on_task(collaborator, task, round)` is called before each task."""
+                   on_task: Callable[[str, str, int], None] | None = None,
+                   on_audit_start: Callable[[str, int], None] | None = None) -> FederationResult:
+    """Run the whole federation; `on_task(collaborator, task, round)` is called before each task and
+    `on_audit_start(collaborator, round)` when a collaborator's audit starts (inside its train task)."""
     from openfl.callbacks import LambdaCallback
 
     plan_dir = write_run_plan(Path(run_dir), collaborators=collaborators, rounds=rounds, overrides=overrides)
@@ -181,6 +183,8 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
         plan.config["collaborator"]["settings"]["callbacks"] = []
         clients[name] = DirectClient(aggregator, name)
         cols[name] = plan.get_collaborator(name, client=clients[name])
+        if on_audit_start is not None:
+            cols[name].task_runner.on_audit_start = on_audit_start
 
     collaborator_metrics: list[dict] = []
     while not aggregator._time_to_quit():

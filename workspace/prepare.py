@@ -34,7 +34,7 @@ from typing import Callable, Mapping
 
 import yaml
 
-from audit.atomic_io import atomic_write_json, atomic_write_text
+from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
 from workspace.in_process import WORKSPACE_ROOT, collaborator_names
 from workspace.processes import ProcessRegistry, fx_environment, fx_executable
 from workspace.run_plan import (AGG_ADDR, aggregator_report_dir, build_run_plan, collaborator_report_dir, dump_plan,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "GATE_KEPT", "GATE_RETRIES", "GATE_EPSILON", "GATE_TRIPPED_PREFIX", "NON_FINITE_UPDATE",
-    "KEPT", "WITHHELD", "LEFT_OUT_NON_FINITE", "STRAGGLER", "STATUSES",
+    "KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "LEFT_OUT_NON_FINITE", "STRAGGLER", "STATUSES",
     "PASSED", "NO_GATE_METRIC", "GATE_WITHHELD", "GATE_KEPT_NOT_FINITE", "NON_FINITE_TENSORS",
     "Decision", "decide", "tripped_name",
 ]
@@ -32,9 +32,15 @@ GATE_EPSILON = "gate_epsilon"
 GATE_TRIPPED_PREFIX = "gate_tripped__"
 NON_FINITE_UPDATE = "non_finite_update"  # the gate's reason, and the tripped name, for a NaN/Inf update
 
-# A collaborator's status in a round: the collaborators' own words (their verdicts are kept / withheld).
-KEPT = "kept"                                # averaged in
-WITHHELD = "withheld"                        # its gate withheld it (or its verdict is unreadable: fail closed)
+# A collaborator's gate verdict on its own update (audit.gate_flow): sent as trained, sent after a DP retrain, or
+# withheld (the received weights are sent back).
+KEPT = "kept"
+DP_RETRAINED = "dp_retrained"
+WITHHELD = "withheld"
+VERDICTS = (KEPT, DP_RETRAINED, WITHHELD)
+
+# A collaborator's status in a round as the aggregator saw it, in the collaborators' words: KEPT (averaged in; a
+# DP-retrained update too), WITHHELD (its gate withheld it, or its verdict is unreadable: fail closed), and:
 LEFT_OUT_NON_FINITE = "left_out_non_finite"  # the aggregator found NaN/Inf in what it sent
 STRAGGLER = "straggler"                      # OpenFL's straggler policy ended the round without it
 STATUSES = (KEPT, WITHHELD, LEFT_OUT_NON_FINITE, STRAGGLER)

@@ -15,7 +15,7 @@ The signal is the true-class probability at a temperature T, Pr(x | model) = sof
                     Privacy Meter v2's code compares). Higher = more likely a member.
 
 Kinds of reference, as a federation has them:
-- references the party trains itself with its own recipe (`audit.shadow_training.train_references`), e.g. on
+- references the party trains itself with its own recipe (`audit.training.train_references`), e.g. on
   population subsets of the member count: the party knows which samples each trained on (`reference_in`), so
   population samples get Pr(z) from the references that did not train on them, and `tune_offline_a` can pick `a`;
 - the round's received global model (`global_model`): free, counted as one more OUT reference for every sample. It
@@ -28,15 +28,15 @@ Kinds of reference, as a federation has them:
 
 Use:
 
-    from audit.rmia import Signals, rmia, true_class_probability
+    from audit.membership.rmia import Signals, rmia, true_class_probability
     p = lambda logits, y: true_class_probability(logits, y, temperature=2.0)
     result = rmia(Signals(p(local_m, y_m), references=p(refs_m, y_m), global_model=p(global_m, y_m)),
                   Signals(...non-members...), Signals(...population..., reference_in=trained_on_population),
                   offline_a=0.3, gamma=1.0)
-    result.members, result.nonmembers   # per-sample scores: audit.uncertainty.auc_interval(...), ...
+    result.members, result.nonmembers   # per-sample scores: audit.membership.uncertainty.auc_interval(...), ...
     result.population                   # leave-one-out scores of the population, for population thresholds
 
-numpy only, plus audit.uncertainty's AUC for tuning `a`.
+numpy only, plus audit.membership.uncertainty's AUC for tuning `a`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from audit.uncertainty import auc
+from audit.membership.uncertainty import auc
 
 __all__ = [
     "OFFLINE_A_GRID",
@@ -255,7 +255,7 @@ def rmia(members: Signals, nonmembers: Signals, population: Signals, *, offline_
     sets = {"members": members, "non-members": nonmembers, "population": population}
     for name, s in sets.items():
         if not isinstance(s, Signals):
-            raise ValueError(f"{name}: expected an audit.rmia.Signals, got {type(s).__name__}")
+            raise ValueError(f"{name}: expected an audit.membership.rmia.Signals, got {type(s).__name__}")
     k = {name: (0 if s.references is None else np.shape(s.references)[0]) for name, s in sets.items()}
     if len(set(k.values())) != 1:
         raise ValueError(f"every set needs the same references; counts: {k}")

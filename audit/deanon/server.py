@@ -3,11 +3,11 @@
 Orekondy et al. (seeds 000/001) ask whether a server that sees anonymous model updates can tell whose they are.
 The server of a federation knows more than the paper's adversary: it sees every round's updates together with
 the sender. This module measures what that knowledge buys it: once a few rounds are stored, the attacks of
-`audit.deanon_attacks` are trained on the earlier rounds' updates, labelled by collaborator, and asked to name
+`audit.deanon.attacks` are trained on the earlier rounds' updates, labelled by collaborator, and asked to name
 the owners of this round's updates as if they had arrived anonymously (e.g. behind a shuffler or a secure
 aggregation front end that strips the sender).
 
-- `UpdateHistory` keeps, per round and collaborator, the update's representation (`audit.deanon_representation.
+- `UpdateHistory` keeps, per round and collaborator, the update's representation (`audit.deanon.representation.
   update_vector`: one layer's `trained - received`, flattened, L2-normalised, float64; 650 numbers = 5 KB for
   the last layer of our CNN). A withheld update (trained == received) has no direction and is skipped, not
   stored as a zero vector (a zero vector would be one more "user" that every attack finds trivially).
@@ -29,25 +29,20 @@ OpenFL-free: src/deanon_callback.py feeds it from the aggregator's TensorDB.
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
 import math
 import time
 import warnings
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from audit.round_files import load_round_records, round_file_name
-from audit.atomic_io import atomic_savefig, atomic_write_json, atomic_write_text
-from audit.deanon_attacks import KNN_K, match, reidentify, single_threaded
-from audit.deanon_representation import normalise_rows, update_vector
-from audit.deanon_settings import ATTACKS, REID_ATTACKS
+from audit.deanon.attacks import KNN_K, match, reidentify, single_threaded
+from audit.deanon.representation import normalise_rows, update_vector
+from audit.config.deanon_settings import ATTACKS, REID_ATTACKS
 
-__all__ = ["UpdateHistory", "evaluate_round", "open_world_split", "DeanonReportWriter", "round_file_name",
+__all__ = ["UpdateHistory", "evaluate_round", "open_world_split", "clean_record",
            "BUILDING_HISTORY", "EVALUATED", "SKIPPED", "UNSEEN", "OPEN_WORLD_REID_ATTACK", "MATCH_ATTACK"]
 
 logger = logging.getLogger(__name__)
@@ -178,14 +173,14 @@ def _unseen_label(names: Iterable[str]) -> str:
     return label
 
 
-def _clean(value: Any) -> Any:
+def clean_record(value: Any) -> Any:
     """JSON-able copy: numpy scalars to Python, NaN/Inf to None (the report files are strict JSON)."""
     if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
+        return {str(k): clean_record(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
+        return [clean_record(v) for v in value]
     if isinstance(value, np.ndarray):
-        return [_clean(v) for v in value.tolist()]
+        return [clean_record(v) for v in value.tolist()]
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, (int, np.integer)):
@@ -267,7 +262,7 @@ def evaluate_round(history: UpdateHistory, round_num: int, *, attacks: Iterable[
             f"the earlier rounds hold updates of {len(trained_on)} collaborator(s); the attacks need 2"))
     if record["status"] != EVALUATED:
         record["seconds"] = time.perf_counter() - start
-        return _clean(record)
+        return clean_record(record)
 
     test_users = np.array(list(current), dtype=object)
     test_x = np.stack(list(current.values()))
@@ -277,7 +272,7 @@ def evaluate_round(history: UpdateHistory, round_num: int, *, attacks: Iterable[
         record["closed_world"] = _closed_world(train_x, train_users, test_x, test_users, attacks, seed)
         record["open_world"] = _open_world(history, earlier, current, round_num, attacks, seed)
     record["seconds"] = time.perf_counter() - start
-    return _clean(record)
+    return clean_record(record)
 
 
 def _closed_world(train_x, train_users, test_x, test_users, attacks, seed) -> dict:
@@ -357,106 +352,3 @@ def _open_world(history: UpdateHistory, earlier: list[int], current: Mapping[str
 
 
 # ------------------------------------------------------------------------------------------- report files
-def _series(records: list[dict]) -> list[tuple[str, str, str]]:
-    """(world, kind, attack) of every result in the records, in a fixed order."""
-    found = set()
-    for r in records:
-        for world in ("closed_world", "open_world"):
-            section = r.get(world) or {}
-            for kind in ("reidentification", "matching"):
-                for attack in section.get(kind) or {}:
-                    found.add((world, kind, attack))
-    order = {a: i for i, a in enumerate(ATTACKS)}
-    return sorted(found, key=lambda s: (s[0] != "closed_world", s[1] != "reidentification", order.get(s[2], 99), s[2]))
-
-
-def _column(world: str, attack: str, metric: str) -> str:
-    return f"{'closed' if world == 'closed_world' else 'open'}_{attack}_{metric}"
-
-
-def _value(record: Mapping, world: str, kind: str, attack: str, metric: str):
-    section = record.get(world) or {}
-    result = (section.get(kind) or {}).get(attack) or {}
-    value = result.get(metric)
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-class DeanonReportWriter:
-    """`round_NNNN.json` per round, `summary.csv` and `ap_over_chance.png` rebuilt from the round files on disk."""
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    def write_round(self, record: Mapping) -> Path:
-        path = atomic_write_json(self.root / round_file_name(record["round"]), _clean(record))
-        self.rebuild_summary()
-        return path
-
-    def load_rounds(self) -> list[dict]:
-        return load_round_records(self.root, "deanonymization")
-
-    def rebuild_summary(self) -> None:
-        records = self.load_rounds()
-        atomic_write_text(self.root / "summary.csv", summary_csv(records))
-        plot_ap_over_chance(records, self.root / "ap_over_chance.png")
-
-
-def summary_csv(records: list[dict]) -> str:
-    """One row per round: status, sizes, and per attack and world AP, chance AP, AP over chance (and top-1)."""
-    columns = []
-    for world, kind, attack in _series(records):
-        metrics = ("ap", "chance_ap", "ap_over_chance") if kind == "matching" else (
-            "mean_ap", "chance_ap", "ap_over_chance", "top1")
-        columns += [(world, kind, attack, m) for m in metrics]
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["round", "status", "history_rounds", "train_updates", "test_updates", "open_world",
-                     *(_column(w, a, "ap" if m == "mean_ap" else m) for w, _k, a, m in columns)])
-    for r in records:
-        open_world = (r.get("open_world") or {}).get("status") or ""
-        cells = []
-        for world, kind, attack, metric in columns:
-            value = _value(r, world, kind, attack, metric)
-            cells.append("" if value is None else repr(float(value)))
-        writer.writerow([r["round"], r.get("status", ""), len(r.get("history_rounds") or []),
-                         r.get("train_updates", ""), r.get("test_updates", ""), open_world, *cells])
-    return buf.getvalue()
-
-
-_COLORS = {"mlp": "tab:blue", "svm": "tab:orange", "knn": "tab:green", "siamese": "tab:red"}
-_MARKERS = {"mlp": ("o", 8), "svm": ("s", 5), "knn": ("^", 6), "siamese": ("D", 5)}  # equal values stay visible
-
-
-def plot_ap_over_chance(records: list[dict], path: Path) -> Path:
-    """Round vs AP over chance, one line per attack and world (open world dashed), chance line at 1."""
-    from matplotlib.figure import Figure  # no pyplot: nothing registered globally, safe in a server thread
-    from matplotlib.ticker import MaxNLocator
-
-    fig = Figure(figsize=(8.4, 4.4), dpi=100)
-    fig.subplots_adjust(left=0.08, right=0.72, bottom=0.12, top=0.9)
-    ax = fig.add_subplot()
-    rounds = [r["round"] for r in records]
-    for world, kind, attack in _series(records):
-        ys = np.array([np.nan if (v := _value(r, world, kind, attack, "ap_over_chance")) is None else v
-                       for r in records], dtype=float)
-        what = "matching" if kind == "matching" else "re-id"
-        closed = world == "closed_world"
-        marker, size = _MARKERS.get(attack, ("o", 5))
-        ax.plot(rounds, ys, linestyle="-" if closed else "--", marker=marker, markersize=size, linewidth=1.4,
-                color=_COLORS.get(attack), markerfacecolor=None if closed else "white",
-                label=f"{attack} {what} ({'closed' if closed else 'open'} world)")
-    ax.axhline(1.0, color="grey", linestyle=":", linewidth=1.2, label="chance (= 1)")
-    if not any(r.get("status") == EVALUATED for r in records):
-        ax.text(0.5, 0.5, "no evaluated round yet (building history)", ha="center", va="center",
-                transform=ax.transAxes)
-    if len(rounds) == 1:
-        ax.set_xlim(rounds[0] - 1, rounds[0] + 1)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.grid(True, alpha=0.25)
-    ax.set_xlabel("Round")
-    ax.set_ylabel("AP over chance (AP / random-ranking AP)")
-    layers = sorted({str((r.get("layer") or {}).get("module")) for r in records if (r.get("layer") or {}).get("module")})
-    ax.set_title("Aggregator-side deanonymization of the collaborators' updates"
-                 + (f"\nlayer {', '.join(layers)}" if layers else ""), fontsize=10)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
-    return atomic_savefig(fig, path)

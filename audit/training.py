@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
-from audit.signals import model_input, module_mode
+from audit.config.vocabulary import OPTIMIZERS
+from audit.model_io import model_input, module_mode
 
 __all__ = ["TrainingRecipe", "TrainedCopies", "train_copies", "train_references", "copies_per_chunk"]
 
-OPTIMIZERS = ("SGD", "Adam")
 # Memory for stacked copies: parameters, gradients and up to two optimiser states each (float32).
 _CHUNK_BUDGET_BYTES = 512 * 2**20
 
@@ -240,7 +240,7 @@ def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     """Train len(x) reference models at once, copy c on (x[c], y[c]) with the party's `recipe`, exactly as
     `train_copies` trains them (same shuffles, dropout masks, per-copy BatchNorm statistics for a seed), and keep
     each copy's trained parameters and buffers: `.logits(samples)` then gives every copy's outputs, for RMIA's
-    Pr(x | reference) (`audit.rmia.true_class_probability`).
+    Pr(x | reference) (`audit.membership.rmia.true_class_probability`).
 
     Every copy starts from `model`'s current parameters and buffers: pass the received global model for references
     fine-tuned from it, or a freshly initialised model of the same architecture for references that never saw the

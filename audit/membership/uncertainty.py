@@ -15,7 +15,10 @@ Everything here works on per-sample attack scores with one convention: a higher 
 What the intervals cover: the randomness of the scored samples given the model, i.e. "if we had drawn other members
 and non-members from the same distributions, scored by the same model". They say nothing about other training runs.
 
-    from audit.uncertainty import auc_interval, tpr_at_population_fpr, epsilon_lower_bound
+One module though above 400 lines: the intervals, the epsilon bound and the advantage share one score convention,
+the Clopper-Pearson bounds and the sweep over thresholds, and read as one statistical toolkit.
+
+    from audit.membership.uncertainty import auc_interval, tpr_at_population_fpr, epsilon_lower_bound
     auc = auc_interval(member_scores, nonmember_scores)                 # .estimate .lower .upper .n_pos .n_neg
     at = tpr_at_population_fpr(member_scores, nonmember_scores, population_scores, 0.01)
     eps = epsilon_lower_bound(member_scores, nonmember_scores, delta=1e-5)  # .epsilon .threshold .tp .fp ...

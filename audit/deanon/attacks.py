@@ -9,7 +9,8 @@ expected AP of a random ranking), their ratio ("AP over chance"), top-1 and top-
 Matching: a Siamese network (twin FC-128 encoders, L1 distance, FC-1 sigmoid; BCE, RMSProp 1e-3) scores whether
 two updates come from one user, so it also works on users the adversary never saw; scored by AP on balanced pairs.
 
-An "open world" re-identification simply has an "unseen" label among the classes (see audit.deanon_world).
+An "open world" re-identification simply has an "unseen" label among the classes (see audit.deanon.server,
+which builds it from held-out users).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 
-from audit.deanon_settings import ATTACKS, REID_ATTACKS
+from audit.config.deanon_settings import ATTACKS, REID_ATTACKS
 
 __all__ = ["REID_ATTACKS", "ATTACKS", "ReidResult", "MatchResult", "reidentify", "match", "balanced_pairs",
            "random_ranking_ap", "single_threaded"]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from audit.setting_checks import (AuditSettingsError, check_bool, check_optional_module, check_positive_int, from_checks,
+from audit.config.checks import (SettingsError, check_bool, check_optional_module, check_positive_int, from_checks,
                                   is_int, is_real)
 
 __all__ = ["DeanonSettings", "deanon_settings", "check_attacks", "FEDERATION", "ATTACKS", "REID_ATTACKS"]
 
-# The attacks audit.deanon_attacks runs (named here so that reading a plan does not import torch).
+# The attacks audit.deanon.attacks runs (named here so that reading a plan does not import torch).
 REID_ATTACKS = ("mlp", "svm", "knn")
 ATTACKS = REID_ATTACKS + ("siamese",)
 FEDERATION = "federation"  # crowd_alpha: as skewed as the federation's own partition
@@ -36,7 +36,7 @@ class DeanonSettings:
         return self.enabled and round_num % self.interval == 0
 
     def metric_names(self) -> list[str]:
-        """The scalar metrics audit.deanon_audit.deanon_self_audit reports under these settings."""
+        """The scalar metrics audit.deanon.self_audit.deanon_self_audit reports under these settings."""
         names = []
         for attack in self.attacks:
             if attack in REID_ATTACKS:
@@ -55,12 +55,12 @@ class DeanonSettings:
 def check_attacks(key, value) -> tuple[str, ...]:
     """A non-empty list of distinct attack names (also `aggregator.settings.deanon.attacks`)."""
     if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-        raise AuditSettingsError(f"{key}: expected a non-empty list of attacks from {', '.join(ATTACKS)}, got {value!r}")
+        raise SettingsError(f"{key}: expected a non-empty list of attacks from {', '.join(ATTACKS)}, got {value!r}")
     for item in value:
         if item not in ATTACKS:
-            raise AuditSettingsError(f"{key}: unknown attack {item!r}; known: {', '.join(ATTACKS)}")
+            raise SettingsError(f"{key}: unknown attack {item!r}; known: {', '.join(ATTACKS)}")
     if len(set(value)) != len(value):
-        raise AuditSettingsError(f"{key}: an attack is listed twice: {list(value)}")
+        raise SettingsError(f"{key}: an attack is listed twice: {list(value)}")
     return tuple(value)
 
 
@@ -72,19 +72,19 @@ def _crowd_alpha(key, value):
     if value is None or value == FEDERATION:
         return value
     if not is_real(value) or not (math.isfinite(value) and value > 0):
-        raise AuditSettingsError(f"{key}: expected {FEDERATION!r}, a Dirichlet alpha > 0 or null (IID), got {value!r}")
+        raise SettingsError(f"{key}: expected {FEDERATION!r}, a Dirichlet alpha > 0 or null (IID), got {value!r}")
     return float(value)
 
 
 def _crowd_users(key, value):
     if not is_int(value) or value < 2:
-        raise AuditSettingsError(f"{key}: expected an integer >= 2 (the crowd to hide in), got {value!r}")
+        raise SettingsError(f"{key}: expected an integer >= 2 (the crowd to hide in), got {value!r}")
     return int(value)
 
 
 def _shadows(key, value):
     if not is_int(value) or value < 2:
-        raise AuditSettingsError(f"{key}: expected an integer >= 2 (attacks learn a user from several updates), "
+        raise SettingsError(f"{key}: expected an integer >= 2 (attacks learn a user from several updates), "
                                  f"got {value!r}")
     return int(value)
 

@@ -4,7 +4,7 @@ The adversary (Orekondy et al., seeds 000/001) knows some data of every user ("p
 on it, from the round's global model with the collaborators' local recipe, learns what each user's updates look
 like and names the owner of anonymous updates. Here the collaborator plays that server against itself:
 - users: this collaborator (prior = its own data not trained on: a random part of its non-member shard; private
-  = its members) and a crowd of K synthetic users from the population data (audit.deanon_crowd), as skewed as
+  = its members) and a crowd of K synthetic users from the population data (audit.deanon.crowd), as skewed as
   the federation;
 - training data of the attacks: S shadow updates per user, each on a random subset of that user's prior;
 - anonymous updates: this collaborator's real update (what it is about to send) and one update per crowd user
@@ -27,11 +27,11 @@ import numpy as np
 import torch
 from sklearn.exceptions import ConvergenceWarning
 
-from audit.deanon_attacks import match, reidentify, single_threaded
-from audit.deanon_crowd import crowd_capacity, draw_crowd
-from audit.deanon_representation import last_layer, layer_tensor_names, normalise_rows, update_vector
-from audit.deanon_settings import REID_ATTACKS, DeanonSettings
-from audit.shadow_training import TrainingRecipe, train_copies
+from audit.deanon.attacks import match, reidentify, single_threaded
+from audit.deanon.crowd import crowd_capacity, draw_crowd
+from audit.deanon.representation import last_layer, layer_tensor_names, normalise_rows, update_vector
+from audit.config.deanon_settings import REID_ATTACKS, DeanonSettings
+from audit.training import TrainingRecipe, train_copies
 
 __all__ = ["SELF", "DeanonResult", "AuditSizes", "audit_sizes", "deanon_self_audit"]
 

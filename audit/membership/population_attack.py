@@ -37,7 +37,6 @@ import io
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from numbers import Real
 from typing import Callable, Mapping
 
 import numpy as np
@@ -50,13 +49,15 @@ from privacy_meter.hypothesis_test import (
 from privacy_meter.metric_result import CombinedMetricResult
 from sklearn.metrics import roc_auc_score
 
+from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, THRESHOLD_FUNCTIONS as THRESHOLD_FUNCTION_NAMES
+from audit.config.checks import check_fpr_tolerances
+from audit.config.vocabulary import tolerance_name
+
 __all__ = [
     "DEFAULT_ALPHAS",
     "THRESHOLD_FUNCTIONS",
     "AttackResult",
     "population_attack",
-    "tolerance_name",
-    "tolerance_name_clash",
     "update_attack",
 ]
 
@@ -72,9 +73,7 @@ THRESHOLD_FUNCTIONS: Mapping[str, Callable] = {
     "gaussian": gaussian_threshold_func,
     "min_linear_logit": min_linear_logit_threshold_func,
 }
-
-# These fit a Gaussian to log(e^-l / (1 - e^-l)), which is only defined for a non-negative, loss-like signal l.
-_LOSS_ONLY_FUNCTIONS = frozenset({"logit_rescale", "min_linear_logit"})
+assert tuple(THRESHOLD_FUNCTIONS) == THRESHOLD_FUNCTION_NAMES  # the names plans use (audit.config.vocabulary)
 
 _SET_NAMES = ("members", "non-members", "population")
 
@@ -131,11 +130,6 @@ class AttackResult:
         }
 
 
-def tolerance_name(tolerance: float) -> str:
-    """How an FPR tolerance is written in metric names and JSON keys: f"{t:g}" (6 significant digits)."""
-    return f"{float(tolerance):g}"
-
-
 def _json_float(value) -> float | None:
     value = float(value)
     # Thresholds can be +-inf (the Gaussian fits at alpha = 1); strict JSON has no Infinity/NaN.
@@ -167,42 +161,7 @@ def _as_signal(values, name: str) -> np.ndarray:
 
 
 def _as_tolerances(fpr_tolerance) -> tuple[float, ...]:
-    if isinstance(fpr_tolerance, (str, bytes)):
-        raise ValueError(f"fpr_tolerance: expected a number or a sequence of numbers, got {fpr_tolerance!r}")
-    items = [fpr_tolerance] if isinstance(fpr_tolerance, Real) else fpr_tolerance
-    try:
-        items = list(items)
-    except TypeError as exc:
-        raise ValueError(f"fpr_tolerance: expected a number or a sequence of numbers, got {fpr_tolerance!r}") from exc
-    if not items:
-        raise ValueError("fpr_tolerance: empty")
-    tolerances = []
-    for tol in items:
-        if isinstance(tol, (bool, np.bool_)) or not isinstance(tol, Real):
-            raise ValueError(f"fpr_tolerance: {tol!r} is not a number")
-        tol = float(tol)
-        if not 0.0 < tol < 1.0:
-            raise ValueError(f"fpr_tolerance: {tol!r} is outside (0, 1)")
-        tolerances.append(tol)
-    clash = tolerance_name_clash(tolerances)
-    if clash:
-        raise ValueError(f"fpr_tolerance: {clash}")
-    return tuple(tolerances)
-
-
-def tolerance_name_clash(tolerances) -> str | None:
-    """Why two of `tolerances` cannot both be reported (they have one `tolerance_name`, so their metrics and JSON
-    entries would overwrite each other), naming both; None if all names differ."""
-    named: dict[str, float] = {}
-    for tol in tolerances:
-        name = tolerance_name(tol)
-        if name in named:
-            if named[name] == tol:
-                return f"{tol!r} is listed twice"
-            return (f"{named[name]!r} and {tol!r} both give the metric name suffix _tpr_at_fpr_{name} (tolerances "
-                    f"must differ within 6 significant digits)")
-        named[name] = tol
-    return None
+    return check_fpr_tolerances("fpr_tolerance", fpr_tolerance)
 
 
 def _as_alphas(alphas) -> np.ndarray:
@@ -302,7 +261,7 @@ def population_attack(
     tolerances = _as_tolerances(fpr_tolerance)
     alpha_grid = _as_alphas(alphas)
 
-    if threshold_function in _LOSS_ONLY_FUNCTIONS:
+    if threshold_function in LOSS_ONLY_FUNCTIONS:
         if not member_if_lower:
             raise ValueError(
                 f"threshold_function: {threshold_function!r} assumes a non-negative loss-like signal where "

@@ -1,32 +1,16 @@
-"""Per-sample membership signals of a PyTorch classifier: loss, logit margin, gradient norm.
+"""Per-sample gradient norms of a classifier's loss, w.r.t. all its trainable parameters or one layer's.
 
-The "logits" signal is the margin of the true-class logit over the best other logit, z_y - max_{j!=y} z_j (the
-"hinge" score of Carlini et al.'s LiRA). The scaled logit log(p_y / (1 - p_y)) is not used: it is a monotone function
-of the loss, so a threshold attack on it has exactly the loss attack's ROC - the OpenFL tutorial's defect of a
-"logits" signal that is the loss again. With three or more classes the margin ignores how the remaining probability
-mass is spread over the other classes, so it ranks samples differently from the loss. With two classes it does not:
-there the loss is softplus(-margin), a decreasing function of the margin, and both signals give the same ROC.
-
-All signals are taken with the model in eval mode (no Dropout noise, BatchNorm running statistics), so two calls on
-the same model and samples give the same values; the model's train/eval flags, parameters and ``.grad`` fields are
-left as they were. Values are float64 numpy arrays of shape (N,), one per sample, in the order of the samples.
-
-Per-sample gradient norms w.r.t. Linear and Conv2d parameters come from one batched forward and backward pass and the
-layers' inputs and output gradients (no per-sample gradient is built when Gram matrices are smaller; see
-`_layerwise_norms`) when those layers see one row per sample; any other parameter, or a layer that sees the batch
-folded into its rows or sequence-first, goes through torch.func (vmap of grad), or a per-sample autograd loop when
-vmap cannot batch the forward.
-
-Inputs keep their kind: floating inputs are cast to the model's dtype, integer inputs (token ids for an Embedding)
-stay integer (`model_input`).
+For a Linear or Conv2d layer that sees one row per sample, sample i's gradient w.r.t. the weight is G_i^T A_i (A_i the
+layer's input, unfolded into patches for a convolution; G_i the gradient of the sample's loss w.r.t. the layer's
+output), so one batched forward and backward give every sample's norm without building per-sample gradients when the
+Gram matrices are smaller ("ghost" norms, as opacus' fast gradient clipping does). Any other parameter, or a layer that
+sees the batch folded into its rows or sequence-first, goes through torch.func (vmap of grad), or a per-sample autograd
+loop when vmap cannot batch the forward. The first samples of every call are checked against per-sample autograd.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
 import warnings
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -34,121 +18,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-SIGNALS = ("loss", "logits", "gradient_norm")
+from audit.model_io import chunks, eval_mode
 
-# Members tend to have a low loss and small gradients, but a high (confident) true-class logit.
-_MEMBER_IF_LOWER = {"loss": True, "logits": False, "gradient_norm": True}
+__all__ = ["gradient_parameter_names", "gradient_norms"]
 
 # vmap(grad) materialises one full gradient per sample of the chunk; cap a chunk's per-sample gradients at this many
 # bytes so a large model (e.g. the ~23M-parameter tutorial net, ~93 MB per sample) cannot exhaust RAM whatever
 # batch_size the caller picked.
 _MAX_CHUNK_GRAD_BYTES = 512 * 2**20
-
-
-def _check_signal_name(signal: str) -> None:
-    if signal not in SIGNALS:
-        raise ValueError(f"unknown signal {signal!r}; valid signals: {', '.join(SIGNALS)}")
-
-
-def member_if_lower(signal: str) -> bool:
-    """True if members are expected to have lower values of `signal` than non-members."""
-    _check_signal_name(signal)
-    return _MEMBER_IF_LOWER[signal]
-
-
-def _model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
-    for tensor in list(model.parameters()) + list(model.buffers()):
-        if tensor.is_floating_point():
-            return tensor.device, tensor.dtype
-    return torch.device("cpu"), torch.get_default_dtype()
-
-
-def model_input(model: nn.Module, x) -> torch.Tensor:
-    """`x` as a tensor `model` can take: on its device; floating values in its dtype (numpy inputs are often float64),
-    integer values (token ids, indices for an Embedding) left integer."""
-    x = torch.as_tensor(x)
-    device, dtype = _model_device_dtype(model)
-    if x.is_floating_point():
-        return x.to(device=device, dtype=dtype)
-    return x.to(device)
-
-
-def _prepare(model: nn.Module, x, y, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    x = torch.as_tensor(x)
-    y = torch.as_tensor(y)
-    if x.ndim == 0 or y.ndim != 1:
-        raise ValueError(f"x must have shape (N, ...) and y shape (N,); got {tuple(x.shape)} and {tuple(y.shape)}")
-    if x.shape[0] != y.shape[0]:
-        raise ValueError(f"x has {x.shape[0]} samples but y has {y.shape[0]} labels")
-    if x.shape[0] == 0:
-        raise ValueError("empty sample set (N=0): signals need at least one sample")
-    if y.is_floating_point() or y.is_complex():
-        raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
-    x = model_input(model, x)
-    return x, y.to(device=x.device, dtype=torch.long)
-
-
-@contextlib.contextmanager
-def module_mode(model: nn.Module, *, training: bool) -> Iterator[None]:
-    """Run a block with the model in train (`training`) or eval mode, then give every submodule its own flag back."""
-    # Remember every submodule's flag, not only the top one: a caller may keep e.g. a frozen BatchNorm in eval mode
-    # inside a model that is in train mode.
-    flags = [(module, module.training) for module in model.modules()]
-    model.train(training)
-    try:
-        yield
-    finally:
-        for module, training_flag in flags:
-            module.training = training_flag
-
-
-def eval_mode(model: nn.Module):
-    """Run a block with the model in eval mode, then give every submodule its own train/eval flag back."""
-    return module_mode(model, training=False)
-
-
-def _chunks(n: int, size: int) -> Iterator[slice]:
-    for start in range(0, n, size):
-        yield slice(start, min(start + size, n))
-
-
-def _logits(model: nn.Module, x: torch.Tensor, batch_size: int) -> torch.Tensor:
-    """Model outputs for all samples in float64, shape (N, C); eval mode, no autograd graph."""
-    outs = []
-    with eval_mode(model), torch.no_grad():
-        for part in _chunks(x.shape[0], batch_size):
-            out = model(x[part])
-            if not isinstance(out, torch.Tensor) or out.ndim != 2:
-                raise ValueError("the model must return a logits tensor of shape (batch, classes)")
-            outs.append(out.to(torch.float64))
-    return torch.cat(outs)
-
-
-def _loss_from_logits(logits: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-    return F.cross_entropy(logits, y, reduction="none").cpu().numpy()
-
-
-def _logit_margin_from_logits(logits: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-    if logits.shape[1] < 2:
-        raise ValueError("the logits (margin) signal needs a model with at least 2 classes")
-    # Read off the raw logits, never the softmax: finite even when probabilities saturate to exactly 0 or 1.
-    true_logit = logits.gather(1, y[:, None]).squeeze(1)
-    others = logits.scatter(1, y[:, None], float("-inf"))
-    return (true_logit - others.max(dim=1).values).cpu().numpy()
-
-
-def loss_signal(model: nn.Module, x, y, *, batch_size: int = 256) -> np.ndarray:
-    """Per-sample cross-entropy loss, float64 of shape (N,)."""
-    x, y = _prepare(model, x, y, batch_size)
-    return _loss_from_logits(_logits(model, x, batch_size), y)
-
-
-def logit_signal(model: nn.Module, x, y, *, batch_size: int = 256) -> np.ndarray:
-    """Per-sample logit margin of the true class, z_y - max_{j != y} z_j, float64 of shape (N,)."""
-    x, y = _prepare(model, x, y, batch_size)
-    return _logit_margin_from_logits(_logits(model, x, batch_size), y)
 
 
 def gradient_parameter_names(model: nn.Module, layer: str | None) -> list[str]:
@@ -173,18 +50,7 @@ def gradient_parameter_names(model: nn.Module, layer: str | None) -> list[str]:
     return names
 
 
-def gradient_norm_signal(model: nn.Module, x, y, *, layer: str | None = None, batch_size: int = 256) -> np.ndarray:
-    """L2 norm of each sample's gradient of its own cross-entropy loss, float64 of shape (N,).
-
-    With `layer=None` the gradient is taken w.r.t. all trainable parameters, otherwise only w.r.t. the parameters of
-    the submodule named `layer` in model.named_modules() (e.g. "fc1", "features.10"); the other parameters are held
-    constant, which skips their gradients.
-    """
-    x, y = _prepare(model, x, y, batch_size)
-    return _gradient_norms(model, x, y, gradient_parameter_names(model, layer), batch_size)[0]
-
-
-def _gradient_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str], batch_size: int,
+def gradient_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, names: list[str], batch_size: int,
                     *, want_logits: bool = False) -> tuple[np.ndarray, torch.Tensor | None]:
     """Per-sample gradient norms w.r.t. the parameters `names`, and (if the layer-wise path ran and `want_logits`)
     the float64 logits of the same forward pass, else None."""
@@ -231,7 +97,7 @@ def _functorch_squared_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
 
     result = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     use_vmap = True
-    for part in _chunks(x.shape[0], chunk):
+    for part in chunks(x.shape[0], chunk):
         vmap_error = None
         if use_vmap:
             try:
@@ -350,7 +216,7 @@ def _squared_layer_norms(module: nn.Module, attrs: tuple[str, ...], inp: torch.T
         total += (torch.bmm(a64, a64.transpose(1, 2)) * torch.bmm(g64, g64.transpose(1, 2))).sum(dim=(1, 2))
     else:  # build the per-sample weight gradients (B, O, K), as few samples at a time as the byte cap needs
         step = max(1, _MAX_CHUNK_GRAD_BYTES // max(1, k * o * a.element_size()))
-        for part in _chunks(b, step):
+        for part in chunks(b, step):
             per_sample = torch.bmm(g[part].transpose(1, 2), a[part])
             total[part] += torch.linalg.vector_norm(per_sample.reshape(len(per_sample), -1), dim=1).double() ** 2
     return total
@@ -386,7 +252,7 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
     squared = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     parts = []
     try:
-        for part in _chunks(x.shape[0], batch_size):
+        for part in chunks(x.shape[0], batch_size):
             captured.clear()
             with torch.enable_grad():
                 out = functional_call(model, state, (x[part],))
@@ -442,45 +308,3 @@ def _probe_reference(model: nn.Module, state: dict, x: torch.Tensor, y: torch.Te
 
     k = min(_PROBE_SAMPLES, x.shape[0])
     return _loop_squared_norms(sample_loss, trainable, x[:k], y[:k]).sqrt()
-
-
-def compute_signals(
-    model: nn.Module, x, y, names: Sequence[str], *, layer: str | None = None, batch_size: int = 256,
-    timings: dict | None = None,
-) -> dict[str, np.ndarray]:
-    """Signals named in `names` (from SIGNALS), in that order; `layer` applies to gradient_norm only.
-
-    Ask for several signals in one call: loss and logits share one forward pass, and when the gradient norm is
-    taken layer-wise (Linear / Conv2d parameters) its forward pass gives them too. A `timings` dict gets the
-    seconds spent per signal: a forward pass shared with the gradient norm counts as gradient_norm's, one shared by
-    loss and logits only as the first of them's.
-    """
-    if isinstance(names, str):
-        names = [names]
-    for name in names:
-        _check_signal_name(name)
-    x, y = _prepare(model, x, y, batch_size)
-    want_logits = bool({"loss", "logits"} & set(names))
-    seconds = {name: 0.0 for name in names}
-    norms = logits = None
-    if "gradient_norm" in names:
-        start = time.perf_counter()
-        # The layer-wise gradient path runs the forward pass anyway: loss and logits come from it when it applies.
-        norms, logits = _gradient_norms(model, x, y, gradient_parameter_names(model, layer), batch_size,
-                                        want_logits=want_logits)
-        seconds["gradient_norm"] += time.perf_counter() - start
-    out: dict[str, np.ndarray] = {}
-    for name in names:
-        start = time.perf_counter()
-        if name in ("loss", "logits") and logits is None:
-            logits = _logits(model, x, batch_size)  # one forward for both
-        if name == "loss":
-            out[name] = _loss_from_logits(logits, y)
-        elif name == "logits":
-            out[name] = _logit_margin_from_logits(logits, y)
-        else:
-            out[name] = norms
-        seconds[name] += time.perf_counter() - start
-    if timings is not None:
-        timings.update(seconds)
-    return out

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from numbers import Integral, Real
+from dataclasses import dataclass
+from numbers import Integral
 
 import numpy as np
 
-from audit.setting_checks import with_defaults
+from audit.config.mitigation_settings import DATA_MITIGATIONS, MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
 
 __all__ = [
     "MITIGATIONS",
@@ -41,79 +41,9 @@ __all__ = [
     "update_norm",
 ]
 
-MITIGATIONS = ("none", "noise", "dp_fedavg", "bkg_repl", "rand_aug", "mm_aug")
-DATA_MITIGATIONS = ("bkg_repl", "rand_aug", "mm_aug")
-UPDATE_MITIGATIONS = ("noise", "dp_fedavg")
-
 # Explicit (sklearn's default changed across versions); a few restarts guard against a poor k-means++ start
 # without making the clustering of a large background set slow.
 _KMEANS_N_INIT = 3
-
-
-@dataclass(frozen=True)
-class Mitigation:
-    method: str = "none"
-    alpha: float = 0.0  # bkg_repl: fraction replaced, [0, 1]; rand_aug / mm_aug: augmentation ratio >= 0
-    sigma: float = 0.0  # noise: std of the Gaussian added to each update element; dp_fedavg: noise multiplier
-    clip: float = 50.0  # dp_fedavg: L2 bound on the whole update
-    clusters: int = 10  # mm_aug: k-means clusters of the background data
-
-    def __post_init__(self):
-        # Direct construction is validated too (ints -> floats), so an invalid Mitigation cannot exist.
-        for name, value in _validate({f.name: getattr(self, f.name) for f in fields(self)}, "mitigation").items():
-            object.__setattr__(self, name, value)
-
-    @classmethod
-    def from_mapping(cls, mapping: Mapping | None, *, prefix: str = "mitigation") -> "Mitigation":
-        """Settings from a plan's mapping (None or {} -> no mitigation); errors start with the dotted key."""
-        if mapping is None:
-            return cls()
-        values = with_defaults(cls, mapping, prefix)
-        return cls(**_validate(values, prefix))
-
-    def to_dict(self) -> dict:
-        """JSON-able dict; from_mapping(to_dict()) gives back an equal Mitigation."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    @property
-    def active(self) -> bool:
-        """Whether the mitigation changes anything (dp_fedavg always clips, even with sigma == 0)."""
-        if self.method in DATA_MITIGATIONS:
-            return self.alpha > 0
-        if self.method == "noise":
-            return self.sigma > 0
-        return self.method == "dp_fedavg"
-
-
-def _is_real(value) -> bool:
-    return isinstance(value, Real) and not isinstance(value, (bool, np.bool_))
-
-
-def _number(key: str, value, *, low: float, low_inclusive: bool = True) -> float:
-    if not _is_real(value) or not math.isfinite(value):
-        raise ValueError(f"{key}: expected a finite number, got {value!r}")
-    if value < low or (value == low and not low_inclusive):
-        raise ValueError(f"{key}: expected a number {'>=' if low_inclusive else '>'} {low:g}, got {value!r}")
-    return float(value)
-
-
-def _validate(values: dict, prefix: str) -> dict:
-    method = values["method"]
-    if not isinstance(method, str) or method not in MITIGATIONS:
-        raise ValueError(f"{prefix}.method: unknown mitigation {method!r}; known: {', '.join(MITIGATIONS)}")
-    alpha = _number(f"{prefix}.alpha", values["alpha"], low=0.0)
-    if method == "bkg_repl" and alpha > 1:
-        raise ValueError(f"{prefix}.alpha: bkg_repl replaces a fraction of the data, expected [0, 1], got {alpha!r}")
-    clusters = values["clusters"]
-    if not isinstance(clusters, Integral) or isinstance(clusters, (bool, np.bool_)) or clusters < 1:
-        raise ValueError(f"{prefix}.clusters: expected an integer >= 1, got {clusters!r}")
-    return {
-        "method": method,
-        "alpha": alpha,
-        "sigma": _number(f"{prefix}.sigma", values["sigma"], low=0.0),
-        "clip": _number(f"{prefix}.clip", values["clip"], low=0.0, low_inclusive=False),
-        "clusters": int(clusters),
-    }
 
 
 def _check_seed(seed) -> int:

@@ -9,7 +9,7 @@ in ~0.2 s instead of seconds.  Being linear, it also maps a mixture of activatio
 decoded images, so it adds no artefacts of its own to a partial reconstruction.
 
 Train it on population data under the round's *received global* model (the activations the reconstructions are
-made of), then pass it to :func:`audit.fidel.fidel_audit` as ``decoder=``.
+made of), then pass it to :func:`audit.fidel.attack.fidel_audit` as ``decoder=``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
-from audit.fidel import find_first_dense_layer, layer_inputs
+from audit.fidel.layers import find_first_dense_layer, layer_inputs
 
 __all__ = ["DEFAULT_ALPHAS", "FidelDecoder", "train_decoder"]
 

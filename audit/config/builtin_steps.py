@@ -1,0 +1,47 @@
+"""The built-in audit steps, declared in run order: membership inference, Fidel reconstruction, deanonymization.
+
+Each declaration names the step's plan section, its settings parser, the metrics it reports and where its run lives
+(imported on first use, so reading a plan needs no torch). See audit.config.steps for how to add one.
+"""
+
+from __future__ import annotations
+
+from audit.config.deanon_settings import deanon_settings
+from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
+from audit.config.steps import AuditStep, register
+from audit.config.vocabulary import mia_metric, tpr_statistic
+
+__all__ = ["MEMBERSHIP", "FIDEL", "DEANON", "membership_series"]
+
+
+def membership_series(settings) -> list[tuple[str, str]]:
+    """(model, signal) pairs the membership step attacks: each signal on the local (and global) model, and the update
+    attack's loss reduction."""
+    series = [("local", s) for s in settings.signals]
+    if settings.audit_global:
+        series += [("global", s) for s in settings.signals]
+    if settings.update_attack:
+        series.append(("update", "loss_reduction"))
+    return series
+
+
+def _membership_metric_names(settings, _audit_settings) -> list[str]:
+    names = []
+    for model, signal in membership_series(settings):
+        names += [mia_metric(model, signal, "auc"), mia_metric(model, signal, "exact_auc")]
+        names += [mia_metric(model, signal, tpr_statistic(t)) for t in settings.fpr_tolerance]
+    return names
+
+
+MEMBERSHIP = register(AuditStep(
+    name="membership", section=None, parse=None, metric_names=_membership_metric_names,
+    run="audit.membership.step:run", needs_global=False,
+))
+FIDEL = register(AuditStep(
+    name="fidel", section="fidel", parse=fidel_settings, metric_names=lambda settings, _: list(FIDEL_METRICS),
+    run="audit.fidel.step:run",
+))
+DEANON = register(AuditStep(
+    name="deanon", section="deanon", parse=deanon_settings, metric_names=lambda settings, _: settings.metric_names(),
+    run="audit.deanon.step:run",
+))

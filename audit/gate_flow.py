@@ -1,0 +1,162 @@
+"""The gate's flow for one round: audit the update, decide, and when it is gated withhold it or retrain it with DP.
+
+`run_gate` is the whole flow, without OpenFL or torch: the caller passes the audits and the DP retraining as
+callables and then sends what the returned `GateOutcome` says (`outcome.sends`). The outcome is typed and carries
+everything the round record (`outcome.record_entry`) and the aggregator's scalars (`outcome.scalars`) are made from.
+
+Order of the flow (each step only when the one before did not decide):
+1. an update holding NaN/Inf is withheld whatever the policy (the record audits what is then sent: the received
+   weights, so the metric names match the other rounds');
+2. a round the audit schedule skips is not gated: there is nothing to compare;
+3. the trained update is audited and the policy decides; passed or `report_only` keeps it;
+4. `dp_retrain`: DP-SGD retrains from the received weights, each try re-audited with the noise multiplier doubled,
+   until one passes (`dp_retrained`) or the retries run out (`withheld`); `withhold` withholds at once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
+from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT, NON_FINITE_UPDATE,
+                                        VERDICTS, WITHHELD, tripped_name)
+
+__all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "Retrained", "DPTry", "GateOutcome",
+           "run_gate"]
+
+OVER_THRESHOLD = "over_threshold"
+
+# What the caller sends for each verdict.
+SEND_TRAINED, SEND_RETRAINED, SEND_RECEIVED = "trained", "retrained", "received"
+
+
+@dataclass(frozen=True)
+class Retrained:
+    """One DP retrain, as the caller's `retrain(attempt, noise_multiplier)` returns it."""
+
+    state: Any                # the retrained weights; opaque to the flow, handed back to the caller's audit and send
+    train_loss: float         # mean training loss of its last epoch (NaN if it saw no batch)
+    noise_multiplier: float
+    steps: int
+    epsilon: float            # the accountant's epsilon after this try: composed over the round's tries
+    non_finite: bool          # the retrained weights hold NaN/Inf
+
+
+@dataclass(frozen=True)
+class DPTry:
+    attempt: int
+    retrained: Retrained
+    verdict: GateVerdict
+    metrics: Mapping[str, float]
+
+    def to_dict(self) -> dict:
+        loss = self.retrained.train_loss
+        return {"attempt": self.attempt, "noise_multiplier": self.retrained.noise_multiplier,
+                "steps": self.retrained.steps, "train_loss": loss if math.isfinite(loss) else None,
+                "epsilon": self.retrained.epsilon, **self.verdict.to_dict(), "metrics": dict(self.metrics)}
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """What the gate decided this round and why."""
+
+    verdict: str                         # KEPT, DP_RETRAINED or WITHHELD
+    gate_verdict: GateVerdict            # the policy's verdict on the trained update (non-finite: always gated)
+    record: dict | None                  # the round's audit record; None: not audited and nothing withheld
+    reason: str | None = None            # NON_FINITE_UPDATE, OVER_THRESHOLD, or None when it passed
+    tries: tuple[DPTry, ...] = ()
+    epsilon: float = 0.0                 # the round's DP epsilon over every try (0.0 without a DP retrain)
+    non_finite_tensors: tuple[str, ...] = ()
+    retrained: Retrained | None = None   # the try that passed (verdict DP_RETRAINED)
+
+    @property
+    def retries(self) -> int:
+        return len(self.tries)
+
+    @property
+    def sends(self) -> str:
+        """SEND_TRAINED, SEND_RETRAINED (`retrained.state`) or SEND_RECEIVED (the received global weights)."""
+        return {KEPT: SEND_TRAINED, DP_RETRAINED: SEND_RETRAINED, WITHHELD: SEND_RECEIVED}[self.verdict]
+
+    def record_entry(self, policy: GatePolicy) -> dict:
+        """The gate's part of the round record (`record["extra"]["gate"]`)."""
+        out = {
+            "verdict": self.verdict,
+            "action": policy.action,
+            "reason": self.reason,
+            **self.gate_verdict.to_dict(),
+            "thresholds": dict(policy.thresholds),
+            "retries": self.retries,
+            "epsilon": self.epsilon,
+            "delta": policy.dp.delta if self.retries else None,
+            "tries": [t.to_dict() for t in self.tries],
+            "audited": bool(self.record and self.record["attacks"]),
+        }
+        if self.non_finite_tensors:
+            out["non_finite_tensors"] = list(self.non_finite_tensors)
+        if self.retrained is not None and math.isfinite(self.retrained.train_loss):
+            out["dp_train_loss"] = self.retrained.train_loss
+        return out
+
+    def scalars(self, watched: tuple[str, ...]) -> dict[str, float]:
+        """The scalars the aggregator gets (names: the contract with src.aggregation and its report). `watched`:
+        every metric any gate of the plan watches, so every collaborator sends the same names each round (OpenFL's
+        aggregator fails when a metric is missing from some collaborators); NON_FINITE_UPDATE always."""
+        out = {
+            GATE_KEPT: 0.0 if self.verdict == WITHHELD else 1.0,
+            GATE_RETRIES: float(self.retries),
+            GATE_EPSILON: float(self.epsilon),
+        }
+        tripped = self.gate_verdict.tripped
+        for name in (*watched, *((NON_FINITE_UPDATE,) if NON_FINITE_UPDATE not in watched else ())):
+            out[tripped_name(name)] = float(tripped[name][0]) if name in tripped else 0.0
+        return out
+
+
+def run_gate(
+    policy: GatePolicy,
+    trained: Mapping[str, Any],
+    *,
+    audited: bool,
+    audit_trained: Callable[[], dict],
+    audit_received: Callable[[], dict],
+    empty_record: Callable[[], dict],
+    retrain: Callable[[int, float], Retrained],
+    audit_retrained: Callable[[Retrained], dict],
+) -> GateOutcome:
+    """Run the flow of the module docstring for one round's update.
+
+    trained: the update's tensors (name -> array), checked for NaN/Inf. audited: whether the audit schedule has
+    this round. audit_trained / audit_received / audit_retrained: the round's audit record of the trained model,
+    of the received weights, of a DP retrain. empty_record: the record of a round withheld without an audit.
+    retrain(attempt, noise_multiplier): one DP-SGD retrain from the received weights (attempt is 1-based).
+    """
+    bad = non_finite_tensors(trained)
+    if bad:
+        record = audit_received() if audited else empty_record()
+        return GateOutcome(WITHHELD, GateVerdict.non_finite(), record, reason=NON_FINITE_UPDATE,
+                           non_finite_tensors=tuple(bad))
+    if not audited:
+        return GateOutcome(KEPT, GateVerdict(passed=True), None)
+
+    record = audit_trained()
+    verdict = policy.decide(record["metrics"])
+    if verdict.passed or policy.action == "report_only":
+        return GateOutcome(KEPT, verdict, record, reason=None if verdict.passed else OVER_THRESHOLD)
+    tries: list[DPTry] = []
+    if policy.action == "dp_retrain":
+        for attempt in range(1, policy.dp.max_retries + 1):
+            result = retrain(attempt, policy.dp.noise_for_try(attempt))
+            if result.non_finite:
+                try_verdict, metrics = GateVerdict.non_finite(), {}
+            else:
+                metrics = audit_retrained(result)["metrics"]
+                try_verdict = policy.decide(metrics)
+            tries.append(DPTry(attempt, result, try_verdict, metrics))
+            if try_verdict.passed:
+                return GateOutcome(DP_RETRAINED, verdict, record, reason=OVER_THRESHOLD, tries=tuple(tries),
+                                   epsilon=result.epsilon, retrained=result)
+    epsilon = tries[-1].retrained.epsilon if tries else 0.0
+    return GateOutcome(WITHHELD, verdict, record, reason=OVER_THRESHOLD, tries=tuple(tries), epsilon=epsilon)

@@ -1,0 +1,83 @@
+"""The membership-inference step of a round's audit: signals of the local (and global) model on members,
+non-members and population; Privacy Meter's population attack per model and signal; the update attack (loss under
+the received model minus loss under the trained one)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from audit.config.vocabulary import mia_metric, tpr_statistic
+from audit.membership.population_attack import population_attack, update_attack
+from audit.membership.signals import compute_signals, member_if_lower
+from audit.round_audit import SETS, AuditContext, AuditSets, StepResult
+
+__all__ = ["run", "scalar_metrics"]
+
+
+def _signals_per_set(model, sets: AuditSets, names, settings) -> tuple[dict, dict]:
+    """signal name -> set name -> values, and signal name -> seconds spent over the three sets.
+
+    One compute_signals call per set: the signals share its forward pass (see compute_signals)."""
+    values: dict[str, dict[str, np.ndarray]] = {name: {} for name in names}
+    seconds = {name: 0.0 for name in names}
+    for set_name in SETS:
+        x, y = sets.tensors(set_name)
+        timings: dict[str, float] = {}
+        found = compute_signals(model, x, y, list(names), layer=settings.gradient_layer,
+                                batch_size=settings.batch_size, timings=timings)
+        for name in names:
+            values[name][set_name] = found[name]
+            seconds[name] += timings[name]
+    return values, seconds
+
+
+def _population_attacks(signal_values: dict, settings) -> dict:
+    return {
+        name: population_attack(
+            per_set["members"], per_set["nonmembers"], per_set["population"], settings.fpr_tolerance,
+            signal=name, member_if_lower=member_if_lower(name), threshold_function=settings.threshold_function,
+        )
+        for name, per_set in signal_values.items()
+    }
+
+
+def scalar_metrics(attacks) -> dict[str, float]:
+    """Flat scalars: mia_<model>_<signal>_auc (Privacy Meter's grid AUC), mia_<model>_<signal>_exact_auc (the
+    members-vs-non-members AUC over every threshold) and mia_<model>_<signal>_tpr_at_fpr_<t>; the names
+    audit.config.builtin_steps declares."""
+    metrics: dict[str, float] = {}
+    for model_kind, per_signal in attacks.items():
+        for signal, result in per_signal.items():
+            metrics[mia_metric(model_kind, signal, "auc")] = float(result.auc)
+            metrics[mia_metric(model_kind, signal, "exact_auc")] = float(result.exact_auc)
+            for tolerance, tpr in result.tpr_at_fpr.items():
+                metrics[mia_metric(model_kind, signal, tpr_statistic(tolerance))] = float(tpr)
+    return metrics
+
+
+def run(context: AuditContext, settings) -> StepResult:
+    """The membership audit; `settings` is the AuditSettings (its keys are the audit section's own)."""
+    sets, global_model = context.sets, context.global_model
+    wanted = list(settings.signals)
+    # The update attack needs the loss under both models, whether or not "loss" is an audited signal.
+    extra_loss = ["loss"] if settings.update_attack and "loss" not in wanted else []
+
+    local_values, local_seconds = _signals_per_set(context.local_model, sets, wanted + extra_loss, settings)
+    attacks = {"local": _population_attacks({k: local_values[k] for k in wanted}, settings)}
+    signal_seconds = {"local": local_seconds}
+
+    if global_model is not None and (settings.audit_global or settings.update_attack):
+        global_names = list(wanted) if settings.audit_global else []
+        if settings.update_attack and "loss" not in global_names:
+            global_names.append("loss")
+        global_values, global_seconds = _signals_per_set(global_model, sets, global_names, settings)
+        signal_seconds["global"] = global_seconds
+        if settings.audit_global:
+            attacks["global"] = _population_attacks({k: global_values[k] for k in wanted}, settings)
+        if settings.update_attack:
+            g, lo = global_values["loss"], local_values["loss"]
+            attacks["update"] = {"loss_reduction": update_attack(
+                g["members"], lo["members"], g["nonmembers"], lo["nonmembers"], g["population"], lo["population"],
+                settings.fpr_tolerance,
+            )}
+    return StepResult(metrics=scalar_metrics(attacks), attacks=attacks, timings={"signals_s": signal_seconds})

@@ -1,0 +1,75 @@
+"""Running a model on samples: inputs in the form the model takes, the train/eval mode it runs in, and chunking.
+
+Shared by the signals, Fidel and the many-copies training: floating inputs are cast to the model's dtype and device,
+integer inputs (token ids for an Embedding) stay integer; a mode is set for a block and every submodule's own flag
+comes back after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["model_input", "prepare", "module_mode", "eval_mode", "chunks"]
+
+
+def _model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.is_floating_point():
+            return tensor.device, tensor.dtype
+    return torch.device("cpu"), torch.get_default_dtype()
+
+
+def model_input(model: nn.Module, x) -> torch.Tensor:
+    """`x` as a tensor `model` can take: on its device; floating values in its dtype (numpy inputs are often float64),
+    integer values (token ids, indices for an Embedding) left integer."""
+    x = torch.as_tensor(x)
+    device, dtype = _model_device_dtype(model)
+    if x.is_floating_point():
+        return x.to(device=device, dtype=dtype)
+    return x.to(device)
+
+
+def prepare(model: nn.Module, x, y, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) checked as a labelled sample set for `model`: x on its device and dtype, y as int64 labels."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    x = torch.as_tensor(x)
+    y = torch.as_tensor(y)
+    if x.ndim == 0 or y.ndim != 1:
+        raise ValueError(f"x must have shape (N, ...) and y shape (N,); got {tuple(x.shape)} and {tuple(y.shape)}")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} samples but y has {y.shape[0]} labels")
+    if x.shape[0] == 0:
+        raise ValueError("empty sample set (N=0): signals need at least one sample")
+    if y.is_floating_point() or y.is_complex():
+        raise ValueError(f"y must hold integer class labels, got dtype {y.dtype}")
+    x = model_input(model, x)
+    return x, y.to(device=x.device, dtype=torch.long)
+
+
+@contextlib.contextmanager
+def module_mode(model: nn.Module, *, training: bool) -> Iterator[None]:
+    """Run a block with the model in train (`training`) or eval mode, then give every submodule its own flag back."""
+    # Remember every submodule's flag, not only the top one: a caller may keep e.g. a frozen BatchNorm in eval mode
+    # inside a model that is in train mode.
+    flags = [(module, module.training) for module in model.modules()]
+    model.train(training)
+    try:
+        yield
+    finally:
+        for module, training_flag in flags:
+            module.training = training_flag
+
+
+def eval_mode(model: nn.Module):
+    """Run a block with the model in eval mode, then give every submodule its own train/eval flag back."""
+    return module_mode(model, training=False)
+
+
+def chunks(n: int, size: int) -> Iterator[slice]:
+    for start in range(0, n, size):
+        yield slice(start, min(start + size, n))

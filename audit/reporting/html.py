@@ -1,0 +1,155 @@
+"""The party report's pages: the party's index.html and the run's root index.html."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import html
+
+import jinja2
+from markupsafe import Markup
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+from urllib.parse import quote
+
+from audit.reporting.atomic_io import atomic_write_text
+from audit.reporting.readings import auc_of, csv_cell, exact_auc_of, fmt, ordered_models, tpr_at
+from audit.reporting.records import ROUND_DIR_RE, round_dir_name
+
+__all__ = ["page", "party_page", "write_index", "escape", "href", "now"]
+
+def escape(text: Any) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def href(*parts: str) -> str:
+    return escape("/".join(quote(p) for p in parts))
+
+
+
+
+# One page style for every report page (the party's, the run index, the aggregator's): templates/page.html.
+_TEMPLATES = jinja2.Environment(loader=jinja2.PackageLoader("audit.reporting", "templates"),
+                                autoescape=jinja2.select_autoescape(["html"]), keep_trailing_newline=True)
+
+
+def page(title: str, body: list[str]) -> str:
+    """A whole HTML page in the shared style; `body` is HTML already escaped by its builder."""
+    return _TEMPLATES.get_template("page.html").render(title=title, body=Markup("\n".join(body)), updated=now())
+
+
+def now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+_AUC_NOTE = (
+    '<p class="muted">Exact AUC: members against non-members over every threshold (ties count half). Grid AUC: '
+    "Privacy Meter's, the area under the curve in the ROC image, whose thresholds are population quantiles; it "
+    "stops at the population's range, so it reads low on a small population. TPR @ FPR ≤ t: the threshold flags "
+    "at most a share t of the population (ties are flagged whole or not at all); the non-members' FPR there is in "
+    "audit.json (fpr_at_fpr).</p>"
+)
+
+
+def round_section(record: Mapping, tols: list[float]) -> list[str]:
+    rnd = record["round"]
+    d = round_dir_name(rnd)
+    out = [f'<section class="round" id="{escape(d)}">', f"<h3>Round {escape(rnd)}</h3>"]
+    out.append(f'<p class="muted"><a href="{href(d, "audit.json")}">audit.json</a>'
+               + (f" · seed {escape(record['seed'])}" if record.get("seed") is not None else "") + "</p>")
+    rows = []
+    for model in ordered_models(record["attacks"]):
+        for signal in sorted(record["attacks"][model]):
+            res = record["attacks"][model][signal]
+            cells = [f"<td>{escape(model)} / {escape(signal)}</td>", f"<td>{escape(fmt(exact_auc_of(res)))}</td>",
+                     f"<td>{escape(fmt(auc_of(res)))}</td>"]
+            cells += [f"<td>{escape(fmt(tpr_at(res, t)))}</td>" for t in tols]
+            cells.append(f"<td>{escape(fmt(res.get('n_members')))} / {escape(fmt(res.get('n_nonmembers')))}</td>")
+            rows.append("<tr>" + "".join(cells) + "</tr>")
+    if rows:
+        head = "<tr><th>model / signal</th><th>exact AUC</th><th>grid AUC (Privacy Meter)</th>" + "".join(
+            f"<th>TPR @ FPR ≤ {escape(f'{t:g}')}</th>" for t in tols) + "<th>members / non-members</th></tr>"
+        out += ['<div class="scroll"><table>', head, *rows, "</table></div>", _AUC_NOTE]
+    out.append(f'<p><a href="{href(d, "roc.png")}"><img src="{href(d, "roc.png")}" '
+               f'alt="{escape(f"ROC curves, round {rnd}")}" loading="lazy"></a></p>')
+    details = {k: record[k] for k in ("settings", "timings", "extra") if record.get(k)}
+    if details:
+        text = json.dumps(details, sort_keys=True, indent=2, default=str)
+        out.append(f"<details><summary>settings, timings, extra</summary><pre>{escape(text)}</pre></details>")
+    out.append("</section>")
+    return out
+
+
+def party_page(party: str, records: list[dict], tols: list[float], tpr_files: list[str], log_scale: bool) -> str:
+    body = ['<p><a href="../index.html">&larr; all parties</a></p>', f"<h1>Privacy audit: {escape(party)}</h1>"]
+    if not records:
+        body.append('<p>No audited rounds yet.</p>')
+        return page(f"Privacy audit: {party}", body)
+    latest = records[-1]["round"]
+    body.append(
+        f"<p>{len(records)} audited round{'s' if len(records) != 1 else ''} (latest: "
+        f'<a href="#{escape(round_dir_name(latest))}">round {escape(latest)}</a>). '
+        'Data: <a href="metrics.csv">metrics.csv</a>.</p>'
+    )
+    body += ["<h2>Membership-inference AUC per round (exact AUC)</h2>",
+             '<p class="muted">Members against non-members over every threshold. Privacy Meter\'s grid AUC is in '
+             "the tables: metrics ending in <code>_auc</code> are the grid AUC, those ending in "
+             "<code>_exact_auc</code> the exact one.</p>",
+             '<p><img src="auc.png" alt="exact AUC per round for every model and signal"></p>']
+    if tpr_files:
+        body.append("<h2>TPR at fixed FPR per round</h2>")
+        body.append('<p class="muted">With the threshold flagging at most a share t of the population. Dotted '
+                    "line: a random guess (TPR = FPR)" + ("; log-scaled TPR" if log_scale else "") + ".</p>")
+        for t, name in zip(tols, tpr_files):
+            body.append(f'<p><img src="{href(name)}" alt="{escape(f"TPR at FPR {t:g} per round")}"></p>')
+    names = sorted({k for r in records for k in r["metrics"]})
+    body.append("<h2>Metrics per round</h2>")
+    if names:
+        body.append('<div class="scroll"><table>')
+        body.append("<tr><th>round</th>" + "".join(f"<th>{escape(n)}</th>" for n in names) + "</tr>")
+        for r in reversed(records):
+            cells = "".join(
+                f'<td title="{escape(csv_cell(r["metrics"][n]))}">{escape(fmt(r["metrics"][n]))}</td>'
+                if n in r["metrics"] else "<td></td>"
+                for n in names
+            )
+            body.append(f'<tr><td><a href="#{escape(round_dir_name(r["round"]))}">{escape(r["round"])}</a></td>{cells}</tr>')
+        body.append("</table></div>")
+    else:
+        body.append("<p>No metrics recorded.</p>")
+    body.append("<h2>Rounds (newest first)</h2>")
+    for r in reversed(records):
+        body += round_section(r, tols)
+    return page(f"Privacy audit: {party}", body)
+
+
+def write_index(root: str | os.PathLike) -> Path:
+    """Write ``root/index.html`` linking every party report (``root/<party>/index.html``) found on disk."""
+    root = Path(root)
+    parties = []
+    try:
+        entries = sorted(root.iterdir(), key=lambda p: p.name)
+    except FileNotFoundError:
+        entries = []
+    for d in entries:
+        if d.name.startswith(".") or not d.is_dir() or not (d / "index.html").is_file():
+            continue
+        rounds = sorted(
+            int(m.group(1)) for c in d.iterdir()
+            if (m := ROUND_DIR_RE.match(c.name)) and (c / "audit.json").is_file()
+        )
+        parties.append((d.name, rounds))
+    body = ["<h1>Privacy audit reports</h1>"]
+    if parties:
+        body.append("<table><tr><th>party</th><th>audited rounds</th><th>latest round</th></tr>")
+        for name, rounds in parties:
+            latest = str(rounds[-1]) if rounds else "–"
+            body.append(f'<tr><td><a href="{href(name, "index.html")}">{escape(name)}</a></td>'
+                        f"<td>{len(rounds)}</td><td>{escape(latest)}</td></tr>")
+        body.append("</table>")
+    else:
+        body.append("<p>No party reports yet.</p>")
+    return atomic_write_text(root / "index.html", page("Privacy audit reports", body))
+
+

@@ -1,0 +1,138 @@
+"""Per-party privacy-audit reports: one directory per audited round plus cross-round summaries.
+
+Layout (every file written atomically, see :mod:`audit.reporting.atomic_io`)::
+
+    root/index.html                      links every party's report
+    root/<party>/index.html              AUC + TPR plots, metrics table, per-round ROC images (newest first)
+    root/<party>/metrics.csv             one row per round: "round", then the sorted metric names
+    root/<party>/auc.png                 exact AUC per round for every model x signal
+    root/<party>/tpr_at_<fpr:g>.png      TPR at each FPR tolerance per round
+    root/<party>/round_0003/audit.json   the round record, exactly as given
+    root/<party>/round_0003/roc.png      ROC curves: one subplot per audited model
+
+The cross-round files are always rebuilt from the ``audit.json`` files on disk, so they are derived
+state: a crash at any point leaves the previous report intact and the next write repairs it.
+
+A round record (a JSON-able dict) looks like::
+
+    {"party": "collaborator1", "round": 3, "seed": 0, "settings": {...}, "timings": {...},
+     "attacks": {"local": {"loss": A, ...}, "global": {...}, "update": {"loss_reduction": A}},
+     "metrics": {"mia_local_loss_auc": 0.61, ...},      # flat, finite numbers
+     "extra": {...}}
+
+where ``A`` is ``AttackResult.to_dict()`` (``fpr``/``tpr`` lists, ``auc``, ``exact_auc``, ``tpr_at_fpr`` keyed by
+``f"{tol:g}"``, ``n_members``/``n_nonmembers``...; non-finite numbers stored as None).
+
+Two AUCs, labelled as such wherever they are shown: the "grid AUC" (``auc``, metric ``mia_*_auc``) is Privacy
+Meter's, the area under the ROC curve drawn in ``roc.png``, whose thresholds are population quantiles on its
+alpha grid (it does not reach beyond the population's range, so it under-reads on a small population); the
+"exact AUC" (``exact_auc``, metric ``mia_*_exact_auc``) is the members-vs-non-members ROC AUC over every
+threshold (Mann-Whitney; ties count half). ``auc.png`` plots the exact AUC.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import re
+from pathlib import Path
+
+from audit.reporting.atomic_io import atomic_write_text
+from audit.reporting.html import party_page, write_index
+from audit.reporting.plots import plot_per_round, plot_roc
+from audit.reporting.readings import csv_cell, exact_auc_of, tolerances_of, tpr_at
+from audit.reporting.records import (load_cached_round_records, load_round_records, round_dir_name, validate_party_name,
+                                     validate_record)
+from audit.reporting.writer import RoundReportWriter
+
+__all__ = [
+    "ReportWriter",
+    "load_round_records",
+    "write_index",
+    "validate_record",
+    "validate_party_name",
+    "round_dir_name",
+]
+
+_TPR_PLOT_RE = re.compile(r"^tpr_at_.+\.png$")
+
+
+
+class ReportWriter(RoundReportWriter):
+    """Writes one party's audit report under ``root/<party>/``.
+
+    ``write_round(record)`` stores the round (``audit.json`` + ``roc.png``) and rebuilds the cross-round
+    files from every ``audit.json`` on disk; all writes are atomic. One writer per party at a time;
+    writers for different parties may share ``root`` (the root index is rewritten atomically by each).
+    """
+
+    def __init__(self, root: str | os.PathLike, party: str, *, log_scale: bool = False) -> None:
+        super().__init__(root)
+        self.party = validate_party_name(party)
+        self.party_dir: Path = self.root / party
+        self.log_scale = bool(log_scale)
+        self._cache: dict = {}  # parsed audit.json files (read-only use), see load_cached_round_records
+
+    def round_dir(self, round_: int) -> Path:
+        return self.party_dir / round_dir_name(round_)
+
+    def record_path(self, round_num: int) -> Path:
+        return self.round_dir(round_num) / "audit.json"
+
+    def prepare(self, record: dict) -> dict:
+        """Raises ValueError naming the offending field for an invalid record (nothing is written)."""
+        validate_record(record, party=self.party)
+        return record
+
+    def write_round_files(self, record: dict) -> None:
+        plot_roc(record, self.round_dir(record["round"]) / "roc.png", self.log_scale)
+
+    def write_round(self, record: dict) -> Path:
+        """Validate and store one round record (roc.png, then audit.json), rebuild the summaries; returns the round
+        directory."""
+        return super().write_round(record).parent
+
+    def load_rounds(self) -> list[dict]:
+        return load_cached_round_records(self.party_dir, self._cache)
+
+    def rebuild_summary(self) -> None:
+        """Rewrite metrics.csv, auc.png, tpr_at_*.png, index.html and root/index.html from disk."""
+        records = self.load_rounds()
+        self.party_dir.mkdir(parents=True, exist_ok=True)
+        self._write_metrics_csv(records)
+        tols = tolerances_of(records) if records else []
+        tpr_files = [f"tpr_at_{t:g}.png" for t in tols]
+        if records:
+            plot_per_round(
+                records, self.party_dir / "auc.png", party=self.party, value_of=exact_auc_of,
+                ylabel="exact AUC (every threshold)", title="membership-inference AUC per round (exact AUC)",
+                chance=0.5, chance_label="chance (AUC 0.5)",
+            )
+            for t, name in zip(tols, tpr_files):
+                plot_per_round(
+                    records, self.party_dir / name, party=self.party,
+                    value_of=lambda res, t=t: tpr_at(res, t),
+                    ylabel=f"TPR at FPR ≤ {t:g}", title=f"TPR at FPR ≤ {t:g} per round",
+                    chance=t, chance_label=f"chance (TPR = {t:g})", log_y=self.log_scale,
+                )
+        # Derived state: drop plots no longer backed by the records (e.g. a tolerance was removed).
+        stale = [p for p in self.party_dir.glob("tpr_at_*.png") if p.name not in tpr_files]
+        if not records:
+            stale.append(self.party_dir / "auc.png")
+        for p in stale:
+            if _TPR_PLOT_RE.match(p.name) or p.name == "auc.png":
+                p.unlink(missing_ok=True)
+        atomic_write_text(
+            self.party_dir / "index.html", party_page(self.party, records, tols, tpr_files, self.log_scale)
+        )
+        write_index(self.root)
+
+    def _write_metrics_csv(self, records: list[dict]) -> None:
+        names = sorted({k for r in records for k in r["metrics"]})
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(["round", *(csv_cell(n) for n in names)])
+        for r in records:
+            writer.writerow([r["round"], *(csv_cell(r["metrics"].get(n)) for n in names)])
+        atomic_write_text(self.party_dir / "metrics.csv", buf.getvalue())

@@ -1,0 +1,161 @@
+"""The party report's plots: per-round ROC curves and the per-round AUC and TPR lines (matplotlib, no pyplot)."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+from matplotlib.figure import Figure  # no pyplot: figures are never registered globally, so none leak
+from matplotlib.ticker import MaxNLocator
+
+from audit.config.checks import is_int
+from audit.reporting.atomic_io import atomic_savefig
+from audit.reporting.readings import (auc_of, curve, exact_auc_of, fmt, ordered_models,
+                                      series_keys)
+
+__all__ = ["plot_roc", "plot_per_round"]
+
+DPI = 100
+_MODEL_TITLES = {"local": "local model", "global": "global model", "update": "model update"}
+_MODEL_STYLES = {"local": ("-", "o"), "global": ("--", "s"), "update": (":", "^")}
+_OTHER_MODEL_STYLE = ("-.", "D")
+_SIGNAL_COLORS = {
+    "loss": "tab:blue",
+    "logits": "tab:orange",
+    "gradient_norm": "tab:green",
+    "loss_reduction": "tab:red",
+}
+_EXTRA_COLORS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+_CHANCE_STYLE = {"color": "0.45", "linestyle": ":", "linewidth": 1.2}
+
+def _model_style(model: str) -> tuple[str, str]:
+    return _MODEL_STYLES.get(model, _OTHER_MODEL_STYLE)
+
+
+def _signal_color(signal: str) -> str:
+    color = _SIGNAL_COLORS.get(signal)
+    if color is None:  # stable across processes and runs (unlike hash())
+        color = _EXTRA_COLORS[zlib.crc32(signal.encode("utf-8")) % len(_EXTRA_COLORS)]
+    return color
+
+
+
+
+def _log_floor(values: Iterable[np.ndarray], counts: Iterable[Any] = ()) -> float:
+    """Lower axis limit for log axes: half the smallest positive rate shown (or 1/n), >= 1e-6."""
+    smallest = 1.0
+    for v in values:
+        pos = v[v > 0]
+        if pos.size:
+            smallest = min(smallest, float(pos.min()))
+    for n in counts:
+        if is_int(n) and n > 0:
+            smallest = min(smallest, 1.0 / n)
+    if smallest >= 1.0:
+        smallest = 1e-2
+    return max(smallest / 2.0, 1e-6)
+
+
+def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
+    attacks = record["attacks"]
+    models = [m for m in ordered_models(attacks) if attacks[m]]
+    n = max(1, len(models))
+    width, height = 3.9 * n + 0.3, 4.5
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    # Fixed margins (in inches) instead of constrained layout: about half the drawing time.
+    fig.subplots_adjust(left=0.65 / width, right=1 - 0.15 / width, bottom=0.5 / height, top=1 - 0.95 / height,
+                        wspace=0.3)
+    axes = fig.subplots(1, n, squeeze=False)[0]
+    for ax, model in zip(axes, models):
+        per_signal = attacks[model]
+        curves = {s: curve(per_signal[s]) for s in sorted(per_signal)}
+        counts = []
+        for res in per_signal.values():
+            counts += [res.get("n_members"), res.get("n_nonmembers")]
+        floor = _log_floor([c for pair in curves.values() for c in pair], counts) if log_scale else 0.0
+        for signal, (fpr, tpr) in curves.items():
+            grid_auc, exact_auc = auc_of(per_signal[signal]), exact_auc_of(per_signal[signal])
+            label = f"{signal} (grid AUC {fmt(grid_auc, 3) if not math.isnan(grid_auc) else 'n/a'}"
+            label += f", exact {fmt(exact_auc, 3)})" if not math.isnan(exact_auc) else ")"
+            if fpr.size == 0:
+                ax.plot([], [], color=_signal_color(signal), label=label + " – no curve")
+                continue
+            if log_scale:
+                fpr, tpr = np.clip(fpr, floor, 1.0), np.clip(tpr, floor, 1.0)
+            ax.plot(fpr, tpr, color=_signal_color(signal), linewidth=1.6, label=label,
+                    marker="." if fpr.size <= 30 else None)
+        lo = floor if log_scale else 0.0
+        ax.plot([lo, 1.0], [lo, 1.0], label="chance", **_CHANCE_STYLE)
+        if log_scale:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+        ax.set_xlim(lo, 1.0)
+        ax.set_ylim(lo, 1.02 if not log_scale else 1.0)
+        if not log_scale:
+            ax.set_aspect("equal", adjustable="box")
+        ax.grid(True, alpha=0.25, which="major")
+        ax.set_xlabel("False positive rate")
+        ax.set_ylabel("True positive rate")
+        first = next(iter(per_signal.values()))
+        sizes = ""
+        if is_int(first.get("n_members")) and is_int(first.get("n_nonmembers")):
+            sizes = f"\n{first['n_members']} members / {first['n_nonmembers']} non-members"
+        ax.set_title(_MODEL_TITLES.get(model, model) + sizes, fontsize=10)
+        ax.legend(loc="lower right", fontsize=8, framealpha=0.85)
+    if not models:
+        ax = axes[0]
+        ax.text(0.5, 0.5, "no attack results in this round", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xlabel("False positive rate")
+        ax.set_ylabel("True positive rate")
+    scale = " (log-log)" if log_scale else ""
+    fig.suptitle(f"{record['party']} – round {record['round']}: membership-inference ROC{scale}", fontsize=11)
+    atomic_savefig(fig, path, dpi=DPI)
+
+
+def plot_per_round(
+    records: list[dict], path: Path, *, party: str, value_of, ylabel: str, title: str,
+    chance: float, chance_label: str, log_y: bool = False,
+) -> None:
+    rounds = [r["round"] for r in records]
+    fig = Figure(figsize=(8.4, 4.4), dpi=DPI)
+    fig.subplots_adjust(left=0.08, right=0.75, bottom=0.12, top=0.91)
+    ax = fig.add_subplot()
+    all_values = []
+    for model, signal in series_keys(records):
+        ys = []
+        for r in records:
+            res = r["attacks"].get(model, {}).get(signal)
+            ys.append(value_of(res) if isinstance(res, Mapping) else math.nan)
+        ys = np.array(ys, dtype=float)
+        all_values.append(ys[np.isfinite(ys)])
+        linestyle, marker = _model_style(model)
+        ax.plot(rounds, ys, linestyle=linestyle, marker=marker, markersize=5, linewidth=1.5,
+                color=_signal_color(signal), label=f"{model} / {signal}")
+    ax.axhline(chance, label=chance_label, **_CHANCE_STYLE)
+    finite = np.concatenate(all_values) if all_values else np.empty(0)
+    if log_y:
+        floor = _log_floor([finite, np.array([chance])])
+        for line in ax.get_lines():
+            y = np.asarray(line.get_ydata(), dtype=float)
+            line.set_ydata(np.where(np.isfinite(y), np.clip(y, floor, None), np.nan))
+        ax.set_yscale("log")
+        ax.set_ylim(floor, 1.05)
+    else:
+        lo = min([chance - 0.05] + ([float(finite.min()) - 0.05] if finite.size else []))
+        hi = max([chance + 0.05] + ([float(finite.max()) + 0.05] if finite.size else []))
+        ax.set_ylim(max(lo, -0.02), min(hi, 1.02))
+    if len(rounds) == 1:
+        ax.set_xlim(rounds[0] - 1, rounds[0] + 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.25)
+    ax.set_xlabel("Round")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{party}: {title}", fontsize=11)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="model / signal",
+              title_fontsize=8)
+    atomic_savefig(fig, path, dpi=DPI)
+
+

@@ -1,0 +1,138 @@
+"""Values read off round records for plots, pages and CSV files: curves, AUCs, TPR at a tolerance, formatting.
+
+Records written by earlier versions may lack a value (e.g. ``exact_auc``): readers give NaN, shown as "–".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from audit.config.checks import is_int
+from audit.reporting.csv_cells import spreadsheet_safe
+
+__all__ = ["MODEL_ORDER", "ordered_models", "float_or_nan", "curve", "auc_of", "exact_auc_of", "tpr_at",
+           "tolerances_of", "series_keys", "fmt", "csv_cell"]
+
+MODEL_ORDER = ("local", "global", "update")
+
+
+def ordered_models(models: Iterable[str]) -> list[str]:
+    models = set(models)
+    return [m for m in MODEL_ORDER if m in models] + sorted(models - set(MODEL_ORDER))
+
+
+
+
+def float_or_nan(value: Any) -> float:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return math.nan
+    return f if math.isfinite(f) else math.nan
+
+
+def curve(result: Mapping) -> tuple[np.ndarray, np.ndarray]:
+    """(fpr, tpr) points with None/invalid dropped, sorted by fpr then tpr."""
+    fpr = np.array([float_or_nan(v) for v in result.get("fpr") or []], dtype=float)
+    tpr = np.array([float_or_nan(v) for v in result.get("tpr") or []], dtype=float)
+    if fpr.shape != tpr.shape:
+        return np.empty(0), np.empty(0)
+    keep = np.isfinite(fpr) & np.isfinite(tpr)
+    fpr, tpr = fpr[keep], tpr[keep]
+    order = np.lexsort((tpr, fpr))
+    return fpr[order], tpr[order]
+
+
+def auc_of(result: Mapping) -> float:
+    """Privacy Meter's grid AUC ("auc"); from the grid curve if it is missing."""
+    auc = float_or_nan(result.get("auc"))
+    if math.isnan(auc):
+        fpr, tpr = curve(result)
+        if fpr.size >= 2:
+            auc = float(np.trapezoid(tpr, fpr))
+    return auc
+
+
+def exact_auc_of(result: Mapping) -> float:
+    """The members-vs-non-members AUC over every threshold ("exact_auc"); NaN for records written before it
+    existed (the grid curve cannot give it)."""
+    return float_or_nan(result.get("exact_auc"))
+
+
+def tpr_at(result: Mapping, tol: float) -> float:
+    """TPR at FPR tolerance ``tol``: the attack's own ``tpr_at_fpr`` entry (keys are f"{tol:g}"
+    strings), else the best TPR on the curve with FPR <= tol."""
+    table = result.get("tpr_at_fpr")
+    if isinstance(table, Mapping):
+        for key, value in table.items():
+            try:
+                k = float(key)
+            except (TypeError, ValueError):
+                continue
+            if math.isclose(k, tol, rel_tol=1e-9, abs_tol=1e-15):
+                return float_or_nan(value)
+    fpr, tpr = curve(result)
+    ok = fpr <= tol * (1 + 1e-9)
+    return float(tpr[ok].max()) if ok.any() else math.nan
+
+
+def _as_tolerance_list(value: Any) -> list[float]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        items = value
+    else:
+        items = [value]
+    out = []
+    for v in items:
+        f = float_or_nan(v)
+        if 0.0 < f <= 1.0:
+            out.append(f)
+    return out
+
+
+def tolerances_of(records: list[dict]) -> list[float]:
+    """FPR tolerances from the records' settings ("fpr_tolerance"); else from the attack results."""
+    tols: set[float] = set()
+    for r in records:
+        settings = r.get("settings") or {}
+        if isinstance(settings, Mapping):
+            tols.update(_as_tolerance_list(settings.get("fpr_tolerance")))
+    if not tols:
+        for r in records:
+            for per_signal in r["attacks"].values():
+                for result in per_signal.values():
+                    tols.update(_as_tolerance_list(result.get("tolerances")))
+    # collapse float noise so 0.1 and 0.1000000001 give one file
+    by_name = {f"{t:g}": t for t in sorted(tols)}
+    return sorted(by_name.values())
+
+
+def series_keys(records: list[dict]) -> list[tuple[str, str]]:
+    pairs = {(m, s) for r in records for m, per in r["attacks"].items() for s in per}
+    order = {m: i for i, m in enumerate(ordered_models(m for m, _ in pairs))}
+    return sorted(pairs, key=lambda p: (order[p[0]], p[1]))
+
+
+def fmt(value: Any, digits: int = 4) -> str:
+    f = float_or_nan(value)
+    if math.isnan(f):
+        return "–"
+    if is_int(value):
+        return str(value)
+    return f"{f:.{digits}g}"
+
+
+def csv_cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):  # text (e.g. a name from a plan); a number below stays a number, sign and all
+        return spreadsheet_safe(value)
+    if is_int(value):
+        return str(int(value))
+    return repr(float(value))  # shortest string that round-trips exactly
+
+
