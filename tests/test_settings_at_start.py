@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
