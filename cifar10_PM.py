@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -22,7 +24,10 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by the tests
     sys.path.insert(0, str(ROOT))
 
-from audit.config.vocabulary import GATE_ACTIONS, MODELS  # noqa: E402  (torch-free: --help stays light)
+from audit.config.vocabulary import GATE_ACTIONS, MODELS, SIGNALS  # noqa: E402  (torch-free: --help stays light)
+
+PLAN = ROOT / "plan" / "plan.yaml"  # the plan every run starts from
+RUN_FOLDER = "_run"  # inside --log_dir: the run's plan and the aggregator's report; marks a report folder of ours
 
 
 def str2bool(text: str) -> bool:
@@ -64,40 +69,81 @@ class GateArgument(argparse.Action):
         setattr(namespace, self.dest, {"action": action, "thresholds": thresholds})
 
 
+def whole_number(minimum: int):
+    """argparse type: an integer >= minimum (argparse names the flag in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def positive_number(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (0 < value < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+class Parser(argparse.ArgumentParser):
+    """Errors in one line that names the flag (argparse's usage block is --help's)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}  (see --help)\n")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """--help shows every flag's default, and the description as written."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__, formatter_class=HelpFormatter)
     # The tutorial's flags, with its defaults.
     p.add_argument("--audit_dataset_ratio", type=float, default=0.2, help="population (audit) share of the data")
     p.add_argument("--test_dataset_ratio", type=float, default=0.4, help="non-member share of the data")
     p.add_argument("--train_dataset_ratio", type=float, default=0.4, help="member (training) share of the data")
     p.add_argument("--signals", nargs="+", default=["loss", "gradient_norm", "logits"],
-                   help="membership signals: loss logits gradient_norm")
+                   help=f"membership signals, any of: {' '.join(SIGNALS)}")
     p.add_argument("--fpr_tolerance", nargs="+", type=float, default=[0.1, 0.5, 0.9],
-                   help="FPR tolerances at which TPR is reported")
-    p.add_argument("--log_dir", default="test_debug", help="report folder (relative paths go under reports/)")
-    p.add_argument("--comm_round", type=int, default=30, help="federated rounds")
-    p.add_argument("--auditing_interval", type=int, default=1, help="audit every N rounds")
+                   help="FPR tolerances at which TPR is reported, each in (0, 1)")
+    p.add_argument("--log_dir", default="test_debug",
+                   help="report folder (relative paths go under reports/); must be new or empty, see --replace_log_dir")
+    p.add_argument("--replace_log_dir", action="store_true",
+                   help="if --log_dir holds an earlier run's reports, delete them first (nothing else is replaced)")
+    p.add_argument("--comm_round", type=whole_number(1), default=30, help="federated rounds")
+    p.add_argument("--auditing_interval", type=whole_number(1), default=1, help="audit every N rounds")
     p.add_argument("--is_features", "--is_feature", dest="is_features", type=str2bool, default=True,
                    help="gradient norm w.r.t. one layer (True) or all parameters (False)")
-    p.add_argument("--layer_number", type=int, default=None,
-                   help="index of that layer in the model's `features` block (default: the first layer with parameters)")
-    p.add_argument("--optimizer_type", choices=["SGD", "Adam"], default="SGD")
+    p.add_argument("--layer_number", type=whole_number(0), default=None,
+                   help="index of that layer in the model's `features` block (none: the first layer with parameters)")
+    p.add_argument("--optimizer_type", choices=["SGD", "Adam"], default="SGD", help="local optimiser")
     # This project's flags.
-    p.add_argument("--dataset", choices=["cifar10", "digits"], default="cifar10")
+    p.add_argument("--dataset", choices=["cifar10", "digits"], default="cifar10", help="the data")
     p.add_argument("--data-dir", dest="data_dir", default="data", help="where CIFAR-10 is (torchvision layout)")
-    p.add_argument("--collaborators", type=int, default=2)
+    p.add_argument("--download", type=str2bool, nargs="?", const=True, default=False,
+                   help="download CIFAR-10 into --data-dir if it is not there (torchvision; needs the network)")
+    p.add_argument("--collaborators", type=whole_number(1), default=2, help="number of collaborators (data shards)")
     p.add_argument("--model", choices=MODELS, default="cnn",
                    help="cnn, fcnn (the Fidel paper's) or alexnet (the tutorial's Net, ~23.3M parameters)")
-    p.add_argument("--learning_rate", type=float, default=None, help="default: 0.005 for SGD, 0.001 for Adam")
-    p.add_argument("--local_epochs", type=int, default=1, help="local epochs per round (the tutorial: 1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--learning_rate", type=positive_number, default=None,
+                   help="local learning rate (none: 0.005 for SGD, 0.001 for Adam)")
+    p.add_argument("--local_epochs", type=whole_number(1), default=1, help="local epochs per round (the tutorial: 1)")
+    p.add_argument("--seed", type=whole_number(0), default=0, help="seed of the split, the model and the training")
+    p.add_argument("--device", default="cpu", help="torch device of the training and the audit, e.g. cpu, cuda:0")
     p.add_argument("--log_scale", type=str2bool, default=False, help="ROC plots with log-scale axes")
     p.add_argument("--deanon", type=str2bool, nargs="?", const=True, default=False,
                    help="also run the deanonymization audits: each collaborator's self-audit (metrics deanon_*) and "
                         "the aggregator's attack on the real updates (its report's deanon/ folder)")
     p.add_argument("--dirichlet_alpha", type=float, default=None,
-                   help="label skew of the collaborators' data (Dirichlet alpha; default IID, as the tutorial)")
+                   help="label skew of the collaborators' data (Dirichlet alpha > 0; none: IID, as the tutorial)")
     p.add_argument("--fidel", type=str2bool, nargs="?", const=True, default=False,
                    help="also run the Fidel reconstruction audit of each update")
     p.add_argument("--gate", nargs="+", action=GateArgument, default=None, metavar=("ACTION", "METRIC=THRESHOLD"),
@@ -110,46 +156,53 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    """The command line, with --gate's metric names and thresholds checked against the audit it configures."""
+    """The command line, every value checked before any work and named by its flag: the ratios, --signals,
+    --fpr_tolerance, --device, and --gate's metric names and thresholds against the audit it configures."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.signals = list(dict.fromkeys(args.signals))  # the tutorial's lists may repeat a signal
     try:
-        check_fpr_tolerance(args.fpr_tolerance)
+        _workspace_on_path()
+        from src.data import validate_split_settings
+
+        validate_split_settings(args.train_dataset_ratio, args.test_dataset_ratio, args.audit_dataset_ratio,
+                                args.collaborators, args.dirichlet_alpha, prefix="--")
+        check_audit_flags(args.signals, args.fpr_tolerance)
+        from src.devices import check_device
+
+        check_device("--device", args.device)
+        if args.gate is not None:
+            gate_policy(args)
     except ValueError as err:
         parser.error(str(err))
-    if args.gate is not None:
-        try:
-            gate_policy(args)
-        except ValueError as err:
-            parser.error(str(err))
     return args
 
 
-def check_fpr_tolerance(tolerances) -> None:
-    """--fpr_tolerance checked as the plan's audit.fpr_tolerance is (each in (0, 1), no two giving one metric name),
-    before any work; ValueError naming --fpr_tolerance."""
+def check_audit_flags(signals, tolerances) -> None:
+    """--signals and --fpr_tolerance checked as the plan's audit.signals and audit.fpr_tolerance are (known signals;
+    each tolerance in (0, 1), no two giving one metric name), before any work; ValueError naming the flag."""
     _workspace_on_path()
     from audit.config.audit_settings import AuditSettings
 
     try:
-        AuditSettings.from_mapping({"fpr_tolerance": list(tolerances)}, prefix="audit")
+        AuditSettings.from_mapping({"signals": list(signals), "fpr_tolerance": list(tolerances)}, prefix="audit")
     except ValueError as err:
-        raise ValueError(str(err).replace("audit.fpr_tolerance:", "--fpr_tolerance:", 1)) from None
+        raise ValueError(str(err).replace("audit.fpr_tolerance:", "--fpr_tolerance:", 1)
+                         .replace("audit.signals:", "--signals:", 1)) from None
 
 
 def gate_policy(args):
     """audit.config.gate.GatePolicy of --gate for the audit the other flags configure (on plan/plan.yaml's audit settings);
     ValueError naming --gate and the offending metric or value."""
-    import yaml
-
     _workspace_on_path()
     from audit.config.gate import GatePolicy, SettingsError
     from audit.config.audit_settings import AuditSettings
+    from workspace.in_process import read_plan
 
-    plan = yaml.safe_load((ROOT / "plan" / "plan.yaml").read_text())
+    plan = read_plan(PLAN)
     audit = dict(plan["task_runner"]["settings"].get("audit") or {})
     # The audit keys that decide which metrics exist; the others keep the plan's values.
-    audit.update(signals=list(dict.fromkeys(args.signals)), fpr_tolerance=list(args.fpr_tolerance),
+    audit.update(signals=list(args.signals), fpr_tolerance=list(args.fpr_tolerance),
                  interval=args.auditing_interval, fidel={**(audit.get("fidel") or {}), "enabled": args.fidel},
                  deanon={**(audit.get("deanon") or {}), "enabled": args.deanon})
     settings = AuditSettings.from_mapping(audit, prefix="audit")
@@ -199,6 +252,7 @@ def overrides_from_args(args) -> dict:
             "audit_dataset_ratio": args.audit_dataset_ratio,
             "dirichlet_alpha": args.dirichlet_alpha,
             "seed": args.seed,
+            "download": args.download,
         }},
         # One process holds every party's TensorDB: keep one round of tensors in each (OpenFL's default) instead of
         # the plan's 2. Nothing here reads an older round (the aggregator's report and callbacks read the round that
@@ -212,7 +266,7 @@ def overrides_from_args(args) -> dict:
             "learning_rate": lr,
             "seed": args.seed,
             "audit": {
-                "signals": list(dict.fromkeys(args.signals)),
+                "signals": list(args.signals),
                 "fpr_tolerance": list(args.fpr_tolerance),
                 "interval": args.auditing_interval,
                 "gradient_layer": gradient_layer,
@@ -229,6 +283,41 @@ def overrides_from_args(args) -> dict:
     return overrides
 
 
+def check_log_dir(report_dir: Path, replace: bool) -> None:
+    """--log_dir must be a folder that can be made, new or empty: a run never mixes its rounds with an earlier run's.
+    With --replace_log_dir, a folder holding an earlier run's reports (its _run/ folder) may be replaced. Nothing is
+    made or deleted here; ValueError naming --log_dir."""
+    if report_dir.exists() and not report_dir.is_dir():
+        raise ValueError(f"--log_dir {report_dir}: exists and is not a folder; give a new or empty folder")
+    if report_dir.is_dir():
+        if not any(report_dir.iterdir()):
+            return
+        if not replace:
+            raise ValueError(f"--log_dir {report_dir}: not empty (an earlier run's reports would mix with this "
+                             "run's); give a new or empty folder, or add --replace_log_dir to replace them")
+        if not (report_dir / RUN_FOLDER).is_dir():
+            raise ValueError(f"--log_dir {report_dir}: not empty and not a report folder of this script (it has no "
+                             f"{RUN_FOLDER}/); --replace_log_dir replaces only those: give a new or empty folder")
+        return
+    parent = report_dir.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"--log_dir {report_dir}: cannot be made: {parent} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"--log_dir {report_dir}: cannot be made: no permission to write in {parent}")
+
+
+def make_log_dir(report_dir: Path) -> None:
+    """The checked --log_dir, emptied of an earlier run's reports (check_log_dir allowed it)."""
+    try:
+        if report_dir.is_dir() and any(report_dir.iterdir()):
+            shutil.rmtree(report_dir)
+        report_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(f"--log_dir {report_dir}: cannot be made ({err.strerror or err})") from None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     log_dir = Path(args.log_dir)
@@ -238,16 +327,27 @@ def main(argv=None) -> int:
         logging.getLogger("openfl").setLevel(logging.ERROR)
 
     _workspace_on_path()
-    from src.datasets import DatasetUnavailableError
+    from src.datasets import DatasetUnavailableError, check_available
     from src.dataloader import clear_dataset_cache
-    from workspace.in_process import run_in_process
-
     from workspace.demo_output import Progress, print_gate_summary, print_summary
-    from workspace.in_process import collaborator_names
+    from workspace.in_process import check_run_plan, collaborator_names, run_in_process, run_plan_config
     from workspace.tutorial_outputs import write_tutorial_outputs
 
     start = time.perf_counter()
     names = collaborator_names(args.collaborators)
+    # Every check before anything is made or deleted: the folder, the data, the plan file and every setting of the
+    # plan the flags give (as `fx plan initialize` checks it, and the tasks, the aggregator's settings).
+    try:
+        check_log_dir(args.report_dir, args.replace_log_dir)
+        check_available(args.dataset, args.data_dir, download=args.download)
+        overrides = overrides_from_args(args)
+        run_dir = args.report_dir / RUN_FOLDER
+        check_run_plan(run_plan_config(run_dir, collaborators=args.collaborators, rounds=args.comm_round,
+                                       overrides=overrides, plan_path=PLAN), names)
+        make_log_dir(args.report_dir)
+    except (DatasetUnavailableError, ValueError) as err:  # the message names the flag, the key or the file
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     progress = Progress(args.comm_round, args.collaborators, args.auditing_interval, enabled=not args.no_progress)
 
     def on_round_end(round_num, _logs):
@@ -265,12 +365,12 @@ def main(argv=None) -> int:
         progress.phase(col, phase, round_num)
 
     try:
-        overrides = overrides_from_args(args)
         with progress:
             result = run_in_process(
-                args.report_dir / "_run", collaborators=args.collaborators, rounds=args.comm_round,
+                run_dir, collaborators=args.collaborators, rounds=args.comm_round,
                 overrides=overrides, on_task=on_task, on_round_end=on_round_end,
-                on_audit_start=lambda col, round_num: progress.phase(col, "audit", round_num),
+                on_audit_start=lambda col, round_num: progress.phase(col, "audit", round_num), check=False,
+                plan_path=PLAN,
             )
     except DatasetUnavailableError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -12,7 +12,8 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
 - `aggregator.settings.deanon` (default `enabled: false`): the aggregator-side deanonymization audit, the paper's
   honest-but-curious server attacking the real updates; writes `<report_dir>/deanon/` (src/deanon_callback.py).
 
-Bad values fail when the aggregator is built (`fx aggregator start`), naming the key.
+Bad values fail when the aggregator is built (`fx aggregator start`), naming the key: its own settings, an
+`aggregator.settings` key OpenFL's Aggregator does not take, and the plan's `tasks` (src.plan_checks).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from src import aggregator_server
 from src.aggregation import round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record
 from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
+from src.plan_checks import check_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +110,13 @@ class AuditingAggregator(Aggregator):
 
     def __init__(self, *, poll_interval_s: int = DEFAULT_POLL_INTERVAL_S, report_dir: str = DEFAULT_REPORT_DIR,
                  deanon: dict | None = None, callbacks: Iterable | None = None, **kwargs):
-        settings = AggregatorSettings.from_mapping({"poll_interval_s": poll_interval_s, "report_dir": report_dir,
-                                                    "deanon": deanon})
+        # Every key of aggregator.settings arrives here (OpenFL's among the kwargs): an unknown one is named, not a
+        # TypeError from Aggregator.__init__.
+        settings = AggregatorSettings.from_mapping({**kwargs, "poll_interval_s": poll_interval_s,
+                                                    "report_dir": report_dir, "deanon": deanon})
+        # The plan's tasks reach the collaborators' task functions only in round 0: check them before anyone connects.
+        if getattr(kwargs.get("assigner"), "tasks", None) is not None:
+            check_tasks(kwargs["assigner"].tasks)
         self.poll_interval_s = settings.poll_interval_s
         self.report = AggregatorReportCallback(settings.report_dir)
         self.deanon = None  # the DeanonymizationCallback, if aggregator.settings.deanon.enabled

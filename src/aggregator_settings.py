@@ -68,6 +68,19 @@ _DEANON_CHECKS = {
 }
 
 
+# The keys of `aggregator.settings` OpenFL's Aggregator takes from a plan (its __init__ parameters but those Plan fills
+# in itself, OPENFL_FILLED); tests/test_settings_at_start.py checks both lists against its signature. Written out so
+# that the tooling checks a plan without importing OpenFL: any other key reached Aggregator.__init__ and failed only
+# at `fx aggregator start`, with a TypeError.
+OPENFL_KEYS = ("init_state_path", "best_state_path", "last_state_path", "use_delta_updates", "rounds_to_train",
+               "single_col_cert_common_name", "db_store_rounds", "log_memory_usage", "write_logs",
+               "save_native_model", "persist_checkpoint", "persistent_db_path", "secure_aggregation")
+OPENFL_FILLED = ("aggregator_uuid", "federation_uuid", "authorized_cols", "assigner", "connector",
+                 "straggler_handling_policy", "compression_pipeline", "initial_tensor_dict")
+# This workspace's own keys (src.aggregator.AuditingAggregator).
+OWN_KEYS = ("poll_interval_s", "report_dir", "deanon", "callbacks")
+
+
 @dataclass(frozen=True)
 class AggregatorSettings:
     poll_interval_s: int = DEFAULT_POLL_INTERVAL_S
@@ -76,8 +89,12 @@ class AggregatorSettings:
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any] | None) -> "AggregatorSettings":
-        """Check the keys this workspace owns in `aggregator.settings`; other keys belong to OpenFL."""
+        """Check the keys this workspace owns in `aggregator.settings`, and that every other key is one OpenFL's
+        Aggregator takes (their values are OpenFL's to check)."""
         settings = dict(settings or {})
+        for key in settings:
+            if key not in OWN_KEYS and key not in OPENFL_KEYS and key not in OPENFL_FILLED:
+                raise ValueError(f"{PREFIX}.{key}: unknown setting; known: {', '.join(OWN_KEYS + OPENFL_KEYS)}")
         return cls(
             poll_interval_s=check_poll_interval(settings.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)),
             report_dir=check_report_dir(settings.get("report_dir", DEFAULT_REPORT_DIR)),

@@ -9,8 +9,8 @@
 
 Every collaborator parses the same plan, so each knows every other's gate: the runner uses that to send
 the same metric names as all others (OpenFL's aggregator needs that, see src.taskrunner).
-A collaborator name the plan does not list is not an error here (the runner never learns the federation's
-names), so a misspelt name simply has no effect.
+The runner never learns the federation's names, so a name no collaborator has is checked by whoever knows them,
+before any work: src.plan_checks.check_collaborator_names (`python -m workspace`, the demo).
 """
 
 from __future__ import annotations

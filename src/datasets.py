@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DATASETS", "DatasetUnavailableError", "DatasetInfo", "dataset_info", "load_dataset"]
+__all__ = ["DATASETS", "DatasetUnavailableError", "DatasetInfo", "dataset_info", "load_dataset", "check_available"]
 
 DATASETS = ("digits", "cifar10")
 
@@ -99,13 +99,22 @@ def _cifar_unavailable(folder: Path, reason: str) -> DatasetUnavailableError:
     )
 
 
+def check_available(name, data_dir=None, *, download=False) -> None:
+    """Raise DatasetUnavailableError if the dataset's folder is absent and may not be downloaded; loads nothing, so
+    a run can check this before any work."""
+    if _check_name(name) != "cifar10" or download:
+        return
+    folder = Path(_DEFAULT_DATA_DIR if data_dir is None else os.fspath(data_dir)).expanduser().resolve() / _CIFAR10_FOLDER
+    if not folder.is_dir():
+        # Decided before importing torchvision: fast, and certainly no network call.
+        raise _cifar_unavailable(folder, "the folder does not exist (download=False)")
+
+
 def _load_cifar10(data_dir, *, download: bool) -> tuple[np.ndarray, np.ndarray]:
     root = Path(_DEFAULT_DATA_DIR if data_dir is None else os.fspath(data_dir)).expanduser()
     root = root.resolve()
     folder = root / _CIFAR10_FOLDER
-    if not download and not folder.is_dir():
-        # Decide before importing torchvision: fast, and certainly no network call.
-        raise _cifar_unavailable(folder, "the folder does not exist (download=False)")
+    check_available("cifar10", data_dir, download=download)
 
     try:
         from torchvision.datasets import CIFAR10

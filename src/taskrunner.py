@@ -10,6 +10,7 @@ the gate's verdict, stays in its own report folder.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import math
 import time
@@ -22,23 +23,29 @@ from openfl.federated import PyTorchTaskRunner
 from openfl.utilities import TensorKey
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.checks import is_int, is_real
+from audit.config.checks import SettingsError, is_int, is_real
 from audit.config.gate import GatePolicy, non_finite_tensors
 from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
 from audit.config.vocabulary import OPTIMIZERS
 from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
+from audit.deanon.representation import layer_tensor_names
+from audit.fidel.layers import find_first_dense_layer
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
 from audit.membership.gradient_norms import gradient_parameter_names
+from audit.membership.resolution import resolution_warning
 from audit.reporting.party import ReportWriter
 from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
 from audit.training import TrainingRecipe
 from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
+from src.devices import check_device
 from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
 
 logger = logging.getLogger(__name__)
 
 SETTINGS_PREFIX = "task_runner.settings"
+# What OpenFL itself passes a task runner besides the plan's task_runner.settings (Plan.get_task_runner, TaskRunner).
+OPENFL_ARGUMENTS = ("data_loader", "tensor_dict_split_fn_kwargs")
 
 
 def cross_entropy(output, target):
@@ -76,6 +83,12 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         per_collaborator: dict | None = None,
         **kwargs,
     ):
+        # Anything else in task_runner.settings would pass through **kwargs and do nothing (`learnig_rate`).
+        unknown = sorted(k for k in kwargs if k not in OPENFL_ARGUMENTS)
+        if unknown:
+            known = [p for p in inspect.signature(AuditedTaskRunner.__init__).parameters if p not in ("self", "kwargs")]
+            raise SettingsError(f"{SETTINGS_PREFIX}.{unknown[0]}: unknown setting; known: {', '.join(known)}")
+        device = check_device(f"{SETTINGS_PREFIX}.device", device)
         super().__init__(device=device, **kwargs)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"{SETTINGS_PREFIX}.optimizer: unknown optimizer {optimizer!r}; choose one of {list(OPTIMIZERS)}")
@@ -108,21 +121,37 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         except ValueError as err:
             key = "model" if model_settings is None or str(err).startswith("unknown model") else "model_settings"
             raise ValueError(f"{SETTINGS_PREFIX}.{key}: {err}") from None
-        if self.audit_settings.gradient_layer is not None:
-            try:  # fail at start-up, not in the first audit
-                gradient_parameter_names(self.model, self.audit_settings.gradient_layer)
-            except ValueError as err:
-                raise ValueError(f"{SETTINGS_PREFIX}.audit.gradient_layer: {err}") from None
+        self._check_layers(tuple(data_loader.get_feature_shape()))
         self.to(self.device)
         self.optimizer = self.make_optimizer(self.model)
         self.loss_fn = cross_entropy
         self._audit_sets: AuditSets | None = None
         self._training: LocalTraining | None = None  # this round's local training, for the audits that train alike
         self._data_mitigation: dict | None = None  # what the data mitigation did, once per collaborator
+        self._resolution_said = False  # whether the audit sets' resolvable tolerances were logged
         self.last_record: dict | None = None  # the latest round record, for in-process callers
         # Called as on_audit_start(collaborator, round) when an audit starts (the demo's progress bar): the audit runs
         # inside the train task, which OpenFL sees only as a whole.
         self.on_audit_start = None
+
+    def _check_layers(self, feature_shape: tuple) -> None:
+        """The audit's layer names must name layers of the model: fail at start-up, not in the first audit."""
+        settings = self.audit_settings
+        if settings.gradient_layer is not None:
+            try:
+                gradient_parameter_names(self.model, settings.gradient_layer)
+            except ValueError as err:
+                raise SettingsError(f"{SETTINGS_PREFIX}.audit.gradient_layer: {err}") from None
+        if settings.fidel.enabled or settings.fidel.layer is not None:
+            try:  # without a layer named, the first dense layer a forward pass of one sample reaches
+                find_first_dense_layer(self.model, torch.zeros((1, *feature_shape)), layer=settings.fidel.layer)
+            except ValueError as err:
+                raise SettingsError(f"{SETTINGS_PREFIX}.audit.fidel.layer: {err}") from None
+        if settings.deanon.layer is not None:
+            try:
+                layer_tensor_names([name for name, _ in self.model.named_parameters()], settings.deanon.layer)
+            except ValueError as err:
+                raise SettingsError(f"{SETTINGS_PREFIX}.audit.deanon.layer: {err}") from None
 
     def make_optimizer(self, model: torch.nn.Module, learning_rate: float | None = None) -> torch.optim.Optimizer:
         """The plan's optimizer for `model` (the DP retrain uses the same recipe)."""
@@ -157,6 +186,11 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             group["lr"] = learning_rate
         settings = self.audit_settings
         self._mitigate_data(col_name, col.mitigation)
+        if settings.enabled and not self._resolution_said:  # once, before this party's first training
+            self._resolution_said = True
+            warning = resolution_warning(col_name, self.audit_sets().sizes(), settings.fpr_tolerance)
+            if warning:
+                logger.warning(warning)
         audit_now = settings.enabled and settings.due(round_num)
         self._training = LocalTraining(
             recipe=TrainingRecipe(self.optimizer_name, learning_rate, self.momentum, epochs, self.data_loader.batch_size),

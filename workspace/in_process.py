@@ -63,22 +63,78 @@ def collaborator_names(count: int) -> list[str]:
     return [f"collaborator{i}" for i in range(1, count + 1)]
 
 
-def write_run_plan(run_dir: Path, *, collaborators: int, rounds: int, overrides: Mapping | None = None,
-                   plan_path: Path | None = None) -> Path:
-    """Write the workspace plan, with overrides and this run's paths, into run_dir/plan; returns that folder.
+class PlanFileError(ValueError):
+    """A plan file that cannot be read as a plan; the message starts with the file's path."""
 
-    The aggregator's state files go to run_dir/save, the collaborators' reports to run_dir/reports and the
-    aggregator's report to run_dir/aggregator_report (not inside run_dir/reports, whose index lists the parties
-    the audit reports are about) unless the overrides say otherwise; no checkpoint database is kept, so a new
-    run never resumes an old one.
-    """
+
+def read_plan(path: Path) -> dict:
+    """The plan file as a mapping; PlanFileError in one line naming the file (and the line of a YAML error)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise PlanFileError(f"{path}: cannot read the plan ({getattr(err, 'strerror', None) or err})") from None
+    try:
+        config = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise PlanFileError(f"{path}: not valid YAML{where}: {problem}") from None
+    if not isinstance(config, dict):
+        raise PlanFileError(f"{path}: not a plan (a YAML mapping of sections such as task_runner, tasks), got "
+                            f"{type(config).__name__}")
+    return config
+
+
+def check_settings(config: Mapping, collaborators: list[str]) -> None:
+    """The checks of a run's plan that need neither torch nor OpenFL (the tooling makes them before any folder):
+    the aggregator's settings, the tasks and the per-collaborator names (src.plan_checks). ValueError naming the key."""
+    from src.aggregator_settings import AggregatorSettings
+    from src.plan_checks import check_plan
+
+    aggregator = config.get("aggregator")
+    if not isinstance(aggregator, Mapping) or not isinstance(aggregator.get("settings") or {}, Mapping):
+        raise ValueError("aggregator.settings: expected a mapping")
+    AggregatorSettings.from_mapping(aggregator.get("settings"))
+    check_plan(config, collaborators)
+
+
+def check_buildable(config: Mapping) -> None:
+    """What `fx plan initialize` checks, on the plan in memory: the data loader (without data) and the task runner
+    are built, so every setting they validate (each collaborator's too) fails here, naming its key."""
+    from openfl.federated import Plan
+
+    if str(WORKSPACE_ROOT) not in sys.path:  # the plan's templates are `src.*` modules of this workspace
+        sys.path.insert(0, str(WORKSPACE_ROOT))
+    sections = {}
+    for name in ("data_loader", "task_runner"):
+        section = config.get(name)
+        if not isinstance(section, Mapping) or not isinstance(section.get("template"), str) \
+                or not isinstance(section.get("settings") or {}, Mapping):
+            raise ValueError(f"{name}: expected a mapping with a template and its settings")
+        sections[name] = section
+    loader = Plan.build(sections["data_loader"]["template"],
+                        {**(sections["data_loader"].get("settings") or {}), "data_path": None})
+    Plan.build(sections["task_runner"]["template"], {**(sections["task_runner"].get("settings") or {}),
+                                                     "data_loader": loader})
+
+
+def check_run_plan(config: Mapping, collaborators: list[str]) -> None:
+    """Every check a run's plan gets before anything is written: check_settings, then check_buildable."""
+    check_settings(config, collaborators)
+    check_buildable(config)
+
+
+def run_plan_config(run_dir: Path, *, collaborators: int, rounds: int, overrides: Mapping | None = None,
+                    plan_path: Path | None = None) -> dict:
+    """The workspace plan with this run's paths and the overrides (see write_run_plan); nothing is written."""
     if collaborators < 1:
         raise ValueError(f"collaborators: need at least 1, got {collaborators}")
     if rounds < 1:
         raise ValueError(f"rounds: need at least 1, got {rounds}")
     run_dir = Path(run_dir).resolve()
-    plan_path = Path(plan_path or WORKSPACE_ROOT / "plan" / "plan.yaml")
-    config = yaml.safe_load(plan_path.read_text())
+    config = read_plan(Path(plan_path or WORKSPACE_ROOT / "plan" / "plan.yaml"))
     run_settings = {
         "aggregator": {"settings": {
             "rounds_to_train": rounds,
@@ -93,7 +149,21 @@ def write_run_plan(run_dir: Path, *, collaborators: int, rounds: int, overrides:
         "data_loader": {"settings": {"collaborator_count": collaborators}},
         "task_runner": {"settings": {"audit": {"report_dir": str(run_dir / "reports")}}},
     }
-    config = deep_merge(deep_merge(config, run_settings), overrides or {})
+    return deep_merge(deep_merge(config, run_settings), overrides or {})
+
+
+def write_run_plan(run_dir: Path, *, collaborators: int, rounds: int, overrides: Mapping | None = None,
+                   plan_path: Path | None = None) -> Path:
+    """Write the workspace plan, with overrides and this run's paths, into run_dir/plan; returns that folder.
+
+    The aggregator's state files go to run_dir/save, the collaborators' reports to run_dir/reports and the
+    aggregator's report to run_dir/aggregator_report (not inside run_dir/reports, whose index lists the parties
+    the audit reports are about) unless the overrides say otherwise; no checkpoint database is kept, so a new
+    run never resumes an old one.
+    """
+    config = run_plan_config(run_dir, collaborators=collaborators, rounds=rounds, overrides=overrides,
+                             plan_path=plan_path)
+    run_dir = Path(run_dir).resolve()
     plan_dir = run_dir / "plan"
     plan_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "save").mkdir(exist_ok=True)
@@ -155,12 +225,19 @@ class FederationResult:
 def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, overrides: Mapping | None = None,
                    on_round_end: Callable[[int, dict], None] | None = None,
                    on_task: Callable[[str, str, int], None] | None = None,
-                   on_audit_start: Callable[[str, int], None] | None = None) -> FederationResult:
+                   on_audit_start: Callable[[str, int], None] | None = None,
+                   check: bool = True, plan_path: Path | None = None) -> FederationResult:
     """Run the whole federation; `on_task(collaborator, task, round)` is called before each task and
-    `on_audit_start(collaborator, round)` when a collaborator's audit starts (inside its train task)."""
+    `on_audit_start(collaborator, round)` when a collaborator's audit starts (inside its train task).
+    The plan (`plan_path`, default the workspace's) is checked (check_run_plan) before anything is written, unless
+    the caller did (`check=False`)."""
     from openfl.callbacks import LambdaCallback
 
-    plan_dir = write_run_plan(Path(run_dir), collaborators=collaborators, rounds=rounds, overrides=overrides)
+    if check:
+        check_run_plan(run_plan_config(run_dir, collaborators=collaborators, rounds=rounds, overrides=overrides,
+                                       plan_path=plan_path), collaborator_names(collaborators))
+    plan_dir = write_run_plan(Path(run_dir), collaborators=collaborators, rounds=rounds, overrides=overrides,
+                              plan_path=plan_path)
     agg_plan = parse_plan(plan_dir)
     report_dir = Path(agg_plan.config["task_runner"]["settings"]["audit"]["report_dir"])
 

@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 
 import yaml
 
-from workspace.in_process import deep_merge
+from workspace.in_process import PlanFileError, check_settings, collaborator_names, deep_merge, read_plan
 
 AGG_ADDR = "localhost"  # the aggregator's certificate is made for this name; gRPC binds it to 127.0.0.1
 # Plan keys this tool sets from its own flags (the run's state, e.g. federation.json's port and rounds, must agree
@@ -91,11 +91,9 @@ def build_run_plan(base_plan: Path, *, collaborators: int, rounds: int, port: in
     if rounds < 1:
         raise PlanOverrideError(f"--rounds: need at least 1, got {rounds}")
     try:
-        config = yaml.safe_load(Path(base_plan).read_text())
-    except (OSError, yaml.YAMLError) as err:
-        raise PlanOverrideError(f"cannot read the plan {base_plan}: {err}") from None
-    if not isinstance(config, dict):
-        raise PlanOverrideError(f"{base_plan}: not a plan (a YAML mapping)")
+        config = read_plan(Path(base_plan))
+    except PlanFileError as err:
+        raise PlanOverrideError(f"--plan {err}") from None
     run_settings = {
         "aggregator": {"settings": {
             "rounds_to_train": rounds,
@@ -109,7 +107,7 @@ def build_run_plan(base_plan: Path, *, collaborators: int, rounds: int, port: in
     config = deep_merge(config, run_settings)
     check_overrides(config, overrides or {})
     config = deep_merge(config, overrides or {})
-    check_run_plan(config)
+    check_run_plan(config, collaborator_names(collaborators))
     return config
 
 
@@ -121,8 +119,9 @@ def check_overrides(plan: Mapping, overrides: Mapping, path: tuple = ()) -> None
     for key, value in overrides.items():
         where = (*path, key)
         dotted = ".".join(map(str, where))
-        if where in FLAG_KEYS:
-            raise PlanOverrideError(f"--set {dotted}={shown(value)}: the tool sets this key; {FLAG_KEYS[where]}")
+        if where in FLAG_KEYS:  # the run's own value there came from the tool's flag: the two would contradict
+            raise PlanOverrideError(f"--set {dotted}={shown(value)}: the tool sets this key; {FLAG_KEYS[where]} "
+                                    f"(this run's value: {shown(plan.get(key))})")
         if not path and key not in plan:
             raise PlanOverrideError(f"--set {dotted}: {key!r} is not a section of the plan; sections: "
                                     f"{', '.join(map(str, plan))}")
@@ -140,14 +139,12 @@ def check_overrides(plan: Mapping, overrides: Mapping, path: tuple = ()) -> None
                                     f"set it whole, e.g. --set {dotted}=VALUE")
 
 
-def check_run_plan(config: Mapping) -> None:
-    """Fail before any certificate is made on what would only fail at `fx aggregator start`."""
-    from src.aggregator_settings import AggregatorSettings
-
-    aggregator = config.get("aggregator")
-    if not isinstance(aggregator, Mapping) or not isinstance(aggregator.get("settings", {}), Mapping):
-        raise PlanOverrideError("aggregator.settings: expected a mapping")
-    AggregatorSettings.from_mapping(aggregator.get("settings"))
+def check_run_plan(config: Mapping, collaborators: list[str]) -> None:
+    """Fail before any folder is made on what would only fail at `fx aggregator start` or in a round: the
+    aggregator's settings, the tasks, the per-collaborator names (check_settings), the rounds and the network.
+    The task runner's and data loader's settings are checked by `fx plan initialize`, before any certificate."""
+    check_settings(config, collaborators)
+    aggregator = config["aggregator"]
     rounds = aggregator["settings"].get("rounds_to_train")
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise PlanOverrideError(f"aggregator.settings.rounds_to_train: expected a whole number >= 1, got {rounds!r}")

@@ -34,8 +34,17 @@ class Mitigation:
         """Settings from a plan's mapping (None or {} -> no mitigation); errors start with the dotted key."""
         if mapping is None:
             return cls()
-        values = with_defaults(cls, mapping, prefix)
-        return cls(**_validate(values, prefix))
+        values = _validate(with_defaults(cls, mapping, prefix), prefix)
+        # A plan that names a mitigation must set its strength: with the default 0 it would change nothing, and a
+        # no-op mitigation is not recorded. dp_fedavg with sigma 0 still clips (and is recorded).
+        method = values["method"]
+        if method == "noise" and values["sigma"] == 0:
+            raise SettingsError(f"{prefix}.sigma: method noise needs the noise std sigma > 0, got {values['sigma']:g}"
+                                f"{'' if 'sigma' in mapping else ' (not set)'}")
+        if method in DATA_MITIGATIONS and values["alpha"] == 0:
+            raise SettingsError(f"{prefix}.alpha: method {method} needs alpha > 0 (the share of population samples "
+                                f"it trains on), got {values['alpha']:g}{'' if 'alpha' in mapping else ' (not set)'}")
+        return cls(**values)
 
     def to_dict(self) -> dict:
         """JSON-able dict; from_mapping(to_dict()) gives back an equal Mitigation."""

@@ -36,7 +36,6 @@ import contextlib
 import io
 import math
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Callable, Mapping
 
 import numpy as np
@@ -52,6 +51,7 @@ from sklearn.metrics import roc_auc_score
 from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, THRESHOLD_FUNCTIONS as THRESHOLD_FUNCTION_NAMES
 from audit.config.checks import check_fpr_tolerances
 from audit.config.vocabulary import tolerance_name
+from audit.membership.resolution import largest_count, resolvable
 
 __all__ = [
     "DEFAULT_ALPHAS",
@@ -86,7 +86,8 @@ class AttackResult:
     signal's own units. ``auc`` is Privacy Meter's AUC of that grid curve; ``exact_auc`` the members-vs-non-members
     ROC AUC over every threshold (see the module docstring). ``tpr_at_fpr`` (members), ``fpr_at_fpr``
     (non-members), ``population_fpr_at_fpr`` (the population, at most the tolerance) and ``threshold_at_fpr``
-    are keyed by tolerance (float).
+    are keyed by tolerance (float); ``resolvable`` says at which tolerances the three sets are large enough for
+    these readings to mean anything (audit.membership.resolution).
     """
 
     attack: str
@@ -127,7 +128,15 @@ class AttackResult:
             "n_members": int(self.n_members),
             "n_nonmembers": int(self.n_nonmembers),
             "n_population": int(self.n_population),
+            # per tolerance: whether every set has at least 1/t samples (audit.membership.resolution)
+            "resolvable": {tolerance_name(t): ok for t, ok in self.resolvable.items()},
         }
+
+    @property
+    def resolvable(self) -> dict[float, bool]:
+        """Tolerance -> whether members, non-members and population each have at least 1/t samples."""
+        sizes = (self.n_members, self.n_nonmembers, self.n_population)
+        return {t: resolvable(t, *sizes) for t in self.tolerances}
 
 
 def _json_float(value) -> float | None:
@@ -195,15 +204,6 @@ def _thresholds_at(func: Callable, distribution: np.ndarray, tolerances: tuple[f
     return _thresholds(func, distribution, padded)[1:-1]
 
 
-def _largest_count(n: int, tolerance: float) -> int:
-    """k = floor(n * t), the most population samples a threshold at tolerance t may flag.
-
-    Computed on the tolerance as written (its shortest decimal form, exact as a Fraction), not on the binary
-    float: 0.3 is stored as 0.29999999999999998890, and 10 * 0.3 must give 3, not 2.
-    """
-    return math.floor(n * Fraction(repr(float(tolerance))))
-
-
 def _thresholds_within(threshold_function: str, population: np.ndarray, tolerances: tuple[float, ...]) -> np.ndarray:
     """The threshold at each tolerance t: the largest with at most floor(n * t) population values below it
     (sorted[k]; see the module docstring), or the parametric function's own threshold at alpha = t where it is lower.
@@ -213,7 +213,7 @@ def _thresholds_within(threshold_function: str, population: np.ndarray, toleranc
     sorted[floor(n t)] for every n and t.
     """
     ordered = np.sort(population)
-    bound = ordered[[_largest_count(ordered.size, t) for t in tolerances]]
+    bound = ordered[[largest_count(ordered.size, t) for t in tolerances]]
     if threshold_function == "linear_itp":  # the empirical quantile function: sorted[k] is its reading
         return bound
     own = _thresholds_at(THRESHOLD_FUNCTIONS[threshold_function], population, tolerances)

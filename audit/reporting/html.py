@@ -14,7 +14,8 @@ from typing import Any, Mapping
 from urllib.parse import quote
 
 from audit.reporting.atomic_io import atomic_write_text
-from audit.reporting.readings import auc_of, csv_cell, exact_auc_of, fmt, ordered_models, tpr_at
+from audit.reporting.readings import (auc_of, csv_cell, exact_auc_of, fmt, ordered_models, resolvable_at, tpr_at,
+                                     unresolvable_metrics)
 from audit.reporting.records import ROUND_DIR_RE, round_dir_name
 
 __all__ = ["page", "party_page", "write_index", "escape", "href", "now"]
@@ -52,25 +53,38 @@ _AUC_NOTE = (
 )
 
 
+# A figure read at an FPR tolerance the party's sets are too small for (audit.membership.resolution).
+_UNRESOLVED_MARK = '<sup title="unresolvable: a set has fewer than 1/t samples">*</sup>'
+_UNRESOLVED_NOTE = (
+    '<p class="muted">* Unresolvable: members, non-members or population has fewer than 1/t samples, so the '
+    "threshold at FPR t flags no population sample, or the TPR and FPR move in steps larger than t; the figure is "
+    "not a TPR at FPR t. Use a larger tolerance or larger audit sets (the data loader's ratios).</p>"
+)
+
+
 def round_section(record: Mapping, tols: list[float]) -> list[str]:
     rnd = record["round"]
     d = round_dir_name(rnd)
     out = [f'<section class="round" id="{escape(d)}">', f"<h3>Round {escape(rnd)}</h3>"]
     out.append(f'<p class="muted"><a href="{href(d, "audit.json")}">audit.json</a>'
                + (f" · seed {escape(record['seed'])}" if record.get("seed") is not None else "") + "</p>")
-    rows = []
+    rows, marked = [], False
     for model in ordered_models(record["attacks"]):
         for signal in sorted(record["attacks"][model]):
             res = record["attacks"][model][signal]
             cells = [f"<td>{escape(model)} / {escape(signal)}</td>", f"<td>{escape(fmt(exact_auc_of(res)))}</td>",
                      f"<td>{escape(fmt(auc_of(res)))}</td>"]
-            cells += [f"<td>{escape(fmt(tpr_at(res, t)))}</td>" for t in tols]
+            cells += [f"<td>{escape(fmt(tpr_at(res, t)))}{_UNRESOLVED_MARK if not resolvable_at(res, t) else ''}</td>"
+                      for t in tols]
+            marked = marked or not all(resolvable_at(res, t) for t in tols)
             cells.append(f"<td>{escape(fmt(res.get('n_members')))} / {escape(fmt(res.get('n_nonmembers')))}</td>")
             rows.append("<tr>" + "".join(cells) + "</tr>")
     if rows:
         head = "<tr><th>model / signal</th><th>exact AUC</th><th>grid AUC (Privacy Meter)</th>" + "".join(
             f"<th>TPR @ FPR ≤ {escape(f'{t:g}')}</th>" for t in tols) + "<th>members / non-members</th></tr>"
         out += ['<div class="scroll"><table>', head, *rows, "</table></div>", _AUC_NOTE]
+        if marked:
+            out.append(_UNRESOLVED_NOTE)
     out.append(f'<p><a href="{href(d, "roc.png")}"><img src="{href(d, "roc.png")}" '
                f'alt="{escape(f"ROC curves, round {rnd}")}" loading="lazy"></a></p>')
     details = {k: record[k] for k in ("settings", "timings", "extra") if record.get(k)}
@@ -108,14 +122,20 @@ def party_page(party: str, records: list[dict], tols: list[float], tpr_files: li
     if names:
         body.append('<div class="scroll"><table>')
         body.append("<tr><th>round</th>" + "".join(f"<th>{escape(n)}</th>" for n in names) + "</tr>")
+        any_marked = False
         for r in reversed(records):
+            unresolved = unresolvable_metrics(r)
+            any_marked = any_marked or bool(unresolved & set(r["metrics"]))
             cells = "".join(
-                f'<td title="{escape(csv_cell(r["metrics"][n]))}">{escape(fmt(r["metrics"][n]))}</td>'
+                f'<td title="{escape(csv_cell(r["metrics"][n]))}">{escape(fmt(r["metrics"][n]))}'
+                f'{_UNRESOLVED_MARK if n in unresolved else ""}</td>'
                 if n in r["metrics"] else "<td></td>"
                 for n in names
             )
             body.append(f'<tr><td><a href="#{escape(round_dir_name(r["round"]))}">{escape(r["round"])}</a></td>{cells}</tr>')
         body.append("</table></div>")
+        if any_marked:
+            body.append(_UNRESOLVED_NOTE)
     else:
         body.append("<p>No metrics recorded.</p>")
     body.append("<h2>Rounds (newest first)</h2>")

@@ -11,10 +11,11 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from audit.config.checks import is_int
+from audit.config.vocabulary import mia_metric, tpr_statistic
 from audit.reporting.csv_cells import spreadsheet_safe
 
 __all__ = ["MODEL_ORDER", "ordered_models", "float_or_nan", "curve", "auc_of", "exact_auc_of", "tpr_at",
-           "tolerances_of", "series_keys", "fmt", "csv_cell"]
+           "resolvable_at", "unresolvable_metrics", "tolerances_of", "series_keys", "fmt", "csv_cell"]
 
 MODEL_ORDER = ("local", "global", "update")
 
@@ -77,6 +78,31 @@ def tpr_at(result: Mapping, tol: float) -> float:
     fpr, tpr = curve(result)
     ok = fpr <= tol * (1 + 1e-9)
     return float(tpr[ok].max()) if ok.any() else math.nan
+
+
+def resolvable_at(result: Mapping, tol: float) -> bool:
+    """Whether the attack's sets were large enough to resolve tolerance ``tol`` (its ``resolvable`` entry, see
+    audit.membership.resolution); True for records written before the entry existed."""
+    table = result.get("resolvable")
+    if isinstance(table, Mapping):
+        for key, value in table.items():
+            if math.isclose(float_or_nan(key), tol, rel_tol=1e-9, abs_tol=1e-15):
+                return value is not False
+    return True
+
+
+def unresolvable_metrics(record: Mapping) -> set[str]:
+    """The record's TPR-at-FPR metric names read at a tolerance its sets could not resolve."""
+    names = set()
+    for model, per_signal in record.get("attacks", {}).items():
+        for signal, result in per_signal.items():
+            table = result.get("resolvable") if isinstance(result, Mapping) else None
+            if not isinstance(table, Mapping):
+                continue
+            for key, ok in table.items():
+                if ok is False:
+                    names.add(mia_metric(model, signal, tpr_statistic(float_or_nan(key))))
+    return names
 
 
 def _as_tolerance_list(value: Any) -> list[float]:

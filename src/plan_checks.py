@@ -1,0 +1,107 @@
+"""Checks of a whole plan that no single constructor can make: the `tasks` section and the collaborators' names.
+
+OpenFL hands `tasks.<task>.kwargs` to the task function at call time (Collaborator.do_task) and passes any extra
+keyword on to its `**kwargs`, where it does nothing: `tasks.train.kwargs.epoch: 1` trained the plan's 5 epochs, and
+`epochs: "1"` failed only inside round 0. The task runner never sees the tasks, nor the federation's collaborator
+names (a `per_collaborator` entry for a name no collaborator has did nothing), so these are checked here, on the
+plan as a mapping, by whoever holds the whole plan before any work: `python -m workspace prepare` and the demo
+(before any folder), and `fx aggregator start` (src.aggregator, from the assigner's tasks).
+
+Torch-free and OpenFL-free, so the tooling checks a plan at once. Every error is a SettingsError whose message
+starts with the dotted plan key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from audit.config.checks import SettingsError, check_bool, check_positive_int
+
+__all__ = ["TASK_RUNNER_TEMPLATE", "TASK_FUNCTIONS", "check_tasks", "check_collaborator_names", "check_plan"]
+
+TASK_RUNNER_TEMPLATE = "src.taskrunner.AuditedTaskRunner"
+# Keys of a task besides its function's keyword arguments (OpenFL's Plan.get_tasks / Assigner read them).
+TASK_KEYS = ("function", "kwargs", "aggregation_type")
+# OpenFL's Plan reads these under `tasks` (not tasks).
+NOT_TASKS = ("defaults", "settings")
+
+
+def _metric_names(key: str, value) -> list:
+    # OpenFL's workspace templates list a task's metrics; PyTorchTaskRunner reports its loss and accuracy whatever
+    # the list says. Kept for plans written from those templates, checked for shape only.
+    if not isinstance(value, Sequence) or isinstance(value, str) or not all(isinstance(v, str) for v in value):
+        raise SettingsError(f"{key}: expected a list of metric names, got {value!r}")
+    return list(value)
+
+
+def _apply(key: str, value) -> str:
+    if value not in ("local", "global"):
+        raise SettingsError(f"{key}: expected local (the locally trained model) or global (the received one), "
+                            f"got {value!r}")
+    return value
+
+
+# The keyword arguments each task function of AuditedTaskRunner takes from a plan (OpenFL's PyTorchTaskRunner's
+# train_task(epochs, use_tqdm) and validate_task(apply, use_tqdm)), each with its check; tests/test_settings_at_start
+# checks the names against the functions' signatures. Written out so that the tooling needs no torch.
+TASK_FUNCTIONS: Mapping[str, Mapping] = {
+    "train_task": {"epochs": check_positive_int, "use_tqdm": check_bool, "metrics": _metric_names},
+    "validate_task": {"apply": _apply, "use_tqdm": check_bool, "metrics": _metric_names},
+}
+REQUIRED_KWARGS = {"validate_task": ("apply",)}  # PyTorchTaskRunner.validate_task reads kwargs["apply"]
+
+
+def check_tasks(tasks, prefix: str = "tasks") -> None:
+    """Every task of the plan names a task function of AuditedTaskRunner and gives it only keyword arguments it
+    takes, each a valid value."""
+    if not isinstance(tasks, Mapping):
+        raise SettingsError(f"{prefix}: expected a mapping of task name -> {{function, kwargs}}, got {tasks!r}")
+    for name, task in tasks.items():
+        if name in NOT_TASKS:
+            continue
+        where = f"{prefix}.{name}"
+        if not isinstance(task, Mapping):
+            raise SettingsError(f"{where}: expected a mapping with function and kwargs, got {task!r}")
+        for key in task:
+            if key not in TASK_KEYS:
+                raise SettingsError(f"{where}.{key}: unknown key of a task; allowed: {', '.join(TASK_KEYS)}")
+        function = task.get("function")
+        if function not in TASK_FUNCTIONS:
+            raise SettingsError(f"{where}.function: {function!r} is not a task function of {TASK_RUNNER_TEMPLATE}; "
+                                f"allowed: {', '.join(TASK_FUNCTIONS)}")
+        kwargs = task.get("kwargs")
+        kwargs = {} if kwargs is None else kwargs
+        if not isinstance(kwargs, Mapping):
+            raise SettingsError(f"{where}.kwargs: expected a mapping of keyword arguments, got {kwargs!r}")
+        allowed = TASK_FUNCTIONS[function]
+        for key, value in kwargs.items():
+            if key not in allowed:
+                raise SettingsError(f"{where}.kwargs.{key}: not an argument of {function} (it would be ignored); "
+                                    f"allowed: {', '.join(allowed)}")
+            allowed[key](f"{where}.kwargs.{key}", value)
+        for key in REQUIRED_KWARGS.get(function, ()):
+            if key not in kwargs:
+                raise SettingsError(f"{where}.kwargs.{key}: missing; {function} needs it")
+
+
+def check_collaborator_names(per_collaborator, collaborators: Sequence[str],
+                             prefix: str = "task_runner.settings.per_collaborator") -> None:
+    """Every `per_collaborator` entry names a collaborator of the federation (its settings would apply to nobody)."""
+    if not isinstance(per_collaborator, Mapping):
+        return  # its shape is the task runner's to check (src.collaborator_overrides)
+    for name in per_collaborator:
+        if name not in collaborators:
+            raise SettingsError(f"{prefix}.{name}: no collaborator of this federation has that name; its "
+                                f"collaborators: {', '.join(collaborators) or 'none'}")
+
+
+def check_plan(config: Mapping, collaborators: Sequence[str] | None = None) -> None:
+    """The checks above on a plan mapping (`collaborators`: the federation's names, when known). Plans whose task
+    runner is not this workspace's are left to their own runner."""
+    runner = config.get("task_runner")
+    if not isinstance(runner, Mapping) or runner.get("template") != TASK_RUNNER_TEMPLATE:
+        return
+    check_tasks(config.get("tasks") or {})
+    settings = runner.get("settings")
+    if collaborators is not None and isinstance(settings, Mapping):
+        check_collaborator_names(settings.get("per_collaborator") or {}, list(collaborators))

@@ -1,0 +1,402 @@
+"""Issue 15, "every setting checked at start, by its dotted key": each bad setting of the probe fails before any work,
+folder or certificate, in one line that names the key or flag, the value and what is allowed.
+
+Families: the task runner's settings, the tasks' keyword arguments, the device, the aggregator's settings (each through
+the in-process runner the demo and the tests use, which checks the plan before writing anything), the demo's flags
+(cifar10_PM.main in this process), the federation tool's flags (workspace.__main__.main in this process); then the
+real entry points in child processes (federation tests): `python -m workspace prepare` with a setting only
+`fx plan initialize` can check makes no certificate, and the demo's --log_dir is never mixed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import cifar10_PM
+from audit.config.checks import SettingsError
+from src.aggregator_settings import OPENFL_FILLED, OPENFL_KEYS, OWN_KEYS
+from src.plan_checks import TASK_FUNCTIONS
+from workspace.in_process import check_settings, parse_plan, run_in_process, run_plan_config, write_run_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A quick audit, so that a plan the checks wrongly let through runs (and the test fails) in seconds.
+FAST = {"task_runner": {"settings": {"audit": {"signals": ["loss"], "audit_global": False, "update_attack": False}}},
+        "tasks": {"train": {"kwargs": {"epochs": 1}}}}
+
+
+def merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def fails_before_anything(tmp_path, overrides) -> str:
+    """The message the in-process runner stops with; asserts it is one line and that no folder was made."""
+    run_dir = tmp_path / "run"
+    with pytest.raises(ValueError) as err:
+        run_in_process(run_dir, collaborators=2, rounds=1, overrides=merged(FAST, overrides))
+    message = str(err.value)
+    assert "\n" not in message, message
+    assert not run_dir.exists()  # no plan, no report, no saved model
+    return message
+
+
+def runner(settings: dict) -> dict:
+    return {"task_runner": {"settings": settings}}
+
+
+# ------------------------------------------------------------------------------------------------- task runner
+
+@pytest.mark.parametrize("overrides, start, words", [
+    # accepted before and without effect: passed through **kwargs
+    (runner({"learnig_rate": 0.1}), "task_runner.settings.learnig_rate: unknown setting; known: ",
+     ["learning_rate", "momentum", "per_collaborator"]),
+    # a name no collaborator has (the federation's are collaborator1, collaborator2)
+    (runner({"per_collaborator": {"collaborator9": {"epochs": 3}}}),
+     "task_runner.settings.per_collaborator.collaborator9: no collaborator of this federation has that name",
+     ["collaborator1, collaborator2"]),
+    # a mitigation whose strength is left at 0 changed nothing and was not recorded
+    (runner({"mitigation": {"method": "noise"}}), "task_runner.settings.mitigation.sigma: method noise needs",
+     ["sigma > 0", "got 0 (not set)"]),
+    (runner({"per_collaborator": {"collaborator2": {"mitigation": {"method": "noise", "sigma": 0}}}}),
+     "task_runner.settings.per_collaborator.collaborator2.mitigation.sigma: method noise needs", ["got 0"]),
+    (runner({"mitigation": {"method": "mm_aug"}}), "task_runner.settings.mitigation.alpha: method mm_aug needs",
+     ["alpha > 0", "(not set)"]),
+    # failed in round 0 with no key named (gradient_layer was checked; these were not)
+    (runner({"audit": {"fidel": {"enabled": True, "layer": "classifier.fc9"}}}),
+     "task_runner.settings.audit.fidel.layer: layer 'classifier.fc9': no such module",
+     ["classifier.fc1, classifier.fc2, classifier.out"]),
+    (runner({"audit": {"fidel": {"enabled": True, "layer": "features.conv1"}}}),
+     "task_runner.settings.audit.fidel.layer: layer 'features.conv1' is Conv2d, not nn.Linear", []),
+    (runner({"audit": {"deanon": {"enabled": True, "layer": "classifier.fc9"}}}),
+     "task_runner.settings.audit.deanon.layer: no tensor of layer 'classifier.fc9'", ["classifier.out"]),
+], ids=["misspelt-key", "per-collaborator-name", "noise-without-sigma", "per-collaborator-noise-sigma-0",
+        "mm_aug-without-alpha", "fidel-layer-missing", "fidel-layer-not-dense", "deanon-layer-missing"])
+def test_task_runner_settings_fail_before_anything(tmp_path, overrides, start, words):
+    message = fails_before_anything(tmp_path, overrides)
+    assert message.startswith(start), message
+    for word in words:
+        assert word in message, message
+
+
+def test_a_strong_enough_mitigation_and_a_real_layer_still_run_and_dp_fedavg_may_only_clip(tmp_path):
+    """The checks refuse no-ops, not the settings they guard: these build (dp_fedavg with sigma 0 clips, and is
+    recorded as such)."""
+    from workspace.in_process import check_run_plan
+
+    for settings in ({"mitigation": {"method": "noise", "sigma": 0.01}},
+                     {"mitigation": {"method": "dp_fedavg"}},
+                     {"mitigation": {"method": "bkg_repl", "alpha": 0.5}},
+                     {"per_collaborator": {"collaborator2": {"epochs": 2}}},
+                     {"audit": {"fidel": {"enabled": True, "layer": "classifier.fc1"},
+                                "deanon": {"layer": "classifier.out"}}}):
+        check_run_plan(run_plan_config(tmp_path, collaborators=2, rounds=1, overrides=merged(FAST, runner(settings))),
+                       ["collaborator1", "collaborator2"])
+
+
+# ------------------------------------------------------------------------------------------------- task kwargs
+
+def train_kwargs(**kwargs) -> dict:
+    return {"tasks": {"train": {"kwargs": kwargs}}}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    # misspelt: trained the plan's 5 epochs
+    (train_kwargs(epoch=1), "tasks.train.kwargs.epoch: not an argument of train_task (it would be ignored); "
+                            "allowed: epochs, use_tqdm, metrics"),
+    (train_kwargs(lr=0.1), "tasks.train.kwargs.lr: not an argument of train_task (it would be ignored); "
+                           "allowed: epochs, use_tqdm, metrics"),
+    # failed in round 0 (ValueError from the training recipe, TypeError from range())
+    (train_kwargs(epochs=0), "tasks.train.kwargs.epochs: expected an integer >= 1, got 0"),
+    (train_kwargs(epochs="1"), "tasks.train.kwargs.epochs: expected an integer >= 1, got '1'"),
+    (train_kwargs(epochs=1.5), "tasks.train.kwargs.epochs: expected an integer >= 1, got 1.5"),
+    (train_kwargs(use_tqdm="yes"), "tasks.train.kwargs.use_tqdm: expected true or false, got 'yes'"),
+    ({"tasks": {"aggregated_model_validation": {"kwargs": {"apply": "both"}}}},
+     "tasks.aggregated_model_validation.kwargs.apply: expected local (the locally trained model) or global "
+     "(the received one), got 'both'"),
+    ({"tasks": {"train": {"function": "train_tsk"}}},
+     "tasks.train.function: 'train_tsk' is not a task function of src.taskrunner.AuditedTaskRunner; "
+     "allowed: train_task, validate_task"),
+    ({"tasks": {"train": {"kwarg": {"epochs": 1}}}},
+     "tasks.train.kwarg: unknown key of a task; allowed: function, kwargs, aggregation_type"),
+], ids=["epoch", "lr", "epochs-0", "epochs-str", "epochs-float", "use_tqdm", "apply", "function", "kwarg-section"])
+def test_task_kwargs_fail_before_anything(tmp_path, overrides, message):
+    assert fails_before_anything(tmp_path, overrides) == message
+
+
+def test_the_task_kwargs_table_is_the_task_functions_signatures():
+    """src.plan_checks spells the task functions' keyword arguments out (torch-free); they must be what the task
+    runner's functions take: its own train_task's and OpenFL's PyTorchTaskRunner's (which reads kwargs["apply"])."""
+    from openfl.federated import PyTorchTaskRunner
+
+    from src.taskrunner import AuditedTaskRunner
+
+    fixed = {"self", "col_name", "round_num", "input_tensor_dict", "kwargs"}
+    for function, allowed in TASK_FUNCTIONS.items():
+        named = set()
+        for cls in (AuditedTaskRunner, PyTorchTaskRunner):
+            named |= set(inspect.signature(getattr(cls, function)).parameters) - fixed
+        extra = {"validate_task": {"apply"}}.get(function, set())  # read from **kwargs
+        assert set(allowed) == named | extra | {"metrics"}, function  # metrics: OpenFL's templates carry it
+    assert set(TASK_FUNCTIONS) == {"train_task", "validate_task"}
+
+
+def test_the_plans_own_tasks_pass_and_its_runner_is_checked():
+    config = run_plan_config(ROOT, collaborators=2, rounds=1)
+    check_settings(config, ["collaborator1", "collaborator2"])
+    other = merged(config, {"task_runner": {"template": "somewhere.Else"}, "tasks": {"train": {"kwargs": {"x": 1}}}})
+    check_settings(other, ["collaborator1"])  # another runner's tasks are its own business
+
+
+# ------------------------------------------------------------------------------------------------- device
+
+UNAVAILABLE = ["cuda:63"] + ([] if torch.cuda.is_available() else ["cuda"]) + \
+              ([] if torch.backends.mps.is_available() else ["mps"])
+
+
+@pytest.mark.parametrize("device, says", [
+    *[(name, f"task_runner.settings.device: {name!r} is not available on this machine; available here: cpu")
+      for name in UNAVAILABLE],
+    ("gpu", "task_runner.settings.device: 'gpu' is not a torch device name; available here: cpu"),
+    ("", "task_runner.settings.device: expected a device name (available here: cpu"),
+    (0, "task_runner.settings.device: expected a device name (available here: cpu"),
+])
+def test_a_device_that_does_not_exist_fails_before_anything(tmp_path, device, says):
+    message = fails_before_anything(tmp_path, runner({"device": device}))
+    assert message.startswith(says), message
+
+
+def test_the_devices_this_machine_has_are_accepted():
+    from src.devices import available_devices, check_device
+
+    for name in available_devices():
+        assert check_device("device", name) == torch.device(name)
+    assert check_device("device", None) is None  # OpenFL's choice: CUDA if there is one
+
+
+# ------------------------------------------------------------------------------------------------- aggregator
+
+@pytest.mark.parametrize("settings, key, known", [
+    ({"pol_interval_s": 2}, "pol_interval_s", "poll_interval_s, report_dir, deanon, callbacks, init_state_path"),
+    ({"rounds_to_trian": 5}, "rounds_to_trian", "rounds_to_train"),
+    ({"deanon": {"enabled": False, "layr": "x"}}, "deanon.layr", "enabled, layer, attacks, min_history_rounds, seed"),
+])
+def test_unknown_aggregator_settings_fail_before_anything_and_at_fx_aggregator_start(tmp_path, settings, key, known):
+    overrides = {"aggregator": {"settings": settings}}
+    message = fails_before_anything(tmp_path, overrides)
+    assert message.startswith(f"aggregator.settings.{key}: unknown setting; known: "), message
+    assert known in message
+    # `fx aggregator start` builds the aggregator from the plan as Plan.get_aggregator does: the same line, not a
+    # TypeError from Aggregator.__init__
+    plan = parse_plan(write_run_plan(tmp_path / "fx", collaborators=2, rounds=1, overrides=overrides))
+    with pytest.raises(ValueError) as err:
+        plan.get_aggregator(tensor_dict={})
+    assert str(err.value) == message
+
+
+def test_fx_aggregator_start_checks_the_tasks(tmp_path):
+    """In a deployment the tasks reach a collaborator's task function only in round 0; the aggregator, which gets
+    them with its assigner, refuses the plan at start."""
+    plan = parse_plan(write_run_plan(tmp_path, collaborators=2, rounds=1, overrides=train_kwargs(epoch=1)))
+    with pytest.raises(SettingsError, match=r"^tasks\.train\.kwargs\.epoch: not an argument of train_task"):
+        plan.get_aggregator(tensor_dict={})
+
+
+def test_the_aggregator_keys_are_openfls_signature():
+    from openfl.component import Aggregator
+
+    parameters = set(inspect.signature(Aggregator.__init__).parameters) - {"self", "callbacks"}
+    assert set(OPENFL_KEYS) | set(OPENFL_FILLED) == parameters
+    assert not set(OPENFL_KEYS) & set(OPENFL_FILLED) and not set(OWN_KEYS) & parameters
+
+
+# ------------------------------------------------------------------------------------------------- the demo
+
+DEMO = ["--dataset", "digits", "--comm_round", "1", "--signals", "loss", "--no_progress"]
+
+
+def demo(argv, capsys) -> tuple[int, str]:
+    """cifar10_PM's exit code and stderr, in this process (argparse's exit counts as the code it gives)."""
+    import logging
+
+    openfl_level = logging.getLogger("openfl").level  # main() quietens OpenFL's logger: not for the other tests
+    try:
+        code = cifar10_PM.main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    finally:
+        logging.getLogger("openfl").setLevel(openfl_level)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--signals", "entropy"], "--signals: unknown signal 'entropy'; known: loss, logits, gradient_norm"),
+    (["--fpr_tolerance", "0.1", "2"], "--fpr_tolerance: 2.0 is outside (0, 1)"),
+    (["--train_dataset_ratio", "0.9"], "--train_dataset_ratio + --test_dataset_ratio + --audit_dataset_ratio must "
+                                       "be <= 1, got 0.9 + 0.4 + 0.2 = 1.5"),
+    (["--audit_dataset_ratio", "0"], "--audit_dataset_ratio: must be a number > 0, got 0.0"),
+    (["--dirichlet_alpha", "-1"], "--dirichlet_alpha: must be a number > 0"),
+    (["--device", "cuda:63"], "--device: 'cuda:63' is not available on this machine; available here: cpu"),
+    (["--local_epochs", "0"], "argument --local_epochs: expected a whole number >= 1, got '0'"),
+    (["--comm_round", "0"], "argument --comm_round: expected a whole number >= 1, got '0'"),
+    (["--collaborators", "1.5"], "argument --collaborators: expected a whole number >= 1, got '1.5'"),
+    (["--learning_rate", "0"], "argument --learning_rate: expected a number > 0, got '0'"),
+    (["--auditing_interval", "-2"], "argument --auditing_interval: expected a whole number >= 1, got '-2'"),
+    (["--layer_number", "99", "--model", "cnn"], "--layer_number: features[99] of model 'cnn' is not a layer"),
+], ids=lambda v: v[0] if isinstance(v, list) else None)
+def test_demo_flags_fail_in_one_line_before_anything(tmp_path, capsys, flags, says):
+    log_dir = tmp_path / "logs"
+    code, err = demo([*DEMO, *flags, "--log_dir", str(log_dir)], capsys)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and says in err, err
+    assert not log_dir.exists()  # no report written
+
+
+def test_demo_log_dir_and_plan_file_fail_in_one_line_before_anything(tmp_path, capsys, monkeypatch):
+    (tmp_path / "a_file").write_text("")
+    used = tmp_path / "used"
+    (used / "collaborator1").mkdir(parents=True)
+    (used / "collaborator1" / "old.txt").write_text("an earlier run")
+    cases = [
+        (tmp_path / "a_file", [], f"error: --log_dir {tmp_path / 'a_file'}: exists and is not a folder"),
+        (tmp_path / "a_file" / "sub", [], f"error: --log_dir {tmp_path / 'a_file' / 'sub'}: cannot be made: "
+                                          f"{tmp_path / 'a_file'} is a file"),
+        (used, [], f"error: --log_dir {used}: not empty (an earlier run's reports would mix with this run's); give "
+                   "a new or empty folder, or add --replace_log_dir to replace them"),
+        # --replace_log_dir replaces only a folder this script wrote (it has _run/): never a user's other folder
+        (used, ["--replace_log_dir"], f"error: --log_dir {used}: not empty and not a report folder of this script"),
+    ]
+    for log_dir, extra, line in cases:
+        code, err = demo([*DEMO, *extra, "--log_dir", str(log_dir)], capsys)
+        assert code == 2 and err.strip() == err.strip().splitlines()[0] and err.startswith(line), err
+    assert sorted(p.name for p in used.rglob("*")) == ["collaborator1", "old.txt"]  # untouched
+    assert (tmp_path / "a_file").is_file()
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("task_runner:\n  settings: {device: cpu\n  x: [\n")
+    monkeypatch.setattr(cifar10_PM, "PLAN", plan)
+    for extra in ([], ["--gate", "withhold", "mia_local_loss_auc=0.6"]):  # --gate reads the plan at parse time
+        code, err = demo([*DEMO, *extra, "--log_dir", str(tmp_path / "new")], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"{plan}: not valid YAML at line 3, column 4: expected ',' or '}}', but got ':'" in err
+    assert not (tmp_path / "new").exists()
+
+
+def test_demo_help_shows_defaults_and_the_download_flag(capsys):
+    with pytest.raises(SystemExit):
+        cifar10_PM.build_parser().parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for shown in ("--comm_round COMM_ROUND federated rounds (default: 30)", "(default: cifar10)",
+                  "--download [DOWNLOAD]", "(default: ['loss', 'gradient_norm', 'logits'])"):
+        assert shown in text
+
+
+def test_demo_download_flag_reaches_the_plan_and_the_cifar_hint_names_it(tmp_path):
+    args = cifar10_PM.parse_args(["--download", "--dataset", "digits"])
+    args.report_dir = tmp_path
+    assert cifar10_PM.overrides_from_args(args)["data_loader"]["settings"]["download"] is True
+    from src.datasets import DatasetUnavailableError, check_available
+
+    with pytest.raises(DatasetUnavailableError, match="--download"):
+        check_available("cifar10", tmp_path / "none")
+    check_available("cifar10", tmp_path / "none", download=True)  # would download: nothing to say now
+
+
+# ------------------------------------------------------------------------------------------------- the tool
+
+def tool(argv, capsys) -> tuple[int, str]:
+    from workspace.__main__ import main
+
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--set", "tasks.train.kwargs.epoch=1"],
+     "error: tasks.train.kwargs.epoch: not an argument of train_task (it would be ignored); allowed: epochs, "
+     "use_tqdm, metrics"),
+    (["--set", "tasks.train.kwargs.epochs=1.5"], "error: tasks.train.kwargs.epochs: expected an integer >= 1, got 1.5"),
+    (["--set", "aggregator.settings.pol_interval_s=2"], "error: aggregator.settings.pol_interval_s: unknown setting"),
+    (["--set", "task_runner.settings.per_collaborator.collaborator3.epochs=2"],
+     "error: task_runner.settings.per_collaborator.collaborator3: no collaborator of this federation has that name; "
+     "its collaborators: collaborator1, collaborator2"),
+    (["--rounds", "1", "--set", "aggregator.settings.rounds_to_train=5"],
+     "error: --set aggregator.settings.rounds_to_train=5: the tool sets this key; use --rounds (this run's value: 1)"),
+], ids=["epoch", "epochs-float", "aggregator-key", "per-collaborator", "rounds-contradiction"])
+def test_workspace_flags_fail_in_one_line_before_any_folder(tmp_path, capsys, flags, line):
+    run_dir = tmp_path / "run"
+    code, err = tool(["prepare", "--collaborators", "2", "--dir", str(run_dir), *flags], capsys)
+    assert code == 2
+    assert err.strip().splitlines() == [err.strip()] and err.startswith(line), err
+    assert not run_dir.exists()
+
+
+def test_workspace_plan_file_errors_name_the_flag_and_the_file(tmp_path, capsys):
+    for text, says in (("a: [\n", "not valid YAML at line 2, column 1: expected the node content, but found '<stream end>'"),
+                       ("- 1\n", "not a plan (a YAML mapping of sections such as task_runner, tasks), got list")):
+        plan = tmp_path / "plan.yaml"
+        plan.write_text(text)
+        code, err = tool(["prepare", "--dir", str(tmp_path / "run"), "--plan", str(plan)], capsys)
+        assert code == 2 and err.strip() == f"error: --plan {plan}: {says}", err
+    code, err = tool(["prepare", "--dir", str(tmp_path / "run"), "--plan", str(tmp_path / "none.yaml")], capsys)
+    assert code == 2 and err.strip() == f"error: --plan {tmp_path / 'none.yaml'}: cannot read the plan (No such file " \
+                                        "or directory)", err
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------------------------------------- entry points
+
+def _cli(*args, cwd=ROOT, timeout=300):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.mark.federation
+@pytest.mark.skipif(not (Path(sys.executable).parent / "fx").exists(), reason="fx comes with openfl in the venv")
+@pytest.mark.parametrize("override, line", [
+    ("task_runner.settings.learnig_rate=0.1", "error: task_runner.settings.learnig_rate: unknown setting; known: "),
+    ("task_runner.settings.device=cuda:63", "error: task_runner.settings.device: 'cuda:63' is not available on this "
+                                            "machine; available here: cpu"),
+    ("task_runner.settings.audit.fidel={enabled: true, layer: nope}",
+     "error: task_runner.settings.audit.fidel.layer: layer 'nope': no such module"),
+])
+def test_bad_settings_fail_before_any_certificate_is_made(tmp_path, override, line):
+    """The README's promise, on the real tool with mutual TLS: what only building the task runner can check fails in
+    `fx plan initialize`, before `fx workspace certify`; one line, naming the key."""
+    run_dir = tmp_path / "run"
+    result = _cli("-m", "workspace", "prepare", "--collaborators", "2", "--rounds", "1", "--dir", run_dir,
+                  "--set", override)
+    assert result.returncode == 2, result.stderr
+    err = result.stderr.strip()
+    assert err.splitlines() == [err] and err.startswith(line), err
+    assert "fx plan initialize" in err  # where it was found, with the full output's place
+    assert not list(run_dir.rglob("cert")) and not list(run_dir.rglob("*.key")) and not list(run_dir.rglob("*.crt"))
+    assert not (run_dir / "collaborator1").exists()
+
+
+@pytest.mark.federation
+def test_demo_refuses_a_used_log_dir_unless_asked_to_replace_it(tmp_path):
+    log_dir = tmp_path / "logs"
+    args = ["cifar10_PM.py", *DEMO, "--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45",
+            "--audit_dataset_ratio", "0.45", "--log_dir", log_dir]
+    first = _cli(*args)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (log_dir / "collaborator1" / "round_0007").mkdir()  # as if an earlier, longer run had left it
+    before = sorted(p.relative_to(log_dir) for p in log_dir.rglob("*"))
+    again = _cli(*args)
+    assert again.returncode == 2 and again.stderr.strip().startswith(f"error: --log_dir {log_dir}: not empty")
+    assert sorted(p.relative_to(log_dir) for p in log_dir.rglob("*")) == before
+    replaced = _cli(*args, "--replace_log_dir")
+    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    assert not (log_dir / "collaborator1" / "round_0007").exists()  # the earlier run's rounds are gone
+    assert (log_dir / "collaborator1" / "round_0000" / "audit.json").is_file()
