@@ -85,7 +85,7 @@ def _crowd_users(key, value):
 def _shadows(key, value):
     if not is_int(value) or value < 2:
         raise SettingsError(f"{key}: expected an integer >= 2 (attacks learn a user from several updates), "
-                                 f"got {value!r}")
+                            f"got {value!r}")
     return int(value)
 
 
