@@ -9,7 +9,7 @@ from __future__ import annotations
 from audit.config.deanon_settings import deanon_settings
 from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
 from audit.config.steps import AuditStep, register
-from audit.config.vocabulary import mia_metric, tpr_statistic
+from audit.config.vocabulary import attack_statistics, mia_metric
 
 __all__ = ["MEMBERSHIP", "FIDEL", "DEANON", "membership_series"]
 
@@ -26,11 +26,9 @@ def membership_series(settings) -> list[tuple[str, str]]:
 
 
 def _membership_metric_names(settings, _audit_settings) -> list[str]:
-    names = []
-    for model, signal in membership_series(settings):
-        names += [mia_metric(model, signal, "auc"), mia_metric(model, signal, "exact_auc")]
-        names += [mia_metric(model, signal, tpr_statistic(t)) for t in settings.fpr_tolerance]
-    return names
+    statistics = attack_statistics(settings.fpr_tolerance)
+    return [mia_metric(model, signal, statistic) for model, signal in membership_series(settings)
+            for statistic in statistics]
 
 
 MEMBERSHIP = register(AuditStep(

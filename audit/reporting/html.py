@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import html
+import math
 
 import jinja2
 from markupsafe import Markup
@@ -14,7 +15,8 @@ from typing import Any, Mapping
 from urllib.parse import quote
 
 from audit.reporting.atomic_io import atomic_write_text
-from audit.reporting.readings import auc_of, csv_cell, exact_auc_of, fmt, ordered_models, tpr_at
+from audit.reporting.readings import (advantage_of, auc_of, confidence_of, csv_cell, epsilon_lb_of, exact_auc_band,
+                                      exact_auc_of, fmt, fmt_interval, ordered_models, rates_at, tpr_at)
 from audit.reporting.records import ROUND_DIR_RE, round_dir_name
 
 __all__ = ["page", "party_page", "write_index", "escape", "href", "now"]
@@ -44,12 +46,42 @@ def now() -> str:
 
 
 _AUC_NOTE = (
-    '<p class="muted">Exact AUC: members against non-members over every threshold (ties count half). Grid AUC: '
-    "Privacy Meter's, the area under the curve in the ROC image, whose thresholds are population quantiles; it "
-    "stops at the population's range, so it reads low on a small population. TPR @ FPR ≤ t: the threshold flags "
-    "at most a share t of the population (ties are flagged whole or not at all); the non-members' FPR there is in "
-    "audit.json (fpr_at_fpr).</p>"
+    '<p class="muted">Exact AUC: members against non-members over every threshold (ties count half), with its DeLong '
+    "interval. Grid AUC: Privacy Meter's, the area under the curve in the ROC image, whose thresholds are population "
+    "quantiles; it stops at the population's range, so it reads low on a small population. TPR @ FPR ≤ t: the "
+    "threshold flags at most a share t of the population (ties are flagged whole or not at all); its Clopper-Pearson "
+    "interval, and the members and non-members it flags. ε ≥: the empirical epsilon lower bound (TensorFlow "
+    "Privacy's definition, Bonferroni-corrected over every threshold; 0 = nothing proven). Advantage: max |TPR − FPR| "
+    "with its DKW interval. Intervals cover the sampling of the audited samples given the model, not other "
+    "training runs.</p>"
 )
+
+
+def _rates_cell(res: Mapping, t: float, unresolved: list) -> str:
+    """TPR at tolerance t with its interval and counts; marked where the population cannot resolve t."""
+    rates = rates_at(res, t)
+    if rates is None or not isinstance(rates.get("tpr"), Mapping) or not isinstance(rates.get("fpr"), Mapping):
+        return f"<td>{escape(fmt(tpr_at(res, t)))}</td>"
+    tpr, fpr = rates["tpr"], rates["fpr"]
+    text = fmt_interval(tpr.get("rate"), tpr.get("lower"), tpr.get("upper"))
+    mark = ""
+    if rates.get("resolvable") is False:
+        mark = "†"
+        unresolved.append((t, rates.get("n_population")))
+    counts = f"{fmt(tpr.get('k'))}/{fmt(tpr.get('n'))} members, {fmt(fpr.get('k'))}/{fmt(fpr.get('n'))} non-members"
+    return (f'<td title="{escape(counts)}">{escape(text)}{mark}<br><span class="muted">{escape(counts)}</span>'
+            "</td>")
+
+
+def _unresolved_note(unresolved: list) -> str:
+    if not unresolved:
+        return ""
+    t, n = min(unresolved, key=lambda item: item[0])
+    tols = ", ".join(sorted({f"{t:g}" for t, _ in unresolved}, key=float))
+    return (f'<p class="muted">† unresolvable: with {escape(fmt(n))} population samples a threshold flags a share of '
+            f"them no finer than 1/{escape(fmt(n))}, so at FPR tolerance {escape(tols)} it flags none and the TPR "
+            "there is the TPR at population FPR 0, whatever the tolerance. It needs at least "
+            f"{escape(fmt(math.ceil(1 / t)))} population samples.</p>")
 
 
 def round_section(record: Mapping, tols: list[float]) -> list[str]:
@@ -58,19 +90,30 @@ def round_section(record: Mapping, tols: list[float]) -> list[str]:
     out = [f'<section class="round" id="{escape(d)}">', f"<h3>Round {escape(rnd)}</h3>"]
     out.append(f'<p class="muted"><a href="{href(d, "audit.json")}">audit.json</a>'
                + (f" · seed {escape(record['seed'])}" if record.get("seed") is not None else "") + "</p>")
-    rows = []
+    rows, unresolved = [], []
     for model in ordered_models(record["attacks"]):
         for signal in sorted(record["attacks"][model]):
             res = record["attacks"][model][signal]
-            cells = [f"<td>{escape(model)} / {escape(signal)}</td>", f"<td>{escape(fmt(exact_auc_of(res)))}</td>",
+            advantage, adv_lo, adv_hi = advantage_of(res)
+            cells = [f"<td>{escape(model)} / {escape(signal)}</td>",
+                     f"<td>{escape(fmt_interval(exact_auc_of(res), *exact_auc_band(res)))}</td>",
                      f"<td>{escape(fmt(auc_of(res)))}</td>"]
-            cells += [f"<td>{escape(fmt(tpr_at(res, t)))}</td>" for t in tols]
-            cells.append(f"<td>{escape(fmt(res.get('n_members')))} / {escape(fmt(res.get('n_nonmembers')))}</td>")
+            cells += [_rates_cell(res, t, unresolved) for t in tols]
+            cells += [f"<td>{escape(fmt(epsilon_lb_of(res), 3))}</td>",
+                      f"<td>{escape(fmt_interval(advantage, adv_lo, adv_hi))}</td>",
+                      f"<td>{escape(fmt(res.get('n_members')))} / {escape(fmt(res.get('n_nonmembers')))}"
+                      f" / {escape(fmt(res.get('n_population')))}</td>"]
             rows.append("<tr>" + "".join(cells) + "</tr>")
     if rows:
-        head = "<tr><th>model / signal</th><th>exact AUC</th><th>grid AUC (Privacy Meter)</th>" + "".join(
-            f"<th>TPR @ FPR ≤ {escape(f'{t:g}')}</th>" for t in tols) + "<th>members / non-members</th></tr>"
+        level = confidence_of([record])
+        ci = f" [{fmt(100 * level, 3)}% CI]" if level == level else ""
+        head = (f"<tr><th>model / signal</th><th>exact AUC{escape(ci)}</th><th>grid AUC (Privacy Meter)</th>"
+                + "".join(f"<th>TPR @ FPR ≤ {escape(f'{t:g}')}{escape(ci)}</th>" for t in tols)
+                + "<th>ε ≥</th><th>advantage</th><th>members / non-members / population</th></tr>")
         out += ['<div class="scroll"><table>', head, *rows, "</table></div>", _AUC_NOTE]
+        note = _unresolved_note(unresolved)
+        if note:
+            out.append(note)
     out.append(f'<p><a href="{href(d, "roc.png")}"><img src="{href(d, "roc.png")}" '
                f'alt="{escape(f"ROC curves, round {rnd}")}" loading="lazy"></a></p>')
     details = {k: record[k] for k in ("settings", "timings", "extra") if record.get(k)}
@@ -93,14 +136,16 @@ def party_page(party: str, records: list[dict], tols: list[float], tpr_files: li
         'Data: <a href="metrics.csv">metrics.csv</a>.</p>'
     )
     body += ["<h2>Membership-inference AUC per round (exact AUC)</h2>",
-             '<p class="muted">Members against non-members over every threshold. Privacy Meter\'s grid AUC is in '
-             "the tables: metrics ending in <code>_auc</code> are the grid AUC, those ending in "
-             "<code>_exact_auc</code> the exact one.</p>",
+             '<p class="muted">Members against non-members over every threshold; shaded: its DeLong confidence '
+             "interval. Privacy Meter's grid AUC is in the tables: metrics ending in <code>_auc</code> are the grid "
+             "AUC, those ending in <code>_exact_auc</code> the exact one (<code>_lower</code>, <code>_upper</code>: "
+             "its interval's bounds).</p>",
              '<p><img src="auc.png" alt="exact AUC per round for every model and signal"></p>']
     if tpr_files:
         body.append("<h2>TPR at fixed FPR per round</h2>")
-        body.append('<p class="muted">With the threshold flagging at most a share t of the population. Dotted '
-                    "line: a random guess (TPR = FPR)" + ("; log-scaled TPR" if log_scale else "") + ".</p>")
+        body.append('<p class="muted">With the threshold flagging at most a share t of the population; shaded: '
+                    "the TPR's Clopper-Pearson interval. Dotted line: a random guess (TPR = FPR)"
+                    + ("; log-scaled TPR" if log_scale else "") + ".</p>")
         for t, name in zip(tols, tpr_files):
             body.append(f'<p><img src="{href(name)}" alt="{escape(f"TPR at FPR {t:g} per round")}"></p>')
     names = sorted({k for r in records for k in r["metrics"]})

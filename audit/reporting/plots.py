@@ -13,22 +13,26 @@ from matplotlib.ticker import MaxNLocator
 
 from audit.config.checks import is_int
 from audit.reporting.atomic_io import atomic_savefig
-from audit.reporting.readings import (auc_of, curve, exact_auc_of, fmt, ordered_models,
+from audit.reporting.readings import (auc_of, curve, exact_auc_of, float_or_nan, fmt, ordered_models, rates_at,
                                       series_keys)
 
 __all__ = ["plot_roc", "plot_per_round"]
 
 DPI = 100
-_MODEL_TITLES = {"local": "local model", "global": "global model", "update": "model update"}
-_MODEL_STYLES = {"local": ("-", "o"), "global": ("--", "s"), "update": (":", "^")}
+_MODEL_TITLES = {"local": "local model", "global": "global model", "update": "model update",
+                 "rmia": "RMIA (local model, by references)"}
+_MODEL_STYLES = {"local": ("-", "o"), "global": ("--", "s"), "update": (":", "^"), "rmia": ("-", "v")}
 _OTHER_MODEL_STYLE = ("-.", "D")
 _SIGNAL_COLORS = {
     "loss": "tab:blue",
     "logits": "tab:orange",
     "gradient_norm": "tab:green",
     "loss_reduction": "tab:red",
+    "global": "tab:purple",
+    "fine_tuned": "tab:brown",
+    "initial": "tab:cyan",
 }
-_EXTRA_COLORS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+_EXTRA_COLORS = ("tab:pink", "tab:olive", "tab:gray", "gold", "navy", "teal")
 _CHANCE_STYLE = {"color": "0.45", "linestyle": ":", "linewidth": 1.2}
 
 def _model_style(model: str) -> tuple[str, str]:
@@ -59,6 +63,27 @@ def _log_floor(values: Iterable[np.ndarray], counts: Iterable[Any] = ()) -> floa
     return max(smallest / 2.0, 1e-6)
 
 
+def _tolerance_points(ax, result: Mapping, color: str, floor: float | None) -> None:
+    """At each FPR tolerance: the non-members' FPR and the members' TPR at its threshold, each with its interval
+    (error bars). Unresolvable tolerances (the population is too small to set them) are drawn hollow."""
+    table = (result.get("uncertainty") or {}).get("at_fpr") if isinstance(result, Mapping) else None
+    if not isinstance(table, Mapping):
+        return
+    for key in table:
+        rates = rates_at(result, float_or_nan(key))
+        if rates is None:
+            continue
+        x, x_lo, x_hi = (float_or_nan(rates["fpr"].get(k)) for k in ("rate", "lower", "upper"))
+        y, y_lo, y_hi = (float_or_nan(rates["tpr"].get(k)) for k in ("rate", "lower", "upper"))
+        if any(math.isnan(v) for v in (x, x_lo, x_hi, y, y_lo, y_hi)):
+            continue
+        if floor is not None:
+            x, x_lo, x_hi, y, y_lo, y_hi = (max(v, floor) for v in (x, x_lo, x_hi, y, y_lo, y_hi))
+        hollow = rates.get("resolvable") is False
+        ax.errorbar([x], [y], xerr=[[x - x_lo], [x_hi - x]], yerr=[[y - y_lo], [y_hi - y]], fmt="o", markersize=3.5,
+                    color=color, mfc="white" if hollow else color, elinewidth=0.8, capsize=2, alpha=0.8)
+
+
 def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
     attacks = record["attacks"]
     models = [m for m in ordered_models(attacks) if attacks[m]]
@@ -66,7 +91,7 @@ def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
     width, height = 3.9 * n + 0.3, 4.5
     fig = Figure(figsize=(width, height), dpi=DPI)
     # Fixed margins (in inches) instead of constrained layout: about half the drawing time.
-    fig.subplots_adjust(left=0.65 / width, right=1 - 0.15 / width, bottom=0.5 / height, top=1 - 0.95 / height,
+    fig.subplots_adjust(left=0.65 / width, right=1 - 0.15 / width, bottom=0.7 / height, top=1 - 0.95 / height,
                         wspace=0.3)
     axes = fig.subplots(1, n, squeeze=False)[0]
     for ax, model in zip(axes, models):
@@ -87,6 +112,7 @@ def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
                 fpr, tpr = np.clip(fpr, floor, 1.0), np.clip(tpr, floor, 1.0)
             ax.plot(fpr, tpr, color=_signal_color(signal), linewidth=1.6, label=label,
                     marker="." if fpr.size <= 30 else None)
+            _tolerance_points(ax, per_signal[signal], _signal_color(signal), floor if log_scale else None)
         lo = floor if log_scale else 0.0
         ax.plot([lo, 1.0], [lo, 1.0], label="chance", **_CHANCE_STYLE)
         if log_scale:
@@ -111,19 +137,24 @@ def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
         ax.set_xlabel("False positive rate")
         ax.set_ylabel("True positive rate")
     scale = " (log-log)" if log_scale else ""
+    fig.text(0.5, 0.012, "dots: TPR and non-members' FPR at each FPR tolerance's threshold, bars: their "
+             "confidence intervals; hollow: the population cannot resolve that tolerance", ha="center", fontsize=7,
+             color="0.35")
     fig.suptitle(f"{record['party']} – round {record['round']}: membership-inference ROC{scale}", fontsize=11)
     atomic_savefig(fig, path, dpi=DPI)
 
 
 def plot_per_round(
     records: list[dict], path: Path, *, party: str, value_of, ylabel: str, title: str,
-    chance: float, chance_label: str, log_y: bool = False,
+    chance: float, chance_label: str, log_y: bool = False, band_of=None,
 ) -> None:
+    """One line per model / signal across rounds; `band_of(result) -> (lower, upper)` shades each value's
+    confidence interval."""
     rounds = [r["round"] for r in records]
     fig = Figure(figsize=(8.4, 4.4), dpi=DPI)
     fig.subplots_adjust(left=0.08, right=0.75, bottom=0.12, top=0.91)
     ax = fig.add_subplot()
-    all_values = []
+    all_values, bands_drawn = [], []
     for model, signal in series_keys(records):
         ys = []
         for r in records:
@@ -134,6 +165,14 @@ def plot_per_round(
         linestyle, marker = _model_style(model)
         ax.plot(rounds, ys, linestyle=linestyle, marker=marker, markersize=5, linewidth=1.5,
                 color=_signal_color(signal), label=f"{model} / {signal}")
+        if band_of is not None:
+            bands = np.array([band_of(r["attacks"].get(model, {}).get(signal)) if isinstance(
+                r["attacks"].get(model, {}).get(signal), Mapping) else (math.nan, math.nan) for r in records],
+                dtype=float).reshape(-1, 2)
+            if np.isfinite(bands).any():
+                bands_drawn.append(ax.fill_between(rounds, bands[:, 0], bands[:, 1], color=_signal_color(signal),
+                                                   alpha=0.1, linewidth=0))
+                all_values.append(bands[np.isfinite(bands)])
     ax.axhline(chance, label=chance_label, **_CHANCE_STYLE)
     finite = np.concatenate(all_values) if all_values else np.empty(0)
     if log_y:
@@ -141,6 +180,9 @@ def plot_per_round(
         for line in ax.get_lines():
             y = np.asarray(line.get_ydata(), dtype=float)
             line.set_ydata(np.where(np.isfinite(y), np.clip(y, floor, None), np.nan))
+        for band in bands_drawn:  # a lower bound of 0 sits on the axis floor
+            for path_ in band.get_paths():
+                path_.vertices[:, 1] = np.clip(path_.vertices[:, 1], floor, None)
         ax.set_yscale("log")
         ax.set_ylim(floor, 1.05)
     else:
@@ -156,6 +198,9 @@ def plot_per_round(
     ax.set_title(f"{party}: {title}", fontsize=11)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="model / signal",
               title_fontsize=8)
+    if bands_drawn:
+        ax.text(1.01, 0.0, "shaded: confidence\ninterval of each value", transform=ax.transAxes, fontsize=7,
+                color="0.35", va="bottom")
     atomic_savefig(fig, path, dpi=DPI)
 
 
