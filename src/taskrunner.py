@@ -114,6 +114,12 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             except ValueError as err:
                 raise ValueError(f"{SETTINGS_PREFIX}.audit.gradient_layer: {err}") from None
         self.to(self.device)
+        # The plan's initial model (what `fx plan initialize` saves: this model, built with the plan's seed), which
+        # every party has without anyone's data: RMIA's independent references start from it. Replaced by the
+        # weights received in round 0, the federation's actual starting point, when this party takes part in it.
+        # Held in a list: a module attribute of the runner (itself an nn.Module) would join its state_dict.
+        self._initial_model = [copy.deepcopy(self.model)]
+        self._audit_store: dict = {}  # the audit's state kept across rounds (e.g. RMIA's independent references)
         self.optimizer = self.make_optimizer(self.model)
         self.loss_fn = cross_entropy
         self._audit_sets: AuditSets | None = None
@@ -165,6 +171,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         # What withholding sends back; rebuild_model pops from input_tensor_dict, so copy first.
         received = {name: np.array(value, copy=True) for name, value in input_tensor_dict.items()}
         global_model = self.received_model(round_num, input_tensor_dict) if audit_now else None
+        if round_num == 0 and global_model is not None:
+            self._initial_model = [global_model]
 
         torch.manual_seed(round_seed(self.seed, col_name, round_num))
         start = time.perf_counter()
@@ -272,7 +280,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             self.on_audit_start(col_name, round_num)
         return audit_round(
             model, global_model, self.audit_sets(), self.audit_settings, party=col_name, round_num=round_num,
-            seed=self.seed, training=self._training,
+            seed=self.seed, training=self._training, initial_model=self._initial_model[0],
+            store=self._audit_store.setdefault(col_name, {}),
         )
 
     def _empty_record(self, col_name: str, round_num: int) -> dict:

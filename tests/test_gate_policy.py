@@ -19,7 +19,8 @@ from audit.config.gate import (
     metric_range,
     non_finite_tensors,
 )
-from audit.round_audit import AuditSets, audit_round
+from audit.round_audit import AuditSets, LocalTraining, audit_round
+from audit.training import TrainingRecipe
 from audit.config.audit_settings import AuditSettings
 from src.collaborator_overrides import merge_gate, parse_per_collaborator
 
@@ -208,7 +209,7 @@ def test_bad_values_name_the_dotted_key(mapping, key, words):
 
 
 def test_unknown_metric_message_lists_what_the_audit_produces():
-    audit = AuditSettings(signals=("loss",), fpr_tolerance=(0.1,), audit_global=False)
+    audit = AuditSettings(signals=("loss",), fpr_tolerance=(0.1,), audit_global=False, sections={"rmia": {"enabled": False}})
     with pytest.raises(SettingsError) as err:
         policy({"thresholds": {"mia_global_loss_auc": 0.6}}, audit)
     statistics = ["advantage", "advantage_lower", "advantage_upper", "auc", "epsilon_lb", "exact_auc",
@@ -250,15 +251,23 @@ def _random_sets(seed=0, n=24):
     "audit",
     [
         AuditSettings(),
-        AuditSettings(signals=("gradient_norm",), fpr_tolerance=(0.05, 0.25), audit_global=False),
-        AuditSettings(signals=("logits", "loss"), update_attack=False, fpr_tolerance=(0.001,)),
+        AuditSettings(signals=("gradient_norm",), fpr_tolerance=(0.05, 0.25), audit_global=False,
+                      sections={"rmia": {"references": ["independent"], "reference_models": 1}}),
+        AuditSettings(signals=("logits", "loss"), update_attack=False, fpr_tolerance=(0.001,),
+                      sections={"rmia": {"enabled": False}}),
+        AuditSettings(signals=("loss",), sections={"rmia": {"references": ["global", "fine_tuned"],
+                                                            "offline_a": 0.5, "gamma": 2}}),
     ],
 )
 def test_audit_metric_names_are_what_a_real_audit_reports(audit):
     torch.manual_seed(0)
     local = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
     received = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
-    record = audit_round(local, received, _random_sets(), audit, party="p", round_num=0)
+    initial = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    training = LocalTraining(TrainingRecipe("SGD", 0.05, 0.9, epochs=1, batch_size=8), member_count=24,
+                             federation_alpha=None)
+    record = audit_round(local, received, _random_sets(n=40), audit, party="p", round_num=0, training=training,
+                         initial_model=initial)
     assert audit_metric_names(audit) == tuple(sorted(record["metrics"]))
 
 
