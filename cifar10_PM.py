@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,9 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by the tests
     sys.path.insert(0, str(ROOT))
 
-from audit.config.vocabulary import GATE_ACTIONS, MODELS  # noqa: E402  (torch-free: --help stays light)
+from audit.config.gate import BOUND_CHOICES  # noqa: E402  (torch-free: --help stays light)
+from audit.config.rmia_settings import REFERENCE_KINDS  # noqa: E402
+from audit.config.vocabulary import GATE_ACTIONS, MODELS  # noqa: E402
 
 
 def str2bool(text: str) -> bool:
@@ -94,7 +97,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local_epochs", type=int, default=1, help="local epochs per round (the tutorial: 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--log_scale", type=str2bool, default=False, help="ROC plots with log-scale axes")
+    p.add_argument("--log_scale", type=str2bool, default=True,
+                   help="ROC plots with log-log axes, to show the low-FPR region (default True; False: linear)")
+    p.add_argument("--rmia", type=str2bool, nargs="?", const=True, default=True,
+                   help="also run RMIA, the relative membership-inference attack with reference models (default True)")
+    p.add_argument("--rmia_references", nargs="+", choices=REFERENCE_KINDS, default=list(REFERENCE_KINDS),
+                   help="RMIA's reference models: global (the received model), fine_tuned (K trained from it), "
+                        "independent (K that never saw the party's data); one attack each")
+    p.add_argument("--reference_models", type=int, default=2,
+                   help="K, RMIA's reference models per trained kind (each costs about one local training a round)")
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="confidence level of every interval and of the epsilon lower bounds")
+    p.add_argument("--epsilon_delta", type=float, default=1e-5, help="delta of the empirical epsilon lower bounds")
     p.add_argument("--deanon", type=str2bool, nargs="?", const=True, default=False,
                    help="also run the deanonymization audits: each collaborator's self-audit (metrics deanon_*) and "
                         "the aggregator's attack on the real updates (its report's deanon/ folder)")
@@ -106,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gate leaky updates: ACTION is withhold, dp_retrain or report_only; an update is gated if an "
                         "audit metric is above its threshold, e.g. --gate withhold mia_local_loss_auc=0.6 "
                         "(task_runner.settings.gate)")
+    p.add_argument("--gate_bound", choices=BOUND_CHOICES, default=None,
+                   help="which value of a metric --gate compares with its threshold: upper (the plan's default: the "
+                        "update passes only if its leakage is significantly below), lower (gated only if significantly "
+                        "above) or point (the estimate)")
     p.add_argument("--verbose", action="store_true", help="show OpenFL's own log lines")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
     return p
@@ -117,8 +135,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     try:
         check_fpr_tolerance(args.fpr_tolerance)
+        check_audit_flags(args)
     except ValueError as err:
         parser.error(str(err))
+    if args.gate_bound is not None and args.gate is None:
+        parser.error("--gate_bound: it says how --gate compares; give --gate ACTION METRIC=THRESHOLD too")
     if args.gate is not None:
         try:
             gate_policy(args)
@@ -139,6 +160,34 @@ def check_fpr_tolerance(tolerances) -> None:
         raise ValueError(str(err).replace("audit.fpr_tolerance:", "--fpr_tolerance:", 1)) from None
 
 
+# The audit flags and the plan keys they set, for error messages that name the flag.
+_AUDIT_FLAGS = {"audit.rmia.references": "--rmia_references", "audit.rmia.reference_models": "--reference_models",
+                "audit.confidence": "--confidence", "audit.epsilon_delta": "--epsilon_delta"}
+
+
+def audit_flags(args) -> dict:
+    """The plan's audit keys the RMIA, interval and epsilon flags set."""
+    return {"confidence": args.confidence, "epsilon_delta": args.epsilon_delta,
+            "rmia": {"enabled": args.rmia, "references": list(dict.fromkeys(args.rmia_references)),
+                     "reference_models": args.reference_models}}
+
+
+def check_audit_flags(args) -> None:
+    """--rmia_references, --reference_models, --confidence, --epsilon_delta checked as the plan's keys are, before
+    any work; ValueError naming the flag."""
+    _workspace_on_path()
+    from audit.config.audit_settings import AuditSettings
+
+    try:
+        AuditSettings.from_mapping(audit_flags(args), prefix="audit")
+    except ValueError as err:
+        text = str(err)
+        for key, flag in _AUDIT_FLAGS.items():
+            if text.startswith(key + ":"):
+                raise ValueError(flag + text[len(key):]) from None
+        raise
+
+
 def gate_policy(args):
     """audit.config.gate.GatePolicy of --gate for the audit the other flags configure (on plan/plan.yaml's audit settings);
     ValueError naming --gate and the offending metric or value."""
@@ -151,12 +200,15 @@ def gate_policy(args):
     plan = yaml.safe_load((ROOT / "plan" / "plan.yaml").read_text())
     audit = dict(plan["task_runner"]["settings"].get("audit") or {})
     # The audit keys that decide which metrics exist; the others keep the plan's values.
+    flags = audit_flags(args)
     audit.update(signals=list(dict.fromkeys(args.signals)), fpr_tolerance=list(args.fpr_tolerance),
                  interval=args.auditing_interval, fidel={**(audit.get("fidel") or {}), "enabled": args.fidel},
-                 deanon={**(audit.get("deanon") or {}), "enabled": args.deanon})
+                 deanon={**(audit.get("deanon") or {}), "enabled": args.deanon},
+                 rmia={**(audit.get("rmia") or {}), **flags.pop("rmia")}, **flags)
     settings = AuditSettings.from_mapping(audit, prefix="audit")
+    gate = dict(args.gate) if args.gate_bound is None else {**args.gate, "bound": args.gate_bound}
     try:
-        return GatePolicy.from_mapping(args.gate, audit_settings=settings, prefix="--gate")
+        return GatePolicy.from_mapping(gate, audit_settings=settings, prefix="--gate")
     except SettingsError as err:
         # "--gate.thresholds.<metric>: ..." -> "--gate: <metric>: ..."
         raise ValueError(str(err).replace("--gate.thresholds.", "--gate: ", 1)) from None
@@ -222,12 +274,15 @@ def overrides_from_args(args) -> dict:
                 "report_dir": str(args.report_dir),
                 "fidel": {"enabled": args.fidel},
                 "deanon": {"enabled": args.deanon},
+                **audit_flags(args),
             },
         }},
     }
     if args.gate is not None:  # merged into the plan's gate: its dp settings stay
         overrides["task_runner"]["settings"]["gate"] = {"action": args.gate["action"],
                                                          "thresholds": dict(args.gate["thresholds"])}
+        if args.gate_bound is not None:
+            overrides["task_runner"]["settings"]["gate"]["bound"] = args.gate_bound
     return overrides
 
 
@@ -282,6 +337,7 @@ def main(argv=None) -> int:
     write_tutorial_outputs(args.report_dir, names)
 
     print_summary(result)
+    print_attack_summary(result.report_dir, names)
     if args.gate is not None:
         print_gate_summary(result.report_dir, result.aggregator_report_dir, names, args.comm_round, args.gate)
     print(f"\nfinished {args.comm_round} rounds in {time.perf_counter() - start:.1f}s")
@@ -364,12 +420,53 @@ def print_summary(result) -> None:
     print(f"Average aggregated model validation values = {average('aggregated_model_validation/accuracy'):.4f}")
     print(f"Average training loss = {average('train/cross_entropy'):.4f}")
     print(f"Average local model validation values = {average('locally_tuned_model_validation/accuracy'):.4f}")
-    last = result.collaborator_metrics[-1] if result.collaborator_metrics else {}
-    keys = sorted(k for k in last if k.endswith("_auc"))
-    if keys:
-        print("(_auc: Privacy Meter's grid AUC; _exact_auc: members vs non-members over every threshold)")
-    for key in keys:
-        print(f"last round {key} = {last[key]:.4f}")
+
+
+def latest_record(report_dir: Path, name: str) -> dict | None:
+    rounds = sorted((Path(report_dir) / name).glob("round_*/audit.json"))
+    return json.loads(rounds[-1].read_text()) if rounds else None
+
+
+def print_attack_summary(report_dir: Path, names) -> None:
+    """Per collaborator, its latest audited round: every attack's exact AUC and TPR at each FPR tolerance with their
+    intervals and counts, and the epsilon lower bound it proves (unresolvable tolerances marked)."""
+    from audit.reporting.readings import (epsilon_lb_of, exact_auc_band, exact_auc_of, fmt_interval, ordered_models,
+                                          rates_at)
+
+    for name in names:
+        record = latest_record(report_dir, name)
+        if record is None or not record["attacks"]:
+            continue
+        settings = record.get("settings") or {}
+        tols = sorted(float(t) for t in settings.get("fpr_tolerance", []))
+        level = settings.get("confidence", 0.95)
+        print(f"\n{name}, round {record['round']}: membership inference with {100 * level:g}% intervals; epsilon "
+              f"lower bounds at delta {settings.get('epsilon_delta', 0):g}")
+        attacks = [(model, signal) for model in ordered_models(record["attacks"])
+                   for signal in sorted(record["attacks"][model])]
+        width = max(len(f"{model} / {signal}") for model, signal in attacks) + 2
+        print(f"  {'attack':<{width}}{'exact AUC':<22}" + "".join(f"{f'TPR @ FPR {t:g}':<32}" for t in tols)
+              + "eps >=")
+        unresolved = set()
+        for model, signal in attacks:
+            res = record["attacks"][model][signal]
+            cells = [fmt_interval(exact_auc_of(res), *exact_auc_band(res), digits=3)]
+            for t in tols:
+                rates = rates_at(res, t)
+                if rates is None:
+                    cells.append("–")
+                    continue
+                tpr = rates["tpr"]
+                mark = "†" if rates.get("resolvable") is False else ""
+                if mark:
+                    unresolved.add((t, rates.get("n_population")))
+                cells.append(f"{fmt_interval(tpr['rate'], tpr['lower'], tpr['upper'], digits=3)} "
+                             f"{tpr['k']}/{tpr['n']}{mark}")
+            print(f"  {model + ' / ' + signal:<{width}}{cells[0]:<22}" + "".join(f"{c:<32}" for c in cells[1:])
+                  + f"{epsilon_lb_of(res):.2f}")
+        for t, n in sorted(unresolved):
+            print(f"  † FPR {t:g}: {n} population samples cannot resolve it (a threshold flags none of them below "
+                  f"1/{n}); it needs {math.ceil(1 / t)}")
 
 
 def gate_verdicts(report_dir: Path, names, rounds: int) -> list[dict[str, dict | None]]:

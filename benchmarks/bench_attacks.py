@@ -19,7 +19,7 @@ audit seconds per second of the party's local training (for RMIA's trained kinds
 seconds per reference per local-training second).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_attacks.py [--seeds 5] [--models cnn fcnn] [--epochs 20]
-        [--rounds 10] [--reference-models 2] [--out reports/attacks_benchmark]
+        [--rounds 10] [--reference-models 2] [--temperature 2] [--gamma 1] [--out reports/attacks_benchmark]
 
 Writes <out>/runs.json (every party's figures per run) and <out>/table.md, and prints the table.
 """
@@ -43,7 +43,7 @@ ATTACKS = (("population", "local", "loss"), ("update", "update", "loss_reduction
 TOLERANCES = (0.001, 0.01)
 
 
-def overrides(model: str, seed: int, epochs: int, reference_models: int) -> dict:
+def overrides(model: str, seed: int, epochs: int, reference_models: int, temperature: float, gamma: float) -> dict:
     return {
         "tasks": {"train": {"kwargs": {"epochs": epochs}}},
         "data_loader": {"settings": {"dataset": "digits", "seed": seed, "train_dataset_ratio": 0.1,
@@ -54,7 +54,7 @@ def overrides(model: str, seed: int, epochs: int, reference_models: int) -> dict
             "model": model, "seed": seed, "optimizer": "Adam", "learning_rate": 0.003,
             "audit": {"signals": ["loss"], "fpr_tolerance": [0.001, 0.01, 0.1],
                       "rmia": {"references": ["global", "fine_tuned", "independent"],
-                               "reference_models": reference_models}},
+                               "reference_models": reference_models, "temperature": temperature, "gamma": gamma}},
         }},
     }
 
@@ -138,6 +138,8 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=20)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--reference-models", type=int, default=2)
+    p.add_argument("--temperature", type=float, default=2.0)
+    p.add_argument("--gamma", type=float, default=1.0)
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "attacks_benchmark")
     args = p.parse_args()
 
@@ -157,11 +159,13 @@ def main() -> None:
             start = time.perf_counter()
             with tempfile.TemporaryDirectory() as tmp:
                 result = run_in_process(Path(tmp), collaborators=2, rounds=args.rounds,
-                                        overrides=overrides(model, seed, args.epochs, args.reference_models))
+                                        overrides=overrides(model, seed, args.epochs, args.reference_models,
+                                                            args.temperature, args.gamma))
                 per_round = {str(r): [figures(json.loads((result.report_dir / name / f"round_{r:04d}" /
                                                           "audit.json").read_text()))
                                       for name in collaborator_names(2)] for r in wanted}
             runs.append({"model": model, "seed": seed, "epochs": args.epochs, "reference_models": args.reference_models,
+                         "temperature": args.temperature, "gamma": args.gamma,
                          "seconds": time.perf_counter() - start, "rounds": per_round})
             (args.out / "runs.json").write_text(json.dumps(runs, indent=1))
             print(f"{model} seed {seed}: {runs[-1]['seconds']:.0f}s", flush=True)

@@ -24,6 +24,7 @@ from openfl.utilities import TensorKey
 from audit.config.audit_settings import AuditSettings
 from audit.config.checks import is_int, is_real
 from audit.config.gate import GatePolicy, non_finite_tensors
+from audit.config.gate_contract import sent_to_aggregator
 from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
 from audit.config.vocabulary import OPTIMIZERS
 from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
@@ -226,7 +227,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                 f" (tripped {', '.join(tripped)})" if tripped else "",
             )
             for name, value in record["metrics"].items():
-                if name != "train_loss":
+                if name != "train_loss" and sent_to_aggregator(name):
                     global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         for name, value in outcome.scalars(self.gate_watched).items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)

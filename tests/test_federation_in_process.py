@@ -62,6 +62,11 @@ def test_audit_metrics_reach_the_aggregator_as_scalars(federation):
     audit_rows = db[db["tensor_name"].str.startswith("mia_") | db["tensor_name"].str.startswith("rmia_")]
     assert len(audit_rows) > 0
     assert all(np.asarray(a).size == 1 for a in audit_rows["nparray"])
+    # Estimates only: the intervals' bounds stay in the party's report (metrics.csv has them).
+    assert "rmia_independent_exact_auc" in set(audit_rows["tensor_name"])
+    assert not audit_rows["tensor_name"].str.endswith(("_lower", "_upper")).any()
+    header = (federation.report_dir / "collaborator1" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "mia_local_loss_exact_auc_lower" in header and "rmia_independent_tpr_at_fpr_0.1_upper" in header
     # ... and averages them in its own round logs.
     assert any("mia_local_loss_auc" in key for key in federation.round_logs[-1])
 

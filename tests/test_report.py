@@ -485,13 +485,11 @@ def test_intervals_counts_and_unresolvable_tolerances_are_reported(tmp_path, sav
     assert at["0.01"]["tpr"]["k"] == flagged and at["0.01"]["fpr"]["k"] == flagged_non
     assert at["0.001"]["population_fpr"] == 0.0 and at["0.01"]["population_fpr"] == 4 / 404
 
-    # The plots shade the intervals: the AUC band spans DeLong's interval, the TPR band Clopper-Pearson's.
-    (band,) = saved_figures["auc.png"].axes[0].collections
-    ys = band.get_paths()[0].vertices[:, 1]
-    assert ys.min() == pytest.approx(interval.lower) and ys.max() == pytest.approx(interval.upper)
-    (band,) = saved_figures["tpr_at_0.01.png"].axes[0].collections
-    ys = band.get_paths()[0].vertices[:, 1]
-    assert ys.min() == pytest.approx(tpr.lower) and ys.max() == pytest.approx(tpr.upper)
+    # The plots show the intervals as error bars: the AUC's spans DeLong's interval, the TPR's Clopper-Pearson's.
+    for name, (low, high) in (("auc.png", (interval.lower, interval.upper)), ("tpr_at_0.01.png", (tpr.lower, tpr.upper))):
+        (bars,) = saved_figures[name].axes[0].collections
+        (segment,) = bars.get_segments()
+        assert tuple(segment[:, 1]) == pytest.approx((low, high)), name
 
 
 def test_record_without_exact_auc_still_renders(tmp_path, saved_figures):

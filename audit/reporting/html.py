@@ -136,14 +136,14 @@ def party_page(party: str, records: list[dict], tols: list[float], tpr_files: li
         'Data: <a href="metrics.csv">metrics.csv</a>.</p>'
     )
     body += ["<h2>Membership-inference AUC per round (exact AUC)</h2>",
-             '<p class="muted">Members against non-members over every threshold; shaded: its DeLong confidence '
+             '<p class="muted">Members against non-members over every threshold; bars: its DeLong confidence '
              "interval. Privacy Meter's grid AUC is in the tables: metrics ending in <code>_auc</code> are the grid "
              "AUC, those ending in <code>_exact_auc</code> the exact one (<code>_lower</code>, <code>_upper</code>: "
              "its interval's bounds).</p>",
              '<p><img src="auc.png" alt="exact AUC per round for every model and signal"></p>']
     if tpr_files:
         body.append("<h2>TPR at fixed FPR per round</h2>")
-        body.append('<p class="muted">With the threshold flagging at most a share t of the population; shaded: '
+        body.append('<p class="muted">With the threshold flagging at most a share t of the population; bars: '
                     "the TPR's Clopper-Pearson interval. Dotted line: a random guess (TPR = FPR)"
                     + ("; log-scaled TPR" if log_scale else "") + ".</p>")
         for t, name in zip(tols, tpr_files):

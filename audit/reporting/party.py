@@ -5,8 +5,8 @@ Layout (every file written atomically, see :mod:`audit.reporting.atomic_io`)::
     root/index.html                      links every party's report
     root/<party>/index.html              AUC + TPR plots, metrics table, per-round ROC images (newest first)
     root/<party>/metrics.csv             one row per round: "round", then the sorted metric names
-    root/<party>/auc.png                 exact AUC per round for every model x signal, its interval shaded
-    root/<party>/tpr_at_<fpr:g>.png      TPR at each FPR tolerance per round, its interval shaded
+    root/<party>/auc.png                 exact AUC per round for every model x signal, with error bars (its interval)
+    root/<party>/tpr_at_<fpr:g>.png      TPR at each FPR tolerance per round, with error bars (its interval)
     root/<party>/round_0003/audit.json   the round record, exactly as given
     root/<party>/round_0003/roc.png      ROC curves: one subplot per audited model
 
