@@ -477,6 +477,10 @@ def test_intervals_counts_and_unresolvable_tolerances_are_reported(tmp_path, sav
     assert f"[{tpr.lower:.3g}, {tpr.upper:.3g}]" in cells[4] and "†" not in cells[4]
     assert "†" in cells[3]  # TPR @ 0.001: 404 population samples cannot resolve it
     assert "It needs at least 1000 population samples" in page
+    # ... and gets no plot of its own (the figure is the TPR at population FPR 0 whatever the tolerance); 0.01 does
+    assert "TPR at FPR ≤ 0.001 is not plotted: 404 population samples cannot resolve it" in page
+    assert not (tmp_path / PARTY / "tpr_at_0.001.png").exists() and "tpr_at_0.001.png" not in saved_figures
+    assert (tmp_path / PARTY / "tpr_at_0.01.png").is_file()
     assert cells[-2] == "<td>90 / 404 / 404"
 
     stored = json.loads((tmp_path / PARTY / "round_0000" / "audit.json").read_text())["attacks"]["local"]["loss"]

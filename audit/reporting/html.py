@@ -124,7 +124,10 @@ def round_section(record: Mapping, tols: list[float]) -> list[str]:
     return out
 
 
-def party_page(party: str, records: list[dict], tols: list[float], tpr_files: list[str], log_scale: bool) -> str:
+def party_page(party: str, records: list[dict], tols: list[float], tpr_files: list[str], log_scale: bool,
+               unplotted: Mapping[float, int] | None = None) -> str:
+    """The party's page; `unplotted`: tolerances without a TPR plot (no population resolves them) -> population
+    size."""
     body = ['<p><a href="../index.html">&larr; all parties</a></p>', f"<h1>Privacy audit: {escape(party)}</h1>"]
     if not records:
         body.append('<p>No audited rounds yet.</p>')
@@ -146,8 +149,12 @@ def party_page(party: str, records: list[dict], tols: list[float], tpr_files: li
         body.append('<p class="muted">With the threshold flagging at most a share t of the population; bars: '
                     "the TPR's Clopper-Pearson interval. Dotted line: a random guess (TPR = FPR)"
                     + ("; log-scaled TPR" if log_scale else "") + ".</p>")
-        for t, name in zip(tols, tpr_files):
+        for t, name in zip([t for t in tols if t not in (unplotted or {})], tpr_files):
             body.append(f'<p><img src="{href(name)}" alt="{escape(f"TPR at FPR {t:g} per round")}"></p>')
+    for t, n in (unplotted or {}).items():
+        body.append(f'<p class="muted">TPR at FPR ≤ {escape(f"{t:g}")} is not plotted: {escape(fmt(n))} population '
+                    f"samples cannot resolve it (a threshold flags none of them below 1/{escape(fmt(n))}; it needs "
+                    f"{escape(fmt(math.ceil(1 / t)))}). The tables show its values, marked †.</p>")
     names = sorted({k for r in records for k in r["metrics"]})
     body.append("<h2>Metrics per round</h2>")
     if names:

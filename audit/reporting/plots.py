@@ -85,8 +85,10 @@ def _tolerance_points(ax, result: Mapping, color: str, floor: float | None) -> N
         if not rows:
             continue
         x, x_lo, x_hi, y, y_lo, y_hi = np.array(rows).T
-        ax.errorbar(x, y, xerr=[x - x_lo, x_hi - x], yerr=[y - y_lo, y_hi - y], fmt="o", markersize=3.5,
-                    color=color, mfc=color if resolvable else "white", elinewidth=0.8, capsize=2, alpha=0.8)
+        # one collection of bars (no caps: each cap is an artist of its own, and the reports draw many)
+        ax.hlines(y, x_lo, x_hi, colors=color, linewidth=0.8, alpha=0.8)
+        ax.vlines(x, y_lo, y_hi, colors=color, linewidth=0.8, alpha=0.8)
+        ax.plot(x, y, "o", markersize=3.5, color=color, mfc=color if resolvable else "white", alpha=0.8)
 
 
 def _sparse_log_ticks(axis) -> None:
@@ -198,8 +200,7 @@ def plot_per_round(
             centre = np.clip(shown, lo, hi)
             keep = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(centre)
             x = rounds + (i - (len(series) - 1) / 2) * width
-            ax.errorbar(x[keep], centre[keep], yerr=[centre[keep] - lo[keep], hi[keep] - centre[keep]], fmt="none",
-                        ecolor=color, elinewidth=1.0, capsize=1.5, alpha=0.55)
+            ax.vlines(x[keep], lo[keep], hi[keep], colors=color, linewidth=1.0, alpha=0.55)
             drew_bars = True
     ax.axhline(chance, label=chance_label, **_CHANCE_STYLE)
     if log_y:

@@ -15,6 +15,7 @@ from audit.reporting.csv_cells import spreadsheet_safe
 
 __all__ = ["MODEL_ORDER", "ordered_models", "float_or_nan", "curve", "auc_of", "exact_auc_of", "tpr_at",
            "exact_auc_band", "rates_at", "tpr_band_at", "epsilon_lb_of", "advantage_of", "confidence_of",
+           "unresolvable",
            "tolerances_of", "series_keys", "fmt", "fmt_interval", "csv_cell"]
 
 MODEL_ORDER = ("local", "global", "update", "rmia")
@@ -105,6 +106,20 @@ def rates_at(result: Mapping, tol: float) -> Mapping | None:
             if math.isclose(float_or_nan(key), tol, rel_tol=1e-9, abs_tol=1e-15) and isinstance(value, Mapping):
                 return value
     return None
+
+
+def unresolvable(records: list[dict], tol: float) -> int | None:
+    """The population size when no attack of any record can resolve tolerance `tol` (every one's threshold flags
+    none of its population), else None (also for records without uncertainty, written before it existed)."""
+    sizes = []
+    for r in records:
+        for per_signal in r["attacks"].values():
+            for result in per_signal.values():
+                rates = rates_at(result, tol)
+                if rates is None or rates.get("resolvable") is not False:
+                    return None
+                sizes.append(rates.get("n_population"))
+    return max((n for n in sizes if is_int(n)), default=None) if sizes else None
 
 
 def tpr_band_at(result: Mapping, tol: float) -> tuple[float, float]:
