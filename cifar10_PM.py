@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by 
     sys.path.insert(0, str(ROOT))
 
 from audit.config.gate import BOUND_CHOICES  # noqa: E402  (torch-free: --help stays light)
-from audit.config.rmia_settings import REFERENCE_KINDS  # noqa: E402
+from audit.config.rmia_settings import REFERENCE_KINDS, RMIASettings  # noqa: E402
 from audit.config.vocabulary import GATE_ACTIONS, MODELS  # noqa: E402
 
 
@@ -101,10 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ROC plots with log-log axes, to show the low-FPR region (default True; False: linear)")
     p.add_argument("--rmia", type=str2bool, nargs="?", const=True, default=True,
                    help="also run RMIA, the relative membership-inference attack with reference models (default True)")
-    p.add_argument("--rmia_references", nargs="+", choices=REFERENCE_KINDS, default=list(REFERENCE_KINDS),
+    p.add_argument("--rmia_references", nargs="+", choices=REFERENCE_KINDS, default=list(RMIASettings.references),
                    help="RMIA's reference models: global (the received model), fine_tuned (K trained from it), "
-                        "independent (K that never saw the party's data); one attack each")
-    p.add_argument("--reference_models", type=int, default=2,
+                        "independent (K that never saw the party's data); one attack each (default: global "
+                        "independent)")
+    p.add_argument("--reference_models", type=int, default=RMIASettings.reference_models,
                    help="K, RMIA's reference models per trained kind (each costs about one local training a round)")
     p.add_argument("--confidence", type=float, default=0.95,
                    help="confidence level of every interval and of the epsilon lower bounds")

@@ -32,7 +32,7 @@ MEMBERS = 300
 # soundness) RMIA with the received model and with two references that never saw the members, trained with the
 # recipe of the model audited.
 AUDIT = AuditSettings(signals=("loss", "logits", "gradient_norm"), audit_global=False, update_attack=False,
-                      sections={"rmia": {"references": ["global", "independent"]}})
+                      sections={"rmia": {"references": ["global", "independent"], "reference_models": 2}})
 POPULATION_ATTACKS = AuditSettings(signals=("loss", "logits", "gradient_norm"), audit_global=False,
                                    update_attack=False, sections={"rmia": {"enabled": False}})
 

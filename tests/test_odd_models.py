@@ -269,9 +269,11 @@ def check_record(record, settings, models_before):
 @pytest.mark.parametrize(
     "settings",
     [
-        AuditSettings(batch_size=16),
-        AuditSettings(batch_size=16, gradient_layer="emb", sections={"fidel": {"enabled": True}}),
-        AuditSettings(batch_size=16, sections={"fidel": {"enabled": True}, "deanon": DEANON}),
+        AuditSettings(batch_size=16, sections={"rmia": {"reference_models": 2}}),
+        AuditSettings(batch_size=16, gradient_layer="emb", sections={"fidel": {"enabled": True},
+                                                                     "rmia": {"reference_models": 2}}),
+        AuditSettings(batch_size=16, sections={"fidel": {"enabled": True}, "deanon": DEANON,
+                                               "rmia": {"reference_models": 2}}),
     ],
     ids=["signals", "fidel", "fidel+deanon"],
 )
@@ -306,7 +308,9 @@ def test_audit_round_on_tabular_batchnorm_dropout_model(tabular):
     local = train_one(frozen, *sets.members, TrainingRecipe("SGD", 0.05, 0.9, epochs=2, batch_size=16),
                       [torch.randperm(60, generator=torch.Generator().manual_seed(e)) for e in range(2)])
     before = [(received, state_of(received)), (local, state_of(local))]
-    settings = AuditSettings(sections={"fidel": {"enabled": True}, "deanon": DEANON})
+    settings = AuditSettings(sections={"fidel": {"enabled": True}, "deanon": DEANON,
+                                       "rmia": {"references": ["global", "fine_tuned", "independent"],
+                                                "reference_models": 2}})
     training = LocalTraining(TrainingRecipe("SGD", 0.05, 0.9, epochs=2, batch_size=16), 60, 0.5)
     record = audit_round(local, received, sets, settings, party="p", round_num=0, seed=2, training=training,
                          initial_model=received)

@@ -118,7 +118,7 @@ def test_the_step_is_rmia_on_the_models_it_audits():
     received = trained(initial, sets, epochs=3)  # a global model that has seen the members a little
     local = trained(received, sets)
     store = {}
-    audit = settings()
+    audit = settings(references=["global", "fine_tuned", "independent"], reference_models=2)
     record = audit_round(local, received, sets, audit, party="p", round_num=2, seed=5, training=TRAINING,
                          initial_model=initial, store=store)
     target, glob = probabilities(local, sets), probabilities(received, sets)
@@ -167,7 +167,7 @@ def test_references_are_trained_once_per_round_and_the_independent_ones_continue
     sets, initial = task(), net(0)
     received = trained(initial, sets, epochs=3)
     local = trained(received, sets)
-    store, audit = {}, settings(references=["fine_tuned", "independent"], offline_a=0.3)
+    store, audit = {}, settings(references=["fine_tuned", "independent"], offline_a=0.3, reference_models=2)
 
     def audit_at(round_num, model=local):
         return audit_round(model, received, sets, audit, party="p", round_num=round_num, seed=5, training=TRAINING,
@@ -227,7 +227,7 @@ def test_rmia_metrics_are_declared_gated_on_and_reported_with_private_scores(tmp
     scores = np.load(round_dir / "rmia_scores.npz")
     assert scores["independent_members"].shape == (60,) and scores["global_population"].shape == (200,)
     stored = json.loads((round_dir / "audit.json").read_text())
-    assert stored["extra"]["rmia"]["independent"]["reference_models"] == 2
+    assert stored["extra"]["rmia"]["independent"]["reference_models"] == 4  # the default K
     # no per-sample array in the record that leaves the party's folder: the grid curves have Privacy Meter's 100 points
     lengths = {len(v) for res in stored["attacks"]["rmia"].values() for v in res.values() if isinstance(v, list)}
     assert lengths <= {100, 2}

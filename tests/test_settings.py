@@ -28,8 +28,8 @@ DEFAULTS = {
     "report_dir": "reports",
     "confidence": 0.95,
     "epsilon_delta": 1e-5,
-    "rmia": {"enabled": True, "interval": 1, "references": ["global", "fine_tuned", "independent"],
-             "reference_models": 2, "temperature": 2.0, "offline_a": "tune", "gamma": 1.0},
+    "rmia": {"enabled": True, "interval": 1, "references": ["global", "independent"],
+             "reference_models": 4, "temperature": 2.0, "offline_a": "tune", "gamma": 1.0},
     "fidel": {"enabled": False, "layer": None, "threshold": 0.98, "decoder": False},
     "deanon": {
         "enabled": False, "interval": 1, "crowd_users": 10, "shadows_per_user": 8, "shadow_size": None,
