@@ -24,7 +24,9 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by the tests
     sys.path.insert(0, str(ROOT))
 
-from audit.config.vocabulary import GATE_ACTIONS, MODELS, SIGNALS  # noqa: E402  (torch-free: --help stays light)
+from audit.config.gate import BOUND_CHOICES  # noqa: E402  (torch-free: --help stays light)
+from audit.config.rmia_settings import REFERENCE_KINDS, RMIASettings  # noqa: E402
+from audit.config.vocabulary import GATE_ACTIONS, MODELS, SIGNALS  # noqa: E402
 
 PLAN = ROOT / "plan" / "plan.yaml"  # the plan every run starts from
 RUN_FOLDER = "_run"  # inside --log_dir: the run's plan and the aggregator's report; marks a report folder of ours
@@ -138,7 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--local_epochs", type=whole_number(1), default=1, help="local epochs per round (the tutorial: 1)")
     p.add_argument("--seed", type=whole_number(0), default=0, help="seed of the split, the model and the training")
     p.add_argument("--device", default="cpu", help="torch device of the training and the audit, e.g. cpu, cuda:0")
-    p.add_argument("--log_scale", type=str2bool, default=False, help="ROC plots with log-scale axes")
+    p.add_argument("--log_scale", type=str2bool, default=True,
+                   help="ROC plots with log-log axes, to show the low-FPR region (False: linear)")
+    p.add_argument("--rmia", type=str2bool, nargs="?", const=True, default=True,
+                   help="also run RMIA, the relative membership-inference attack with reference models")
+    p.add_argument("--rmia_references", nargs="+", choices=REFERENCE_KINDS, default=list(RMIASettings.references),
+                   help="RMIA's reference models: global (the received model), fine_tuned (K trained from it), "
+                        "independent (K that never saw the party's data); one attack each")
+    p.add_argument("--reference_models", type=whole_number(1), default=RMIASettings.reference_models,
+                   help="K, RMIA's reference models per trained kind (each costs about one local training a round)")
+    p.add_argument("--confidence", type=float, default=0.95,
+                   help="confidence level of every interval and of the epsilon lower bounds, in (0, 1)")
+    p.add_argument("--epsilon_delta", type=float, default=1e-5, help="delta of the empirical epsilon lower bounds")
     p.add_argument("--deanon", type=str2bool, nargs="?", const=True, default=False,
                    help="also run the deanonymization audits: each collaborator's self-audit (metrics deanon_*) and "
                         "the aggregator's attack on the real updates (its report's deanon/ folder)")
@@ -150,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gate leaky updates: ACTION is withhold, dp_retrain or report_only; an update is gated if an "
                         "audit metric is above its threshold, e.g. --gate withhold mia_local_loss_auc=0.6 "
                         "(task_runner.settings.gate)")
+    p.add_argument("--gate_bound", choices=BOUND_CHOICES, default=None,
+                   help="which value of a metric --gate compares with its threshold: upper (the plan's default: the "
+                        "update passes only if its leakage is significantly below), lower (gated only if significantly "
+                        "above) or point (the estimate)")
     p.add_argument("--verbose", action="store_true", help="show OpenFL's own log lines")
     p.add_argument("--no_progress", action="store_true", help="no progress bars")
     return p
@@ -167,10 +184,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
         validate_split_settings(args.train_dataset_ratio, args.test_dataset_ratio, args.audit_dataset_ratio,
                                 args.collaborators, args.dirichlet_alpha, prefix="--")
-        check_audit_flags(args.signals, args.fpr_tolerance)
+        check_audit_flags(args)
         from src.devices import check_device
 
         check_device("--device", args.device)
+        if args.gate_bound is not None and args.gate is None:
+            raise ValueError("--gate_bound: it says how --gate compares; give --gate ACTION METRIC=THRESHOLD too")
         if args.gate is not None:
             gate_policy(args)
     except ValueError as err:
@@ -178,17 +197,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def check_audit_flags(signals, tolerances) -> None:
-    """--signals and --fpr_tolerance checked as the plan's audit.signals and audit.fpr_tolerance are (known signals;
-    each tolerance in (0, 1), no two giving one metric name), before any work; ValueError naming the flag."""
+# The audit flags and the plan keys they set, for error messages that name the flag.
+_AUDIT_FLAGS = {"audit.signals": "--signals", "audit.fpr_tolerance": "--fpr_tolerance",
+                "audit.rmia.references": "--rmia_references", "audit.rmia.reference_models": "--reference_models",
+                "audit.confidence": "--confidence", "audit.epsilon_delta": "--epsilon_delta"}
+
+
+def audit_flags(args) -> dict:
+    """The plan's audit keys the RMIA, interval and epsilon flags set."""
+    return {"confidence": args.confidence, "epsilon_delta": args.epsilon_delta,
+            "rmia": {"enabled": args.rmia, "references": list(dict.fromkeys(args.rmia_references)),
+                     "reference_models": args.reference_models}}
+
+
+def check_audit_flags(args) -> None:
+    """--signals, --fpr_tolerance (known signals; each tolerance in (0, 1), no two giving one metric name),
+    --rmia_references, --reference_models, --confidence, --epsilon_delta checked as the plan's keys are, before any
+    work; ValueError naming the flag."""
     _workspace_on_path()
     from audit.config.audit_settings import AuditSettings
 
     try:
-        AuditSettings.from_mapping({"signals": list(signals), "fpr_tolerance": list(tolerances)}, prefix="audit")
+        AuditSettings.from_mapping({"signals": list(args.signals), "fpr_tolerance": list(args.fpr_tolerance),
+                                    **audit_flags(args)}, prefix="audit")
     except ValueError as err:
-        raise ValueError(str(err).replace("audit.fpr_tolerance:", "--fpr_tolerance:", 1)
-                         .replace("audit.signals:", "--signals:", 1)) from None
+        text = str(err)
+        for key, flag in _AUDIT_FLAGS.items():
+            if text.startswith(key + ":"):
+                raise ValueError(flag + text[len(key):]) from None
+        raise
 
 
 def gate_policy(args):
@@ -202,12 +239,15 @@ def gate_policy(args):
     plan = read_plan(PLAN)
     audit = dict(plan["task_runner"]["settings"].get("audit") or {})
     # The audit keys that decide which metrics exist; the others keep the plan's values.
+    flags = audit_flags(args)
     audit.update(signals=list(args.signals), fpr_tolerance=list(args.fpr_tolerance),
                  interval=args.auditing_interval, fidel={**(audit.get("fidel") or {}), "enabled": args.fidel},
-                 deanon={**(audit.get("deanon") or {}), "enabled": args.deanon})
+                 deanon={**(audit.get("deanon") or {}), "enabled": args.deanon},
+                 rmia={**(audit.get("rmia") or {}), **flags.pop("rmia")}, **flags)
     settings = AuditSettings.from_mapping(audit, prefix="audit")
+    gate = dict(args.gate) if args.gate_bound is None else {**args.gate, "bound": args.gate_bound}
     try:
-        return GatePolicy.from_mapping(args.gate, audit_settings=settings, prefix="--gate")
+        return GatePolicy.from_mapping(gate, audit_settings=settings, prefix="--gate")
     except SettingsError as err:
         # "--gate.thresholds.<metric>: ..." -> "--gate: <metric>: ..."
         raise ValueError(str(err).replace("--gate.thresholds.", "--gate: ", 1)) from None
@@ -274,12 +314,15 @@ def overrides_from_args(args) -> dict:
                 "report_dir": str(args.report_dir),
                 "fidel": {"enabled": args.fidel},
                 "deanon": {"enabled": args.deanon},
+                **audit_flags(args),
             },
         }},
     }
     if args.gate is not None:  # merged into the plan's gate: its dp settings stay
         overrides["task_runner"]["settings"]["gate"] = {"action": args.gate["action"],
                                                          "thresholds": dict(args.gate["thresholds"])}
+        if args.gate_bound is not None:
+            overrides["task_runner"]["settings"]["gate"]["bound"] = args.gate_bound
     return overrides
 
 
@@ -329,7 +372,7 @@ def main(argv=None) -> int:
     _workspace_on_path()
     from src.datasets import DatasetUnavailableError, check_available
     from src.dataloader import clear_dataset_cache
-    from workspace.demo_output import Progress, print_gate_summary, print_summary
+    from workspace.demo_output import Progress, print_attack_summary, print_gate_summary, print_summary
     from workspace.in_process import check_run_plan, collaborator_names, run_in_process, run_plan_config
     from workspace.tutorial_outputs import write_tutorial_outputs
 
@@ -381,6 +424,7 @@ def main(argv=None) -> int:
     write_tutorial_outputs(args.report_dir, names)
 
     print_summary(result)
+    print_attack_summary(result.report_dir, names)
     if args.gate is not None:
         print_gate_summary(result.report_dir, result.aggregator_report_dir, names, args.comm_round, args.gate)
     print(f"\nfinished {args.comm_round} rounds in {time.perf_counter() - start:.1f}s")

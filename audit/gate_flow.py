@@ -11,6 +11,10 @@ Order of the flow (each step only when the one before did not decide):
 3. the trained update is audited and the policy decides; passed or `report_only` keeps it;
 4. `dp_retrain`: DP-SGD retrains from the received weights, each try re-audited with the noise multiplier doubled,
    until one passes (`dp_retrained`) or the retries run out (`withheld`); `withhold` withholds at once.
+
+Each DP try reports, beside the accountant's epsilon, the empirical epsilon lower bound its audit proves (the largest
+of the attacks' `*_epsilon_lb`): an accountant's epsilon below it would be a bug in the DP training or its
+accounting (tests/test_epsilon_soundness.py checks it never is).
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from typing import Any, Callable, Mapping
 from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
 from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT, NON_FINITE_UPDATE,
                                         VERDICTS, WITHHELD, tripped_name)
+from audit.config.vocabulary import EPSILON_LB
 
 __all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "Retrained", "DPTry", "GateOutcome",
-           "run_gate"]
+           "run_gate", "empirical_epsilon"]
 
 OVER_THRESHOLD = "over_threshold"
 
@@ -44,18 +49,35 @@ class Retrained:
     non_finite: bool          # the retrained weights hold NaN/Inf
 
 
+def empirical_epsilon(record: Mapping | None) -> dict | None:
+    """The largest empirical epsilon lower bound of an audit record's attacks (metrics named *_epsilon_lb), which
+    attack gave it, and the delta and confidence it holds at (from the record's settings). Each attack's bound holds
+    at that confidence; the largest of `bounds` of them holds at >= 1 - bounds * (1 - confidence) jointly. None
+    when the record has no such metric."""
+    metrics = (record or {}).get("metrics") or {}
+    found = {name: float(v) for name, v in metrics.items() if name.endswith("_" + EPSILON_LB) and math.isfinite(v)}
+    if not found:
+        return None
+    best = max(found, key=lambda name: (found[name], name))
+    settings = (record or {}).get("settings") or {}
+    return {"value": found[best], "metric": best, "delta": settings.get("epsilon_delta"),
+            "confidence": settings.get("confidence"), "bounds": len(found)}
+
+
 @dataclass(frozen=True)
 class DPTry:
     attempt: int
     retrained: Retrained
     verdict: GateVerdict
     metrics: Mapping[str, float]
+    empirical_epsilon: Mapping | None = None  # `empirical_epsilon` of this try's audit
 
     def to_dict(self) -> dict:
         loss = self.retrained.train_loss
         return {"attempt": self.attempt, "noise_multiplier": self.retrained.noise_multiplier,
                 "steps": self.retrained.steps, "train_loss": loss if math.isfinite(loss) else None,
-                "epsilon": self.retrained.epsilon, **self.verdict.to_dict(), "metrics": dict(self.metrics)}
+                "epsilon": self.retrained.epsilon, "empirical_epsilon": self.empirical_epsilon,
+                **self.verdict.to_dict(), "metrics": dict(self.metrics)}
 
 
 @dataclass(frozen=True)
@@ -91,6 +113,8 @@ class GateOutcome:
             "retries": self.retries,
             "epsilon": self.epsilon,
             "delta": policy.dp.delta if self.retries else None,
+            # What the audit of the trained update proves; each try's, beside the accountant's epsilon, is in tries.
+            "empirical_epsilon": empirical_epsilon(self.record),
             "tries": [t.to_dict() for t in self.tries],
             "audited": bool(self.record and self.record["attacks"]),
         }
@@ -150,11 +174,12 @@ def run_gate(
         for attempt in range(1, policy.dp.max_retries + 1):
             result = retrain(attempt, policy.dp.noise_for_try(attempt))
             if result.non_finite:
-                try_verdict, metrics = GateVerdict.non_finite(), {}
+                try_verdict, metrics, proven = GateVerdict.non_finite(), {}, None
             else:
-                metrics = audit_retrained(result)["metrics"]
+                try_record = audit_retrained(result)
+                metrics, proven = try_record["metrics"], empirical_epsilon(try_record)
                 try_verdict = policy.decide(metrics)
-            tries.append(DPTry(attempt, result, try_verdict, metrics))
+            tries.append(DPTry(attempt, result, try_verdict, metrics, proven))
             if try_verdict.passed:
                 return GateOutcome(DP_RETRAINED, verdict, record, reason=OVER_THRESHOLD, tries=tuple(tries),
                                    epsilon=result.epsilon, retrained=result)

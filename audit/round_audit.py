@@ -73,6 +73,11 @@ class AuditContext:
     round_num: int
     seed: int | None
     training: LocalTraining | None
+    # The federation's starting point, which every party has without anyone's data (the plan's initial model).
+    initial_model: torch.nn.Module | None = None
+    # The party's own state across rounds and audits (e.g. reference models a step keeps training); each step keeps
+    # its entries under its own name. A fresh dict per audit_round call unless the caller keeps one.
+    store: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -104,12 +109,17 @@ def audit_round(
     seed: int | None = None,
     training: LocalTraining | None = None,
     steps: tuple[AuditStep, ...] | None = None,
+    initial_model: torch.nn.Module | None = None,
+    store: dict | None = None,
 ) -> dict:
     """Audit one round with every enabled step (default: all registered ones); returns the round record (see
     audit.reporting for its layout). The record's "attacks" hold AttackResult objects; `record_to_json` turns them
-    into dicts. `training`: the party's local training, for the steps that train like it (deanonymization)."""
+    into dicts. `training`: the party's local training, for the steps that train like it (deanonymization, RMIA's
+    references); `initial_model`: the plan's initial model (RMIA's independent references); `store`: the party's
+    state kept across rounds (the same dict every round)."""
     start = time.perf_counter()
-    context = AuditContext(local_model, global_model, sets, settings, party, int(round_num), seed, training)
+    context = AuditContext(local_model, global_model, sets, settings, party, int(round_num), seed, training,
+                           initial_model, {} if store is None else store)
     metrics: dict[str, float] = {}
     attacks: dict = {}
     extra: dict = {}

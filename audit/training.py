@@ -78,17 +78,23 @@ def _copies_forward(model, batched: bool):
 
 
 def _train_chunk(model, params, buffers, x, y, recipe: TrainingRecipe, generator: torch.Generator,
-                 batched: bool = True) -> tuple[dict, dict]:
+                 batched: bool = True, start: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
     """The copies' trained parameters and their buffers after training, each stacked (copies, ...).
 
     `batched`: all copies in one vmap'd forward; else one functional_call per copy (the same training, slower;
-    dropout masks are drawn copy by copy, so they differ from the batched ones)."""
+    dropout masks are drawn copy by copy, so they differ from the batched ones). `start`: each copy's own starting
+    parameters and buffers, stacked (copies, ...); None: every copy starts from `params` and `buffers`."""
     copies, size = y.shape
-    stacked = {n: t.requires_grad_(True) for n, t in _stacked(params, copies).items()}
-    # Every copy its own buffers, batched like the parameters: BatchNorm in train mode updates its running statistics
-    # (and num_batches_tracked) in place, which vmap allows only on batched buffers ("Batch norm got a batched tensor
-    # as input while the running_mean or running_var ... were not batched"), and the received model's stay untouched.
-    stacked_buffers = _stacked(buffers, copies)
+    if start is None:
+        stacked = {n: t.requires_grad_(True) for n, t in _stacked(params, copies).items()}
+        # Every copy its own buffers, batched like the parameters: BatchNorm in train mode updates its running
+        # statistics (and num_batches_tracked) in place, which vmap allows only on batched buffers ("Batch norm got a
+        # batched tensor as input while the running_mean or running_var ... were not batched"), and the received
+        # model's stay untouched.
+        stacked_buffers = _stacked(buffers, copies)
+    else:  # new storage: the copies handed in stay as they were
+        stacked = {n: start[0][n].detach().clone().requires_grad_(True) for n in params}
+        stacked_buffers = {n: start[1][n].detach().clone() for n in buffers}
     optimizer = recipe.make_optimizer(list(stacked.values()))
     forward = _copies_forward(model, batched)
     rows = torch.arange(copies)[:, None]
@@ -105,10 +111,11 @@ def _train_chunk(model, params, buffers, x, y, recipe: TrainingRecipe, generator
 
 
 def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, seed: int, chunk: int | None,
-                     on_chunk, caller: str) -> None:
+                     on_chunk, caller: str, start: "TrainedCopies | None" = None) -> None:
     """Train len(x) copies of `model` on (x[c], y[c]), `chunk` copies at a time, and hand each chunk's trained
     parameters and buffers (stacked, (copies in the chunk, ...)) to on_chunk(start, params, buffers) before the next
-    chunk is trained: memory is one chunk's training plus what on_chunk keeps."""
+    chunk is trained: memory is one chunk's training plus what on_chunk keeps. `start`: copy c continues from
+    start's copy c instead of from `model`'s weights."""
     x = model_input(model, np.asarray(x))
     y = torch.as_tensor(np.asarray(y), dtype=torch.long, device=x.device)
     if x.shape[:2] != y.shape or y.ndim != 2 or y.shape[1] == 0:
@@ -122,13 +129,15 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     # Train mode for every submodule, as the local training runs (model.train()); each one's flag comes back after.
     with torch.random.fork_rng(devices=[]), module_mode(model, training=True):
         torch.manual_seed(seed)  # dropout masks
-        for start in range(0, len(y), chunk):
-            args = (model, params, buffers, x[start:start + chunk], y[start:start + chunk], recipe, generator)
+        for first in range(0, len(y), chunk):
+            args = (model, params, buffers, x[first:first + chunk], y[first:first + chunk], recipe, generator)
+            begin = None if start is None else ({n: t[first:first + chunk] for n, t in start.params.items()},
+                                                {n: t[first:first + chunk] for n, t in start.buffers.items()})
             vmap_error = None
             if batched:
                 dropout_state, shuffle_state = torch.get_rng_state(), generator.get_state()
                 try:
-                    trained, trained_buffers = _train_chunk(*args)
+                    trained, trained_buffers = _train_chunk(*args, start=begin)
                 except (RuntimeError, NotImplementedError) as err:
                     vmap_error = err
                     torch.set_rng_state(dropout_state)  # redo the chunk from scratch, same draws
@@ -137,13 +146,13 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
                 # For forwards vmap cannot batch (BatchNorm with momentum=None reads float(num_batches_tracked),
                 # .item(), data-dependent control flow); an error that is not vmap's is raised here again, by plain
                 # autograd, with its own message. Stacked buffers are made anew per call: the failed try left none.
-                trained, trained_buffers = _train_chunk(*args, batched=False)
+                trained, trained_buffers = _train_chunk(*args, batched=False, start=begin)
             if vmap_error is not None:
                 warnings.warn(f"{caller}: torch.func.vmap cannot batch the model's training forward "
                               f"({vmap_error}); training the copies one at a time, which is slower",
                               RuntimeWarning, stacklevel=3)
                 batched = False
-            on_chunk(start, trained, trained_buffers)
+            on_chunk(first, trained, trained_buffers)
 
 
 def train_copies(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, names: list[str], seed: int = 0,
@@ -236,7 +245,7 @@ class TrainedCopies:
 
 
 def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, seed: int = 0,
-                     chunk: int | None = None) -> TrainedCopies:
+                     chunk: int | None = None, start: TrainedCopies | None = None) -> TrainedCopies:
     """Train len(x) reference models at once, copy c on (x[c], y[c]) with the party's `recipe`, exactly as
     `train_copies` trains them (same shuffles, dropout masks, per-copy BatchNorm statistics for a seed), and keep
     each copy's trained parameters and buffers: `.logits(samples)` then gives every copy's outputs, for RMIA's
@@ -244,8 +253,12 @@ def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
 
     Every copy starts from `model`'s current parameters and buffers: pass the received global model for references
     fine-tuned from it, or a freshly initialised model of the same architecture for references that never saw the
-    party's data. Training memory is one chunk's (`copies_per_chunk`: parameters, gradients, optimiser states); the
+    party's data. `start`: K copies trained before (e.g. by an earlier call), each continuing from its own weights,
+    with a fresh optimiser (as a party's local training restarts its optimiser each round); `model` is then only the
+    architecture. Training memory is one chunk's (`copies_per_chunk`: parameters, gradients, optimiser states); the
     result holds K copies' parameters and buffers (4 bytes per float32 value per copy)."""
+    if start is not None and len(start) != len(y):
+        raise ValueError(f"train_references: start holds {len(start)} copies, the data {len(y)}")
     params, buffers = {}, {}
 
     def keep(start, trained, trained_buffers):
@@ -254,6 +267,7 @@ def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
         for name, t in trained_buffers.items():
             buffers.setdefault(name, []).append(t)
 
-    _train_in_chunks(model, x, y, recipe, seed=seed, chunk=chunk, on_chunk=keep, caller="train_references")
+    _train_in_chunks(model, x, y, recipe, seed=seed, chunk=chunk, on_chunk=keep, caller="train_references",
+                     start=start)
     return TrainedCopies(model, {n: torch.cat(ts) for n, ts in params.items()},
                          {n: torch.cat(ts) for n, ts in buffers.items()})

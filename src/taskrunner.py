@@ -25,6 +25,7 @@ from openfl.utilities import TensorKey
 from audit.config.audit_settings import AuditSettings
 from audit.config.checks import SettingsError, is_int, is_real
 from audit.config.gate import GatePolicy, non_finite_tensors
+from audit.config.gate_contract import sent_to_aggregator
 from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
 from audit.config.vocabulary import OPTIMIZERS
 from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
@@ -123,6 +124,12 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             raise ValueError(f"{SETTINGS_PREFIX}.{key}: {err}") from None
         self._check_layers(tuple(data_loader.get_feature_shape()))
         self.to(self.device)
+        # The plan's initial model (what `fx plan initialize` saves: this model, built with the plan's seed), which
+        # every party has without anyone's data: RMIA's independent references start from it. Replaced by the
+        # weights received in round 0, the federation's actual starting point, when this party takes part in it.
+        # Held in a list: a module attribute of the runner (itself an nn.Module) would join its state_dict.
+        self._initial_model = [copy.deepcopy(self.model)]
+        self._audit_store: dict = {}  # the audit's state kept across rounds (e.g. RMIA's independent references)
         self.optimizer = self.make_optimizer(self.model)
         self.loss_fn = cross_entropy
         self._audit_sets: AuditSets | None = None
@@ -199,6 +206,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         # What withholding sends back; rebuild_model pops from input_tensor_dict, so copy first.
         received = {name: np.array(value, copy=True) for name, value in input_tensor_dict.items()}
         global_model = self.received_model(round_num, input_tensor_dict) if audit_now else None
+        if round_num == 0 and global_model is not None:
+            self._initial_model = [global_model]
 
         torch.manual_seed(round_seed(self.seed, col_name, round_num))
         start = time.perf_counter()
@@ -252,7 +261,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                 f" (tripped {', '.join(tripped)})" if tripped else "",
             )
             for name, value in record["metrics"].items():
-                if name != "train_loss":
+                if name != "train_loss" and sent_to_aggregator(name):
                     global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         for name, value in outcome.scalars(self.gate_watched).items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
@@ -306,7 +315,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             self.on_audit_start(col_name, round_num)
         return audit_round(
             model, global_model, self.audit_sets(), self.audit_settings, party=col_name, round_num=round_num,
-            seed=self.seed, training=self._training,
+            seed=self.seed, training=self._training, initial_model=self._initial_model[0],
+            store=self._audit_store.setdefault(col_name, {}),
         )
 
     def _empty_record(self, col_name: str, round_num: int) -> dict:

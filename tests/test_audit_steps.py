@@ -76,8 +76,8 @@ def models():
 
 
 def test_a_registered_step_is_parsed_run_reported_and_gated(toy_step, tmp_path):
-    settings = AuditSettings.from_mapping({"signals": ["loss"], "fpr_tolerance": [0.1], "toy": {"enabled": True}},
-                                          prefix="task_runner.settings.audit")
+    settings = AuditSettings.from_mapping({"signals": ["loss"], "fpr_tolerance": [0.1], "toy": {"enabled": True},
+                                           "rmia": {"enabled": False}}, prefix="task_runner.settings.audit")
     assert settings.toy == ToySettings(enabled=True) and settings.to_dict()["toy"] == {"enabled": True, "scale": 1.0}
     assert "toy_right_fraction" in audit_metric_names(settings)
 
@@ -110,14 +110,14 @@ def test_a_registered_steps_section_is_checked_by_its_dotted_key(toy_step):
     with pytest.raises(SettingsError, match=r"^task_runner\.settings\.audit\.toy\.colour: unknown setting"):
         AuditSettings.from_mapping({"toy": {"colour": 1}}, prefix="task_runner.settings.audit")
     # disabled by default: not run, and its metric cannot be gated on
-    settings = AuditSettings()
+    settings = AuditSettings(sections={"rmia": {"enabled": False}})
     assert "toy_right_fraction" not in audit_metric_names(settings)
     local, received = models()
     assert "toy" not in audit_round(local, received, sets(), settings, party="p", round_num=0)["extra"]
 
 
 def test_without_the_registration_the_section_is_unknown():
-    with pytest.raises(SettingsError, match=r"audit\.toy: unknown setting; known: .*fidel, deanon"):
+    with pytest.raises(SettingsError, match=r"audit\.toy: unknown setting; known: .*rmia, fidel, deanon"):
         AuditSettings.from_mapping({"toy": {"enabled": True}})
 
 
@@ -127,7 +127,7 @@ def test_a_name_or_section_cannot_be_registered_twice(toy_step):
 
 
 def test_builtin_steps_run_in_order_and_fidel_keys_moved():
-    assert [s.name for s in registered()][:3] == ["membership", "fidel", "deanon"]
+    assert [s.name for s in registered()][:4] == ["membership", "rmia", "fidel", "deanon"]
     with pytest.raises(SettingsError, match=r"^audit\.fidel_layer: moved to audit\.fidel\.layer$"):
         AuditSettings.from_mapping({"fidel_layer": "classifier.0"})
     with pytest.raises(SettingsError, match=r"^audit\.fidel: is a section now; write audit\.fidel\.enabled: true$"):

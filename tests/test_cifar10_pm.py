@@ -48,7 +48,15 @@ def test_exit_code_and_summary_lines(digits_run):
         assert line in proc.stdout
     assert "finished 2 rounds" in proc.stdout
     assert f"reports: {log_dir}" in proc.stdout
-    assert "last round collaborator1/train/mia_local_loss_auc = " in proc.stdout
+    # the last round's attacks with their intervals, counts and epsilon bounds: population, update and RMIA
+    table = proc.stdout[proc.stdout.index("collaborator1, round 1: membership inference with 95% intervals"):]
+    record = json.loads((log_dir / "collaborator1" / "round_0001" / "audit.json").read_text())
+    for model, signal in (("local", "loss"), ("update", "loss_reduction"), ("rmia", "independent")):
+        result = record["attacks"][model][signal]
+        at = result["uncertainty"]["at_fpr"]["0.1"]["tpr"]
+        line = next(ln for ln in table.splitlines() if ln.startswith(f"  {model} / {signal} "))
+        assert f"{result['exact_auc']:.3g} [" in line and f" {at['k']}/{at['n']}" in line, line
+        assert line.endswith(f"{result['uncertainty']['epsilon_lb']['epsilon']:.2f}")
     assert "rounds" in proc.stderr and "phase" in proc.stderr  # tqdm bars: rounds and phases
     assert "audit" in proc.stderr
 
@@ -184,6 +192,38 @@ def test_gate_parsing_and_overrides(argv, gate):
     overrides = cifar10_PM.overrides_from_args(_with_report_dir(args))
     assert overrides["task_runner"]["settings"]["gate"] == gate
     assert "dp" not in overrides["task_runner"]["settings"]["gate"]  # the plan's dp settings are kept
+
+
+# ---------------------------------------------------------------- RMIA, intervals, the gate's bound
+
+
+def test_rmia_interval_and_bound_flags_reach_the_plan():
+    args = cifar10_PM.parse_args(["--dataset", "digits", "--rmia_references", "independent", "global", "global",
+                                  "--reference_models", "4", "--confidence", "0.9", "--epsilon_delta", "1e-6",
+                                  "--gate", "withhold", "rmia_independent_tpr_at_fpr_0.1=0.3", "--gate_bound", "lower"])
+    audit = cifar10_PM.overrides_from_args(_with_report_dir(args))["task_runner"]["settings"]["audit"]
+    assert audit["rmia"] == {"enabled": True, "references": ["independent", "global"], "reference_models": 4}
+    assert (audit["confidence"], audit["epsilon_delta"], audit["log_scale"]) == (0.9, 1e-6, True)
+    gate = cifar10_PM.overrides_from_args(args)["task_runner"]["settings"]["gate"]
+    assert gate == {"action": "withhold", "thresholds": {"rmia_independent_tpr_at_fpr_0.1": 0.3}, "bound": "lower"}
+    assert cifar10_PM.parse_args(["--rmia", "False"]).rmia is False and cifar10_PM.parse_args([]).gate_bound is None
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--reference_models", "0"], "error: argument --reference_models: expected a whole number >= 1, got '0'"),
+    (["--confidence", "1.5"], "error: --confidence: expected a number in [0.5, 1)"),
+    (["--epsilon_delta", "-1"], "error: --epsilon_delta: expected a number in [0, 1)"),
+    (["--gate_bound", "upper"], "error: --gate_bound: it says how --gate compares"),
+    (["--gate_bound", "mean", "--gate", "withhold", "mia_local_loss_auc=0.6"], "--gate_bound: invalid choice: 'mean'"),
+    # RMIA's metrics exist only with RMIA on, and only for the references asked for
+    (["--rmia", "False", "--gate", "withhold", "rmia_global_exact_auc=0.6"],
+     "--gate: rmia_global_exact_auc: unknown metric"),
+    (["--rmia_references", "global", "--gate", "withhold", "rmia_independent_exact_auc=0.6"],
+     "--gate: rmia_independent_exact_auc: unknown metric"),
+])
+def test_rmia_and_interval_flag_errors_name_the_flag(capsys, argv, expected):
+    err = _parse_error(capsys, ["--dataset", "digits", *argv])
+    assert expected in err and "Traceback" not in err
 
 
 def test_no_gate_leaves_the_plan_gate():

@@ -36,9 +36,13 @@ def test_every_collaborator_and_round_has_its_reports(federation):
             round_dir = party / f"round_{round_num:04d}"
             record = json.loads((round_dir / "audit.json").read_text())
             assert record["party"] == name and record["round"] == round_num
-            assert set(record["attacks"]) == {"local", "global", "update"}
+            assert set(record["attacks"]) == {"local", "global", "update", "rmia"}
             assert set(record["attacks"]["local"]) == {"loss", "logits", "gradient_norm"}
+            assert set(record["attacks"]["rmia"]) == {"global", "independent"}
+            # the independent references had as many local trainings as the party's model (one per round)
+            assert record["extra"]["rmia"]["independent"]["local_trainings"] == round_num + 1
             assert (round_dir / "roc.png").stat().st_size > 0
+            assert (round_dir / "rmia_scores.npz").stat().st_size > 0  # per-sample scores: the party's folder only
         for summary in ("auc.png", "tpr_at_0.05.png", "tpr_at_0.1.png", "metrics.csv", "index.html"):
             assert (party / summary).stat().st_size > 0, summary
         rows = list(csv.DictReader((party / "metrics.csv").open()))
@@ -55,9 +59,14 @@ def test_audit_metrics_reach_the_aggregator_as_scalars(federation):
             assert 0.0 <= value <= 1.0 and math.isfinite(value)
     # The aggregator holds only scalars for these metrics, never per-sample values.
     db = federation.aggregator.tensor_db.tensor_db
-    audit_rows = db[db["tensor_name"].str.startswith("mia_")]
+    audit_rows = db[db["tensor_name"].str.startswith("mia_") | db["tensor_name"].str.startswith("rmia_")]
     assert len(audit_rows) > 0
     assert all(np.asarray(a).size == 1 for a in audit_rows["nparray"])
+    # Estimates only: the intervals' bounds stay in the party's report (metrics.csv has them).
+    assert "rmia_independent_exact_auc" in set(audit_rows["tensor_name"])
+    assert not audit_rows["tensor_name"].str.endswith(("_lower", "_upper")).any()
+    header = (federation.report_dir / "collaborator1" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "mia_local_loss_exact_auc_lower" in header and "rmia_independent_tpr_at_fpr_0.1_upper" in header
     # ... and averages them in its own round logs.
     assert any("mia_local_loss_auc" in key for key in federation.round_logs[-1])
 

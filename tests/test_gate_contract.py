@@ -26,3 +26,12 @@ from audit.config.gate_contract import (GATE_KEPT_NOT_FINITE, GATE_WITHHELD, KEP
 def test_decision(gate_kept, finite, status, cause):
     decision = decide(gate_kept, finite_update=finite)
     assert (decision.status, decision.cause, decision.averaged) == (status, cause, status == KEPT)
+
+
+def test_interval_bounds_stay_with_the_party():
+    from audit.config.gate_contract import sent_to_aggregator
+
+    assert sent_to_aggregator("mia_local_loss_exact_auc") and sent_to_aggregator("rmia_global_epsilon_lb")
+    assert sent_to_aggregator("mia_local_loss_tpr_at_fpr_0.01") and sent_to_aggregator("deanon_ap_over_chance")
+    assert not sent_to_aggregator("mia_local_loss_exact_auc_lower")
+    assert not sent_to_aggregator("rmia_independent_tpr_at_fpr_0.01_upper")

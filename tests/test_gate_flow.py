@@ -117,3 +117,23 @@ def test_a_round_off_the_audit_schedule_is_not_gated():
     fake = Round(trained_auc=0.99)
     out = fake.run(policy("withhold"), audited=False)
     assert fake.calls == [] and out.record is None and (out.verdict, out.sends) == (KEPT, SEND_TRAINED)
+
+
+def test_each_dp_try_reports_the_empirical_epsilon_its_audit_proves_beside_the_accountants():
+    """The largest of the try's *_epsilon_lb metrics, which attack gave it, and the delta and confidence of the
+    audit's settings; the trained update's own bound at the top."""
+    class WithBounds(Round):
+        def record(self, auc):
+            return {"attacks": {"local": {}}, "settings": {"epsilon_delta": 1e-5, "confidence": 0.95},
+                    "metrics": {METRIC: auc, "mia_local_loss_epsilon_lb": 3 * (auc - 0.5),
+                                "mia_update_loss_reduction_epsilon_lb": 0.1}}
+
+    gate = policy("dp_retrain")
+    out = WithBounds(trained_auc=0.8, retrain_aucs=(0.75, 0.52)).run(gate)
+    entry = out.record_entry(gate)
+    assert entry["empirical_epsilon"] == {"value": pytest.approx(0.9), "metric": "mia_local_loss_epsilon_lb",
+                                          "delta": 1e-5, "confidence": 0.95, "bounds": 2}
+    first, second = entry["tries"]
+    assert (first["epsilon"], first["empirical_epsilon"]["value"]) == (2.0, pytest.approx(0.75))
+    assert second["empirical_epsilon"]["metric"] == "mia_update_loss_reduction_epsilon_lb"  # 0.1 > 3 * 0.02
+    assert Round().run(gate).record_entry(gate)["empirical_epsilon"] is None  # an audit without the bound

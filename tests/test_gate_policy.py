@@ -19,7 +19,8 @@ from audit.config.gate import (
     metric_range,
     non_finite_tensors,
 )
-from audit.round_audit import AuditSets, audit_round
+from audit.round_audit import AuditSets, LocalTraining, audit_round
+from audit.training import TrainingRecipe
 from audit.config.audit_settings import AuditSettings
 from src.collaborator_overrides import merge_gate, parse_per_collaborator
 
@@ -80,6 +81,7 @@ def test_non_finite_verdict_and_dict():
     assert not verdict.passed and verdict.tripped == {NON_FINITE_UPDATE: (1.0, 0.0)}
     assert verdict.to_dict() == {
         "passed": False, "tripped": {NON_FINITE_UPDATE: {"value": 1.0, "threshold": 0.0}}, "missing": [],
+        "bound": "point", "compared": {},
     }
 
 
@@ -100,7 +102,7 @@ def test_non_finite_tensors_names_every_broken_tensor():
 
 def test_defaults():
     gate = policy(None)
-    assert gate.action == "report_only" and dict(gate.thresholds) == {}
+    assert gate.action == "report_only" and dict(gate.thresholds) == {} and gate.bound == "upper"
     assert gate.dp == DPSettings(noise_multiplier=1.0, max_grad_norm=1.0, max_retries=2, delta=1e-5)
 
 
@@ -117,6 +119,48 @@ def test_plan_values_are_parsed_and_normalised():
     assert gate.to_dict()["action"] == "dp_retrain"
     with pytest.raises(TypeError):
         gate.thresholds["x"] = 1.0  # read-only
+
+
+# The audit's figures of one round: the exact AUC 0.62 with its interval [0.55, 0.69], TPR at FPR 0.1 0.2 [0.12, 0.3],
+# an epsilon lower bound (a lower bound itself: no interval) and the grid AUC (no interval).
+ROUND = {"mia_local_loss_exact_auc": 0.62, "mia_local_loss_exact_auc_lower": 0.55, "mia_local_loss_exact_auc_upper": 0.69,
+         "mia_local_loss_tpr_at_fpr_0.1": 0.2, "mia_local_loss_tpr_at_fpr_0.1_lower": 0.12,
+         "mia_local_loss_tpr_at_fpr_0.1_upper": 0.3, "mia_local_loss_epsilon_lb": 0.4, "mia_local_loss_auc": 0.61}
+
+
+@pytest.mark.parametrize("bound, threshold, passes", [
+    ("point", 0.6, False), ("point", 0.65, True),
+    ("upper", 0.65, False), ("upper", 0.69, True),   # passes only when significantly below
+    ("lower", 0.6, True), ("lower", 0.54, False),    # gated only when significantly above
+])
+def test_the_bound_says_which_value_meets_the_threshold(bound, threshold, passes):
+    gate = policy({"action": "withhold", "bound": bound, "thresholds": {"mia_local_loss_exact_auc": threshold}})
+    verdict = gate.decide(ROUND)
+    compared = "mia_local_loss_exact_auc" + ("" if bound == "point" else f"_{bound}")
+    assert verdict.passed is passes and verdict.compared == {"mia_local_loss_exact_auc": compared}
+    if not passes:
+        assert verdict.tripped == {"mia_local_loss_exact_auc": (ROUND[compared], threshold)}
+    assert verdict.to_dict()["bound"] == bound and gate.to_dict()["bound"] == bound
+
+
+def test_metrics_without_an_interval_are_compared_as_they_are_and_bounds_can_be_gated_directly():
+    gate = policy({"action": "withhold", "bound": "upper", "thresholds": {
+        "mia_local_loss_auc": 0.6, "mia_local_loss_epsilon_lb": 0.5, "mia_local_loss_tpr_at_fpr_0.1_lower": 0.1}})
+    verdict = gate.decide(ROUND)
+    assert verdict.compared == {"mia_local_loss_auc": "mia_local_loss_auc",
+                                "mia_local_loss_epsilon_lb": "mia_local_loss_epsilon_lb",
+                                "mia_local_loss_tpr_at_fpr_0.1_lower": "mia_local_loss_tpr_at_fpr_0.1_lower"}
+    assert verdict.tripped == {"mia_local_loss_auc": (0.61, 0.6), "mia_local_loss_tpr_at_fpr_0.1_lower": (0.12, 0.1)}
+
+
+def test_a_collaborators_bound_is_merged_key_by_key():
+    default, cols = parse_per_collaborator({"c2": {"gate": {"bound": "point"}}}, audit_settings=AUDIT,
+                                           gate={"action": "withhold", "bound": "lower",
+                                                 "thresholds": {"mia_local_loss_exact_auc": 0.6}})
+    assert default.gate.bound == "lower" and cols["c2"].gate.bound == "point"
+    assert dict(cols["c2"].gate.thresholds) == {"mia_local_loss_exact_auc": 0.6}
+    with pytest.raises(SettingsError, match=r"^task_runner\.settings\.per_collaborator\.c2\.gate\.bound: unknown"):
+        parse_per_collaborator({"c2": {"gate": {"bound": "mean"}}}, audit_settings=AUDIT, gate=None)
 
 
 def test_noise_doubles_on_each_try():
@@ -145,6 +189,14 @@ def test_noise_doubles_on_each_try():
         ({"dp": {"delta": 1.0}}, f"{PREFIX}.dp.delta", "(0, 1)"),
         ({"dp": {"epsilon": 1.0}}, f"{PREFIX}.dp.epsilon", "unknown setting"),
         ({"treshold": {}}, f"{PREFIX}.treshold", "unknown setting"),
+        ({"bound": "upper95"}, f"{PREFIX}.bound", "choose one of point, lower, upper"),
+        ({"bound": None}, f"{PREFIX}.bound", "unknown bound"),
+        ({"thresholds": {"mia_local_loss_epsilon_lb": -1}}, f"{PREFIX}.thresholds.mia_local_loss_epsilon_lb",
+         "allowed: >= 0"),
+        ({"thresholds": {"mia_local_loss_exact_auc_upper": 1.2}}, f"{PREFIX}.thresholds.mia_local_loss_exact_auc_upper",
+         "allowed: [0, 1]"),
+        ({"thresholds": {"mia_local_loss_advantage": 2}}, f"{PREFIX}.thresholds.mia_local_loss_advantage",
+         "allowed: [0, 1]"),
         ("withhold", PREFIX, "expected a mapping"),
     ],
 )
@@ -157,13 +209,14 @@ def test_bad_values_name_the_dotted_key(mapping, key, words):
 
 
 def test_unknown_metric_message_lists_what_the_audit_produces():
-    audit = AuditSettings(signals=("loss",), fpr_tolerance=(0.1,), audit_global=False)
+    audit = AuditSettings(signals=("loss",), fpr_tolerance=(0.1,), audit_global=False, sections={"rmia": {"enabled": False}})
     with pytest.raises(SettingsError) as err:
         policy({"thresholds": {"mia_global_loss_auc": 0.6}}, audit)
+    statistics = ["advantage", "advantage_lower", "advantage_upper", "auc", "epsilon_lb", "exact_auc",
+                  "exact_auc_lower", "exact_auc_upper", "tpr_at_fpr_0.1", "tpr_at_fpr_0.1_lower", "tpr_at_fpr_0.1_upper"]
     assert str(err.value) == (
-        f"{PREFIX}.thresholds.mia_global_loss_auc: unknown metric; the audit produces: mia_local_loss_auc, "
-        "mia_local_loss_exact_auc, mia_local_loss_tpr_at_fpr_0.1, mia_update_loss_reduction_auc, "
-        "mia_update_loss_reduction_exact_auc, mia_update_loss_reduction_tpr_at_fpr_0.1"
+        f"{PREFIX}.thresholds.mia_global_loss_auc: unknown metric; the audit produces: "
+        + ", ".join([f"mia_local_loss_{s}" for s in statistics] + [f"mia_update_loss_reduction_{s}" for s in statistics])
     )
 
 
@@ -198,15 +251,23 @@ def _random_sets(seed=0, n=24):
     "audit",
     [
         AuditSettings(),
-        AuditSettings(signals=("gradient_norm",), fpr_tolerance=(0.05, 0.25), audit_global=False),
-        AuditSettings(signals=("logits", "loss"), update_attack=False, fpr_tolerance=(0.001,)),
+        AuditSettings(signals=("gradient_norm",), fpr_tolerance=(0.05, 0.25), audit_global=False,
+                      sections={"rmia": {"references": ["independent"], "reference_models": 1}}),
+        AuditSettings(signals=("logits", "loss"), update_attack=False, fpr_tolerance=(0.001,),
+                      sections={"rmia": {"enabled": False}}),
+        AuditSettings(signals=("loss",), sections={"rmia": {"references": ["global", "fine_tuned"],
+                                                            "offline_a": 0.5, "gamma": 2}}),
     ],
 )
 def test_audit_metric_names_are_what_a_real_audit_reports(audit):
     torch.manual_seed(0)
     local = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
     received = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
-    record = audit_round(local, received, _random_sets(), audit, party="p", round_num=0)
+    initial = nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+    training = LocalTraining(TrainingRecipe("SGD", 0.05, 0.9, epochs=1, batch_size=8), member_count=24,
+                             federation_alpha=None)
+    record = audit_round(local, received, _random_sets(n=40), audit, party="p", round_num=0, training=training,
+                         initial_model=initial)
     assert audit_metric_names(audit) == tuple(sorted(record["metrics"]))
 
 

@@ -242,6 +242,12 @@ def test_dp_epsilon_is_the_accountants_at_the_plans_delta(retrained):
     assert metric(retrained, "collaborator3", "gate_epsilon") == pytest.approx(epsilon, rel=1e-9)
     assert gate["epsilon"] == pytest.approx(epsilon, rel=1e-9) and gate["delta"] == 1e-5
     assert attempt["steps"] == 40 * math.ceil(members / 32)
+    # Beside it, the largest epsilon lower bound the try's audit proves (every attack, RMIA's too), never above it.
+    proven = attempt["empirical_epsilon"]
+    bounds = {k: v for k, v in attempt["metrics"].items() if k.endswith("_epsilon_lb")}
+    assert proven["value"] == max(bounds.values()) and proven["bounds"] == len(bounds) == 5  # 3 + 2 RMIA
+    assert proven["delta"] == 1e-5 and proven["confidence"] == 0.95 and 0 <= proven["value"] <= epsilon
+    assert gate["empirical_epsilon"]["value"] >= 0  # and the plain update's, at the top
 
 
 @pytest.mark.federation

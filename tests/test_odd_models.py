@@ -269,9 +269,11 @@ def check_record(record, settings, models_before):
 @pytest.mark.parametrize(
     "settings",
     [
-        AuditSettings(batch_size=16),
-        AuditSettings(batch_size=16, gradient_layer="emb", sections={"fidel": {"enabled": True}}),
-        AuditSettings(batch_size=16, sections={"fidel": {"enabled": True}, "deanon": DEANON}),
+        AuditSettings(batch_size=16, sections={"rmia": {"reference_models": 2}}),
+        AuditSettings(batch_size=16, gradient_layer="emb", sections={"fidel": {"enabled": True},
+                                                                     "rmia": {"reference_models": 2}}),
+        AuditSettings(batch_size=16, sections={"fidel": {"enabled": True}, "deanon": DEANON,
+                                               "rmia": {"reference_models": 2}}),
     ],
     ids=["signals", "fidel", "fidel+deanon"],
 )
@@ -282,11 +284,16 @@ def test_audit_round_on_token_inputs(settings):
     local = overfit(received, *sets.members)
     before = [(received, state_of(received)), (local, state_of(local))]
     training = LocalTraining(TrainingRecipe("Adam", 0.05, 0.9, epochs=2, batch_size=16), 40, None)
-    record = audit_round(local, received, sets, settings, party="p", round_num=0, seed=1, training=training)
+    # Round 0: the received model is the initial one, where RMIA's independent references start.
+    record = audit_round(local, received, sets, settings, party="p", round_num=0, seed=1, training=training,
+                         initial_model=received)
     check_record(record, settings, before)
     # The trained model memorised its 40 members (random labels): the loss attack sees it, the received one not.
     assert record["metrics"]["mia_local_loss_auc"] > 0.8
     assert abs(record["metrics"]["mia_global_loss_auc"] - 0.5) < 0.25
+    # So does RMIA, with references trained on the integer token inputs (a subset of half the 40 population samples).
+    assert record["metrics"]["rmia_independent_exact_auc"] > 0.8
+    assert record["extra"]["rmia"]["independent"]["subset_size"] == 20
     if settings.fidel.enabled:  # the first dense layer that sees one row per sample: after the Embedding's mean
         assert record["extra"]["fidel"]["layer"] == "hidden" and record["extra"]["fidel"]["space"] == "activation"
 
@@ -301,10 +308,14 @@ def test_audit_round_on_tabular_batchnorm_dropout_model(tabular):
     local = train_one(frozen, *sets.members, TrainingRecipe("SGD", 0.05, 0.9, epochs=2, batch_size=16),
                       [torch.randperm(60, generator=torch.Generator().manual_seed(e)) for e in range(2)])
     before = [(received, state_of(received)), (local, state_of(local))]
-    settings = AuditSettings(sections={"fidel": {"enabled": True}, "deanon": DEANON})
+    settings = AuditSettings(sections={"fidel": {"enabled": True}, "deanon": DEANON,
+                                       "rmia": {"references": ["global", "fine_tuned", "independent"],
+                                                "reference_models": 2}})
     training = LocalTraining(TrainingRecipe("SGD", 0.05, 0.9, epochs=2, batch_size=16), 60, 0.5)
-    record = audit_round(local, received, sets, settings, party="p", round_num=0, seed=2, training=training)
+    record = audit_round(local, received, sets, settings, party="p", round_num=0, seed=2, training=training,
+                         initial_model=received)
     check_record(record, settings, before)
+    assert record["extra"]["rmia"]["fine_tuned"]["reference_models"] == 2  # trained with BatchNorm and Dropout
     fidel = record["extra"]["fidel"]
     assert fidel["layer"] == "0" and fidel["space"] == "input" and fidel["n_neurons_used"] == 0
     assert record["metrics"]["fidel_revealed_fraction"] == record["metrics"]["fidel_revealed_fraction_ica"] == 0.0

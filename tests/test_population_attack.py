@@ -656,3 +656,49 @@ def test_update_attack_validation():
     with pytest.raises(ValueError) as info:
         update_attack(_OK, _OK, [np.inf, 0, 0], _OK, _OK, _OK, [0.1])
     assert str(info.value).startswith("non-members (loss under the global model):")
+
+
+# ---------------------------------------------------------------------------------------------- uncertainty
+
+
+@pytest.mark.parametrize("threshold_function,member_if_lower", [("linear_itp", True), ("gaussian", True),
+                                                                ("linear_itp", False), ("min_linear_logit", True)])
+def test_every_figure_carries_the_interval_of_what_the_attack_counted(threshold_function, member_if_lower):
+    """The uncertainty rests on exactly the counts the attack reports, whatever the threshold function (a Gaussian
+    fit sets other thresholds than the empirical quantile) and the signal's direction; the AUC interval is DeLong's
+    around the exact AUC, the epsilon bound and the advantage are those of the scores (higher = member)."""
+    from audit.membership.uncertainty import attacker_advantage, auc_interval, clopper_pearson, epsilon_lower_bound
+
+    rng = np.random.default_rng(3)
+    shift = -0.6 if member_if_lower else 0.6
+    members = np.abs(rng.normal(1 + shift, 0.7, 70))
+    nonmembers, population = np.abs(rng.normal(1, 0.7, 300)), np.abs(rng.normal(1, 0.7, 250))
+    result = population_attack(members, nonmembers, population, (0.001, 0.02, 0.3), member_if_lower=member_if_lower,
+                               threshold_function=threshold_function, confidence=0.9, delta=1e-3)
+    u = result.uncertainty
+    sign = 1 if member_if_lower else -1
+    for t in result.tolerances:
+        flagged = lambda values: int((sign * values < sign * result.threshold_at_fpr[t]).sum())  # noqa: E731
+        rates = u.at_fpr[t]
+        assert (rates.tpr.k, rates.tpr.n, rates.fpr.k, rates.fpr.n) == (flagged(members), 70, flagged(nonmembers), 300)
+        assert rates.tpr.rate == result.tpr_at_fpr[t] and rates.fpr.rate == result.fpr_at_fpr[t]
+        assert rates.population_fpr == result.population_fpr_at_fpr[t] and rates.n_population == 250
+        expected = clopper_pearson(flagged(members), 70, 0.9)
+        assert (rates.tpr.lower, rates.tpr.upper) == (expected.lower, expected.upper)
+        assert rates.resolvable == (t >= 1 / 250)
+    scores = (-sign * members, -sign * nonmembers)
+    assert u.auc.estimate == pytest.approx(result.exact_auc, abs=1e-12)
+    delong = auc_interval(*scores, 0.9)
+    assert (u.auc.lower, u.auc.upper) == pytest.approx((delong.lower, delong.upper), abs=1e-12)
+    assert u.epsilon == epsilon_lower_bound(*scores, delta=1e-3, confidence=0.9)
+    assert u.advantage == attacker_advantage(*scores, 0.9)
+    assert (u.confidence, u.delta) == (0.9, 1e-3)
+    as_json = json.loads(json.dumps(result.to_dict()))["uncertainty"]
+    assert as_json["at_fpr"]["0.02"]["tpr"]["k"] == u.at_fpr[0.02].tpr.k and as_json["delta"] == 1e-3
+
+
+def test_one_member_gets_an_auc_interval_of_everything():
+    """DeLong's variance needs two samples per class; with one member nothing is known beyond the estimate."""
+    result = population_attack([0.1], [0.5, 0.9, 0.3], [0.2, 0.4, 0.6, 0.8], (0.5,))
+    assert (result.uncertainty.auc.lower, result.uncertainty.auc.upper) == (0.0, 1.0)
+    assert result.uncertainty.auc.estimate == result.exact_auc == 1.0

@@ -156,6 +156,34 @@ def test_conv_batchnorm_references_equal_separate_trainings():
     assert not torch.equal(refs.buffers["1.running_mean"][0], refs.buffers["1.running_mean"][1])
 
 
+def test_references_continue_each_from_its_own_weights_with_a_fresh_optimiser():
+    """`start`: copy c continues from start's copy c (parameters and BatchNorm statistics), as a separate training of
+    that copy with a new optimiser would; the copies handed in are left as they were."""
+    x, y = images(seed=2)
+    model = conv_bn_net(seed=2)
+    p = picks(len(y), 3, seed=2)
+    # SGD: Adam turns the conv biases' round-off gradients (BatchNorm cancels them) into full steps of either sign
+    recipe = TrainingRecipe("SGD", 0.05, 0.9, epochs=1, batch_size=12)
+    first = train_references(model, x[p], y[p], recipe, seed=3)
+    kept = {n: t.clone() for n, t in first.params.items()}
+    q = picks(len(y), 3, seed=4)  # the second training on other samples
+    second = train_references(model, x[q], y[q], recipe, seed=6, start=first)
+    assert all(torch.equal(first.params[n], kept[n]) for n in kept)
+    probe = x[200:240]
+    logits = second.logits(probe)
+    for c, orders in enumerate(chunked_orders(6, recipe, 3, 3)):
+        start = copy.deepcopy(model)
+        start.load_state_dict({**{n: t[c] for n, t in first.params.items()}, **{n: t[c] for n, t in first.buffers.items()}})
+        local = train_one(start, x[q[c]], y[q[c]], recipe, orders)
+        for name, value in local.state_dict().items():
+            got = (second.params if name in second.params else second.buffers)[name][c]
+            np.testing.assert_allclose(got.double().numpy(), value.double().numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+        with torch.no_grad():
+            np.testing.assert_allclose(logits[c], local(torch.as_tensor(probe)).double().numpy(), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="start holds 3 copies, the data 2"):
+        train_references(model, x[q[:2]], y[q[:2]], recipe, start=first)
+
+
 def test_references_update_exactly_what_train_copies_returns():
     """Same seed, same recipe: the kept parameters minus the start are train_copies' updates, bit for bit."""
     x, y = images(seed=1)

@@ -24,6 +24,7 @@ from sklearn.metrics import roc_auc_score, roc_curve  # noqa: E402
 
 from audit.reporting import atomic_io, plots  # noqa: E402
 from audit.membership.population_attack import population_attack  # noqa: E402
+from audit.membership.uncertainty import auc_interval  # noqa: E402
 from audit.reporting.party import ReportWriter, load_round_records, validate_record, write_index  # noqa: E402
 
 PARTY = "collaborator1"
@@ -427,10 +428,12 @@ def test_both_aucs_shown_and_named_with_twenty_population_samples(tmp_path, save
     page = (tmp_path / PARTY / "index.html").read_text()
     head = page[page.index("<tr><th>model / signal</th>"):]
     head = head[:head.index("</tr>")]
-    assert "<th>exact AUC</th><th>grid AUC (Privacy Meter)</th><th>TPR @ FPR ≤ 0.01</th>" in head
+    assert ("<th>exact AUC [95% CI]</th><th>grid AUC (Privacy Meter)</th><th>TPR @ FPR ≤ 0.01 [95% CI]</th>"
+            in head)
     row = page[page.index("<tr><td>local / loss</td>"):]
     cells = row[:row.index("</tr>")].split("</td>")
-    assert cells[1] == "<td>0.7559" and cells[2] == "<td>0.6813"  # exact, then grid
+    interval = auc_interval(-members, -nonmembers)  # DeLong's, on scores where higher = member
+    assert cells[1] == f"<td>0.7559 [{interval.lower:.3g}, {interval.upper:.3g}]" and cells[2] == "<td>0.6813"
     assert f"{result.exact_auc:.4g}" == "0.7559" and f"{result.auc:.4g}" == "0.6813"
     assert "Grid AUC: Privacy Meter" in page and "<code>_exact_auc</code>" in page
 
@@ -438,6 +441,59 @@ def test_both_aucs_shown_and_named_with_twenty_population_samples(tmp_path, save
     assert list(line.get_ydata()) == [result.exact_auc]
     labels = [t.get_text() for t in saved_figures["roc.png"].axes[0].get_legend().get_texts()]
     assert "loss (grid AUC 0.681, exact 0.756)" in labels
+
+
+def test_intervals_counts_and_unresolvable_tolerances_are_reported(tmp_path, saved_figures):
+    """Issue 12: every figure with its interval and counts, in the page, metrics.csv and the plots' bands; a tolerance
+    below 1/population is marked unresolvable. 90 members, 404 non-members and 404 population samples (the demo's
+    sizes): FPR 0.001 cannot be resolved, 0.01 can."""
+    from audit.membership.step import scalar_metrics
+    from audit.membership.uncertainty import clopper_pearson
+
+    rng = np.random.default_rng(12)
+    members, nonmembers, population = rng.normal(-0.8, 1, 90), rng.normal(0, 1, 404), rng.normal(0, 1, 404)
+    result = population_attack(members, nonmembers, population, (0.001, 0.01))
+    rec = make_record(0, models=())
+    rec["settings"]["fpr_tolerance"] = [0.001, 0.01]
+    rec["attacks"] = {"local": {"loss": result.to_dict()}}
+    rec["metrics"] = scalar_metrics({"local": {"loss": result}})
+    writer = ReportWriter(tmp_path, PARTY, log_scale=False)
+    writer.write_round(rec)
+
+    flagged = int((members < result.threshold_at_fpr[0.01]).sum())
+    flagged_non = int((nonmembers < result.threshold_at_fpr[0.01]).sum())
+    assert result.tpr_at_fpr[0.01] == flagged / 90
+    tpr = clopper_pearson(flagged, 90)
+    rows = list(csv.DictReader((tmp_path / PARTY / "metrics.csv").open()))
+    assert float(rows[0]["mia_local_loss_tpr_at_fpr_0.01_lower"]) == pytest.approx(tpr.lower, abs=1e-15)
+    assert float(rows[0]["mia_local_loss_tpr_at_fpr_0.01_upper"]) == pytest.approx(tpr.upper, abs=1e-15)
+    interval = auc_interval(-members, -nonmembers)
+    assert float(rows[0]["mia_local_loss_exact_auc_lower"]) == pytest.approx(interval.lower, abs=1e-15)
+
+    page = (tmp_path / PARTY / "index.html").read_text()
+    row = page[page.index("<tr><td>local / loss</td>"):]
+    cells = row[:row.index("</tr>")].split("</td>")
+    assert f"{flagged}/90 members, {flagged_non}/404 non-members" in cells[4]  # TPR @ 0.01
+    assert f"[{tpr.lower:.3g}, {tpr.upper:.3g}]" in cells[4] and "*" not in cells[4]
+    assert "unresolvable" in cells[3] and ">*</sup>" in cells[3]  # TPR @ 0.001: 404 population samples cannot
+    assert "the population has fewer than 1/t samples" in page
+    # ... and gets no plot of its own (the figure is the TPR at population FPR 0 whatever the tolerance); 0.01 does
+    assert "TPR at FPR ≤ 0.001 is not plotted: 404 population samples cannot resolve it" in page
+    assert not (tmp_path / PARTY / "tpr_at_0.001.png").exists() and "tpr_at_0.001.png" not in saved_figures
+    assert (tmp_path / PARTY / "tpr_at_0.01.png").is_file()
+    assert cells[-2] == "<td>90 / 404 / 404"
+
+    stored = json.loads((tmp_path / PARTY / "round_0000" / "audit.json").read_text())["attacks"]["local"]["loss"]
+    at = stored["uncertainty"]["at_fpr"]
+    assert at["0.001"]["resolvable"] is False and at["0.01"]["resolvable"] is True
+    assert at["0.01"]["tpr"]["k"] == flagged and at["0.01"]["fpr"]["k"] == flagged_non
+    assert at["0.001"]["population_fpr"] == 0.0 and at["0.01"]["population_fpr"] == 4 / 404
+
+    # The plots show the intervals as error bars: the AUC's spans DeLong's interval, the TPR's Clopper-Pearson's.
+    for name, (low, high) in (("auc.png", (interval.lower, interval.upper)), ("tpr_at_0.01.png", (tpr.lower, tpr.upper))):
+        (bars,) = saved_figures[name].axes[0].collections
+        (segment,) = bars.get_segments()
+        assert tuple(segment[:, 1]) == pytest.approx((low, high)), name
 
 
 def test_record_without_exact_auc_still_renders(tmp_path, saved_figures):

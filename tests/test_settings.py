@@ -17,15 +17,19 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULTS = {
     "enabled": True,
     "signals": ["loss", "logits", "gradient_norm"],
-    "fpr_tolerance": [0.01, 0.1, 0.5],
+    "fpr_tolerance": [0.001, 0.01, 0.1, 0.5],
     "interval": 1,
     "gradient_layer": None,
     "threshold_function": "linear_itp",
     "batch_size": 256,
     "audit_global": True,
     "update_attack": True,
-    "log_scale": False,
+    "log_scale": True,
     "report_dir": "reports",
+    "confidence": 0.95,
+    "epsilon_delta": 1e-5,
+    "rmia": {"enabled": True, "interval": 1, "references": ["global", "independent"],
+             "reference_models": 4, "temperature": 2.0, "offline_a": "tune", "gamma": 1.0},
     "fidel": {"enabled": False, "layer": None, "threshold": 0.98, "decoder": False},
     "deanon": {
         "enabled": False, "interval": 1, "crowd_users": 10, "shadows_per_user": 8, "shadow_size": None,
@@ -41,7 +45,7 @@ def test_defaults(mapping):
     assert settings == AuditSettings()
     assert settings.to_dict() == DEFAULTS
     assert settings.signals == ("loss", "logits", "gradient_norm")
-    assert settings.fpr_tolerance == (0.01, 0.1, 0.5)
+    assert settings.fpr_tolerance == (0.001, 0.01, 0.1, 0.5)
     assert settings.gradient_layer is None
 
 
@@ -128,6 +132,12 @@ BAD = [
     ({"fpr_tolerance": [True]}, "fpr_tolerance", "not a number"),
     ({"fpr_tolerance": [0.1, 0.1000001]}, "fpr_tolerance", "0.1 and 0.1000001 both give"),  # f"{t:g}" == "0.1"
     ({"fpr_tolerance": [0.5, 0.01, 0.5]}, "fpr_tolerance", "0.5 is listed twice"),
+    ({"confidence": 1.0}, "confidence", "[0.5, 1)"),
+    ({"confidence": 0.3}, "confidence", "[0.5, 1)"),
+    ({"confidence": "95%"}, "confidence", "[0.5, 1)"),
+    ({"epsilon_delta": -1e-5}, "epsilon_delta", "[0, 1)"),
+    ({"epsilon_delta": float("nan")}, "epsilon_delta", "[0, 1)"),
+    ({"epsilon_delta": True}, "epsilon_delta", "[0, 1)"),
     ({"interval": 0}, "interval", ">= 1"),
     ({"interval": -2}, "interval", ">= 1"),
     ({"interval": 1.0}, "interval", "integer"),

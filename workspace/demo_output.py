@@ -4,6 +4,7 @@ tutorial's summary lines, and each round's gate verdicts with the updates the ag
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -85,12 +86,54 @@ def print_summary(result) -> None:
     print(f"Average aggregated model validation values = {average('aggregated_model_validation/accuracy'):.4f}")
     print(f"Average training loss = {average('train/cross_entropy'):.4f}")
     print(f"Average local model validation values = {average('locally_tuned_model_validation/accuracy'):.4f}")
-    last = result.collaborator_metrics[-1] if result.collaborator_metrics else {}
-    keys = sorted(k for k in last if k.endswith("_auc"))
-    if keys:
-        print("(_auc: Privacy Meter's grid AUC; _exact_auc: members vs non-members over every threshold)")
-    for key in keys:
-        print(f"last round {key} = {last[key]:.4f}")
+
+
+def latest_record(report_dir: Path, name: str) -> dict | None:
+    rounds = sorted((Path(report_dir) / name).glob("round_*/audit.json"))
+    return json.loads(rounds[-1].read_text()) if rounds else None
+
+
+def print_attack_summary(report_dir: Path, names) -> None:
+    """Per collaborator, its latest audited round: every attack's exact AUC and TPR at each FPR tolerance with their
+    intervals and counts, and the epsilon lower bound it proves (unresolvable tolerances marked)."""
+    from audit.reporting.readings import (epsilon_lb_of, exact_auc_band, exact_auc_of, fmt_interval, ordered_models,
+                                          rates_at)
+
+    for name in names:
+        record = latest_record(report_dir, name)
+        if record is None or not record["attacks"]:
+            continue
+        settings = record.get("settings") or {}
+        tols = sorted(float(t) for t in settings.get("fpr_tolerance", []))
+        level = settings.get("confidence", 0.95)
+        print(f"\n{name}, round {record['round']}: membership inference with {100 * level:g}% intervals; epsilon "
+              f"lower bounds at delta {settings.get('epsilon_delta', 0):g}")
+        attacks = [(model, signal) for model in ordered_models(record["attacks"])
+                   for signal in sorted(record["attacks"][model])]
+        width = max(len(f"{model} / {signal}") for model, signal in attacks) + 2
+        print(f"  {'attack':<{width}}{'exact AUC':<22}" + "".join(f"{f'TPR @ FPR {t:g}':<32}" for t in tols)
+              + "eps >=")
+        unresolved = {}
+        for model, signal in attacks:
+            res = record["attacks"][model][signal]
+            cells = [fmt_interval(exact_auc_of(res), *exact_auc_band(res), digits=3)]
+            for t in tols:
+                rates = rates_at(res, t)
+                if rates is None:
+                    cells.append("–")
+                    continue
+                tpr = rates["tpr"]
+                mark = ""
+                if rates.get("resolvable") is False:  # below 1/t population samples (audit.membership.resolution)
+                    mark = "*"
+                    unresolved[t] = rates.get("n_population")
+                cells.append(f"{fmt_interval(tpr['rate'], tpr['lower'], tpr['upper'], digits=3)} "
+                             f"{tpr['k']}/{tpr['n']}{mark}")
+            print(f"  {model + ' / ' + signal:<{width}}{cells[0]:<22}" + "".join(f"{c:<32}" for c in cells[1:])
+                  + f"{epsilon_lb_of(res):.2f}")
+        for t, n in sorted(unresolved.items()):
+            print(f"  * FPR {t:g}: {n} population samples cannot resolve it (a threshold flags none of them below "
+                  f"1/{n}); it needs {math.ceil(1 / t)}")
 
 
 def gate_verdicts(report_dir: Path, names, rounds: int) -> list[dict[str, dict | None]]:

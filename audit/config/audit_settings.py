@@ -8,6 +8,7 @@ Every error is a SettingsError whose message starts with the full dotted key of 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -16,7 +17,7 @@ from types import MappingProxyType
 
 import audit.config.builtin_steps  # noqa: F401  (registers the built-in steps and their sections)
 from audit.config.checks import (SettingsError, check_bool, check_fpr_tolerances, check_optional_module,
-                                 check_positive_int)
+                                 check_positive_int, is_real)
 from audit.config.steps import registered
 from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, SIGNALS, THRESHOLD_FUNCTIONS
 
@@ -30,14 +31,16 @@ _MOVED = {"fidel_layer": "fidel.layer", "fidel_threshold": "fidel.threshold", "f
 class AuditSettings:
     enabled: bool = True
     signals: tuple[str, ...] = ("loss", "logits", "gradient_norm")
-    fpr_tolerance: tuple[float, ...] = (0.01, 0.1, 0.5)
+    fpr_tolerance: tuple[float, ...] = (0.001, 0.01, 0.1, 0.5)
     interval: int = 1  # audit rounds where round_num % interval == 0
     gradient_layer: str | None = None  # module name for the gradient-norm signal; None = all parameters
     threshold_function: str = "linear_itp"
     batch_size: int = 256
     audit_global: bool = True  # also audit the received global model
     update_attack: bool = True  # run the update-based attack
-    log_scale: bool = False  # ROC plots with log axes
+    log_scale: bool = True  # ROC plots with log-log axes (the low-FPR region), TPR plots with a log axis
+    confidence: float = 0.95  # of every interval (AUC, TPR, FPR, advantage) and of the epsilon lower bound
+    epsilon_delta: float = 1e-5  # delta of the empirical epsilon lower bound
     report_dir: str = "reports"
     # Every registered step's section (audit.config.steps): name -> its settings; a plan mapping or None is parsed by
     # the step, missing sections get the step's defaults. Read them as attributes: settings.fidel, settings.deanon.
@@ -147,6 +150,18 @@ def _directory(key: str, value) -> str:
     return value
 
 
+def _confidence(key: str, value) -> float:
+    if not is_real(value) or not 0.5 <= value < 1:
+        raise SettingsError(f"{key}: expected a number in [0.5, 1), e.g. 0.95, got {value!r}")
+    return float(value)
+
+
+def _delta(key: str, value) -> float:
+    if not is_real(value) or not (math.isfinite(value) and 0 <= value < 1):
+        raise SettingsError(f"{key}: expected a number in [0, 1), e.g. 1e-5, got {value!r}")
+    return float(value)
+
+
 _CHECKS = {
     "enabled": check_bool,
     "signals": _signals,
@@ -159,6 +174,8 @@ _CHECKS = {
     "update_attack": check_bool,
     "log_scale": check_bool,
     "report_dir": _directory,
+    "confidence": _confidence,
+    "epsilon_delta": _delta,
 }
 
 

@@ -1,4 +1,5 @@
-"""The built-in audit steps, declared in run order: membership inference, Fidel reconstruction, deanonymization.
+"""The built-in audit steps, declared in run order: membership inference (population and update attacks), RMIA with
+the federation's reference models, Fidel reconstruction, deanonymization.
 
 Each declaration names the step's plan section, its settings parser, the metrics it reports and where its run lives
 (imported on first use, so reading a plan needs no torch). See audit.config.steps for how to add one.
@@ -8,10 +9,11 @@ from __future__ import annotations
 
 from audit.config.deanon_settings import deanon_settings
 from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
+from audit.config.rmia_settings import rmia_settings
 from audit.config.steps import AuditStep, register
-from audit.config.vocabulary import mia_metric, tpr_statistic
+from audit.config.vocabulary import attack_statistics, mia_metric
 
-__all__ = ["MEMBERSHIP", "FIDEL", "DEANON", "membership_series"]
+__all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "membership_series"]
 
 
 def membership_series(settings) -> list[tuple[str, str]]:
@@ -26,16 +28,19 @@ def membership_series(settings) -> list[tuple[str, str]]:
 
 
 def _membership_metric_names(settings, _audit_settings) -> list[str]:
-    names = []
-    for model, signal in membership_series(settings):
-        names += [mia_metric(model, signal, "auc"), mia_metric(model, signal, "exact_auc")]
-        names += [mia_metric(model, signal, tpr_statistic(t)) for t in settings.fpr_tolerance]
-    return names
+    statistics = attack_statistics(settings.fpr_tolerance)
+    return [mia_metric(model, signal, statistic) for model, signal in membership_series(settings)
+            for statistic in statistics]
 
 
 MEMBERSHIP = register(AuditStep(
     name="membership", section=None, parse=None, metric_names=_membership_metric_names,
     run="audit.membership.step:run", needs_global=False,
+))
+RMIA = register(AuditStep(
+    name="rmia", section="rmia", parse=rmia_settings,
+    metric_names=lambda settings, audit_settings: settings.metric_names(audit_settings.fpr_tolerance),
+    run="audit.membership.rmia_step:run",
 ))
 FIDEL = register(AuditStep(
     name="fidel", section="fidel", parse=fidel_settings, metric_names=lambda settings, _: list(FIDEL_METRICS),

@@ -1,7 +1,11 @@
 """Gating of leaky updates: the policy a plan sets (`task_runner.settings.gate`) and its decision.
 
 A gate compares a round's audit metrics with the plan's thresholds (metric name -> highest allowed value);
-an update is gated if any metric is above its threshold. What then happens to the update (withhold it,
+an update is gated if any metric is above its threshold. Which value of a metric is compared is the policy's
+`bound`: `point` the estimate; `upper` (the default) its confidence interval's upper bound, so an update passes
+only when its leakage is significantly below the threshold; `lower` the lower bound, so it is gated only when its
+leakage is significantly above. A metric the audit reports without an interval (the grid AUC, the epsilon lower
+bound, Fidel's and the deanonymization audit's figures) is compared as it is whatever the bound. What then happens to the update (withhold it,
 retrain it with DP-SGD, or only report) is audit.gate_flow's; this module imports neither OpenFL nor torch (a test
 checks it: tests/test_audit_steps.py).
 
@@ -26,10 +30,12 @@ from audit.config.audit_settings import AuditSettings
 from audit.config.checks import SettingsError, is_int, is_real
 from audit.config.gate_contract import NON_FINITE_UPDATE
 from audit.config.steps import registered
-from audit.config.vocabulary import GATE_ACTIONS
+from audit.config.vocabulary import BOUNDS, GATE_ACTIONS, bounded
 
 __all__ = [
     "NON_FINITE_UPDATE",
+    "POINT",
+    "BOUND_CHOICES",
     "DPSettings",
     "GatePolicy",
     "GateVerdict",
@@ -40,10 +46,16 @@ __all__ = [
 
 GATE_PREFIX = "task_runner.settings.gate"
 
-# Allowed threshold ranges by metric-name suffix: rates and APs are fractions, "AP over chance" is a ratio >= 0,
-# a rank starts at 1. A step's own `metric_ranges` (audit.config.steps) come first.
+# Allowed threshold ranges by metric-name suffix: rates, APs, AUCs and advantages (and their bounds) are fractions,
+# "AP over chance" and an epsilon are >= 0, a rank starts at 1. A step's own `metric_ranges` (audit.config.steps) come first.
 _RANGES_BY_SUFFIX = (
     ("_auc", (0.0, 1.0)),
+    ("_auc_lower", (0.0, 1.0)),
+    ("_auc_upper", (0.0, 1.0)),
+    ("_advantage", (0.0, 1.0)),
+    ("_advantage_lower", (0.0, 1.0)),
+    ("_advantage_upper", (0.0, 1.0)),
+    ("_epsilon_lb", (0.0, math.inf)),
     ("_fraction", (0.0, 1.0)),
     ("_ap_over_chance", (0.0, math.inf)),
     ("_ap", (0.0, 1.0)),
@@ -52,6 +64,11 @@ _RANGES_BY_SUFFIX = (
     ("_rank", (1.0, math.inf)),
 )
 _TPR_MARKER = "_tpr_at_fpr_"
+
+# Which value of a gated metric is compared with its threshold (see the module docstring).
+POINT = "point"
+BOUND_CHOICES = (POINT, *BOUNDS)
+DEFAULT_BOUND = "upper"
 
 
 def metric_range(name: str) -> tuple[float, float] | None:
@@ -146,13 +163,17 @@ class DPSettings:
 class GateVerdict:
     """The gate's decision on one set of metrics.
 
-    `tripped` maps each metric above its threshold to (value, threshold); `missing` lists thresholded
-    metrics absent from the metrics (not evaluated, so they did not trip the gate).
+    `tripped` maps each metric above its threshold to (value, threshold), the value being the one compared;
+    `compared` names, per thresholded metric, the metric whose value was compared (itself, or its `_upper` /
+    `_lower` bound); `missing` lists thresholded metrics absent from the metrics (not evaluated, so they did not
+    trip the gate).
     """
 
     passed: bool
     tripped: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     missing: tuple[str, ...] = ()
+    bound: str = POINT
+    compared: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def non_finite(cls) -> "GateVerdict":
@@ -167,6 +188,8 @@ class GateVerdict:
                 k: {"value": v if math.isfinite(v) else None, "threshold": t} for k, (v, t) in self.tripped.items()
             },
             "missing": list(self.missing),
+            "bound": self.bound,
+            "compared": dict(self.compared),
         }
 
 
@@ -177,9 +200,13 @@ class GatePolicy:
     action: str = "report_only"
     thresholds: Mapping[str, float] = field(default_factory=dict)
     dp: DPSettings = field(default_factory=DPSettings)
+    bound: str = DEFAULT_BOUND
 
     def __post_init__(self):
         object.__setattr__(self, "thresholds", MappingProxyType(dict(self.thresholds)))
+        if self.bound not in BOUND_CHOICES:
+            raise SettingsError(f"{GATE_PREFIX}.bound: unknown bound {self.bound!r}; choose one of "
+                                f"{', '.join(BOUND_CHOICES)}")
 
     @property
     def enabled(self) -> bool:
@@ -193,7 +220,7 @@ class GatePolicy:
         Threshold names must be metrics the configured audit produces (see `audit_metric_names`).
         """
         mapping = _mapping(prefix, mapping)
-        _unknown_keys(prefix, mapping, ("action", "thresholds", "dp"))
+        _unknown_keys(prefix, mapping, ("action", "thresholds", "bound", "dp"))
         action = mapping.get("action", "report_only")
         if action not in GATE_ACTIONS:
             raise SettingsError(f"{prefix}.action: unknown action {action!r}; choose one of {', '.join(GATE_ACTIONS)}")
@@ -211,20 +238,34 @@ class GatePolicy:
                 allowed = f"[{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
                 raise SettingsError(f"{key}: {value!r} is out of range; allowed: {allowed}")
             thresholds[name] = float(value)
+        bound = mapping.get("bound", DEFAULT_BOUND)
+        if bound not in BOUND_CHOICES:
+            raise SettingsError(f"{prefix}.bound: unknown bound {bound!r}; choose one of {', '.join(BOUND_CHOICES)}")
         dp = DPSettings.from_mapping(mapping.get("dp"), prefix=f"{prefix}.dp")
-        return cls(action=action, thresholds=thresholds, dp=dp)
+        return cls(action=action, thresholds=thresholds, dp=dp, bound=bound)
+
+    def compared_name(self, name: str, metrics: Mapping[str, float]) -> str:
+        """The metric whose value is compared with `name`'s threshold: its `bound` when the audit reports one
+        beside it (<name>_upper, <name>_lower), else `name` itself."""
+        if self.bound == POINT:
+            return name
+        candidate = bounded(name, self.bound)
+        return candidate if candidate in metrics else name
 
     def decide(self, metrics: Mapping[str, float]) -> GateVerdict:
-        """Gated if any thresholded metric is above its threshold (or NaN/Inf)."""
-        tripped, missing = {}, []
+        """Gated if any thresholded metric (the value `bound` says) is above its threshold (or NaN/Inf)."""
+        tripped, missing, compared = {}, [], {}
         for name, threshold in self.thresholds.items():
             if name not in metrics:
                 missing.append(name)
                 continue
-            value = float(metrics[name])
+            compared[name] = self.compared_name(name, metrics)
+            value = float(metrics[compared[name]])
             if not math.isfinite(value) or value > threshold:
                 tripped[name] = (value, threshold)
-        return GateVerdict(passed=not tripped, tripped=tripped, missing=tuple(missing))
+        return GateVerdict(passed=not tripped, tripped=tripped, missing=tuple(missing), bound=self.bound,
+                           compared=compared)
 
     def to_dict(self) -> dict:
-        return {"action": self.action, "thresholds": dict(self.thresholds), "dp": self.dp.to_dict()}
+        return {"action": self.action, "thresholds": dict(self.thresholds), "bound": self.bound,
+                "dp": self.dp.to_dict()}

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 __all__ = [
     "SIGNALS", "MEMBER_IF_LOWER", "THRESHOLD_FUNCTIONS", "LOSS_ONLY_FUNCTIONS", "OPTIMIZERS", "MODELS",
-    "GATE_ACTIONS", "MODEL_KINDS", "tolerance_name", "tolerance_name_clash", "mia_metric", "tpr_statistic",
+    "GATE_ACTIONS", "MODEL_KINDS", "AUC", "EXACT_AUC", "EPSILON_LB", "ADVANTAGE", "LOWER", "UPPER", "BOUNDS",
+    "tolerance_name", "tolerance_name_clash", "mia_metric", "tpr_statistic", "bounded", "attack_statistics",
+    "RMIA", "rmia_metric",
 ]
 
 # Per-sample membership signals (audit.membership.signals computes them) and their direction: members tend to have a
@@ -62,3 +64,40 @@ def mia_metric(model: str, signal: str, statistic: str) -> str:
 
 def tpr_statistic(tolerance: float) -> str:
     return f"tpr_at_fpr_{tolerance_name(tolerance)}"
+
+
+# What each membership attack reports, per model and signal (the suffix of mia_<model>_<signal>_<statistic>):
+AUC = "auc"                # Privacy Meter's grid AUC
+EXACT_AUC = "exact_auc"    # members vs non-members over every threshold, with its DeLong interval
+EPSILON_LB = "epsilon_lb"  # the empirical epsilon lower bound (a lower confidence bound itself: no interval)
+ADVANTAGE = "advantage"    # max |TPR - FPR|, with its DKW interval
+# A statistic's confidence bounds are reported beside it as <statistic>_lower and <statistic>_upper.
+LOWER, UPPER = "lower", "upper"
+BOUNDS = (LOWER, UPPER)
+
+
+def bounded(statistic: str, bound: str) -> str:
+    """<statistic>_<bound>, e.g. exact_auc_upper, tpr_at_fpr_0.01_lower."""
+    if bound not in BOUNDS:
+        raise ValueError(f"bound: {bound!r}; choose one of {', '.join(BOUNDS)}")
+    return f"{statistic}_{bound}"
+
+
+def attack_statistics(tolerances) -> list[str]:
+    """The statistics one membership attack reports, in this order: the grid AUC, the exact AUC and its bounds,
+    TPR at each FPR tolerance and its bounds, the epsilon lower bound, the advantage and its bounds. The metric
+    names the steps declare and those they produce are both built from this list."""
+    out = [AUC, EXACT_AUC, bounded(EXACT_AUC, LOWER), bounded(EXACT_AUC, UPPER)]
+    for tolerance in tolerances:
+        tpr = tpr_statistic(tolerance)
+        out += [tpr, bounded(tpr, LOWER), bounded(tpr, UPPER)]
+    return out + [EPSILON_LB, ADVANTAGE, bounded(ADVANTAGE, LOWER), bounded(ADVANTAGE, UPPER)]
+
+
+# RMIA (audit.membership.rmia_step): one attack per kind of reference models, named rmia_<references>_<statistic>.
+RMIA = "rmia"
+
+
+def rmia_metric(references: str, statistic: str) -> str:
+    """rmia_<references>_<statistic>, e.g. rmia_global_exact_auc, rmia_fine_tuned_tpr_at_fpr_0.01_upper."""
+    return f"{RMIA}_{references}_{statistic}"

@@ -20,6 +20,10 @@ On top of that:
   functions (``gaussian``, ``logit_rescale``, ``min_linear_logit``) give their own threshold at alpha = t, which
   promises no population FPR, so it is capped at sorted[k]: their population FPR is at most t too, and may be
   well below it where the fitted distribution does not match the population.
+* ``uncertainty`` (audit.membership.uncertainty.AttackUncertainty): the exact AUC's DeLong interval, at each
+  tolerance the TPR's and the non-members' FPR's Clopper-Pearson intervals with the counts they rest on (members
+  flagged, non-members flagged, population flagged) and whether the population resolves the tolerance, the
+  empirical epsilon lower bound and the attacker's advantage, at the caller's confidence and delta.
 * ``exact_auc``: the ROC AUC of members against non-members over every threshold on the attack's scores
   (the Mann-Whitney statistic; ties count half). Privacy Meter's ``auc`` integrates its curve over the alpha
   grid only, whose thresholds are population quantiles: the curve never reaches beyond the population's range
@@ -48,10 +52,11 @@ from privacy_meter.hypothesis_test import (
 from privacy_meter.metric_result import CombinedMetricResult
 from sklearn.metrics import roc_auc_score
 
-from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, THRESHOLD_FUNCTIONS as THRESHOLD_FUNCTION_NAMES
 from audit.config.checks import check_fpr_tolerances
+from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, THRESHOLD_FUNCTIONS as THRESHOLD_FUNCTION_NAMES
 from audit.config.vocabulary import tolerance_name
 from audit.membership.resolution import largest_count, resolvable
+from audit.membership.uncertainty import CONFIDENCE, AttackUncertainty, attack_uncertainty
 
 __all__ = [
     "DEFAULT_ALPHAS",
@@ -105,6 +110,7 @@ class AttackResult:
     n_members: int
     n_nonmembers: int
     n_population: int
+    uncertainty: AttackUncertainty | None = None
 
     def to_dict(self) -> dict:
         """JSON-serialisable dict; tolerance keys as `tolerance_name` strings, non-finite numbers as None."""
@@ -130,13 +136,13 @@ class AttackResult:
             "n_population": int(self.n_population),
             # per tolerance: whether every set has at least 1/t samples (audit.membership.resolution)
             "resolvable": {tolerance_name(t): ok for t, ok in self.resolvable.items()},
+            **({"uncertainty": self.uncertainty.to_dict()} if self.uncertainty is not None else {}),
         }
 
     @property
     def resolvable(self) -> dict[float, bool]:
-        """Tolerance -> whether members, non-members and population each have at least 1/t samples."""
-        sizes = (self.n_members, self.n_nonmembers, self.n_population)
-        return {t: resolvable(t, *sizes) for t in self.tolerances}
+        """Tolerance -> whether the population has at least 1/t samples (audit.membership.resolution)."""
+        return {t: resolvable(t, self.n_population) for t in self.tolerances}
 
 
 def _json_float(value) -> float | None:
@@ -233,6 +239,8 @@ def population_attack(
     threshold_function: str = "linear_itp",
     alphas=DEFAULT_ALPHAS,
     attack: str = "population",
+    confidence: float = CONFIDENCE,
+    delta: float = 0.0,
 ) -> AttackResult:
     """Privacy Meter's population attack (PopulationMetric.run_metric) on precomputed per-sample signals.
 
@@ -248,6 +256,7 @@ def population_attack(
         threshold_function: a key of THRESHOLD_FUNCTIONS.
         alphas: the alpha (target FPR) grid; defaults to Privacy Meter's.
         attack: name of the attack, recorded in the result.
+        confidence, delta: of the intervals and the epsilon lower bound in the result's ``uncertainty``.
     """
     if threshold_function not in THRESHOLD_FUNCTIONS:
         raise ValueError(
@@ -313,6 +322,10 @@ def population_attack(
     population_fpr_at = {t: float(np.mean(population < thr)) for t, thr in zip(tolerances, at)}
     thr_at = {t: float(sign * thr) for t, thr in zip(tolerances, at)}
 
+    # --- Their uncertainty, on scores where higher = member: flagged iff -value > -threshold, as counted above ---
+    uncertainty = attack_uncertainty(-members, -nonmembers, -population, {t: -thr for t, thr in zip(tolerances, at)},
+                                     confidence=confidence, delta=delta)
+
     reported = (sign * thresholds).astype(np.float64)
     for arr in (fpr, tpr, reported):
         arr.setflags(write=False)
@@ -332,6 +345,7 @@ def population_attack(
         n_members=int(members.size),
         n_nonmembers=int(nonmembers.size),
         n_population=int(population.size),
+        uncertainty=uncertainty,
     )
 
 
@@ -345,6 +359,8 @@ def update_attack(
     fpr_tolerance,
     *,
     alphas=DEFAULT_ALPHAS,
+    confidence: float = CONFIDENCE,
+    delta: float = 0.0,
 ) -> AttackResult:
     """Membership inference from one party's update, with the received global model as the reference.
 
@@ -376,5 +392,7 @@ def update_attack(
         threshold_function="linear_itp",
         alphas=alphas,
         attack="update",
+        confidence=confidence,
+        delta=delta,
     )
 

@@ -1,13 +1,13 @@
-"""Which FPR tolerances a party's audit sets are large enough to resolve.
+"""Which FPR tolerances a party's population is large enough to resolve.
 
 TPR at FPR t is read with the threshold that flags at most k = floor(n t) of the n population samples
-(audit.membership.population_attack). A set of fewer than 1/t samples cannot resolve t:
-- the population: k = 0, the threshold flags none of it, so the FPR reached is 0, not t;
-- the non-members, whose FPR checks t: it can only be 0 or at least 1/n > t;
-- the members: their TPR moves in steps of 1/n > t, so it cannot tell chance (TPR = t) from nothing.
-A tolerance is resolvable when each of the three sets has at least 1/t samples. With 100 collaborators on digits and
-the tutorial's ratios a party has 7 members, 7 non-members and 4 population samples: only t >= 0.25 is resolvable,
-and "TPR at FPR 0.1" is a reading of its 4 population samples, which reports mark.
+(audit.membership.population_attack). With fewer than 1/t population samples k = 0: the threshold flags none of
+the population, the FPR reached is 0, not t, and "TPR at FPR t" is the TPR at population FPR 0 whatever t says.
+A tolerance is resolvable when the population has at least 1/t samples (issue 15's rule). Few members or
+non-members do not make the figure a reading of another tolerance: they make it coarse (steps of 1/n), which its
+Clopper-Pearson interval (audit.membership.uncertainty) shows; with 7 members a TPR of 1/7 has the interval
+[0.004, 0.58], chance included. With 100 collaborators on digits and the tutorial's ratios a party has 4 population
+samples: only t >= 0.25 is resolvable, and "TPR at FPR 0.1" is a reading of FPR 0, which reports mark.
 """
 
 from __future__ import annotations
@@ -30,20 +30,18 @@ def largest_count(n: int, tolerance: float) -> int:
     return math.floor(n * Fraction(repr(float(tolerance))))
 
 
-def resolvable(tolerance: float, *set_sizes: int) -> bool:
-    """Whether every set (members, non-members, population) has at least 1/t samples (see the module docstring)."""
-    return all(largest_count(int(n), tolerance) >= 1 for n in set_sizes)
+def resolvable(tolerance: float, n_population: int) -> bool:
+    """Whether a population of n_population samples resolves tolerance t: at least 1/t samples (module docstring)."""
+    return largest_count(int(n_population), tolerance) >= 1
 
 
 def resolution_warning(party: str, sizes: Mapping[str, int], tolerances: Iterable[float]) -> str | None:
-    """One line for a party whose audit sets cannot resolve some of the tolerances (None if they resolve all)."""
-    tolerances = list(tolerances)
-    unresolved = [t for t in tolerances if not resolvable(t, *sizes.values())]
+    """One line for a party whose population cannot resolve some of the tolerances (None if it resolves all)."""
+    n = int(sizes.get("population", 0))
+    unresolved = [t for t in tolerances if not resolvable(t, n)]
     if not unresolved:
         return None
-    smallest = min(sizes.values())
-    floor = f"{1 / smallest:.3g}" if smallest else "none (an empty set)"
-    return (f"{party}: audit sets of {sizes.get('members')} members, {sizes.get('nonmembers')} non-members and "
-            f"{sizes.get('population')} population samples resolve FPR tolerances >= {floor} (1 / the smallest set); "
-            f"TPR at FPR {', '.join(tolerance_name(t) for t in unresolved)} is read from too few samples and is "
-            f"marked unresolvable in the reports")
+    floor = f"{1 / n:.3g}" if n else "none (an empty population)"
+    return (f"{party}: {n} population samples resolve FPR tolerances >= {floor} (1 / population); TPR at FPR "
+            f"{', '.join(tolerance_name(t) for t in unresolved)} would be read at population FPR 0 and is marked "
+            f"unresolvable in the reports")

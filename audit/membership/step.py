@@ -1,17 +1,19 @@
 """The membership-inference step of a round's audit: signals of the local (and global) model on members,
 non-members and population; Privacy Meter's population attack per model and signal; the update attack (loss under
-the received model minus loss under the trained one)."""
+the received model minus loss under the trained one). Every figure comes with its interval, the epsilon lower bound
+and the advantage (audit.membership.uncertainty, computed by the attacks)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from audit.config.vocabulary import mia_metric, tpr_statistic
+from audit.config.vocabulary import (ADVANTAGE, AUC, EPSILON_LB, EXACT_AUC, LOWER, UPPER, bounded, mia_metric,
+                                     tpr_statistic)
 from audit.membership.population_attack import population_attack, update_attack
 from audit.membership.signals import compute_signals, member_if_lower
 from audit.round_audit import SETS, AuditContext, AuditSets, StepResult
 
-__all__ = ["run", "scalar_metrics"]
+__all__ = ["run", "scalar_metrics", "attack_metrics"]
 
 
 def _signals_per_set(model, sets: AuditSets, names, settings) -> tuple[dict, dict]:
@@ -36,23 +38,33 @@ def _population_attacks(signal_values: dict, settings) -> dict:
         name: population_attack(
             per_set["members"], per_set["nonmembers"], per_set["population"], settings.fpr_tolerance,
             signal=name, member_if_lower=member_if_lower(name), threshold_function=settings.threshold_function,
+            confidence=settings.confidence, delta=settings.epsilon_delta,
         )
         for name, per_set in signal_values.items()
     }
 
 
+def attack_metrics(result) -> dict[str, float]:
+    """One attack's scalars by statistic (audit.config.vocabulary.attack_statistics): the grid AUC, the exact AUC,
+    TPR at each tolerance, the epsilon lower bound and the advantage, each interval's bounds beside its estimate."""
+    u = result.uncertainty
+    out = {AUC: result.auc, EXACT_AUC: result.exact_auc,
+           bounded(EXACT_AUC, LOWER): u.auc.lower, bounded(EXACT_AUC, UPPER): u.auc.upper}
+    for tolerance, tpr in result.tpr_at_fpr.items():
+        rates = u.at_fpr[tolerance].tpr
+        name = tpr_statistic(tolerance)
+        out.update({name: tpr, bounded(name, LOWER): rates.lower, bounded(name, UPPER): rates.upper})
+    out.update({EPSILON_LB: u.epsilon.epsilon, ADVANTAGE: u.advantage.value,
+                bounded(ADVANTAGE, LOWER): u.advantage.lower, bounded(ADVANTAGE, UPPER): u.advantage.upper})
+    return {name: float(value) for name, value in out.items()}
+
+
 def scalar_metrics(attacks) -> dict[str, float]:
-    """Flat scalars: mia_<model>_<signal>_auc (Privacy Meter's grid AUC), mia_<model>_<signal>_exact_auc (the
-    members-vs-non-members AUC over every threshold) and mia_<model>_<signal>_tpr_at_fpr_<t>; the names
-    audit.config.builtin_steps declares."""
-    metrics: dict[str, float] = {}
-    for model_kind, per_signal in attacks.items():
-        for signal, result in per_signal.items():
-            metrics[mia_metric(model_kind, signal, "auc")] = float(result.auc)
-            metrics[mia_metric(model_kind, signal, "exact_auc")] = float(result.exact_auc)
-            for tolerance, tpr in result.tpr_at_fpr.items():
-                metrics[mia_metric(model_kind, signal, tpr_statistic(tolerance))] = float(tpr)
-    return metrics
+    """Flat scalars mia_<model>_<signal>_<statistic> (see `attack_metrics`): the names audit.config.builtin_steps
+    declares."""
+    return {mia_metric(model_kind, signal, statistic): value
+            for model_kind, per_signal in attacks.items() for signal, result in per_signal.items()
+            for statistic, value in attack_metrics(result).items()}
 
 
 def run(context: AuditContext, settings) -> StepResult:
@@ -78,6 +90,6 @@ def run(context: AuditContext, settings) -> StepResult:
             g, lo = global_values["loss"], local_values["loss"]
             attacks["update"] = {"loss_reduction": update_attack(
                 g["members"], lo["members"], g["nonmembers"], lo["nonmembers"], g["population"], lo["population"],
-                settings.fpr_tolerance,
+                settings.fpr_tolerance, confidence=settings.confidence, delta=settings.epsilon_delta,
             )}
     return StepResult(metrics=scalar_metrics(attacks), attacks=attacks, timings={"signals_s": signal_seconds})

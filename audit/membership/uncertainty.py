@@ -11,6 +11,7 @@ Everything here works on per-sample attack scores with one convention: a higher 
 - `epsilon_lower_bound(pos, neg, delta=...)`: the largest epsilon that the attack's results prove with confidence
   `confidence` (TensorFlow Privacy's privacy tests' definition, Clopper-Pearson bounds, Bonferroni over thresholds).
 - `attacker_advantage(pos, neg)`: max over thresholds of |TPR - FPR|, with a simultaneous (DKW) interval.
+- `attack_uncertainty(pos, neg, population, thresholds)`: all of the above for one attack, as the audit reports it.
 
 What the intervals cover: the randomness of the scored samples given the model, i.e. "if we had drawn other members
 and non-members from the same distributions, scored by the same model". They say nothing about other training runs.
@@ -32,6 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import beta, bootstrap, norm, rankdata
 
+from audit.config.vocabulary import tolerance_name
+from audit.membership.resolution import largest_count, resolvable
+
 __all__ = [
     "CONFIDENCE",
     "RateInterval",
@@ -48,6 +52,8 @@ __all__ = [
     "tpr_at_population_fpr",
     "epsilon_lower_bound",
     "attacker_advantage",
+    "AttackUncertainty",
+    "attack_uncertainty",
 ]
 
 CONFIDENCE = 0.95
@@ -241,9 +247,19 @@ class RatesAtThreshold:
     population_fpr: float | None = None
     n_population: int | None = None
 
+    @property
+    def resolvable(self) -> bool | None:
+        """Whether the population has at least 1/t samples (audit.membership.resolution): below that the threshold
+        flags none of it and "TPR at FPR t" is the TPR at population FPR 0, whatever t. None when the threshold did
+        not come from a population."""
+        if self.target_fpr is None or self.n_population is None:
+            return None
+        return resolvable(self.target_fpr, self.n_population)
+
     def to_dict(self) -> dict:
         out = dict(self.__dict__)
         out["tpr"], out["fpr"] = self.tpr.to_dict(), self.fpr.to_dict()
+        out["resolvable"] = self.resolvable
         return out
 
 
@@ -256,7 +272,7 @@ def population_threshold(population_scores, fpr: float) -> float:
     population = _scores(population_scores, "population")
     if isinstance(fpr, bool) or not isinstance(fpr, (int, float)) or not 0 <= fpr <= 1:
         raise ValueError(f"fpr: {fpr!r} must be a number in [0, 1]")
-    k = math.floor(fpr * population.size + 1e-9)  # 1e-9: 0.01 * 300 is 3.0000000000000004 or 2.9999999999999996
+    k = largest_count(population.size, fpr)  # the population attack's count, exact for 0.01 * 300
     if k >= population.size:
         return float("-inf")
     return float(np.sort(population)[::-1][k])
@@ -448,3 +464,72 @@ def attacker_advantage(pos_scores, neg_scores, confidence: float = CONFIDENCE) -
     half = math.sqrt(math.log(4 / alpha) / (2 * pos.size)) + math.sqrt(math.log(4 / alpha) / (2 * neg.size))
     return Advantage(value, max(0.0, value - half), min(1.0, value + half), float(cuts[i]), float(tp[i] / pos.size),
                      float(fp[i] / neg.size), pos.size, neg.size, confidence)
+
+
+# ------------------------------------------------------------------------------------------ one attack, in full
+
+
+@dataclass(frozen=True)
+class AttackUncertainty:
+    """Every figure of one attack with its uncertainty and the counts it rests on: the exact AUC (DeLong), the
+    rates at each FPR tolerance's population threshold (Clopper-Pearson), the epsilon lower bound and the advantage.
+    `confidence` is every interval's; `delta` the epsilon bound's."""
+
+    auc: AUCInterval
+    at_fpr: dict          # tolerance (float) -> RatesAtThreshold
+    epsilon: EpsilonLowerBound
+    advantage: Advantage
+    confidence: float
+    delta: float
+
+    def to_dict(self) -> dict:
+        """JSON-able (non-finite numbers as None); tolerance keys named as in metric names."""
+        return _json_ready({
+            "confidence": self.confidence, "delta": self.delta, "exact_auc": self.auc.to_dict(),
+            "at_fpr": {tolerance_name(t): rates.to_dict() for t, rates in self.at_fpr.items()},
+            "epsilon_lb": self.epsilon.to_dict(), "advantage": self.advantage.to_dict(),
+        })
+
+
+def _json_ready(value):
+    if isinstance(value, dict):
+        return {k: _json_ready(v) for k, v in value.items()}
+    if isinstance(value, (float, np.floating)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
+def _auc_interval_or_nothing_known(pos: np.ndarray, neg: np.ndarray, confidence: float) -> AUCInterval:
+    """DeLong's interval; with fewer than two samples in a class its variance is undefined and the interval is
+    the whole of [0, 1] (nothing is known beyond the estimate)."""
+    if pos.size >= 2 and neg.size >= 2:
+        return auc_interval(pos, neg, confidence)
+    return AUCInterval(auc(pos, neg), 0.0, 1.0, float("nan"), pos.size, neg.size, confidence, "delong")
+
+
+def attack_uncertainty(pos_scores, neg_scores, population_scores, thresholds, *, confidence: float = CONFIDENCE,
+                       delta: float = 0.0) -> AttackUncertainty:
+    """The uncertainty of one attack's figures, from its per-sample scores (higher = member) on members (pos),
+    non-members (neg) and the population, and the threshold it set at each FPR tolerance (tolerance -> threshold,
+    "member iff score > threshold", set on the population by the attack itself).
+
+    The rates at each threshold are counted exactly as the attack counted them, so the TPR interval is the interval
+    of the TPR the attack reports; the population's share flagged and its size say whether the tolerance was
+    resolvable (`RatesAtThreshold.resolvable`)."""
+    confidence = _confidence(confidence)
+    pos = _scores(pos_scores, "positives (members)")
+    neg = _scores(neg_scores, "negatives (non-members)")
+    population = _scores(population_scores, "population")
+    at_fpr = {}
+    for tolerance, threshold in thresholds.items():
+        rates = rates_at_threshold(pos, neg, float(threshold), confidence)
+        flagged = int((population > threshold).sum())
+        at_fpr[float(tolerance)] = RatesAtThreshold(rates.threshold, rates.tpr, rates.fpr, float(tolerance),
+                                                    flagged / population.size, int(population.size))
+    return AttackUncertainty(
+        auc=_auc_interval_or_nothing_known(pos, neg, confidence), at_fpr=at_fpr,
+        epsilon=epsilon_lower_bound(pos, neg, delta=delta, confidence=confidence),
+        advantage=attacker_advantage(pos, neg, confidence), confidence=confidence, delta=float(delta),
+    )

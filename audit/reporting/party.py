@@ -5,8 +5,8 @@ Layout (every file written atomically, see :mod:`audit.reporting.atomic_io`)::
     root/index.html                      links every party's report
     root/<party>/index.html              AUC + TPR plots, metrics table, per-round ROC images (newest first)
     root/<party>/metrics.csv             one row per round: "round", then the sorted metric names
-    root/<party>/auc.png                 exact AUC per round for every model x signal
-    root/<party>/tpr_at_<fpr:g>.png      TPR at each FPR tolerance per round
+    root/<party>/auc.png                 exact AUC per round for every model x signal, with error bars (its interval)
+    root/<party>/tpr_at_<fpr:g>.png      TPR at each FPR tolerance per round, with error bars (its interval)
     root/<party>/round_0003/audit.json   the round record, exactly as given
     root/<party>/round_0003/roc.png      ROC curves: one subplot per audited model
 
@@ -41,7 +41,8 @@ from pathlib import Path
 from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.html import party_page, write_index
 from audit.reporting.plots import plot_per_round, plot_roc
-from audit.reporting.readings import csv_cell, exact_auc_of, tolerances_of, tpr_at
+from audit.reporting.readings import (csv_cell, exact_auc_band, exact_auc_of, tolerances_of, tpr_at, tpr_band_at,
+                                      unresolvable)
 from audit.reporting.records import (load_cached_round_records, load_round_records, round_dir_name, validate_party_name,
                                      validate_record)
 from audit.reporting.writer import RoundReportWriter
@@ -67,7 +68,7 @@ class ReportWriter(RoundReportWriter):
     writers for different parties may share ``root`` (the root index is rewritten atomically by each).
     """
 
-    def __init__(self, root: str | os.PathLike, party: str, *, log_scale: bool = False) -> None:
+    def __init__(self, root: str | os.PathLike, party: str, *, log_scale: bool = True) -> None:
         super().__init__(root)
         self.party = validate_party_name(party)
         self.party_dir: Path = self.root / party
@@ -102,19 +103,23 @@ class ReportWriter(RoundReportWriter):
         self.party_dir.mkdir(parents=True, exist_ok=True)
         self._write_metrics_csv(records)
         tols = tolerances_of(records) if records else []
-        tpr_files = [f"tpr_at_{t:g}.png" for t in tols]
+        # A tolerance no record's population can resolve gets no plot (its figure is the TPR at population FPR 0,
+        # whatever the tolerance); the page says why, the tables show its values marked.
+        unplotted = {t: n for t in tols if (n := unresolvable(records, t)) is not None}
+        tpr_files = [f"tpr_at_{t:g}.png" for t in tols if t not in unplotted]
         if records:
             plot_per_round(
                 records, self.party_dir / "auc.png", party=self.party, value_of=exact_auc_of,
                 ylabel="exact AUC (every threshold)", title="membership-inference AUC per round (exact AUC)",
-                chance=0.5, chance_label="chance (AUC 0.5)",
+                chance=0.5, chance_label="chance (AUC 0.5)", band_of=exact_auc_band,
             )
-            for t, name in zip(tols, tpr_files):
+            for t, name in zip([t for t in tols if t not in unplotted], tpr_files):
                 plot_per_round(
                     records, self.party_dir / name, party=self.party,
                     value_of=lambda res, t=t: tpr_at(res, t),
                     ylabel=f"TPR at FPR ≤ {t:g}", title=f"TPR at FPR ≤ {t:g} per round",
                     chance=t, chance_label=f"chance (TPR = {t:g})", log_y=self.log_scale,
+                    band_of=lambda res, t=t: tpr_band_at(res, t),
                 )
         # Derived state: drop plots no longer backed by the records (e.g. a tolerance was removed).
         stale = [p for p in self.party_dir.glob("tpr_at_*.png") if p.name not in tpr_files]
@@ -124,7 +129,7 @@ class ReportWriter(RoundReportWriter):
             if _TPR_PLOT_RE.match(p.name) or p.name == "auc.png":
                 p.unlink(missing_ok=True)
         atomic_write_text(
-            self.party_dir / "index.html", party_page(self.party, records, tols, tpr_files, self.log_scale)
+            self.party_dir / "index.html", party_page(self.party, records, tols, tpr_files, self.log_scale, unplotted)
         )
         write_index(self.root)
 

@@ -9,26 +9,30 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 from matplotlib.figure import Figure  # no pyplot: figures are never registered globally, so none leak
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
 from audit.config.checks import is_int
 from audit.reporting.atomic_io import atomic_savefig
-from audit.reporting.readings import (auc_of, curve, exact_auc_of, fmt, ordered_models,
+from audit.reporting.readings import (auc_of, curve, exact_auc_of, float_or_nan, fmt, ordered_models, rates_at,
                                       series_keys)
 
 __all__ = ["plot_roc", "plot_per_round"]
 
 DPI = 100
-_MODEL_TITLES = {"local": "local model", "global": "global model", "update": "model update"}
-_MODEL_STYLES = {"local": ("-", "o"), "global": ("--", "s"), "update": (":", "^")}
+_MODEL_TITLES = {"local": "local model", "global": "global model", "update": "model update",
+                 "rmia": "RMIA (local model, by references)"}
+_MODEL_STYLES = {"local": ("-", "o"), "global": ("--", "s"), "update": (":", "^"), "rmia": ("-", "v")}
 _OTHER_MODEL_STYLE = ("-.", "D")
 _SIGNAL_COLORS = {
     "loss": "tab:blue",
     "logits": "tab:orange",
     "gradient_norm": "tab:green",
     "loss_reduction": "tab:red",
+    "global": "tab:purple",
+    "fine_tuned": "tab:brown",
+    "independent": "tab:cyan",
 }
-_EXTRA_COLORS = ("tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+_EXTRA_COLORS = ("tab:pink", "tab:olive", "tab:gray", "gold", "navy", "teal")
 _CHANCE_STYLE = {"color": "0.45", "linestyle": ":", "linewidth": 1.2}
 
 def _model_style(model: str) -> tuple[str, str]:
@@ -59,6 +63,41 @@ def _log_floor(values: Iterable[np.ndarray], counts: Iterable[Any] = ()) -> floa
     return max(smallest / 2.0, 1e-6)
 
 
+def _tolerance_points(ax, result: Mapping, color: str, floor: float | None) -> None:
+    """At each FPR tolerance: the non-members' FPR and the members' TPR at its threshold, each with its interval
+    (error bars, one call for all the points). Unresolvable tolerances (the population is too small to set them) are
+    drawn hollow."""
+    table = (result.get("uncertainty") or {}).get("at_fpr") if isinstance(result, Mapping) else None
+    if not isinstance(table, Mapping):
+        return
+    points = {True: [], False: []}  # resolvable -> [(x, x_lo, x_hi, y, y_lo, y_hi)]
+    for key in table:
+        rates = rates_at(result, float_or_nan(key))
+        if rates is None:
+            continue
+        values = [float_or_nan(rates[part].get(k)) for part in ("fpr", "tpr") for k in ("rate", "lower", "upper")]
+        if any(math.isnan(v) for v in values):
+            continue
+        if floor is not None:
+            values = [max(v, floor) for v in values]
+        points[rates.get("resolvable") is not False].append(values)
+    for resolvable, rows in points.items():
+        if not rows:
+            continue
+        x, x_lo, x_hi, y, y_lo, y_hi = np.array(rows).T
+        # one collection of bars (no caps: each cap is an artist of its own, and the reports draw many)
+        ax.hlines(y, x_lo, x_hi, colors=color, linewidth=0.8, alpha=0.8)
+        ax.vlines(x, y_lo, y_hi, colors=color, linewidth=0.8, alpha=0.8)
+        ax.plot(x, y, "o", markersize=3.5, color=color, mfc=color if resolvable else "white", alpha=0.8)
+
+
+def _sparse_log_ticks(axis) -> None:
+    """Major ticks at powers of ten only: the default minor ticks (and their labels) make a log axis several
+    times slower to draw, and the reports draw many."""
+    axis.set_major_locator(LogLocator(base=10, numticks=8))
+    axis.set_minor_locator(NullLocator())
+
+
 def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
     attacks = record["attacks"]
     models = [m for m in ordered_models(attacks) if attacks[m]]
@@ -66,7 +105,7 @@ def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
     width, height = 3.9 * n + 0.3, 4.5
     fig = Figure(figsize=(width, height), dpi=DPI)
     # Fixed margins (in inches) instead of constrained layout: about half the drawing time.
-    fig.subplots_adjust(left=0.65 / width, right=1 - 0.15 / width, bottom=0.5 / height, top=1 - 0.95 / height,
+    fig.subplots_adjust(left=0.65 / width, right=1 - 0.15 / width, bottom=0.7 / height, top=1 - 0.95 / height,
                         wspace=0.3)
     axes = fig.subplots(1, n, squeeze=False)[0]
     for ax, model in zip(axes, models):
@@ -87,11 +126,14 @@ def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
                 fpr, tpr = np.clip(fpr, floor, 1.0), np.clip(tpr, floor, 1.0)
             ax.plot(fpr, tpr, color=_signal_color(signal), linewidth=1.6, label=label,
                     marker="." if fpr.size <= 30 else None)
+            _tolerance_points(ax, per_signal[signal], _signal_color(signal), floor if log_scale else None)
         lo = floor if log_scale else 0.0
         ax.plot([lo, 1.0], [lo, 1.0], label="chance", **_CHANCE_STYLE)
         if log_scale:
             ax.set_xscale("log")
             ax.set_yscale("log")
+            _sparse_log_ticks(ax.xaxis)
+            _sparse_log_ticks(ax.yaxis)
         ax.set_xlim(lo, 1.0)
         ax.set_ylim(lo, 1.02 if not log_scale else 1.0)
         if not log_scale:
@@ -111,37 +153,59 @@ def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
         ax.set_xlabel("False positive rate")
         ax.set_ylabel("True positive rate")
     scale = " (log-log)" if log_scale else ""
+    fig.text(0.5, 0.012, "dots: TPR and non-members' FPR at each FPR tolerance's threshold, bars: their "
+             "confidence intervals; hollow: the population cannot resolve that tolerance", ha="center", fontsize=7,
+             color="0.35")
     fig.suptitle(f"{record['party']} – round {record['round']}: membership-inference ROC{scale}", fontsize=11)
     atomic_savefig(fig, path, dpi=DPI)
 
 
 def plot_per_round(
     records: list[dict], path: Path, *, party: str, value_of, ylabel: str, title: str,
-    chance: float, chance_label: str, log_y: bool = False,
+    chance: float, chance_label: str, log_y: bool = False, band_of=None,
 ) -> None:
-    rounds = [r["round"] for r in records]
+    """One line per model / signal across rounds; `band_of(result) -> (lower, upper)` adds each value's confidence
+    interval as an error bar, the series side by side around each round so that their bars stay apart."""
+    rounds = np.array([r["round"] for r in records], dtype=float)
     fig = Figure(figsize=(8.4, 4.4), dpi=DPI)
     fig.subplots_adjust(left=0.08, right=0.75, bottom=0.12, top=0.91)
     ax = fig.add_subplot()
-    all_values = []
+    series = []
     for model, signal in series_keys(records):
-        ys = []
-        for r in records:
-            res = r["attacks"].get(model, {}).get(signal)
-            ys.append(value_of(res) if isinstance(res, Mapping) else math.nan)
-        ys = np.array(ys, dtype=float)
-        all_values.append(ys[np.isfinite(ys)])
+        results = [r["attacks"].get(model, {}).get(signal) for r in records]
+        ys = np.array([value_of(res) if isinstance(res, Mapping) else math.nan for res in results], dtype=float)
+        bands = None
+        if band_of is not None:
+            bands = np.array([band_of(res) if isinstance(res, Mapping) else (math.nan, math.nan) for res in results],
+                             dtype=float).reshape(-1, 2)
+            if not np.isfinite(bands).any():
+                bands = None
+        series.append((model, signal, ys, bands))
+    finite = np.concatenate([v[np.isfinite(v)] for _, _, ys, bands in series
+                             for v in ((ys,) if bands is None else (ys, bands.ravel()))] or [np.empty(0)])
+    floor = _log_floor([finite, np.array([chance])]) if log_y else None
+    step = min(np.diff(np.unique(rounds)).min(), 1.0) if len(np.unique(rounds)) > 1 else 1.0
+    width = 0.5 * step / max(len(series), 1)  # the series' bars spread over half the gap between rounds
+    drew_bars = False
+    for i, (model, signal, ys, bands) in enumerate(series):
         linestyle, marker = _model_style(model)
-        ax.plot(rounds, ys, linestyle=linestyle, marker=marker, markersize=5, linewidth=1.5,
-                color=_signal_color(signal), label=f"{model} / {signal}")
+        color = _signal_color(signal)
+        shown = ys if floor is None else np.where(np.isfinite(ys), np.clip(ys, floor, None), np.nan)
+        ax.plot(rounds, shown, linestyle=linestyle, marker=marker, markersize=5, linewidth=1.5, color=color,
+                label=f"{model} / {signal}")
+        if bands is not None:
+            lo, hi = bands[:, 0], bands[:, 1]
+            if floor is not None:  # a lower bound of 0 sits on the axis floor
+                lo, hi = np.clip(lo, floor, None), np.clip(hi, floor, None)
+            centre = np.clip(shown, lo, hi)
+            keep = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(centre)
+            x = rounds + (i - (len(series) - 1) / 2) * width
+            ax.vlines(x[keep], lo[keep], hi[keep], colors=color, linewidth=1.0, alpha=0.55)
+            drew_bars = True
     ax.axhline(chance, label=chance_label, **_CHANCE_STYLE)
-    finite = np.concatenate(all_values) if all_values else np.empty(0)
     if log_y:
-        floor = _log_floor([finite, np.array([chance])])
-        for line in ax.get_lines():
-            y = np.asarray(line.get_ydata(), dtype=float)
-            line.set_ydata(np.where(np.isfinite(y), np.clip(y, floor, None), np.nan))
         ax.set_yscale("log")
+        _sparse_log_ticks(ax.yaxis)
         ax.set_ylim(floor, 1.05)
     else:
         lo = min([chance - 0.05] + ([float(finite.min()) - 0.05] if finite.size else []))
@@ -156,6 +220,9 @@ def plot_per_round(
     ax.set_title(f"{party}: {title}", fontsize=11)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="model / signal",
               title_fontsize=8)
+    if drew_bars:
+        ax.text(1.01, 0.0, "bars: confidence interval\nof each value", transform=ax.transAxes, fontsize=7,
+                color="0.35", va="bottom")
     atomic_savefig(fig, path, dpi=DPI)
 
 

@@ -15,9 +15,11 @@ from audit.config.vocabulary import mia_metric, tpr_statistic
 from audit.reporting.csv_cells import spreadsheet_safe
 
 __all__ = ["MODEL_ORDER", "ordered_models", "float_or_nan", "curve", "auc_of", "exact_auc_of", "tpr_at",
-           "resolvable_at", "unresolvable_metrics", "tolerances_of", "series_keys", "fmt", "csv_cell"]
+           "resolvable_at", "unresolvable_metrics", "exact_auc_band", "rates_at", "tpr_band_at", "epsilon_lb_of",
+           "advantage_of", "confidence_of", "unresolvable", "tolerances_of", "series_keys", "fmt", "fmt_interval",
+           "csv_cell"]
 
-MODEL_ORDER = ("local", "global", "update")
+MODEL_ORDER = ("local", "global", "update", "rmia")
 
 
 def ordered_models(models: Iterable[str]) -> list[str]:
@@ -105,6 +107,77 @@ def unresolvable_metrics(record: Mapping) -> set[str]:
     return names
 
 
+def _uncertainty(result: Mapping) -> Mapping:
+    u = result.get("uncertainty") if isinstance(result, Mapping) else None
+    return u if isinstance(u, Mapping) else {}
+
+
+def _bounds(entry: Any) -> tuple[float, float]:
+    if not isinstance(entry, Mapping):
+        return math.nan, math.nan
+    return float_or_nan(entry.get("lower")), float_or_nan(entry.get("upper"))
+
+
+def exact_auc_band(result: Mapping) -> tuple[float, float]:
+    """The exact AUC's confidence interval (lower, upper); NaNs for records without one."""
+    return _bounds(_uncertainty(result).get("exact_auc"))
+
+
+def rates_at(result: Mapping, tol: float) -> Mapping | None:
+    """The rates at tolerance `tol`'s threshold (audit.membership.uncertainty.RatesAtThreshold.to_dict: "tpr" and
+    "fpr" with rate, lower, upper, k, n; "population_fpr", "n_population", "resolvable"), or None."""
+    table = _uncertainty(result).get("at_fpr")
+    if isinstance(table, Mapping):
+        for key, value in table.items():
+            if math.isclose(float_or_nan(key), tol, rel_tol=1e-9, abs_tol=1e-15) and isinstance(value, Mapping):
+                return value
+    return None
+
+
+def unresolvable(records: list[dict], tol: float) -> int | None:
+    """The population size when no attack of any record can resolve tolerance `tol` (every one's threshold flags
+    none of its population, audit.membership.resolution), else None (also for records without uncertainty, written
+    before it existed)."""
+    sizes = []
+    for r in records:
+        for per_signal in r["attacks"].values():
+            for result in per_signal.values():
+                rates = rates_at(result, tol)
+                if rates is None or rates.get("resolvable") is not False:
+                    return None
+                sizes.append(rates.get("n_population"))
+    return max((n for n in sizes if is_int(n)), default=None) if sizes else None
+
+
+def tpr_band_at(result: Mapping, tol: float) -> tuple[float, float]:
+    rates = rates_at(result, tol)
+    return _bounds(rates.get("tpr")) if rates is not None else (math.nan, math.nan)
+
+
+def epsilon_lb_of(result: Mapping) -> float:
+    entry = _uncertainty(result).get("epsilon_lb")
+    return float_or_nan(entry.get("epsilon")) if isinstance(entry, Mapping) else math.nan
+
+
+def advantage_of(result: Mapping) -> tuple[float, float, float]:
+    """(advantage, lower, upper); NaNs for records without it."""
+    entry = _uncertainty(result).get("advantage")
+    if not isinstance(entry, Mapping):
+        return math.nan, math.nan, math.nan
+    return (float_or_nan(entry.get("value")), *_bounds(entry))
+
+
+def confidence_of(records: list[dict]) -> float:
+    """The intervals' confidence level in these records (the newest record's), NaN if none states it."""
+    for r in reversed(records):
+        for per_signal in r["attacks"].values():
+            for result in per_signal.values():
+                level = float_or_nan(_uncertainty(result).get("confidence"))
+                if not math.isnan(level):
+                    return level
+    return math.nan
+
+
 def _as_tolerance_list(value: Any) -> list[float]:
     if value is None:
         return []
@@ -150,6 +223,14 @@ def fmt(value: Any, digits: int = 4) -> str:
     if is_int(value):
         return str(value)
     return f"{f:.{digits}g}"
+
+
+def fmt_interval(value: Any, lower: Any, upper: Any, digits: int = 4) -> str:
+    """"0.6123 [0.551, 0.674]" (bounds one digit shorter); the estimate alone when the interval is unknown."""
+    text = fmt(value, digits)
+    if math.isnan(float_or_nan(lower)) or math.isnan(float_or_nan(upper)):
+        return text
+    return f"{text} [{fmt(lower, max(2, digits - 1))}, {fmt(upper, max(2, digits - 1))}]"
 
 
 def csv_cell(value: Any) -> str:

@@ -1,0 +1,101 @@
+"""RMIA's reference models as a party of a federation can have them, without anyone's private data but its own.
+
+Each trained kind is K copies trained at once with the party's own recipe (audit.training.train_references), copy k
+on its own subset of the party's population shard of the member count (`population_subsets`), so that the party
+knows which population samples each reference trained on (RMIA's Pr(z) then uses the references that did not, and
+`a` can be tuned on them):
+
+- `fine_tuned_references`: from the round's received global model, one local training: the same start as the
+  party's own model this round, on other data. Trained anew each round.
+- `independent_references`: from the plan's initial model, never the global model: they never see this party's data.
+  Kept in the party's store and brought, each audited round, to as many local trainings as the party's model has had
+  (round + 1), so each costs one local training per round on average.
+
+Either kind is trained once per round and reused by every audit of that round (a DP retrain's re-audits).
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from audit.training import TrainedCopies, train_references
+
+__all__ = ["References", "population_subsets", "fine_tuned_references", "independent_references", "reference_seed"]
+
+
+@dataclass(frozen=True, eq=False)
+class References:
+    """K trained reference models and which population samples each trained on."""
+
+    kind: str
+    copies: TrainedCopies
+    population_in: np.ndarray  # (K, M) bool
+    trainings: int             # local trainings each reference has had
+    seconds: float             # spent training them for this round (0.0 when reused)
+
+
+def reference_seed(seed: int | None, party: str, round_num: int, kind: str) -> int:
+    """A seed per (plan seed, party, round, kind): the same plan gives the same references whatever the order."""
+    return zlib.crc32(f"{seed or 0}/{party}/{round_num}/rmia/{kind}".encode()) & 0x7FFFFFFF
+
+
+def population_subsets(n_population: int, size: int, k: int, seed: int) -> np.ndarray:
+    """K subsets of `size` population indices, (K, size): consecutive slices of one random permutation, wrapping
+    round, so that the K references share as few samples as the sizes allow.
+
+    RMIA needs, for every population sample z, a reference that did not train on it (Pr(z) is the OUT references'
+    mean): with K >= 2 the size is capped at floor((K - 1) n / K), which leaves every sample out of at least one
+    reference; a single reference takes at most half the population (the other half is its OUT set)."""
+    if n_population < 2:
+        raise ValueError(f"RMIA references: the population needs at least 2 samples, got {n_population}")
+    cap = (k - 1) * n_population // k if k >= 2 else n_population // 2
+    size = max(1, min(int(size), cap))
+    order = np.random.default_rng(seed).permutation(n_population)
+    return np.stack([order[(np.arange(size) + j * size) % n_population] for j in range(k)])
+
+
+def _membership(subsets: np.ndarray, n_population: int) -> np.ndarray:
+    trained = np.zeros((len(subsets), n_population), dtype=bool)
+    for j, picked in enumerate(subsets):
+        trained[j, picked] = True
+    return trained
+
+
+def fine_tuned_references(global_model: torch.nn.Module, population, recipe, *, k: int, size: int,
+                          seed: int) -> References:
+    """K references fine-tuned from the received global model, one local training each on its population subset."""
+    x, y = np.asarray(population[0]), np.asarray(population[1])
+    subsets = population_subsets(len(y), size, k, seed)
+    start = time.perf_counter()
+    copies = train_references(global_model, x[subsets], y[subsets], recipe, seed=seed)
+    return References("fine_tuned", copies, _membership(subsets, len(y)), 1, time.perf_counter() - start)
+
+
+def independent_references(store: dict, initial_model: torch.nn.Module, population, recipe, *, k: int, size: int,
+                           trainings: int, seed: int) -> References:
+    """K references that never saw the party's data, brought to `trainings` local trainings each.
+
+    `store` (the party's, kept across rounds) holds them between rounds: each call trains only the local trainings
+    missing since the last one. They are started again (from the initial model) when the population, K or the
+    subset size changed."""
+    x, y = np.asarray(population[0]), np.asarray(population[1])
+    key = (len(y), int(k), int(size))
+    if store.get("key") != key:
+        subsets = population_subsets(len(y), size, k, seed)
+        store.clear()
+        store.update(key=key, subsets=subsets, copies=None, trainings=0)
+    subsets = store["subsets"]
+    start = time.perf_counter()
+    while store["trainings"] < trainings:
+        # One local training per step, each with its own shuffles: as the party's model trains once per round.
+        step_seed = (seed + 7919 * store["trainings"]) & 0x7FFFFFFF
+        store["copies"] = train_references(initial_model, x[subsets], y[subsets], recipe, seed=step_seed,
+                                           start=store["copies"])
+        store["trainings"] += 1
+    return References("independent", store["copies"], _membership(subsets, len(y)), store["trainings"],
+                      time.perf_counter() - start)
