@@ -73,6 +73,9 @@ class AuditContext:
     round_num: int
     seed: int | None
     training: LocalTraining | None
+    # The round's audit.membership.signal_memo.SignalMemo: signals already computed on the same weights and sets
+    # (e.g. during the validation of the received model) are reused. None: every step computes its own.
+    memo: object | None = None
 
 
 @dataclass
@@ -104,12 +107,14 @@ def audit_round(
     seed: int | None = None,
     training: LocalTraining | None = None,
     steps: tuple[AuditStep, ...] | None = None,
+    memo=None,
 ) -> dict:
     """Audit one round with every enabled step (default: all registered ones); returns the round record (see
     audit.reporting for its layout). The record's "attacks" hold AttackResult objects; `record_to_json` turns them
-    into dicts. `training`: the party's local training, for the steps that train like it (deanonymization)."""
+    into dicts. `training`: the party's local training, for the steps that train like it (deanonymization). `memo`:
+    the round's SignalMemo (audit.membership.signal_memo), whose signals are reused on the same weights and sets."""
     start = time.perf_counter()
-    context = AuditContext(local_model, global_model, sets, settings, party, int(round_num), seed, training)
+    context = AuditContext(local_model, global_model, sets, settings, party, int(round_num), seed, training, memo)
     metrics: dict[str, float] = {}
     attacks: dict = {}
     extra: dict = {}

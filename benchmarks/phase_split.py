@@ -9,7 +9,8 @@ compares with, so both get the same split. Overhead: two clock reads per wrapped
 
 Phases:
 - train: OpenFL's PyTorchTaskRunner.train_task (the local epochs);
-- audit: audit.round_audit.audit_round as the task runner calls it (every enabled step, both models);
+- audit: audit.round_audit.audit_round as the task runner calls it (every enabled step, both models), and the
+  signals the task runner computes ahead of it (the received model's, during its validation);
 - validation: the validate tasks (the task runner's validate_task);
 - reports: the collaborators' reports (ReportWriter.write_round), the aggregator's report callback and the
   tutorial's copies of the plots;
@@ -32,7 +33,9 @@ import time
 _PHASES = {
     # phase: [(module, attribute path)]
     "train": [("openfl.federated.task.runner_pt", "PyTorchTaskRunner.train_task")],
-    "audit": [("src.taskrunner", "audit_round")],
+    "audit": [("src.taskrunner", "audit_round"),
+              # signals computed ahead of the audit (the received model's, while it is validated)
+              ("audit.membership.signal_memo", "compute_signals")],
     "validation": [("src.taskrunner", "AuditedTaskRunner.validate_task")],
     "reports": [("audit.reporting.party", "ReportWriter.write_round"),
                 ("src.aggregator", "AggregatorReportCallback.on_round_end"),

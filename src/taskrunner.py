@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from openfl.federated import PyTorchTaskRunner
-from openfl.utilities import TensorKey
+from openfl.utilities import Metric, TensorKey
 
 from audit.config.audit_settings import AuditSettings
 from audit.config.checks import is_int, is_real
@@ -29,6 +29,8 @@ from audit.config.vocabulary import OPTIMIZERS
 from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
 from audit.membership.gradient_norms import gradient_parameter_names
+from audit.membership.signal_memo import SignalMemo
+from audit.membership.step import signal_names
 from audit.reporting.party import ReportWriter
 from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
 from audit.training import TrainingRecipe
@@ -120,6 +122,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._training: LocalTraining | None = None  # this round's local training, for the audits that train alike
         self._data_mitigation: dict | None = None  # what the data mitigation did, once per collaborator
         self.last_record: dict | None = None  # the latest round record, for in-process callers
+        # This round's signals by model weights and set: the validation tasks and the audit share them.
+        self._signal_memo = SignalMemo()
+        self._validating: tuple[int, str] | None = None  # (round, apply) while a validation task runs
         # Called as on_audit_start(collaborator, round) when an audit starts (the demo's progress bar): the audit runs
         # inside the train task, which OpenFL sees only as a whole.
         self.on_audit_start = None
@@ -149,6 +154,34 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.rebuild_model(round_num, dict(input_tensor_dict))
         return copy.deepcopy(self.model)
 
+    # ------------------------------------------------------------ validation
+    def validate_task(self, col_name, round_num, input_tensor_dict, **kwargs):
+        """OpenFL's validation task (accuracy on the validation set, which is the audit's non-member set)."""
+        self._signal_memo.start_round(round_num)
+        self._validating = (round_num, kwargs.get("apply"))
+        try:
+            return super().validate_task(col_name, round_num, input_tensor_dict, **kwargs)
+        finally:
+            self._validating = None
+
+    def validate_(self, validation_dataloader) -> Metric:
+        """The accuracy on the validation set, read off the audit's signals of the same weights where the round has
+        them, else OpenFL's own loop. In a round the audit covers, validating the received model computes its audit
+        signals (all three sets, the audit's settings) first: the audit after training then reuses them, and the
+        trained model's validation reuses the audit's. Predictions come from the audit's batches (batch_size 256 by
+        default, not the loader's 32): a sample whose two top outputs tie to the last bit may be counted otherwise."""
+        loader, settings = self.data_loader, self.audit_settings
+        if self._validating is not None and settings.enabled:
+            round_num, apply = self._validating
+            _, global_names = signal_names(settings)
+            if apply == "global" and settings.due(round_num) and global_names:
+                self._signal_memo.signals(self.model, self.audit_sets(), global_names,
+                                          layer=settings.gradient_layer, batch_size=settings.batch_size)
+            accuracy = self._signal_memo.accuracy(self.model, loader.X_valid, loader.y_valid)
+            if accuracy is not None:
+                return Metric(name="accuracy", value=np.array(accuracy))
+        return super().validate_(validation_dataloader)
+
     def train_task(self, col_name, round_num, input_tensor_dict, epochs=1, **kwargs):
         col = self.collaborator_settings(col_name)
         epochs = col.epochs if col.epochs is not None else epochs
@@ -158,6 +191,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         settings = self.audit_settings
         self._mitigate_data(col_name, col.mitigation)
         audit_now = settings.enabled and settings.due(round_num)
+        self._signal_memo.start_round(round_num)
+        audited_in_validation = self._signal_memo.computed_s  # the received model's signals, during its validation
         self._training = LocalTraining(
             recipe=TrainingRecipe(self.optimizer_name, learning_rate, self.momentum, epochs, self.data_loader.batch_size),
             member_count=len(self.audit_sets().members[1]), federation_alpha=self.data_loader.dirichlet_alpha,
@@ -198,6 +233,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         record = outcome.record
         if record is not None:
             record["timings"]["train_s"] = train_seconds
+            if audited_in_validation and "audit_s" in record["timings"]:
+                # The audit's cost wherever it ran: its signals of the received model were computed in validation.
+                record["timings"]["audit_s"] += audited_in_validation
+                record["timings"]["audit_in_validation_s"] = audited_in_validation
             if math.isfinite(train_loss):  # report metrics are finite numbers
                 record["metrics"]["train_loss"] = train_loss
             record["extra"]["gate"] = outcome.record_entry(gate)
@@ -272,7 +311,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             self.on_audit_start(col_name, round_num)
         return audit_round(
             model, global_model, self.audit_sets(), self.audit_settings, party=col_name, round_num=round_num,
-            seed=self.seed, training=self._training,
+            seed=self.seed, training=self._training, memo=self._signal_memo,
         )
 
     def _empty_record(self, col_name: str, round_num: int) -> dict:
