@@ -201,3 +201,39 @@ def test_a_checked_structure_stays_exact_on_new_weights_and_samples(probes):
         got = gradient_norm_signal(model, x2, y2, layer="0", batch_size=4)
     np.testing.assert_allclose(got, float64_grad_norm(model, x2, y2, "0"), rtol=1e-5)
     assert len(probes) == 1
+
+
+# ---------------------------------------------------------------- in-place operations after an audited layer
+
+
+def inplace_model():
+    """In-place ReLUs right after the audited layers: on the layer whose output starts the graph (a leaf) and on one
+    downstream of another audited layer (in the graph)."""
+    torch.manual_seed(7)
+    return nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(inplace=True), nn.Flatten(),
+                         nn.Linear(4 * 5 * 5, 6), nn.ReLU(inplace=True), nn.Linear(6, 3))
+
+
+@pytest.mark.parametrize("layer", ["0", "3", None])
+def test_in_place_ops_after_audited_layers_give_per_sample_autograds_norms(layer):
+    model = inplace_model()
+    g = torch.Generator().manual_seed(8)
+    x, y = torch.randn(10, 2, 5, 5, generator=g), torch.randint(0, 3, (10,), generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the layer-wise path, no fallback
+        got = gradient_norm_signal(model, x, y, layer=layer, batch_size=4)
+    np.testing.assert_allclose(got, float64_grad_norm(model, x, y, layer), rtol=1e-5)
+
+
+def test_without_in_place_ops_the_outputs_are_not_copied(monkeypatch):
+    """The tutorial-like case: no copy of any audited layer's output (they were a tenth of the time)."""
+    model = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 5 * 5, 3))
+    g = torch.Generator().manual_seed(9)
+    x, y = torch.randn(6, 2, 5, 5, generator=g), torch.randint(0, 3, (6,), generator=g)
+    clones = []
+    real_clone = torch.Tensor.clone
+    monkeypatch.setattr(torch.Tensor, "clone", lambda self, *a, **k: clones.append(self.shape) or real_clone(self, *a, **k))
+    got = gradient_norm_signal(model, x, y, batch_size=3)
+    monkeypatch.undo()
+    assert clones == []
+    np.testing.assert_allclose(got, float64_grad_norm(model, x, y), rtol=1e-5)

@@ -228,29 +228,46 @@ def _squared_layer_norms(module: nn.Module, attrs: tuple[str, ...], inp: torch.T
     # general path. (T == B sequence-first passes this check; the probe against per-sample autograd catches it.)
     if inp.ndim < 2 or inp.shape[0] != batch or grad_out.ndim < 2 or grad_out.shape[0] != batch:
         return None
-    a = _patches(module, inp)
-    if a is None:
-        return None
-    b = a.shape[0]
+    b = batch
     if isinstance(module, nn.Conv2d):
+        if inp.ndim != 4:
+            return None
         g = grad_out.reshape(b, grad_out.shape[1], -1).transpose(1, 2)  # (B, O, P) -> (B, P, O)
+        kh, kw = module.kernel_size
+        positions, k = g.shape[1], inp.shape[1] * kh * kw
+
+        def patches(dtype):  # built in the dtype they are used in: one copy of the (large) patches, not two
+            return _patches(module, inp.to(dtype))
     else:
+        a = _patches(module, inp)
+        if a is None:
+            return None
         g = grad_out.reshape(b, -1, grad_out.shape[-1])
-    if g.shape[1] != a.shape[1]:
+        positions, k = a.shape[1], a.shape[2]
+
+        def patches(dtype):
+            return a.to(dtype)
+    if g.shape[1] != positions:
         return None
-    total = torch.zeros(b, dtype=torch.float64, device=a.device)
+    total = torch.zeros(b, dtype=torch.float64, device=g.device)
     if "bias" in attrs:
         total += torch.linalg.vector_norm(g.sum(dim=1), dim=1).double() ** 2
     if "weight" not in attrs:
         return total
-    positions, k, o = a.shape[1], a.shape[2], g.shape[2]
+    o = g.shape[2]
     if positions == 1:  # a plain Linear: ||g a^T||^2 = ||g||^2 ||a||^2
+        a = patches(inp.dtype)
         total += (torch.linalg.vector_norm(a[:, 0], dim=1).double() ** 2
                   * torch.linalg.vector_norm(g[:, 0], dim=1).double() ** 2)
     elif positions * (k + o) < k * o:  # the Gram matrices are smaller than the gradient
-        a64, g64 = a.double(), g.double()  # float64: the inner product of the two Grams may cancel
+        a64, g64 = patches(torch.float64), g.double()  # float64: the inner product of the two Grams may cancel
+        if a64.shape[1:] != (positions, k):
+            return None
         total += (torch.bmm(a64, a64.transpose(1, 2)) * torch.bmm(g64, g64.transpose(1, 2))).sum(dim=(1, 2))
     else:  # build the per-sample weight gradients (B, O, K), as few samples at a time as the byte cap needs
+        a = patches(inp.dtype)
+        if a.shape[1:] != (positions, k):
+            return None
         step = max(1, _MAX_CHUNK_GRAD_BYTES // max(1, k * o * a.element_size()))
         for part in chunks(b, step):
             total[part] += _squared_rows(torch.bmm(g[part].transpose(1, 2), a[part]))
@@ -271,6 +288,11 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
     # Before the hooks below change the forward.
     reference = None if signature in _VERIFIED else _probe_reference(model, state, x, y, layers)
     captured: dict[str, list] = {}
+    # An in-place op after an audited layer (ReLU(inplace=True)) must not change the tensor whose gradient is read.
+    # Later layers get the layer's own output until one such op shows (it raises on the graph's leaf, or bumps the
+    # output's version counter); the chunk is then run again with copies, and so are the next ones. The copies were
+    # a tenth of the time with all parameters of the tutorial's net, which has no in-place op.
+    clone_outputs = [False]
 
     def hook_for(name):
         def hook(module, inputs, output):
@@ -279,20 +301,35 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
                 return None
             # Downstream of another audited layer the output is already in the graph; else it starts one.
             z = output if output.requires_grad else output.detach().requires_grad_()
-            captured.setdefault(name, []).append((inputs[0], inputs[0]._version, z))
-            # Later layers get a copy: an in-place op after the layer (ReLU(inplace=True)) must not change the tensor
-            # whose gradient is read.
-            return z.clone()
+            captured.setdefault(name, []).append((inputs[0], inputs[0]._version, z, z._version))
+            return z.clone() if clone_outputs[0] else z
         return hook
+
+    def forward(xs):
+        """The model's output on xs, the audited layers' captures in `captured`; redone with copies of the layers'
+        outputs if an in-place op changed one."""
+        for _ in range(2):
+            captured.clear()
+            try:
+                out = functional_call(model, state, (xs,))
+            except RuntimeError:
+                if clone_outputs[0]:
+                    raise
+                clone_outputs[0] = True  # e.g. "a leaf Variable that requires grad is being used in an in-place op"
+                continue
+            if clone_outputs[0] or all(entry is None or entry[2]._version == entry[3]
+                                       for entries in captured.values() for entry in entries):
+                return out
+            clone_outputs[0] = True
+        raise AssertionError("unreachable: the second pass copies every output")
 
     handles = [module.register_forward_hook(hook_for(name)) for name, (module, _) in layers.items()]
     squared = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     parts = []
     try:
         for part in chunks(x.shape[0], batch_size):
-            captured.clear()
             with torch.enable_grad():
-                out = functional_call(model, state, (x[part],))
+                out = forward(x[part])
                 if (not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != part.stop - part.start
                         or not out.requires_grad):
                     return None
@@ -304,7 +341,7 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
                 grads = torch.autograd.grad(loss, outputs, allow_unused=True)
             total = torch.zeros(part.stop - part.start, dtype=torch.float64, device=x.device)
             for (name, (module, attrs)), g in zip(layers.items(), grads):
-                inp, version, _ = captured[name][0]
+                inp, version, _, _ = captured[name][0]
                 if inp._version != version:
                     return None
                 if g is None:  # the layer does not reach the loss: zero gradient
