@@ -11,6 +11,8 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
   collaborators' updates were averaged, withheld or left out and why, and the averaged audit metrics (src/aggregator_report.py).
 - `aggregator.settings.deanon` (default `enabled: false`): the aggregator-side deanonymization audit, the paper's
   honest-but-curious server attacking the real updates; writes `<report_dir>/deanon/` (src/deanon_callback.py).
+- `aggregator.settings.save_every_round` (default false): OpenFL writes the model files (`last_state_path`,
+  `best_state_path`) at every round's end; here only at the last round unless this is true.
 
 Bad values fail when the aggregator is built (`fx aggregator start`), naming the key.
 """
@@ -23,6 +25,8 @@ from typing import Any, Iterable
 
 from openfl.callbacks import Callback
 from openfl.component import Aggregator
+from openfl.protocols import utils
+from openfl.utilities import TensorKey
 
 from src import aggregator_server
 from src.aggregation import round_decisions
@@ -107,10 +111,13 @@ class AuditingAggregator(Aggregator):
     """OpenFL's Aggregator with a plan-set poll interval, a bound gRPC server and aggregator-side audit callbacks."""
 
     def __init__(self, *, poll_interval_s: int = DEFAULT_POLL_INTERVAL_S, report_dir: str = DEFAULT_REPORT_DIR,
-                 deanon: dict | None = None, callbacks: Iterable | None = None, **kwargs):
+                 deanon: dict | None = None, callbacks: Iterable | None = None, save_every_round: bool = False,
+                 **kwargs):
         settings = AggregatorSettings.from_mapping({"poll_interval_s": poll_interval_s, "report_dir": report_dir,
-                                                    "deanon": deanon})
+                                                    "deanon": deanon, "save_every_round": save_every_round})
         self.poll_interval_s = settings.poll_interval_s
+        self.save_every_round = settings.save_every_round
+        self._unsaved_best: int | None = None  # round of a best model whose file is not written yet
         self.report = AggregatorReportCallback(settings.report_dir)
         self.deanon = None  # the DeanonymizationCallback, if aggregator.settings.deanon.enabled
         own = [self.report]
@@ -129,11 +136,47 @@ class AuditingAggregator(Aggregator):
         # Always a fresh list: Aggregator.__init__ appends its own callbacks to the list it gets, and its default
         # (`callbacks=[]`) is one list shared by every Aggregator built without callbacks.
         super().__init__(callbacks=list(own), **kwargs)
+        self._tensor_names: list[str] | None = None
         aggregator_server.install()
 
     @property
     def report_dir(self):
         return self.report.writer.root
+
+    def _save_model(self, round_number, file_path):
+        """OpenFL's model files (best_state_path, last_state_path) each round only with `save_every_round`; else the
+        round's tensors are kept as OpenFL keeps them (best_tensor_dict, last_tensor_dict) and the files are written
+        at the last round. Each file is the model protobuf of the whole model (a serialisation of every tensor, the
+        round's peak of memory), a cost per round that nothing in a run reads; the recovery database
+        (persist_checkpoint) is OpenFL's own and keeps its per-round writes."""
+        final = round_number >= self.rounds_to_train - 1
+        if self.save_every_round or self.persistent_db or final:
+            super()._save_model(round_number, file_path)
+            if final and file_path == self.last_state_path and self._unsaved_best is not None:
+                self._write_model(self.best_tensor_dict, self._unsaved_best, self.best_state_path)
+            if file_path == self.best_state_path:
+                self._unsaved_best = None
+            return
+        tensor_dict = {}
+        for name in self._model_tensor_names():
+            value = self.tensor_db.get_tensor_from_cache(TensorKey(name, self.uuid, round_number, False, ("model",)))
+            if value is None:  # as OpenFL: nothing to save for this round
+                logger.info("Cannot save model for round %s. Continuing...", round_number)
+                return
+            tensor_dict[name] = value
+        if file_path == self.best_state_path:
+            self.best_tensor_dict, self._unsaved_best = tensor_dict, round_number
+        if file_path == self.last_state_path:
+            self.last_tensor_dict = tensor_dict
+
+    def _model_tensor_names(self) -> list[str]:
+        if self._tensor_names is None:
+            self._tensor_names = list(utils.deconstruct_model_proto(self.model, self.compression_pipeline,
+                                                                    keys_only=True)[0])
+        return self._tensor_names
+
+    def _write_model(self, tensor_dict: dict, round_number: int, file_path) -> None:
+        utils.dump_proto(utils.construct_model_proto(tensor_dict, round_number, self.compression_pipeline), file_path)
 
     def get_tasks(self, collaborator_name):
         # OpenFL answers "nothing to do yet" with `Aggregator._get_sleep_time()`, called on the class, not on

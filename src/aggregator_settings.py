@@ -73,6 +73,7 @@ class AggregatorSettings:
     poll_interval_s: int = DEFAULT_POLL_INTERVAL_S
     report_dir: str = DEFAULT_REPORT_DIR
     deanon: DeanonServerSettings = field(default_factory=DeanonServerSettings)
+    save_every_round: bool = False  # OpenFL's model files (last/best_state_path) each round, not only at the end
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any] | None) -> "AggregatorSettings":
@@ -82,6 +83,7 @@ class AggregatorSettings:
             poll_interval_s=check_poll_interval(settings.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)),
             report_dir=check_report_dir(settings.get("report_dir", DEFAULT_REPORT_DIR)),
             deanon=DeanonServerSettings.from_mapping(settings.get("deanon")),
+            save_every_round=check_bool(f"{PREFIX}.save_every_round", settings.get("save_every_round", False)),
         )
 
 

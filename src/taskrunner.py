@@ -197,14 +197,17 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             recipe=TrainingRecipe(self.optimizer_name, learning_rate, self.momentum, epochs, self.data_loader.batch_size),
             member_count=len(self.audit_sets().members[1]), federation_alpha=self.data_loader.dirichlet_alpha,
         )
-        # What withholding sends back; rebuild_model pops from input_tensor_dict, so copy first.
-        received = {name: np.array(value, copy=True) for name, value in input_tensor_dict.items()}
+        # What withholding sends back. rebuild_model pops from input_tensor_dict: keep the dict, not copies of the
+        # arrays (the TensorDB's own; loading them into the model copies, and nothing writes into them).
+        received = dict(input_tensor_dict)
         global_model = self.received_model(round_num, input_tensor_dict) if audit_now else None
 
         torch.manual_seed(round_seed(self.seed, col_name, round_num))
         start = time.perf_counter()
         global_out, local_out = super().train_task(col_name, round_num, input_tensor_dict, epochs=epochs, **kwargs)
         train_seconds = time.perf_counter() - start
+        # The last batch's gradients (a model's size) would stay until the next round's first step sets them to None.
+        self.optimizer.zero_grad(set_to_none=True)
         train_loss = float(next(v for k, v in global_out.items() if k.tensor_name == cross_entropy.__name__))
         trained = {k.tensor_name: v for k, v in {**global_out, **local_out}.items() if "trained" in k.tags}
         mitigation_record = self._mitigate_update(col.mitigation, trained, received, global_out, local_out,
