@@ -146,16 +146,12 @@ class AuditingAggregator(Aggregator):
     def _save_model(self, round_number, file_path):
         """OpenFL's model files (best_state_path, last_state_path) each round only with `save_every_round`; else the
         round's tensors are kept as OpenFL keeps them (best_tensor_dict, last_tensor_dict) and the files are written
-        at the last round. Each file is the model protobuf of the whole model (a serialisation of every tensor, the
-        round's peak of memory), a cost per round that nothing in a run reads; the recovery database
-        (persist_checkpoint) is OpenFL's own and keeps its per-round writes."""
-        final = round_number >= self.rounds_to_train - 1
-        if self.save_every_round or self.persistent_db or final:
+        at the last round. Each file is the protobuf of the whole model, a serialisation of every tensor at the
+        round's peak of memory, which nothing in a run reads; OpenFL also deserialised the previous file's whole
+        protobuf for the tensors' names (read once here). The recovery database (persist_checkpoint) is OpenFL's
+        own: with it every save is OpenFL's."""
+        if self.persistent_db:
             super()._save_model(round_number, file_path)
-            if final and file_path == self.last_state_path and self._unsaved_best is not None:
-                self._write_model(self.best_tensor_dict, self._unsaved_best, self.best_state_path)
-            if file_path == self.best_state_path:
-                self._unsaved_best = None
             return
         tensor_dict = {}
         for name in self._model_tensor_names():
@@ -164,10 +160,22 @@ class AuditingAggregator(Aggregator):
                 logger.info("Cannot save model for round %s. Continuing...", round_number)
                 return
             tensor_dict[name] = value
-        if file_path == self.best_state_path:
-            self.best_tensor_dict, self._unsaved_best = tensor_dict, round_number
+        best = file_path == self.best_state_path
+        if best:
+            self.best_tensor_dict = tensor_dict
         if file_path == self.last_state_path:
             self.last_tensor_dict = tensor_dict
+        final = round_number >= self.rounds_to_train - 1
+        if not (self.save_every_round or final):
+            if best:
+                self._unsaved_best = round_number
+            return
+        self._write_model(tensor_dict, round_number, file_path)
+        if best:
+            self._unsaved_best = None
+        elif final and self._unsaved_best is not None:  # the best model of an earlier round
+            self._write_model(self.best_tensor_dict, self._unsaved_best, self.best_state_path)
+            self._unsaved_best = None
 
     def _model_tensor_names(self) -> list[str]:
         if self._tensor_names is None:

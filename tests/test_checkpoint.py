@@ -3,6 +3,7 @@ files at the end are the same either way."""
 
 import numpy as np
 import pytest
+from openfl.component import Aggregator
 from openfl.protocols import utils
 from openfl.utilities import TensorKey
 
@@ -59,6 +60,9 @@ def test_a_best_model_of_an_earlier_round_is_written_at_the_end(tmp_path):
     last, _ = utils.deconstruct_model_proto(utils.load_proto(str(tmp_path / "save" / "last.pbuf")),
                                             agg.compression_pipeline)
     assert best["w"].tolist() == [0, 1, 2] and last["w"].tolist() == [7, 7, 7]
+    # The bytes OpenFL's own save writes for the same round.
+    Aggregator._save_model(agg, 1, str(tmp_path / "openfl_last.pbuf"))
+    assert (tmp_path / "openfl_last.pbuf").read_bytes() == (tmp_path / "save" / "last.pbuf").read_bytes()
 
 
 def test_a_bad_value_fails_naming_the_key(tmp_path):
