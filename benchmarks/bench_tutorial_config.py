@@ -218,7 +218,11 @@ def main(argv=None) -> int:
                 print(f"running {label} on {n} images ...", flush=True)
                 run = run_script(code_root, data_root, log_dir, args.rounds, args.timeout, args.script_arg)
                 summary = summarise(read_records(log_dir, args.rounds))
-                rows.append({"label": label, "scale": scale, "n": n, **run, **summary})
+                row = {"label": label, "scale": scale, "n": n, **run, **summary}
+                phases = round_phases(row, args.rounds)
+                if phases:
+                    row.update(report_s=phases["reports"], comm_s=phases["communication"])
+                rows.append(row)
                 if run["returncode"] != 0:
                     why = "timed out" if run["timed_out"] else f"exit code {run['returncode']}"
                     tail = run["output"].read_text()[-2000:]
@@ -275,7 +279,8 @@ def print_table(rows: list[dict]) -> None:
         return
     signals = sorted({s for r in rows for s in r.get("signals_s", {})})
     head = (f"{'code':<14}{'images':>8}{'members':>9}{'peak RSS GB':>13}{'train s/rnd':>13}{'audit s/rnd':>13}"
-            + "".join(f"{s + ' s':>17}" for s in signals) + f"{'audit/train':>13}{'(min-max)':>12}{'wall s':>9}")
+            + "".join(f"{s + ' s':>17}" for s in signals) + f"{'audit/train':>13}{'(min-max)':>12}"
+            + f"{'report s/rnd*':>15}{'comm s/rnd*':>13}{'wall s':>9}")
     print("\n" + head)
     print("-" * len(head))
     for r in rows:
@@ -286,10 +291,12 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['label']:<14}{r['n']:>8}{r['sizes']['members']:>9}{r['peak_rss_gb']:>13.2f}"
               f"{r['train_s']:>13.1f}{r['audit_s']:>13.1f}"
               + "".join(f"{r['signals_s'].get(s, float('nan')):>17.1f}" for s in signals)
-              + f"{r['ratio']:>13.2f}{r['ratio_range'][0]:>6.2f}-{r['ratio_range'][1]:<5.2f}{r['wall_s']:>9.0f}")
+              + f"{r['ratio']:>13.2f}{r['ratio_range'][0]:>6.2f}-{r['ratio_range'][1]:<5.2f}"
+              + f"{r.get('report_s', float('nan')):>15.2f}{r.get('comm_s', float('nan')):>13.2f}{r['wall_s']:>9.0f}")
     print("seconds per round and collaborator (medians over them); audit and signal seconds cover the local and the "
           "received global model, each signal column adds up members, non-members and population; audit/train is "
-          "the median of each record's own ratio")
+          "the median of each record's own ratio; * whole round, both collaborators and the aggregator (the phase "
+          "split below: report writing; the tensors' way between the parties)")
     current = [r for r in rows if r["label"] == "working tree" and r["returncode"] == 0]
     if len(current) >= 2 and max(r["n"] for r in current) < FULL_SIZE:
         # Peak RSS = fixed part (model, optimizer, OpenFL's copies) + a part proportional to the data.
