@@ -78,6 +78,9 @@ class AuditContext:
     # The party's own state across rounds and audits (e.g. reference models a step keeps training); each step keeps
     # its entries under its own name. A fresh dict per audit_round call unless the caller keeps one.
     store: dict = field(default_factory=dict)
+    # The round's audit.membership.signal_memo.SignalMemo: signals already computed on the same weights and sets
+    # (e.g. during the validation of the received model) are reused. None: every step computes its own.
+    memo: object | None = None
 
 
 @dataclass
@@ -111,15 +114,17 @@ def audit_round(
     steps: tuple[AuditStep, ...] | None = None,
     initial_model: torch.nn.Module | None = None,
     store: dict | None = None,
+    memo=None,
 ) -> dict:
     """Audit one round with every enabled step (default: all registered ones); returns the round record (see
     audit.reporting for its layout). The record's "attacks" hold AttackResult objects; `record_to_json` turns them
     into dicts. `training`: the party's local training, for the steps that train like it (deanonymization, RMIA's
     references); `initial_model`: the plan's initial model (RMIA's independent references); `store`: the party's
-    state kept across rounds (the same dict every round)."""
+    state kept across rounds (the same dict every round); `memo`: the round's SignalMemo
+    (audit.membership.signal_memo), whose signals are reused on the same weights and sets."""
     start = time.perf_counter()
     context = AuditContext(local_model, global_model, sets, settings, party, int(round_num), seed, training,
-                           initial_model, {} if store is None else store)
+                           initial_model, {} if store is None else store, memo)
     metrics: dict[str, float] = {}
     attacks: dict = {}
     extra: dict = {}

@@ -58,10 +58,14 @@ TUTORIAL_ARGS = [
 # Runs cifar10_PM.py as __main__ (argv after `-c CODE SCRIPT`). The synthetic files cannot match the MD5
 # sums torchvision checks for the real CIFAR-10, so that check (and only it) is switched off.
 CHILD_BOOT = """
-import runpy, sys
+import os, runpy, sys
 import torchvision.datasets.cifar as cifar
 cifar.check_integrity = lambda *args, **kwargs: True
 sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))  # the code under test, before anything imports src
+sys.path.insert(1, os.environ["BENCH_PHASE_SPLIT_DIR"])
+import phase_split
+phase_split.install(os.environ["BENCH_PHASE_SPLIT_OUT"])
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
@@ -107,8 +111,11 @@ def run_script(code_root: Path, data_root: Path, log_dir: Path, rounds: int, tim
     """Run code_root/cifar10_PM.py once; wall seconds, exit code and the child's own peak RSS."""
     cmd = [sys.executable, "-c", CHILD_BOOT, str(code_root / "cifar10_PM.py"), *TUTORIAL_ARGS,
            "--data-dir", str(data_root), "--comm_round", str(rounds), "--log_dir", str(log_dir), *extra]
-    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1"}
     out_path = log_dir.parent / f"{log_dir.name}.out"
+    phases_path = log_dir.parent / f"{log_dir.name}.phases.json"
+    phases_path.unlink(missing_ok=True)
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
+           "BENCH_PHASE_SPLIT_DIR": str(Path(__file__).resolve().parent), "BENCH_PHASE_SPLIT_OUT": str(phases_path)}
     start = time.perf_counter()
     with open(out_path, "w") as out:
         child = subprocess.Popen(cmd, cwd=data_root, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -127,9 +134,10 @@ def run_script(code_root: Path, data_root: Path, log_dir: Path, rounds: int, tim
         child.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start
     timed_out = deadline is not None and wall > timeout
+    phases = json.loads(phases_path.read_text()) if phases_path.is_file() else None
     return {"returncode": child.returncode, "timed_out": timed_out, "wall_s": wall,
             "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,  # Linux reports kilobytes
-            "output": out_path}
+            "output": out_path, "phases": phases}
 
 
 def read_records(log_dir: Path, rounds: int) -> list[dict]:
@@ -210,13 +218,18 @@ def main(argv=None) -> int:
                 print(f"running {label} on {n} images ...", flush=True)
                 run = run_script(code_root, data_root, log_dir, args.rounds, args.timeout, args.script_arg)
                 summary = summarise(read_records(log_dir, args.rounds))
-                rows.append({"label": label, "scale": scale, "n": n, **run, **summary})
+                row = {"label": label, "scale": scale, "n": n, **run, **summary}
+                phases = round_phases(row, args.rounds)
+                if phases:
+                    row.update(report_s=phases["reports"], comm_s=phases["communication"])
+                rows.append(row)
                 if run["returncode"] != 0:
                     why = "timed out" if run["timed_out"] else f"exit code {run['returncode']}"
                     tail = run["output"].read_text()[-2000:]
                     print(f"  {label} at {n} images: {why}; last output:\n{tail}", flush=True)
     finally:
         print_table(rows)
+        print_phases(rows, args.rounds)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
@@ -224,12 +237,50 @@ def main(argv=None) -> int:
     return 0 if rows and all(r["returncode"] == 0 for r in rows) else 1
 
 
+PHASE_ORDER = ("train", "audit", "validation", "reports", "communication", "end of round", "checkpoint",
+               "task other")
+
+
+def round_phases(row: dict, rounds: int) -> dict[str, float] | None:
+    """Seconds per round (all parties of the one process) per phase of benchmarks/phase_split.py, plus "untimed"
+    (the rest of the run after set-up: progress bars, summaries); None if the child wrote no split."""
+    phases = row.get("phases")
+    if not phases:
+        return None
+    seconds = phases["seconds"]
+    per_round = {name: seconds.get(name, 0.0) / rounds for name in PHASE_ORDER}
+    after_setup = phases["wall_s"] - seconds.get("setup", 0.0)
+    per_round["untimed"] = max(0.0, after_setup / rounds - sum(per_round.values()))
+    return per_round
+
+
+def print_phases(rows: list[dict], rounds: int) -> None:
+    """The phase split per run: seconds per round and share of the round, set-up apart, and where the peak grew."""
+    split = [(r, round_phases(r, rounds)) for r in rows]
+    split = [(r, p) for r, p in split if p]
+    if not split:
+        return
+    names = [*PHASE_ORDER, "untimed"]
+    head = f"{'code':<14}{'images':>8}{'setup s':>9}{'round s':>9}" + "".join(f"{n:>15}" for n in names)
+    print("\nphase split, seconds per round (both collaborators and the aggregator) and share of the round")
+    print(head)
+    print("-" * len(head))
+    for r, p in split:
+        total = sum(p.values())
+        cells = "".join(f"{p[n]:>8.2f} {100 * p[n] / total:>4.1f}%" for n in names)
+        print(f"{r['label']:<14}{r['n']:>8}{r['phases']['seconds'].get('setup', 0.0):>9.1f}{total:>9.1f}{cells}")
+    for r, _ in split:
+        peaks = " -> ".join(f"{gb:.2f} GB in {phase}" for phase, gb in r["phases"]["peaks"][-4:])
+        print(f"peak RSS growth, last steps ({r['label']}, {r['n']} images): {peaks}")
+
+
 def print_table(rows: list[dict]) -> None:
     if not rows:
         return
     signals = sorted({s for r in rows for s in r.get("signals_s", {})})
     head = (f"{'code':<14}{'images':>8}{'members':>9}{'peak RSS GB':>13}{'train s/rnd':>13}{'audit s/rnd':>13}"
-            + "".join(f"{s + ' s':>17}" for s in signals) + f"{'audit/train':>13}{'(min-max)':>12}{'wall s':>9}")
+            + "".join(f"{s + ' s':>17}" for s in signals) + f"{'audit/train':>13}{'(min-max)':>12}"
+            + f"{'report s/rnd*':>15}{'comm s/rnd*':>13}{'wall s':>9}")
     print("\n" + head)
     print("-" * len(head))
     for r in rows:
@@ -240,10 +291,12 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['label']:<14}{r['n']:>8}{r['sizes']['members']:>9}{r['peak_rss_gb']:>13.2f}"
               f"{r['train_s']:>13.1f}{r['audit_s']:>13.1f}"
               + "".join(f"{r['signals_s'].get(s, float('nan')):>17.1f}" for s in signals)
-              + f"{r['ratio']:>13.2f}{r['ratio_range'][0]:>6.2f}-{r['ratio_range'][1]:<5.2f}{r['wall_s']:>9.0f}")
+              + f"{r['ratio']:>13.2f}{r['ratio_range'][0]:>6.2f}-{r['ratio_range'][1]:<5.2f}"
+              + f"{r.get('report_s', float('nan')):>15.2f}{r.get('comm_s', float('nan')):>13.2f}{r['wall_s']:>9.0f}")
     print("seconds per round and collaborator (medians over them); audit and signal seconds cover the local and the "
           "received global model, each signal column adds up members, non-members and population; audit/train is "
-          "the median of each record's own ratio")
+          "the median of each record's own ratio; * whole round, both collaborators and the aggregator (the phase "
+          "split below: report writing; the tensors' way between the parties)")
     current = [r for r in rows if r["label"] == "working tree" and r["returncode"] == 0]
     if len(current) >= 2 and max(r["n"] for r in current) < FULL_SIZE:
         # Peak RSS = fixed part (model, optimizer, OpenFL's copies) + a part proportional to the data.

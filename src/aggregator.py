@@ -11,6 +11,8 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
   collaborators' updates were averaged, withheld or left out and why, and the averaged audit metrics (src/aggregator_report.py).
 - `aggregator.settings.deanon` (default `enabled: false`): the aggregator-side deanonymization audit, the paper's
   honest-but-curious server attacking the real updates; writes `<report_dir>/deanon/` (src/deanon_callback.py).
+- `aggregator.settings.save_every_round` (default false): OpenFL writes the model files (`last_state_path`,
+  `best_state_path`) at every round's end; here only at the last round unless this is true.
 
 Bad values fail when the aggregator is built (`fx aggregator start`), naming the key: its own settings, an
 `aggregator.settings` key OpenFL's Aggregator does not take, and the plan's `tasks` (src.plan_checks).
@@ -24,6 +26,8 @@ from typing import Any, Iterable
 
 from openfl.callbacks import Callback
 from openfl.component import Aggregator
+from openfl.protocols import utils
+from openfl.utilities import TensorKey
 
 from src import aggregator_server
 from src.aggregation import round_decisions
@@ -109,15 +113,19 @@ class AuditingAggregator(Aggregator):
     """OpenFL's Aggregator with a plan-set poll interval, a bound gRPC server and aggregator-side audit callbacks."""
 
     def __init__(self, *, poll_interval_s: int = DEFAULT_POLL_INTERVAL_S, report_dir: str = DEFAULT_REPORT_DIR,
-                 deanon: dict | None = None, callbacks: Iterable | None = None, **kwargs):
+                 deanon: dict | None = None, callbacks: Iterable | None = None, save_every_round: bool = False,
+                 **kwargs):
         # Every key of aggregator.settings arrives here (OpenFL's among the kwargs): an unknown one is named, not a
         # TypeError from Aggregator.__init__.
         settings = AggregatorSettings.from_mapping({**kwargs, "poll_interval_s": poll_interval_s,
-                                                    "report_dir": report_dir, "deanon": deanon})
+                                                    "report_dir": report_dir, "deanon": deanon,
+                                                    "save_every_round": save_every_round})
         # The plan's tasks reach the collaborators' task functions only in round 0: check them before anyone connects.
         if getattr(kwargs.get("assigner"), "tasks", None) is not None:
             check_tasks(kwargs["assigner"].tasks)
         self.poll_interval_s = settings.poll_interval_s
+        self.save_every_round = settings.save_every_round
+        self._unsaved_best: int | None = None  # round of a best model whose file is not written yet
         self.report = AggregatorReportCallback(settings.report_dir)
         self.deanon = None  # the DeanonymizationCallback, if aggregator.settings.deanon.enabled
         own = [self.report]
@@ -136,11 +144,55 @@ class AuditingAggregator(Aggregator):
         # Always a fresh list: Aggregator.__init__ appends its own callbacks to the list it gets, and its default
         # (`callbacks=[]`) is one list shared by every Aggregator built without callbacks.
         super().__init__(callbacks=list(own), **kwargs)
+        self._tensor_names: list[str] | None = None
         aggregator_server.install()
 
     @property
     def report_dir(self):
         return self.report.writer.root
+
+    def _save_model(self, round_number, file_path):
+        """OpenFL's model files (best_state_path, last_state_path) each round only with `save_every_round`; else the
+        round's tensors are kept as OpenFL keeps them (best_tensor_dict, last_tensor_dict) and the files are written
+        at the last round. Each file is the protobuf of the whole model, a serialisation of every tensor at the
+        round's peak of memory, which nothing in a run reads; OpenFL also deserialised the previous file's whole
+        protobuf for the tensors' names (read once here). The recovery database (persist_checkpoint) is OpenFL's
+        own: with it every save is OpenFL's."""
+        if self.persistent_db:
+            super()._save_model(round_number, file_path)
+            return
+        tensor_dict = {}
+        for name in self._model_tensor_names():
+            value = self.tensor_db.get_tensor_from_cache(TensorKey(name, self.uuid, round_number, False, ("model",)))
+            if value is None:  # as OpenFL: nothing to save for this round
+                logger.info("Cannot save model for round %s. Continuing...", round_number)
+                return
+            tensor_dict[name] = value
+        best = file_path == self.best_state_path
+        if best:
+            self.best_tensor_dict = tensor_dict
+        if file_path == self.last_state_path:
+            self.last_tensor_dict = tensor_dict
+        final = round_number >= self.rounds_to_train - 1
+        if not (self.save_every_round or final):
+            if best:
+                self._unsaved_best = round_number
+            return
+        self._write_model(tensor_dict, round_number, file_path)
+        if best:
+            self._unsaved_best = None
+        elif final and self._unsaved_best is not None:  # the best model of an earlier round
+            self._write_model(self.best_tensor_dict, self._unsaved_best, self.best_state_path)
+            self._unsaved_best = None
+
+    def _model_tensor_names(self) -> list[str]:
+        if self._tensor_names is None:
+            self._tensor_names = list(utils.deconstruct_model_proto(self.model, self.compression_pipeline,
+                                                                    keys_only=True)[0])
+        return self._tensor_names
+
+    def _write_model(self, tensor_dict: dict, round_number: int, file_path) -> None:
+        utils.dump_proto(utils.construct_model_proto(tensor_dict, round_number, self.compression_pipeline), file_path)
 
     def get_tasks(self, collaborator_name):
         # OpenFL answers "nothing to do yet" with `Aggregator._get_sleep_time()`, called on the class, not on

@@ -78,7 +78,7 @@ OPENFL_KEYS = ("init_state_path", "best_state_path", "last_state_path", "use_del
 OPENFL_FILLED = ("aggregator_uuid", "federation_uuid", "authorized_cols", "assigner", "connector",
                  "straggler_handling_policy", "compression_pipeline", "initial_tensor_dict")
 # This workspace's own keys (src.aggregator.AuditingAggregator).
-OWN_KEYS = ("poll_interval_s", "report_dir", "deanon", "callbacks")
+OWN_KEYS = ("poll_interval_s", "report_dir", "deanon", "callbacks", "save_every_round")
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,7 @@ class AggregatorSettings:
     poll_interval_s: int = DEFAULT_POLL_INTERVAL_S
     report_dir: str = DEFAULT_REPORT_DIR
     deanon: DeanonServerSettings = field(default_factory=DeanonServerSettings)
+    save_every_round: bool = False  # OpenFL's model files (last/best_state_path) each round, not only at the end
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any] | None) -> "AggregatorSettings":
@@ -99,6 +100,7 @@ class AggregatorSettings:
             poll_interval_s=check_poll_interval(settings.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)),
             report_dir=check_report_dir(settings.get("report_dir", DEFAULT_REPORT_DIR)),
             deanon=DeanonServerSettings.from_mapping(settings.get("deanon")),
+            save_every_round=check_bool(f"{PREFIX}.save_every_round", settings.get("save_every_round", False)),
         )
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from openfl.federated import PyTorchTaskRunner
-from openfl.utilities import TensorKey
+from openfl.utilities import Metric, TensorKey
 
 from audit.config.audit_settings import AuditSettings
 from audit.config.checks import SettingsError, is_int, is_real
@@ -34,6 +34,8 @@ from audit.fidel.layers import find_first_dense_layer
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
 from audit.membership.gradient_norms import gradient_parameter_names
 from audit.membership.resolution import resolution_warning
+from audit.membership.signal_memo import SignalMemo
+from audit.membership.step import signal_names
 from audit.reporting.party import ReportWriter
 from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
 from audit.training import TrainingRecipe
@@ -137,6 +139,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._data_mitigation: dict | None = None  # what the data mitigation did, once per collaborator
         self._resolution_said = False  # whether the audit sets' resolvable tolerances were logged
         self.last_record: dict | None = None  # the latest round record, for in-process callers
+        # This round's signals by model weights and set: the validation tasks and the audit share them.
+        self._signal_memo = SignalMemo()
+        self._validating: tuple[int, str] | None = None  # (round, apply) while a validation task runs
         # Called as on_audit_start(collaborator, round) when an audit starts (the demo's progress bar): the audit runs
         # inside the train task, which OpenFL sees only as a whole.
         self.on_audit_start = None
@@ -185,6 +190,34 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.rebuild_model(round_num, dict(input_tensor_dict))
         return copy.deepcopy(self.model)
 
+    # ------------------------------------------------------------ validation
+    def validate_task(self, col_name, round_num, input_tensor_dict, **kwargs):
+        """OpenFL's validation task (accuracy on the validation set, which is the audit's non-member set)."""
+        self._signal_memo.start_round(round_num)
+        self._validating = (round_num, kwargs.get("apply"))
+        try:
+            return super().validate_task(col_name, round_num, input_tensor_dict, **kwargs)
+        finally:
+            self._validating = None
+
+    def validate_(self, validation_dataloader) -> Metric:
+        """The accuracy on the validation set, read off the audit's signals of the same weights where the round has
+        them, else OpenFL's own loop. In a round the audit covers, validating the received model computes its audit
+        signals (all three sets, the audit's settings) first: the audit after training then reuses them, and the
+        trained model's validation reuses the audit's. Predictions come from the audit's batches (batch_size 256 by
+        default, not the loader's 32): a sample whose two top outputs tie to the last bit may be counted otherwise."""
+        loader, settings = self.data_loader, self.audit_settings
+        if self._validating is not None and settings.enabled:
+            round_num, apply = self._validating
+            _, global_names = signal_names(settings)
+            if apply == "global" and settings.due(round_num) and global_names:
+                self._signal_memo.signals(self.model, self.audit_sets(), global_names,
+                                          layer=settings.gradient_layer, batch_size=settings.batch_size)
+            accuracy = self._signal_memo.accuracy(self.model, loader.X_valid, loader.y_valid)
+            if accuracy is not None:
+                return Metric(name="accuracy", value=np.array(accuracy))
+        return super().validate_(validation_dataloader)
+
     def train_task(self, col_name, round_num, input_tensor_dict, epochs=1, **kwargs):
         col = self.collaborator_settings(col_name)
         epochs = col.epochs if col.epochs is not None else epochs
@@ -199,12 +232,15 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             if warning:
                 logger.warning(warning)
         audit_now = settings.enabled and settings.due(round_num)
+        self._signal_memo.start_round(round_num)
+        audited_in_validation = self._signal_memo.computed_s  # the received model's signals, during its validation
         self._training = LocalTraining(
             recipe=TrainingRecipe(self.optimizer_name, learning_rate, self.momentum, epochs, self.data_loader.batch_size),
             member_count=len(self.audit_sets().members[1]), federation_alpha=self.data_loader.dirichlet_alpha,
         )
-        # What withholding sends back; rebuild_model pops from input_tensor_dict, so copy first.
-        received = {name: np.array(value, copy=True) for name, value in input_tensor_dict.items()}
+        # What withholding sends back. rebuild_model pops from input_tensor_dict: keep the dict, not copies of the
+        # arrays (the TensorDB's own; loading them into the model copies, and nothing writes into them).
+        received = dict(input_tensor_dict)
         global_model = self.received_model(round_num, input_tensor_dict) if audit_now else None
         if round_num == 0 and global_model is not None:
             self._initial_model = [global_model]
@@ -213,6 +249,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         start = time.perf_counter()
         global_out, local_out = super().train_task(col_name, round_num, input_tensor_dict, epochs=epochs, **kwargs)
         train_seconds = time.perf_counter() - start
+        # The last batch's gradients (a model's size) would stay until the next round's first step sets them to None.
+        self.optimizer.zero_grad(set_to_none=True)
         train_loss = float(next(v for k, v in global_out.items() if k.tensor_name == cross_entropy.__name__))
         trained = {k.tensor_name: v for k, v in {**global_out, **local_out}.items() if "trained" in k.tags}
         mitigation_record = self._mitigate_update(col.mitigation, trained, received, global_out, local_out,
@@ -241,6 +279,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         record = outcome.record
         if record is not None:
             record["timings"]["train_s"] = train_seconds
+            if audited_in_validation and "audit_s" in record["timings"]:
+                # The audit's cost wherever it ran: its signals of the received model were computed in validation.
+                record["timings"]["audit_s"] += audited_in_validation
+                record["timings"]["audit_in_validation_s"] = audited_in_validation
             if math.isfinite(train_loss):  # report metrics are finite numbers
                 record["metrics"]["train_loss"] = train_loss
             record["extra"]["gate"] = outcome.record_entry(gate)
@@ -316,7 +358,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         return audit_round(
             model, global_model, self.audit_sets(), self.audit_settings, party=col_name, round_num=round_num,
             seed=self.seed, training=self._training, initial_model=self._initial_model[0],
-            store=self._audit_store.setdefault(col_name, {}),
+            store=self._audit_store.setdefault(col_name, {}), memo=self._signal_memo,
         )
 
     def _empty_record(self, col_name: str, round_num: int) -> dict:

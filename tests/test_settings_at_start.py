@@ -186,7 +186,7 @@ def test_the_devices_this_machine_has_are_accepted():
 # ------------------------------------------------------------------------------------------------- aggregator
 
 @pytest.mark.parametrize("settings, key, known", [
-    ({"pol_interval_s": 2}, "pol_interval_s", "poll_interval_s, report_dir, deanon, callbacks, init_state_path"),
+    ({"pol_interval_s": 2}, "pol_interval_s", "poll_interval_s, report_dir, deanon, callbacks, save_every_round, init_state_path"),
     ({"rounds_to_trian": 5}, "rounds_to_trian", "rounds_to_train"),
     ({"deanon": {"enabled": False, "layr": "x"}}, "deanon.layr", "enabled, layer, attacks, min_history_rounds, seed"),
 ])

@@ -31,7 +31,7 @@ import yaml
 
 from workspace.prepare import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
 from workspace.processes import (ProcessRegistry, Started, describe_returncode, fx_environment, fx_executable,
-                                 is_running, snapshot)
+                                 is_running, party_threads, snapshot)
 from workspace.progress import DEFAULT_LIVENESS_S, Liveness, ProgressLine, rounds_done
 from workspace.run_plan import port_is_free
 
@@ -154,11 +154,15 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
     logs: dict[str, Path] = {}
     outcome = Outcome(ok=False, rounds_done=0, rounds=total, seconds=0.0, reports=report_locations(layout), logs=logs)
 
+    collaborator_threads = party_threads(len(layout.collaborators))
+
     def launch(name: str, args: list[str]) -> None:
         ws = layout.workspace(name)
         logs[name] = ws / "logs" / f"{name}.console.log"
+        # The aggregator only aggregates between the collaborators' tasks: one thread leaves them the cores.
+        threads = 1 if name == AGGREGATOR and collaborator_threads else collaborator_threads
         processes[name] = registry.start(name, [fx, *args], cwd=ws, log_path=logs[name],
-                                         env=fx_environment(f"logs/{name}.log"))
+                                         env=fx_environment(f"logs/{name}.log", threads=threads))
 
     layout.status = "running"
     layout.extra["tool"] = _this_process()  # so the next command can tell a killed tooling (stale_state)

@@ -192,6 +192,7 @@ def initial_tensor_dict(plan) -> dict:
     tensor_dict, _holdout = split_tensor_dict_for_holdouts(
         runner.get_tensor_dict(False), **runner.tensor_dict_split_fn_kwargs
     )
+    plan.runner_ = None  # the plan caches its runner: a model and an optimizer nobody uses after this
     return tensor_dict
 
 

@@ -41,8 +41,25 @@ def fx_executable() -> Path:
     return fx
 
 
-def fx_environment(log_file: str | None = None) -> dict:
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def party_threads(collaborators: int, cores: int | None = None) -> int:
+    """Intra-op threads for each collaborator process: the machine's cores shared by the collaborators, which train
+    and audit at the same time (the aggregator waits meanwhile). torch would start one thread per core in every
+    process: with several processes per core, OpenMP threads spin waiting for cores the others hold (measured on 2
+    cores, digits, 1 epoch: a round took 6.6 s with 4 collaborators at torch's default, 2.7 s at one thread each)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // max(1, collaborators))
+
+
+def fx_environment(log_file: str | None = None, *, threads: int | None = None) -> dict:
+    """The environment of an `fx` process; `threads` sets OMP_NUM_THREADS / MKL_NUM_THREADS unless the user's
+    environment sets them (theirs win)."""
     env = dict(os.environ)
+    if threads is not None and not any(name in os.environ for name in THREAD_VARIABLES):
+        for name in THREAD_VARIABLES:
+            env[name] = str(threads)
     # Each participant must run its own workspace's code: fx puts its working folder first on sys.path, and a
     # PYTHONPATH pointing at the repository could still shadow what the workspace lacks.
     env.pop("PYTHONPATH", None)

@@ -5,7 +5,8 @@ layer's input, unfolded into patches for a convolution; G_i the gradient of the 
 output), so one batched forward and backward give every sample's norm without building per-sample gradients when the
 Gram matrices are smaller ("ghost" norms, as opacus' fast gradient clipping does). Any other parameter, or a layer that
 sees the batch folded into its rows or sequence-first, goes through torch.func (vmap of grad), or a per-sample autograd
-loop when vmap cannot batch the forward. The first samples of every call are checked against per-sample autograd.
+loop when vmap cannot batch the forward. The first samples of the first call on a forward of a given structure are
+checked against per-sample autograd (see _forward_signature).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = ["gradient_parameter_names", "gradient_norms"]
 # bytes so a large model (e.g. the ~23M-parameter tutorial net, ~93 MB per sample) cannot exhaust RAM whatever
 # batch_size the caller picked.
 _MAX_CHUNK_GRAD_BYTES = 512 * 2**20
+_SQUARES_TEMP_BYTES = 64 * 2**20  # _squared_rows' temporary products, at most this or one row
 
 
 def gradient_parameter_names(model: nn.Module, layer: str | None) -> list[str]:
@@ -89,8 +91,7 @@ def _functorch_squared_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor,
 
     def squared_norms_vmap(xs, ys):
         grads = per_sample_grads(trainable, xs, ys)
-        # Norm per tensor in the parameters' dtype (no float64 copy of the big gradient block), summed in float64.
-        return sum(torch.linalg.vector_norm(g.reshape(len(xs), -1), dim=1).double() ** 2 for g in grads.values())
+        return sum(_squared_rows(g) for g in grads.values())
 
     def squared_norms_loop(xs, ys):
         return _loop_squared_norms(sample_loss, trainable, xs, ys)
@@ -130,8 +131,21 @@ def _loop_squared_norms(sample_loss, trainable: dict, xs: torch.Tensor, ys: torc
         params = {n: t.detach().requires_grad_() for n, t in trainable.items()}
         with torch.enable_grad():
             grads = torch.autograd.grad(sample_loss(params, xs[i], ys[i]), list(params.values()), allow_unused=True)
-        out[i] = sum(float(g.double().pow(2).sum()) for g in grads if g is not None)
+        out[i] = sum(float(_squared_rows(g[None])) for g in grads if g is not None)
     return out
+
+
+def _squared_rows(t: torch.Tensor) -> torch.Tensor:
+    """Squared L2 norm of each row t[i] (any shape after the first axis), float64 of shape (len(t),).
+
+    In the tensor's dtype, without a float64 copy of it: a float32 dot product sums its products pairwise (measured on
+    16.8M-element rows, the tutorial net's fc2: 1.2e-7 relative error, against 1.3e-3 for torch.linalg.vector_norm,
+    whose float32 accumulators lose the small terms of a long row; .double().pow(2).sum() is exact but 4-10x slower)."""
+    rows = t.reshape(len(t), -1)
+    if rows.numel() * rows.element_size() <= _SQUARES_TEMP_BYTES:
+        return torch.linalg.vecdot(rows, rows, dim=1).double()
+    # The products are a temporary of the rows' size: one row at a time beyond the cap.
+    return torch.stack([torch.linalg.vecdot(row, row, dim=0) for row in rows]).double()
 
 
 # ---------------------------------------------------------------- layer-wise per-sample gradient norms
@@ -146,8 +160,14 @@ def _loop_squared_norms(sample_loss, trainable: dict, xs: torch.Tensor, ys: torc
 # only, layers before it not at all.
 
 _LAYERWISE_TYPES = (nn.Linear, nn.Conv2d)
-_PROBE_SAMPLES = 4  # first samples of every call checked against one-sample-at-a-time autograd
+_PROBE_SAMPLES = 4  # first samples of a model's first call checked against one-sample-at-a-time autograd
 _PROBE_RTOL = 1e-3
+# Forwards whose layer-wise norms matched per-sample autograd in this process (see _forward_signature). What the probe
+# catches (samples that interact, a weight used outside its layer, a layer run sequence-first) is the forward's
+# structure, not its weights: the audit calls this for two models of one structure, three sets each, every round,
+# and the probe was a third of a call's time with all parameters (float64 per-sample gradients of the whole net).
+_VERIFIED: dict[tuple, None] = {}
+_VERIFIED_MAX = 256
 
 
 def _layerwise_targets(model: nn.Module, names: list[str]) -> dict[str, tuple[nn.Module, tuple[str, ...]]] | None:
@@ -179,8 +199,24 @@ def _patches(module: nn.Module, inp: torch.Tensor) -> torch.Tensor | None:
         return inp.reshape(inp.shape[0], -1, inp.shape[-1]) if inp.ndim >= 2 else None
     if inp.ndim != 4:
         return None
-    cols = F.unfold(inp, module.kernel_size, dilation=module.dilation, padding=module.padding, stride=module.stride)
-    return cols.transpose(1, 2)  # (B, K, P) -> (B, P, K)
+    return _conv_patches(inp, module.kernel_size, module.stride, module.padding, module.dilation)
+
+
+def _conv_patches(inp: torch.Tensor, kernel_size, stride, padding, dilation) -> torch.Tensor:
+    """F.unfold(inp, ...).transpose(1, 2), (B, positions, C * kh * kw), the same values in the same order.
+
+    Built from strided views (F.pad, Tensor.unfold) and one copy: F.unfold's im2col opens a parallel region per
+    sample, which dominated the audit's CPU time on a busy machine (measured: 62% of it under load; the views took
+    a half of its time there, as long when idle)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
+    x = F.pad(inp, (pw, pw, ph, ph)) if ph or pw else inp
+    # A window of the dilated kernel's extent at every output position: (B, C, oh, ow, extent_h, extent_w).
+    windows = x.unfold(2, dh * (kh - 1) + 1, sh).unfold(3, dw * (kw - 1) + 1, sw)
+    windows = windows[..., ::dh, ::dw]  # the kernel's taps: (B, C, oh, ow, kh, kw)
+    b, c, oh, ow = windows.shape[:4]
+    # F.unfold's (B, C * kh * kw, positions) in its memory layout, features in its order (c, i, j), positions
+    # row-major; transposed as the caller did, so every later product sums in the same order (bit-identical norms).
+    return windows.permute(0, 1, 4, 5, 2, 3).reshape(b, c * kh * kw, oh * ow).transpose(1, 2)
 
 
 def _squared_layer_norms(module: nn.Module, attrs: tuple[str, ...], inp: torch.Tensor, grad_out: torch.Tensor,
@@ -192,33 +228,49 @@ def _squared_layer_norms(module: nn.Module, attrs: tuple[str, ...], inp: torch.T
     # general path. (T == B sequence-first passes this check; the probe against per-sample autograd catches it.)
     if inp.ndim < 2 or inp.shape[0] != batch or grad_out.ndim < 2 or grad_out.shape[0] != batch:
         return None
-    a = _patches(module, inp)
-    if a is None:
-        return None
-    b = a.shape[0]
+    b = batch
     if isinstance(module, nn.Conv2d):
+        if inp.ndim != 4:
+            return None
         g = grad_out.reshape(b, grad_out.shape[1], -1).transpose(1, 2)  # (B, O, P) -> (B, P, O)
+        kh, kw = module.kernel_size
+        positions, k = g.shape[1], inp.shape[1] * kh * kw
+
+        def patches(dtype):  # built in the dtype they are used in: one copy of the (large) patches, not two
+            return _patches(module, inp.to(dtype))
     else:
+        a = _patches(module, inp)
+        if a is None:
+            return None
         g = grad_out.reshape(b, -1, grad_out.shape[-1])
-    if g.shape[1] != a.shape[1]:
+        positions, k = a.shape[1], a.shape[2]
+
+        def patches(dtype):
+            return a.to(dtype)
+    if g.shape[1] != positions:
         return None
-    total = torch.zeros(b, dtype=torch.float64, device=a.device)
+    total = torch.zeros(b, dtype=torch.float64, device=g.device)
     if "bias" in attrs:
         total += torch.linalg.vector_norm(g.sum(dim=1), dim=1).double() ** 2
     if "weight" not in attrs:
         return total
-    positions, k, o = a.shape[1], a.shape[2], g.shape[2]
+    o = g.shape[2]
     if positions == 1:  # a plain Linear: ||g a^T||^2 = ||g||^2 ||a||^2
+        a = patches(inp.dtype)
         total += (torch.linalg.vector_norm(a[:, 0], dim=1).double() ** 2
                   * torch.linalg.vector_norm(g[:, 0], dim=1).double() ** 2)
     elif positions * (k + o) < k * o:  # the Gram matrices are smaller than the gradient
-        a64, g64 = a.double(), g.double()  # float64: the inner product of the two Grams may cancel
+        a64, g64 = patches(torch.float64), g.double()  # float64: the inner product of the two Grams may cancel
+        if a64.shape[1:] != (positions, k):
+            return None
         total += (torch.bmm(a64, a64.transpose(1, 2)) * torch.bmm(g64, g64.transpose(1, 2))).sum(dim=(1, 2))
     else:  # build the per-sample weight gradients (B, O, K), as few samples at a time as the byte cap needs
+        a = patches(inp.dtype)
+        if a.shape[1:] != (positions, k):
+            return None
         step = max(1, _MAX_CHUNK_GRAD_BYTES // max(1, k * o * a.element_size()))
         for part in chunks(b, step):
-            per_sample = torch.bmm(g[part].transpose(1, 2), a[part])
-            total[part] += torch.linalg.vector_norm(per_sample.reshape(len(per_sample), -1), dim=1).double() ** 2
+            total[part] += _squared_rows(torch.bmm(g[part].transpose(1, 2), a[part]))
     return total
 
 
@@ -232,8 +284,15 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
     # All parameters and buffers detached: autograd starts at the audited layers' outputs, nothing reaches the model.
     state = {n: p.detach() for n, p in model.named_parameters()}
     state.update({n: b.detach() for n, b in model.named_buffers()})
-    reference = _probe_reference(model, state, x, y, layers)  # before the hooks below change the forward
+    signature = _forward_signature(model, x, layers)
+    # Before the hooks below change the forward.
+    reference = None if signature in _VERIFIED else _probe_reference(model, state, x, y, layers)
     captured: dict[str, list] = {}
+    # An in-place op after an audited layer (ReLU(inplace=True)) must not change the tensor whose gradient is read.
+    # Later layers get the layer's own output until one such op shows (it raises on the graph's leaf, or bumps the
+    # output's version counter); the chunk is then run again with copies, and so are the next ones. The copies were
+    # a tenth of the time with all parameters of the tutorial's net, which has no in-place op.
+    clone_outputs = [False]
 
     def hook_for(name):
         def hook(module, inputs, output):
@@ -242,20 +301,35 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
                 return None
             # Downstream of another audited layer the output is already in the graph; else it starts one.
             z = output if output.requires_grad else output.detach().requires_grad_()
-            captured.setdefault(name, []).append((inputs[0], inputs[0]._version, z))
-            # Later layers get a copy: an in-place op after the layer (ReLU(inplace=True)) must not change the tensor
-            # whose gradient is read.
-            return z.clone()
+            captured.setdefault(name, []).append((inputs[0], inputs[0]._version, z, z._version))
+            return z.clone() if clone_outputs[0] else z
         return hook
+
+    def forward(xs):
+        """The model's output on xs, the audited layers' captures in `captured`; redone with copies of the layers'
+        outputs if an in-place op changed one."""
+        for _ in range(2):
+            captured.clear()
+            try:
+                out = functional_call(model, state, (xs,))
+            except RuntimeError:
+                if clone_outputs[0]:
+                    raise
+                clone_outputs[0] = True  # e.g. "a leaf Variable that requires grad is being used in an in-place op"
+                continue
+            if clone_outputs[0] or all(entry is None or entry[2]._version == entry[3]
+                                       for entries in captured.values() for entry in entries):
+                return out
+            clone_outputs[0] = True
+        raise AssertionError("unreachable: the second pass copies every output")
 
     handles = [module.register_forward_hook(hook_for(name)) for name, (module, _) in layers.items()]
     squared = torch.empty(x.shape[0], dtype=torch.float64, device=x.device)
     parts = []
     try:
         for part in chunks(x.shape[0], batch_size):
-            captured.clear()
             with torch.enable_grad():
-                out = functional_call(model, state, (x[part],))
+                out = forward(x[part])
                 if (not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[0] != part.stop - part.start
                         or not out.requires_grad):
                     return None
@@ -267,7 +341,7 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
                 grads = torch.autograd.grad(loss, outputs, allow_unused=True)
             total = torch.zeros(part.stop - part.start, dtype=torch.float64, device=x.device)
             for (name, (module, attrs)), g in zip(layers.items(), grads):
-                inp, version, _ = captured[name][0]
+                inp, version, _, _ = captured[name][0]
                 if inp._version != version:
                     return None
                 if g is None:  # the layer does not reach the loss: zero gradient
@@ -283,17 +357,38 @@ def _layerwise_norms(model: nn.Module, x: torch.Tensor, y: torch.Tensor, layers:
         for handle in handles:
             handle.remove()
         captured.clear()
-    got = squared[: len(reference)].sqrt()
-    if not torch.allclose(got, reference, rtol=_PROBE_RTOL, atol=_PROBE_RTOL * float(reference.max())):
-        warnings.warn(
-            "gradient_norm_signal: layer-wise per-sample gradient norms disagree with per-sample autograd on the "
-            f"first samples ({got.tolist()} vs {reference.tolist()}): does the forward mix samples, use the "
-            "layer's weights elsewhere or run the layer sequence-first? Using torch.func instead",
-            RuntimeWarning,
-            stacklevel=5,
-        )
-        return None
+    if reference is not None:
+        got = squared[: len(reference)].sqrt()
+        if not torch.allclose(got, reference, rtol=_PROBE_RTOL, atol=_PROBE_RTOL * float(reference.max())):
+            warnings.warn(
+                "gradient_norm_signal: layer-wise per-sample gradient norms disagree with per-sample autograd on the "
+                f"first samples ({got.tolist()} vs {reference.tolist()}): does the forward mix samples, use the "
+                "layer's weights elsewhere or run the layer sequence-first? Using torch.func instead",
+                RuntimeWarning,
+                stacklevel=5,
+            )
+            return None
+        if len(_VERIFIED) >= _VERIFIED_MAX:
+            _VERIFIED.pop(next(iter(_VERIFIED)))
+        _VERIFIED[signature] = None
     return squared, (torch.cat(parts) if want_logits else None)
+
+
+def _forward_signature(model: nn.Module, x: torch.Tensor, layers: dict) -> tuple:
+    """What decides whether the layer-wise norms hold for this forward, weights aside: the model's class, every
+    submodule's name, class, hyper-parameters (extra_repr), train/eval flag, own `forward` and hooks, the parameters'
+    and buffers' names, shapes, dtypes and trainability, the audited parameters, and the samples' shape, dtype and
+    device. Two models that agree on all of it run the same computation on different weights."""
+    modules = tuple(
+        (name, type(m), m.extra_repr(), m.training, m.__dict__.get("forward"),
+         tuple(m._forward_hooks.values()), tuple(m._forward_pre_hooks.values()),
+         tuple(m._backward_hooks.values()), tuple(m._backward_pre_hooks.values()))
+        for name, m in model.named_modules()
+    )
+    tensors = tuple((n, tuple(t.shape), t.dtype, t.requires_grad)
+                    for n, t in (*model.named_parameters(remove_duplicate=False), *model.named_buffers()))
+    audited = tuple((name, attrs) for name, (_, attrs) in layers.items())
+    return (modules, tensors, audited, tuple(x.shape[1:]), x.dtype, x.device)
 
 
 def _probe_reference(model: nn.Module, state: dict, x: torch.Tensor, y: torch.Tensor, layers: dict) -> torch.Tensor:

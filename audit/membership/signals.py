@@ -97,14 +97,15 @@ def gradient_norm_signal(model: nn.Module, x, y, *, layer: str | None = None, ba
 
 def compute_signals(
     model: nn.Module, x, y, names: Sequence[str], *, layer: str | None = None, batch_size: int = 256,
-    timings: dict | None = None,
+    timings: dict | None = None, outputs: dict | None = None,
 ) -> dict[str, np.ndarray]:
     """Signals named in `names` (from SIGNALS), in that order; `layer` applies to gradient_norm only.
 
     Ask for several signals in one call: loss and logits share one forward pass, and when the gradient norm is
     taken layer-wise (Linear / Conv2d parameters) its forward pass gives them too. A `timings` dict gets the
     seconds spent per signal: a forward pass shared with the gradient norm counts as gradient_norm's, one shared by
-    loss and logits only as the first of them's.
+    loss and logits only as the first of them's. An `outputs` dict gets the model's outputs (float64, (N, C)) under
+    "logits" when a forward pass gave them (loss or logits asked for), e.g. for the accuracy on the same samples.
     """
     if isinstance(names, str):
         names = [names]
@@ -134,4 +135,6 @@ def compute_signals(
         seconds[name] += time.perf_counter() - start
     if timings is not None:
         timings.update(seconds)
+    if outputs is not None and logits is not None:
+        outputs["logits"] = logits
     return out

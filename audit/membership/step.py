@@ -16,10 +16,16 @@ from audit.round_audit import SETS, AuditContext, AuditSets, StepResult
 __all__ = ["run", "scalar_metrics", "attack_metrics"]
 
 
-def _signals_per_set(model, sets: AuditSets, names, settings) -> tuple[dict, dict]:
+def _signals_per_set(model, sets: AuditSets, names, settings, memo=None) -> tuple[dict, dict]:
     """signal name -> set name -> values, and signal name -> seconds spent over the three sets.
 
-    One compute_signals call per set: the signals share its forward pass (see compute_signals)."""
+    One compute_signals call per set: the signals share its forward pass (see compute_signals). With the round's
+    SignalMemo, signals already computed on the same weights and set are reused (the party's validation of the
+    received model computes them before training)."""
+    if memo is not None:
+        values, seconds, _ = memo.signals(model, sets, list(names), layer=settings.gradient_layer,
+                                          batch_size=settings.batch_size)
+        return values, seconds
     values: dict[str, dict[str, np.ndarray]] = {name: {} for name in names}
     seconds = {name: 0.0 for name in names}
     for set_name in SETS:
@@ -31,6 +37,17 @@ def _signals_per_set(model, sets: AuditSets, names, settings) -> tuple[dict, dic
             values[name][set_name] = found[name]
             seconds[name] += timings[name]
     return values, seconds
+
+
+def signal_names(settings) -> tuple[list[str], list[str]]:
+    """The signals the step computes on the local model and on the received global model (empty if neither the
+    global audit nor the update attack runs). The update attack needs the loss under both."""
+    wanted = list(settings.signals)
+    extra_loss = ["loss"] if settings.update_attack and "loss" not in wanted else []
+    global_names = list(wanted) if settings.audit_global else []
+    if settings.update_attack and "loss" not in global_names:
+        global_names.append("loss")
+    return wanted + extra_loss, global_names
 
 
 def _population_attacks(signal_values: dict, settings) -> dict:
@@ -71,18 +88,14 @@ def run(context: AuditContext, settings) -> StepResult:
     """The membership audit; `settings` is the AuditSettings (its keys are the audit section's own)."""
     sets, global_model = context.sets, context.global_model
     wanted = list(settings.signals)
-    # The update attack needs the loss under both models, whether or not "loss" is an audited signal.
-    extra_loss = ["loss"] if settings.update_attack and "loss" not in wanted else []
+    local_names, global_names = signal_names(settings)
 
-    local_values, local_seconds = _signals_per_set(context.local_model, sets, wanted + extra_loss, settings)
+    local_values, local_seconds = _signals_per_set(context.local_model, sets, local_names, settings, context.memo)
     attacks = {"local": _population_attacks({k: local_values[k] for k in wanted}, settings)}
     signal_seconds = {"local": local_seconds}
 
-    if global_model is not None and (settings.audit_global or settings.update_attack):
-        global_names = list(wanted) if settings.audit_global else []
-        if settings.update_attack and "loss" not in global_names:
-            global_names.append("loss")
-        global_values, global_seconds = _signals_per_set(global_model, sets, global_names, settings)
+    if global_model is not None and global_names:
+        global_values, global_seconds = _signals_per_set(global_model, sets, global_names, settings, context.memo)
         signal_seconds["global"] = global_seconds
         if settings.audit_global:
             attacks["global"] = _population_attacks({k: global_values[k] for k in wanted}, settings)

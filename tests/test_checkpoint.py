@@ -1,0 +1,72 @@
+"""aggregator.settings.save_every_round: OpenFL's model files each round only where the plan asks for them; the
+files at the end are the same either way."""
+
+import numpy as np
+import pytest
+from openfl.component import Aggregator
+from openfl.protocols import utils
+from openfl.utilities import TensorKey
+
+from src.aggregator import AuditingAggregator
+from workspace.in_process import parse_plan, run_in_process, write_run_plan
+
+DIGITS = {
+    "tasks": {"train": {"kwargs": {"epochs": 1}}},
+    "data_loader": {"settings": {"dataset": "digits", "seed": 4}},
+    "task_runner": {"settings": {"seed": 4, "audit": {"enabled": False}}},
+}
+ROUNDS = 3
+
+
+def _run(tmp_path, monkeypatch, every_round: bool):
+    writes = []
+    real = utils.dump_proto
+    monkeypatch.setattr(utils, "dump_proto", lambda proto, path: writes.append(str(path)) or real(proto, path))
+    overrides = {**DIGITS, "aggregator": {"settings": {"save_every_round": every_round}}}
+    result = run_in_process(tmp_path, collaborators=2, rounds=ROUNDS, overrides=overrides)
+    monkeypatch.undo()
+    return result, writes
+
+
+@pytest.mark.federation
+def test_model_files_only_at_the_end_unless_asked_and_the_same_files(tmp_path, monkeypatch):
+    asked, asked_writes = _run(tmp_path / "every", monkeypatch, True)
+    plain, plain_writes = _run(tmp_path / "end", monkeypatch, False)
+    save = {name: tmp_path / name / "save" for name in ("every", "end")}
+    # OpenFL's way: last_state_path every round (and best_state_path whenever the validation improved).
+    assert sum(p.endswith("last.pbuf") for p in asked_writes) == ROUNDS
+    # Here: each file once, at the last round.
+    assert sorted(p.rsplit("/", 1)[1] for p in plain_writes) == ["best.pbuf", "last.pbuf"]
+    for name in ("last.pbuf", "best.pbuf"):
+        assert (save["end"] / name).read_bytes() == (save["every"] / name).read_bytes(), name
+    # The aggregator keeps the same tensors in memory as OpenFL does.
+    for attr in ("last_tensor_dict", "best_tensor_dict"):
+        a, b = getattr(asked.aggregator, attr), getattr(plain.aggregator, attr)
+        assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+
+
+def test_a_best_model_of_an_earlier_round_is_written_at_the_end(tmp_path):
+    """best_state_path improves in round 0 only: its file still appears, from round 0's tensors, at the last round."""
+    plan = parse_plan(write_run_plan(tmp_path, collaborators=1, rounds=2))
+    agg = plan.get_aggregator(tensor_dict={"w": np.arange(3, dtype=np.float32)})
+    assert isinstance(agg, AuditingAggregator) and not agg.save_every_round
+    agg._save_model(0, agg.best_state_path)
+    agg._save_model(0, agg.last_state_path)
+    assert not (tmp_path / "save" / "best.pbuf").exists() and not (tmp_path / "save" / "last.pbuf").exists()
+    agg.tensor_db.cache_tensor({TensorKey("w", agg.uuid, 1, False, ("model",)): np.full(3, 7, dtype=np.float32)})
+    agg._save_model(1, agg.last_state_path)
+    best, _ = utils.deconstruct_model_proto(utils.load_proto(str(tmp_path / "save" / "best.pbuf")),
+                                            agg.compression_pipeline)
+    last, _ = utils.deconstruct_model_proto(utils.load_proto(str(tmp_path / "save" / "last.pbuf")),
+                                            agg.compression_pipeline)
+    assert best["w"].tolist() == [0, 1, 2] and last["w"].tolist() == [7, 7, 7]
+    # The bytes OpenFL's own save writes for the same round.
+    Aggregator._save_model(agg, 1, str(tmp_path / "openfl_last.pbuf"))
+    assert (tmp_path / "openfl_last.pbuf").read_bytes() == (tmp_path / "save" / "last.pbuf").read_bytes()
+
+
+def test_a_bad_value_fails_naming_the_key(tmp_path):
+    plan = parse_plan(write_run_plan(tmp_path, collaborators=1, rounds=1,
+                                     overrides={"aggregator": {"settings": {"save_every_round": "yes"}}}))
+    with pytest.raises(ValueError, match=r"aggregator\.settings\.save_every_round: expected true or false"):
+        plan.get_aggregator(tensor_dict={})

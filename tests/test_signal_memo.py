@@ -1,0 +1,177 @@
+"""audit.membership.signal_memo: a round's signals computed once per weights and set, and the validation tasks that
+read their accuracy off them instead of running the model again."""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from openfl.federated.task.runner_pt import PyTorchTaskRunner
+from torch import nn
+
+import audit.membership.signal_memo as memo_module
+from audit.membership.signal_memo import SignalMemo, state_fingerprint
+from audit.membership.signals import compute_signals
+from audit.round_audit import SETS, AuditSets
+from workspace.in_process import run_in_process
+
+NAMES = ["loss", "logits", "gradient_norm"]
+
+
+def tabular_model(seed=0):
+    """A tabular MLP with a BatchNorm (eval mode: running statistics)."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 12), nn.BatchNorm1d(12), nn.ReLU(), nn.Linear(12, 4))
+    with torch.no_grad():
+        model[1].running_mean.uniform_(-0.3, 0.3)
+        model[1].running_var.uniform_(0.5, 1.5)
+    return model
+
+
+def tabular_sets(seed=1):
+    rng = np.random.default_rng(seed)
+    return AuditSets(*[(rng.normal(size=(n, 6)).astype(np.float32), rng.integers(0, 4, n)) for n in (9, 7, 11)])
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts compute_signals calls made through the memo."""
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return compute_signals(*args, **kwargs)
+
+    monkeypatch.setattr(memo_module, "compute_signals", counting)
+    return calls
+
+
+def test_values_are_compute_signals_bit_for_bit(counted):
+    model, sets = tabular_model(), tabular_sets()
+    values, seconds, reused = SignalMemo().signals(model, sets, NAMES, layer=None, batch_size=4)
+    for set_name in SETS:
+        x, y = sets.tensors(set_name)
+        want = compute_signals(model, x, y, NAMES, batch_size=4)
+        for name in NAMES:
+            assert np.array_equal(values[name][set_name], want[name])
+    assert reused == dict.fromkeys(SETS, False) and len(counted) == 3
+    assert set(seconds) == set(NAMES) and all(s >= 0 for s in seconds.values())
+
+
+def test_same_weights_in_another_module_are_reused(counted):
+    memo, model, sets = SignalMemo(), tabular_model(), tabular_sets()
+    first, _, _ = memo.signals(model, sets, NAMES, layer=None, batch_size=4)
+    again, _, reused = memo.signals(copy.deepcopy(model), sets, ["loss"], layer=None, batch_size=4)
+    assert reused == dict.fromkeys(SETS, True) and len(counted) == 3
+    assert all(np.array_equal(again["loss"][s], first["loss"][s]) for s in SETS)
+
+
+@pytest.mark.parametrize("change", ["weights", "buffer", "batch_size", "layer", "copied_set", "new_signal", "round"])
+def test_anything_that_can_change_a_value_is_computed_afresh(counted, change):
+    memo, model, sets = SignalMemo(), tabular_model(), tabular_sets()
+    memo.start_round(0)
+    memo.signals(model, sets, ["loss", "logits"], layer=None, batch_size=4)
+    kwargs = {"layer": None, "batch_size": 4}
+    names = ["loss", "logits"]
+    if change == "weights":
+        with torch.no_grad():
+            model[0].weight[0, 0] += 1e-6
+    elif change == "buffer":
+        model[1].running_var[0] += 1e-3
+    elif change == "batch_size":
+        kwargs["batch_size"] = 5
+    elif change == "layer":
+        kwargs["layer"] = "3"
+    elif change == "copied_set":
+        sets = AuditSets(sets.members, (sets.nonmembers[0].copy(), sets.nonmembers[1]), sets.population)
+    elif change == "new_signal":
+        names = ["loss", "gradient_norm"]
+    elif change == "round":
+        memo.start_round(1)
+    values, _, reused = memo.signals(model, sets, names, **kwargs)
+    if change == "copied_set":
+        assert reused == {"members": True, "nonmembers": False, "population": True}
+    else:
+        assert not any(reused.values())
+    for set_name in SETS:
+        x, y = sets.tensors(set_name)
+        want = compute_signals(model, x, y, names, **kwargs)
+        assert all(np.array_equal(values[n][set_name], want[n]) for n in names)
+
+
+def test_accuracy_is_the_share_of_right_predictions_of_those_weights():
+    memo, model, sets = SignalMemo(), tabular_model(), tabular_sets()
+    x, y = sets.nonmembers
+    assert memo.accuracy(model, x, y) is None  # nothing computed yet
+    memo.signals(model, sets, ["gradient_norm", "loss"], layer=None, batch_size=3)
+    with torch.no_grad():
+        want = float((model.eval()(torch.as_tensor(x)).argmax(1).numpy() == y).mean())
+    assert memo.accuracy(copy.deepcopy(model), x, y) == want
+    assert memo.accuracy(model, x.copy(), y) is None  # other arrays: not the audit's set
+    assert memo.accuracy(tabular_model(seed=5), x, y) is None  # other weights
+
+
+def test_gradient_norm_alone_without_a_forward_pass_gives_no_accuracy():
+    """The general gradient path returns no outputs: the validation then runs its own loop."""
+    memo, model, sets = SignalMemo(), tabular_model(), tabular_sets()
+    memo.signals(model, sets, ["gradient_norm"], layer=None, batch_size=4)
+    assert memo.accuracy(model, *sets.nonmembers) is None
+
+
+def test_fingerprint_sees_names_values_and_buffers():
+    model = tabular_model()
+    base = state_fingerprint(model)
+    assert state_fingerprint(copy.deepcopy(model)) == base
+    changed = copy.deepcopy(model)
+    changed[1].num_batches_tracked += 1
+    assert state_fingerprint(changed) != base
+    renamed = nn.Sequential(*list(model.children())[:3], nn.Identity(), list(model.children())[3])
+    assert state_fingerprint(renamed) != base  # same tensors under other names
+
+
+# ---------------------------------------------------------------- the task runner's validation tasks
+
+DIGITS = {
+    "tasks": {"train": {"kwargs": {"epochs": 1}}},
+    "data_loader": {"settings": {"dataset": "digits", "seed": 2}},
+    "task_runner": {"settings": {"seed": 2, "audit": {"interval": 2}}},
+}
+
+
+class NoMemo(SignalMemo):
+    """Every audit computes its signals afresh (with OpenFL's own validation loop: the task runner before the memo)."""
+
+    def signals(self, *args, **kwargs):
+        self._entries.clear()
+        return super().signals(*args, **kwargs)
+
+
+def _run(tmp_path, monkeypatch, shared: bool):
+    import src.taskrunner as taskrunner_module
+
+    loops, computed = [], []
+    real_loop = PyTorchTaskRunner.validate_
+    monkeypatch.setattr(PyTorchTaskRunner, "validate_", lambda self, loader: loops.append(1) or real_loop(self, loader))
+    monkeypatch.setattr(memo_module, "compute_signals",
+                        lambda *a, **k: computed.append(1) or compute_signals(*a, **k))
+    if not shared:
+        monkeypatch.setattr(taskrunner_module, "SignalMemo", NoMemo)
+        monkeypatch.setattr(taskrunner_module.AuditedTaskRunner, "validate_", PyTorchTaskRunner.validate_)
+    result = run_in_process(tmp_path, collaborators=2, rounds=3, overrides=DIGITS)
+    monkeypatch.undo()
+    return result, len(loops), len(computed)
+
+
+@pytest.mark.federation
+def test_validation_reads_the_audits_signals_with_the_same_metrics(tmp_path, monkeypatch):
+    plain, plain_loops, plain_computed = _run(tmp_path / "plain", monkeypatch, shared=False)
+    shared, shared_loops, shared_computed = _run(tmp_path / "shared", monkeypatch, shared=True)
+    # Every validation accuracy, audit metric and training loss is the same, round by round.
+    assert shared.collaborator_metrics == plain.collaborator_metrics
+    # Rounds 0 and 2 are audited: there the 2 validations per collaborator read the audit's predictions; round 1
+    # (no audit) runs OpenFL's loop. Each model's three sets are computed once either way (the received model's
+    # during its validation when shared).
+    assert plain_loops == 2 * 2 * 3 and shared_loops == 2 * 2 * 1
+    assert plain_computed == shared_computed == 2 * 2 * 2 * 3
+    record = shared.runner("collaborator1").last_record
+    assert record["timings"]["audit_in_validation_s"] > 0
