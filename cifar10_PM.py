@@ -25,6 +25,7 @@ if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by 
     sys.path.insert(0, str(ROOT))
 
 from audit.config.vocabulary import GATE_ACTIONS, MODELS, SIGNALS  # noqa: E402  (torch-free: --help stays light)
+from src.datasets import DATASETS  # noqa: E402  (numpy only)
 
 PLAN = ROOT / "plan" / "plan.yaml"  # the plan every run starts from
 RUN_FOLDER = "_run"  # inside --log_dir: the run's plan and the aggregator's report; marks a report folder of ours
@@ -126,10 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="index of that layer in the model's `features` block (none: the first layer with parameters)")
     p.add_argument("--optimizer_type", choices=["SGD", "Adam"], default="SGD", help="local optimiser")
     # This project's flags.
-    p.add_argument("--dataset", choices=["cifar10", "digits"], default="cifar10", help="the data")
-    p.add_argument("--data-dir", dest="data_dir", default="data", help="where CIFAR-10 is (torchvision layout)")
+    p.add_argument("--dataset", choices=DATASETS, default="cifar10",
+                   help="the data: digits (bundled with scikit-learn) or torchvision's CIFAR-10, CIFAR-100, MNIST, "
+                        "Fashion-MNIST (read from --data-dir)")
+    p.add_argument("--data-dir", dest="data_dir", default="data",
+                   help="root of torchvision's layout: cifar-10-batches-py/, cifar-100-python/, MNIST/raw/, "
+                        "FashionMNIST/raw/")
     p.add_argument("--download", type=str2bool, nargs="?", const=True, default=False,
-                   help="download CIFAR-10 into --data-dir if it is not there (torchvision; needs the network)")
+                   help="download --dataset into --data-dir if it is not there (torchvision; needs the network)")
     p.add_argument("--collaborators", type=whole_number(1), default=2, help="number of collaborators (data shards)")
     p.add_argument("--model", choices=MODELS, default="cnn",
                    help="cnn, fcnn (the Fidel paper's) or alexnet (the tutorial's Net, ~23.3M parameters)")
