@@ -166,3 +166,27 @@ def test_a_short_audited_round_on_each(tmp_path, name, model, no_network):
         auc = record["metrics"]["mia_local_loss_auc"]
         assert 0.0 <= auc <= 1.0
     assert 0.0 <= result.round_logs[0]["aggregator/aggregated_model_validation/accuracy"] <= 1.0
+
+
+def test_the_multi_process_tool_checks_the_dataset_before_any_folder(tmp_path, no_network):
+    """`python -m workspace run`: collaborators run in their own folders, so a relative data_dir is refused, and a
+    missing dataset fails in one line naming the plan key and the folder, before any folder is made."""
+    from pathlib import Path
+
+    from workspace.run_plan import PlanOverrideError, build_run_plan
+
+    plan = Path(__file__).resolve().parents[1] / "plan" / "plan.yaml"
+
+    def build(**settings):
+        return build_run_plan(plan, collaborators=2, rounds=1, port=50000, use_tls=True,
+                              overrides={"data_loader": {"settings": {"dataset": "mnist", **settings}}})
+
+    with pytest.raises(PlanOverrideError, match=r"data_loader\.settings\.data_dir: 'data' is relative.*absolute path"):
+        build(data_dir="data")
+    with pytest.raises(PlanOverrideError) as err:
+        build(data_dir=str(tmp_path))
+    assert "\n" not in str(err.value) and str(tmp_path / "MNIST" / "raw") in str(err.value)
+    assert "data_loader.settings.download: true" in str(err.value)
+    write_dataset(tmp_path, "mnist", 20, 10)
+    assert build(data_dir=str(tmp_path))["data_loader"]["settings"]["data_dir"] == str(tmp_path)
+    build(data_dir="data", download=True)  # each collaborator may download into its own folder
