@@ -7,6 +7,9 @@ Reports land in --log_dir, with copies of the plots under the tutorial's file na
 `--model alexnet` is the tutorial's net (`--layer_number 10` is its `features[10]`).
 `--dataset digits` runs offline on scikit-learn's bundled digits. Progress bars (rounds, and the phases of
 the current round: validate, train, audit) with ETAs go to stderr; the summary lines to stdout.
+`--dataset mnist --model fcnn --fidel` is the Fidel paper's MNIST setting (torchvision's MNIST/raw in --data-dir).
+With TENSORBOARD=1 in the environment every party's metrics also go to TensorBoard event files in
+<log_dir>/_run/logs, as `fx` runs write them (`tensorboard --logdir <log_dir>/_run/logs`).
 """
 
 from __future__ import annotations
@@ -335,7 +338,8 @@ def main(argv=None) -> int:
     from src.datasets import DatasetUnavailableError, check_available
     from src.dataloader import clear_dataset_cache
     from workspace.demo_output import Progress, print_gate_summary, print_summary
-    from workspace.in_process import check_run_plan, collaborator_names, run_in_process, run_plan_config
+    from workspace.in_process import (check_run_plan, collaborator_names, run_in_process, run_plan_config,
+                                      tensorboard_enabled)
     from workspace.tutorial_outputs import write_tutorial_outputs
 
     start = time.perf_counter()
@@ -344,6 +348,7 @@ def main(argv=None) -> int:
     # plan the flags give (as `fx plan initialize` checks it, and the tasks, the aggregator's settings).
     try:
         check_log_dir(args.report_dir, args.replace_log_dir)
+        tensorboard = tensorboard_enabled()
         check_available(args.dataset, args.data_dir, download=args.download)
         overrides = overrides_from_args(args)
         run_dir = args.report_dir / RUN_FOLDER
@@ -392,6 +397,8 @@ def main(argv=None) -> int:
     print(f"reports: {result.report_dir}  (open {result.report_dir / 'index.html'})")
     if result.aggregator_report_dir is not None:
         print(f"aggregator report (kept/gated per round): {result.aggregator_report_dir / 'index.html'}")
+    if tensorboard:  # OpenFL's MetricWriter wrote event files
+        print(f"TensorBoard event files: tensorboard --logdir {run_dir / 'logs'}")
     return 0
 
 
