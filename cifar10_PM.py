@@ -7,6 +7,9 @@ Reports land in --log_dir, with copies of the plots under the tutorial's file na
 `--model alexnet` is the tutorial's net (`--layer_number 10` is its `features[10]`).
 `--dataset digits` runs offline on scikit-learn's bundled digits. Progress bars (rounds, and the phases of
 the current round: validate, train, audit) with ETAs go to stderr; the summary lines to stdout.
+`--dataset mnist --model fcnn --fidel` is the Fidel paper's MNIST setting (torchvision's MNIST/raw in --data-dir).
+With TENSORBOARD=1 in the environment every party's metrics also go to TensorBoard event files in
+<log_dir>/_run/logs, as `fx` runs write them (`tensorboard --logdir <log_dir>/_run/logs`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by 
 from audit.config.gate import BOUND_CHOICES  # noqa: E402  (torch-free: --help stays light)
 from audit.config.rmia_settings import REFERENCE_KINDS, RMIASettings  # noqa: E402
 from audit.config.vocabulary import GATE_ACTIONS, MODELS, SIGNALS  # noqa: E402
+from src.datasets import DATASETS  # noqa: E402  (numpy only)
 
 PLAN = ROOT / "plan" / "plan.yaml"  # the plan every run starts from
 RUN_FOLDER = "_run"  # inside --log_dir: the run's plan and the aggregator's report; marks a report folder of ours
@@ -128,10 +132,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="index of that layer in the model's `features` block (none: the first layer with parameters)")
     p.add_argument("--optimizer_type", choices=["SGD", "Adam"], default="SGD", help="local optimiser")
     # This project's flags.
-    p.add_argument("--dataset", choices=["cifar10", "digits"], default="cifar10", help="the data")
-    p.add_argument("--data-dir", dest="data_dir", default="data", help="where CIFAR-10 is (torchvision layout)")
+    p.add_argument("--dataset", choices=DATASETS, default="cifar10",
+                   help="the data: digits (bundled with scikit-learn) or torchvision's CIFAR-10, CIFAR-100, MNIST, "
+                        "Fashion-MNIST (read from --data-dir)")
+    p.add_argument("--data-dir", dest="data_dir", default="data",
+                   help="root of torchvision's layout: cifar-10-batches-py/, cifar-100-python/, MNIST/raw/, "
+                        "FashionMNIST/raw/")
     p.add_argument("--download", type=str2bool, nargs="?", const=True, default=False,
-                   help="download CIFAR-10 into --data-dir if it is not there (torchvision; needs the network)")
+                   help="download --dataset into --data-dir if it is not there (torchvision; needs the network)")
     p.add_argument("--collaborators", type=whole_number(1), default=2, help="number of collaborators (data shards)")
     p.add_argument("--model", choices=MODELS, default="cnn",
                    help="cnn, fcnn (the Fidel paper's) or alexnet (the tutorial's Net, ~23.3M parameters)")
@@ -373,7 +381,8 @@ def main(argv=None) -> int:
     from src.datasets import DatasetUnavailableError, check_available
     from src.dataloader import clear_dataset_cache
     from workspace.demo_output import Progress, print_attack_summary, print_gate_summary, print_summary
-    from workspace.in_process import check_run_plan, collaborator_names, run_in_process, run_plan_config
+    from workspace.in_process import (check_run_plan, collaborator_names, run_in_process, run_plan_config,
+                                      tensorboard_enabled)
     from workspace.tutorial_outputs import write_tutorial_outputs
 
     start = time.perf_counter()
@@ -382,6 +391,7 @@ def main(argv=None) -> int:
     # plan the flags give (as `fx plan initialize` checks it, and the tasks, the aggregator's settings).
     try:
         check_log_dir(args.report_dir, args.replace_log_dir)
+        tensorboard = tensorboard_enabled()
         check_available(args.dataset, args.data_dir, download=args.download)
         overrides = overrides_from_args(args)
         run_dir = args.report_dir / RUN_FOLDER
@@ -431,6 +441,8 @@ def main(argv=None) -> int:
     print(f"reports: {result.report_dir}  (open {result.report_dir / 'index.html'})")
     if result.aggregator_report_dir is not None:
         print(f"aggregator report (kept/gated per round): {result.aggregator_report_dir / 'index.html'}")
+    if tensorboard:  # OpenFL's MetricWriter wrote event files
+        print(f"TensorBoard event files: tensorboard --logdir {run_dir / 'logs'}")
     return 0
 
 

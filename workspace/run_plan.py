@@ -154,6 +154,31 @@ def check_run_plan(config: Mapping, collaborators: list[str]) -> None:
     if network["settings"].get("agg_addr") != AGG_ADDR:
         raise PlanOverrideError(f"network.settings.agg_addr: a local run uses {AGG_ADDR!r} (the certificate's name), "
                                 f"got {network['settings'].get('agg_addr')!r}")
+    check_data(config)
+
+
+def check_data(config: Mapping) -> None:
+    """A torchvision dataset must be there for the collaborators, each of which runs in its own folder
+    (<run>/collaboratorN/): a relative data_loader.settings.data_dir would be looked up there. Fails before any
+    folder is made; a dataset name or download value of the wrong type is the data loader's to name."""
+    from src.datasets import DatasetUnavailableError, check_available, dataset_folder
+
+    settings = (config.get("data_loader") or {}).get("settings") or {}
+    name, data_dir, download = settings.get("dataset", "digits"), settings.get("data_dir"), settings.get("download")
+    try:
+        folder = dataset_folder(name, data_dir)
+    except (TypeError, ValueError):
+        return
+    if folder is None or download is True:  # digits; or each collaborator downloads into its own folder
+        return
+    if data_dir is None or not Path(data_dir).expanduser().is_absolute():
+        raise PlanOverrideError(f"data_loader.settings.data_dir: {data_dir!r} is relative, but each collaborator "
+                                f"runs in its own folder (<run>/collaboratorN/); give an absolute path, e.g. "
+                                f"--set data_loader.settings.data_dir={folder.parent}")
+    try:
+        check_available(name, data_dir)
+    except DatasetUnavailableError as err:
+        raise PlanOverrideError(str(err)) from None
 
 
 def rounds_to_train(config: Mapping) -> int:

@@ -1,0 +1,192 @@
+"""torchvision's MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 read from small files this test writes in torchvision's
+on-disk layout (never a download): images and labels read back exactly, class counts, the one-line error of a missing
+dataset, the models on their shapes, and a short audited round on each."""
+
+import socket
+
+import numpy as np
+import pytest
+
+from src.datasets import (DATASETS, DatasetUnavailableError, check_available, dataset_folder, dataset_info,
+                          load_dataset)
+from torchvision_files import CLASSES, write_dataset
+
+ON_DISK = ("mnist", "fashionmnist", "cifar10", "cifar100")
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+def test_the_datasets_and_their_shapes():
+    assert set(ON_DISK) < set(DATASETS)
+    assert dataset_info("mnist").input_shape == dataset_info("fashionmnist").input_shape == (1, 28, 28)
+    assert dataset_info("cifar100").input_shape == (3, 32, 32)
+    assert [dataset_info(n).num_classes for n in ON_DISK] == [10, 10, 10, 100]
+
+
+@pytest.mark.parametrize("name", ON_DISK)
+def test_read_back_exactly_what_was_written(tmp_path, name, no_network):
+    images, labels = write_dataset(tmp_path, name, n_train=130, n_test=37, seed=ON_DISK.index(name))
+    x, y = load_dataset(name, tmp_path)
+    c, h, w = dataset_info(name).input_shape
+    assert x.shape == (167, c, h, w) and x.dtype == np.float32 and y.dtype == np.int64
+    np.testing.assert_array_equal(y, labels)  # train then test, in file order
+    assert np.bincount(y, minlength=CLASSES[name]).tolist() == np.bincount(labels, minlength=CLASSES[name]).tolist()
+    assert np.bincount(y).size == CLASSES[name]  # every class present (the writer cycles through them first)
+    nchw = images.reshape(167, h, w, c).transpose(0, 3, 1, 2)
+    if name.startswith("cifar"):  # ToTensor then Normalize(0.5, 0.5), as the tutorial
+        np.testing.assert_allclose(x, (nchw / 255.0 - 0.5) / 0.5, rtol=0, atol=1e-6)
+        back = np.rint((x + 1.0) * 127.5)
+    else:  # ToTensor only: [0, 1]
+        np.testing.assert_allclose(x, nchw / 255.0, rtol=0, atol=1e-7)
+        back = np.rint(x * 255.0)
+    np.testing.assert_array_equal(back.astype(np.uint8), nchw)  # the pixels themselves, not only close
+
+
+@pytest.mark.parametrize("name", ON_DISK)
+def test_missing_dataset_one_line_naming_folder_flags_and_download(tmp_path, name, no_network):
+    folder = dataset_folder(name, tmp_path)
+    for loader in (lambda: check_available(name, tmp_path), lambda: load_dataset(name, tmp_path)):
+        with pytest.raises(DatasetUnavailableError) as err:
+            loader()
+        message = str(err.value)
+        assert "\n" not in message
+        for part in (str(folder), "--data-dir", "data_loader.settings.data_dir", "--download",
+                     "data_loader.settings.download: true", "does not exist"):
+            assert part in message, (part, message)
+    # One file short: named.
+    write_dataset(tmp_path, name, 20, 10)
+    gone = sorted(p for p in folder.iterdir() if p.name not in ("meta", "batches.meta"))[-1]
+    gone.unlink()
+    with pytest.raises(DatasetUnavailableError, match=f"incomplete.*{gone.name} missing"):
+        load_dataset(name, tmp_path)
+    check_available(name, tmp_path / "elsewhere", download=True)  # would download: nothing to say before it
+
+
+def test_digits_needs_no_folder(tmp_path):
+    assert dataset_folder("digits", tmp_path) is None
+    check_available("digits", tmp_path / "none")
+
+
+@pytest.mark.parametrize("name", ["mnist", "cifar100"])
+def test_corrupt_files_fail_naming_the_dataset(tmp_path, name, no_network):
+    write_dataset(tmp_path, name, 20, 10)
+    folder = dataset_folder(name, tmp_path)
+    if name == "mnist":  # a label file cut short: torchvision's reader refuses it
+        path = folder / "t10k-labels-idx1-ubyte"
+        path.write_bytes(path.read_bytes()[:-3])
+        match = "MNIST is not available: its files are incomplete or corrupted"
+    else:  # a fine label of 100 among 100 classes
+        import pickle
+
+        with open(folder / "test", "rb") as f:
+            entry = pickle.load(f)
+        entry["fine_labels"][0] = 100
+        with open(folder / "test", "wb") as f:
+            pickle.dump(entry, f)
+        match = r"CIFAR-100 is not available: its files are corrupted: labels in \[\d+, 100\], expected \[0, 99\]"
+    with pytest.raises(DatasetUnavailableError, match=match):
+        load_dataset(name, tmp_path)
+
+
+@pytest.mark.parametrize("name", ON_DISK)
+@pytest.mark.parametrize("model", ["cnn", "fcnn", "alexnet"])
+def test_models_take_each_datasets_shape(name, model):
+    import torch
+
+    from src.models import build_model
+
+    info = dataset_info(name)
+    net = build_model(model, info.input_shape, info.num_classes)
+    out = net.eval()(torch.zeros(3, *info.input_shape))
+    assert out.shape == (3, info.num_classes)
+
+
+def test_loader_reads_a_shard_from_the_files(tmp_path, no_network):
+    from src.dataloader import AuditDataLoader, clear_dataset_cache
+    from src.data import split_indices
+
+    _images, labels = write_dataset(tmp_path, "cifar100", 200, 100)
+    clear_dataset_cache()
+    try:
+        dl = AuditDataLoader(data_path="2", dataset="cifar100", data_dir=str(tmp_path), collaborator_count=2,
+                             train_dataset_ratio=0.4, test_dataset_ratio=0.4, audit_dataset_ratio=0.2, seed=1)
+    finally:
+        clear_dataset_cache()
+    assert dl.get_feature_shape() == [3, 32, 32] and dl.get_num_classes() == 100
+    part = split_indices(labels, 2, seed=1)[1]
+    np.testing.assert_array_equal(dl.y_train, labels[part["train"]])
+    np.testing.assert_array_equal(dl.y_population, labels[part["population"]])
+
+
+def test_loader_and_demo_name_the_datasets(tmp_path):
+    import cifar10_PM
+    from src.dataloader import AuditDataLoader
+
+    with pytest.raises(ValueError, match=r"data_loader\.settings\.dataset: unknown dataset 'emnist'.*fashionmnist"):
+        AuditDataLoader(data_path=None, dataset="emnist")
+    assert AuditDataLoader(data_path=None, dataset="fashionmnist", data_dir=tmp_path).get_feature_shape() == [1, 28, 28]
+    action = next(a for a in cifar10_PM.build_parser()._actions if a.dest == "dataset")
+    assert tuple(action.choices) == DATASETS
+
+
+@pytest.mark.federation
+@pytest.mark.parametrize("name,model", [("mnist", "fcnn"), ("fashionmnist", "cnn"), ("cifar10", "cnn"),
+                                        ("cifar100", "fcnn")])
+def test_a_short_audited_round_on_each(tmp_path, name, model, no_network):
+    """One round, two collaborators, the audit on: the tiny files are what the collaborators train and audit on."""
+    import json
+
+    from src.dataloader import clear_dataset_cache
+    from workspace.in_process import run_in_process
+
+    _images, labels = write_dataset(tmp_path / "data", name, 160, 80)
+    clear_dataset_cache()
+    try:
+        result = run_in_process(tmp_path / "run", collaborators=2, rounds=1, overrides={
+            "data_loader": {"settings": {"dataset": name, "data_dir": str(tmp_path / "data"), "batch_size": 16,
+                                         "train_dataset_ratio": 0.4, "test_dataset_ratio": 0.4,
+                                         "audit_dataset_ratio": 0.2}},
+            "tasks": {"train": {"kwargs": {"epochs": 1}}},
+            "task_runner": {"settings": {"model": model, "audit": {"signals": ["loss"], "fpr_tolerance": [0.5]}}},
+        })
+    finally:
+        clear_dataset_cache()
+    for col in ("collaborator1", "collaborator2"):
+        loader = result.runner(col).data_loader
+        assert loader.get_num_classes() == CLASSES[name] and len(loader.y_train) == 48  # 0.4 * 240 / 2
+        assert set(loader.y_train) <= set(labels.tolist())
+        record = json.loads((result.report_dir / col / "round_0000" / "audit.json").read_text())
+        auc = record["metrics"]["mia_local_loss_auc"]
+        assert 0.0 <= auc <= 1.0
+    assert 0.0 <= result.round_logs[0]["aggregator/aggregated_model_validation/accuracy"] <= 1.0
+
+
+def test_the_multi_process_tool_checks_the_dataset_before_any_folder(tmp_path, no_network):
+    """`python -m workspace run`: collaborators run in their own folders, so a relative data_dir is refused, and a
+    missing dataset fails in one line naming the plan key and the folder, before any folder is made."""
+    from pathlib import Path
+
+    from workspace.run_plan import PlanOverrideError, build_run_plan
+
+    plan = Path(__file__).resolve().parents[1] / "plan" / "plan.yaml"
+
+    def build(**settings):
+        return build_run_plan(plan, collaborators=2, rounds=1, port=50000, use_tls=True,
+                              overrides={"data_loader": {"settings": {"dataset": "mnist", **settings}}})
+
+    with pytest.raises(PlanOverrideError, match=r"data_loader\.settings\.data_dir: 'data' is relative.*absolute path"):
+        build(data_dir="data")
+    with pytest.raises(PlanOverrideError) as err:
+        build(data_dir=str(tmp_path))
+    assert "\n" not in str(err.value) and str(tmp_path / "MNIST" / "raw") in str(err.value)
+    assert "data_loader.settings.download: true" in str(err.value)
+    write_dataset(tmp_path, "mnist", 20, 10)
+    assert build(data_dir=str(tmp_path))["data_loader"]["settings"]["data_dir"] == str(tmp_path)
+    build(data_dir="data", download=True)  # each collaborator may download into its own folder

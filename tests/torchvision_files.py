@@ -1,0 +1,68 @@
+"""Small datasets written in torchvision's on-disk layout (the files torchvision reads, in their own formats), for
+tests that must never download: MNIST / Fashion-MNIST's uncompressed idx files and CIFAR's python pickles."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+import numpy as np
+
+MNIST_FOLDERS = {"mnist": "MNIST", "fashionmnist": "FashionMNIST"}
+CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+CLASSES = {"mnist": 10, "fashionmnist": 10, "cifar10": 10, "cifar100": 100}
+SHAPES = {"mnist": (28, 28), "fashionmnist": (28, 28), "cifar10": (32, 32, 3), "cifar100": (32, 32, 3)}
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    """The idx format (LeCun's): magic 0x0000 08 <ndim> (unsigned byte data), big-endian dims, then the bytes."""
+    assert array.dtype == np.uint8
+    header = struct.pack(">I", 0x0800 | array.ndim) + b"".join(struct.pack(">I", d) for d in array.shape)
+    path.write_bytes(header + array.tobytes())
+
+
+def _write_pickle(path: Path, obj) -> None:
+    with open(path, "wb") as f:
+        pickle.dump(obj, f)
+
+
+def write_dataset(root: Path, name: str, n_train: int, n_test: int, seed: int = 0):
+    """Random images and labels written under `root` as torchvision keeps dataset `name`.
+
+    Returns (images uint8 (N, H, W[, C]) in torchvision's order: train then test, labels int64 (N,)). Labels cycle
+    through every class first (each class appears when N >= classes), then are random."""
+    rng = np.random.default_rng(seed)
+    n = n_train + n_test
+    images = rng.integers(0, 256, size=(n, *SHAPES[name]), dtype=np.uint8)
+    k = CLASSES[name]
+    labels = np.concatenate([rng.permutation(k), rng.integers(0, k, size=max(0, n - k))])[:n].astype(np.int64)
+    root = Path(root)
+    if name in MNIST_FOLDERS:
+        raw = root / MNIST_FOLDERS[name] / "raw"
+        raw.mkdir(parents=True, exist_ok=True)
+        for prefix, sl in (("train", slice(0, n_train)), ("t10k", slice(n_train, n))):
+            _write_idx(raw / f"{prefix}-images-idx3-ubyte", images[sl])
+            _write_idx(raw / f"{prefix}-labels-idx1-ubyte", labels[sl].astype(np.uint8))
+        return images, labels
+    folder = root / CIFAR_FOLDERS[name]
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = images.transpose(0, 3, 1, 2).reshape(n, -1)  # CIFAR rows: 1024 red, 1024 green, 1024 blue
+    if name == "cifar100":
+        for file, sl in (("train", slice(0, n_train)), ("test", slice(n_train, n))):
+            _write_pickle(folder / file, {"filenames": [f"{i}.png" for i in range(n)[sl]], "batch_label": file,
+                                          "fine_labels": labels[sl].tolist(),
+                                          "coarse_labels": (labels[sl] // 5).tolist(), "data": rows[sl]})
+        _write_pickle(folder / "meta", {"fine_label_names": [f"class{i}" for i in range(100)],
+                                        "coarse_label_names": [f"super{i}" for i in range(20)]})
+        return images, labels
+    # CIFAR-10: the train part dealt over data_batch_1..5 in order
+    bounds = np.linspace(0, n_train, 6).astype(int)
+    for b in range(5):
+        sl = slice(bounds[b], bounds[b + 1])
+        _write_pickle(folder / f"data_batch_{b + 1}", {"batch_label": f"training batch {b + 1}",
+                                                       "labels": labels[sl].tolist(), "data": rows[sl]})
+    _write_pickle(folder / "test_batch", {"batch_label": "testing batch 1", "labels": labels[n_train:].tolist(),
+                                          "data": rows[n_train:]})
+    _write_pickle(folder / "batches.meta", {"label_names": [f"class{i}" for i in range(10)]})
+    return images, labels
