@@ -159,6 +159,27 @@ def test_port_option_is_a_free_port_in_range(tmp_path):
     assert check_port(taken) == taken  # closed again
 
 
+def test_a_port_taken_after_prepare_is_found_before_any_participant_starts(tmp_path):
+    """`start` of a prepared folder (its port is in its plan and certificates' federation): a port someone took
+    since `prepare` is named before any participant starts, not in the aggregator's log after they all did."""
+    import socket
+
+    from workspace.federation import start
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        layout = FederationLayout(run_dir=str(tmp_path), collaborators=["collaborator1"], rounds=1, port=port,
+                                  use_tls=False)
+        registry = ProcessRegistry()
+        with pytest.raises(SetupError) as err:
+            start(layout, registry=registry, say=lambda _line: None)
+    assert str(err.value) == (f"port {port} (network.settings.agg_port) is in use on 127.0.0.1; prepare again for a "
+                              "new free port, or stop what listens there")
+    assert registry.started == []
+
+
 def test_dir_option_must_be_a_new_or_empty_folder(tmp_path):
     assert check_run_dir(tmp_path / "new") == (tmp_path / "new").resolve()
     assert not (tmp_path / "new").exists()  # checked, not made

@@ -89,7 +89,8 @@ def read_plan(path: Path) -> dict:
 
 def check_settings(config: Mapping, collaborators: list[str]) -> None:
     """The checks of a run's plan that need neither torch nor OpenFL (the tooling makes them before any folder):
-    the aggregator's settings, the tasks and the per-collaborator names (src.plan_checks). ValueError naming the key."""
+    the aggregator's settings, the tasks, the per-collaborator names and the network, collaborator and
+    straggler-policy settings (src.plan_checks). ValueError naming the key."""
     from src.aggregator_settings import AggregatorSettings
     from src.plan_checks import check_plan
 
