@@ -67,6 +67,14 @@ class PlanFileError(ValueError):
     """A plan file that cannot be read as a plan; the message starts with the file's path."""
 
 
+def yaml_problem(err: Exception) -> str:
+    """A YAML error in one line, " at line L, column C: problem" (PyYAML's own text spans several lines)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{where}: {problem}"
+
+
 def read_plan(path: Path) -> dict:
     """The plan file as a mapping; PlanFileError in one line naming the file (and the line of a YAML error)."""
     path = Path(path)
@@ -77,10 +85,7 @@ def read_plan(path: Path) -> dict:
     try:
         config = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise PlanFileError(f"{path}: not valid YAML{where}: {problem}") from None
+        raise PlanFileError(f"{path}: not valid YAML{yaml_problem(err)}") from None
     if not isinstance(config, dict):
         raise PlanFileError(f"{path}: not a plan (a YAML mapping of sections such as task_runner, tasks), got "
                             f"{type(config).__name__}")
