@@ -1,5 +1,5 @@
-"""Checks of the plan sections OpenFL builds its own objects from: `network.settings`, `collaborator.settings` and
-`straggler_handling_policy`, each key by its dotted name.
+"""Checks of the plan sections OpenFL builds its own objects from: the sections themselves, `network.settings`,
+`collaborator.settings` and `straggler_handling_policy`, each key by its dotted name.
 
 OpenFL hands `network.settings` to its gRPC client and server, which swallow any other key in **kwargs
 (`client_reconect_interval: 5` left the interval at 1 s); `collaborator.settings` to Collaborator.__init__ (a
@@ -20,7 +20,8 @@ from collections.abc import Mapping
 from audit.config.checks import SettingsError, check_bool, check_positive_int, is_int, is_real
 
 __all__ = ["NETWORK_KEYS", "NETWORK_FILLED", "COLLABORATOR_KEYS", "COLLABORATOR_FILLED", "STRAGGLER_POLICIES",
-           "check_network", "check_collaborator", "check_straggler_policy", "check_openfl_sections"]
+           "SECTIONS", "check_sections", "check_network", "check_collaborator", "check_straggler_policy",
+           "check_openfl_sections"]
 
 
 def _port(key: str, value):
@@ -167,8 +168,33 @@ def check_straggler_policy(config: Mapping) -> None:
     _check_keys("straggler_handling_policy.settings", section.get("settings"), STRAGGLER_POLICIES[name])
 
 
+# The top-level sections OpenFL 1.9's Plan reads (openfl/federated/plan/plan.py); any other is ignored. All but
+# `tasks` are built from {template, settings} (Plan.build takes any other key as one more setting, or ignores it:
+# `aggregator.setings.x` reached the aggregator as a setting named `setings`, `network.setings.x` did nothing).
+BUILT_SECTIONS = ("aggregator", "collaborator", "data_loader", "task_runner", "network", "assigner",
+                  "straggler_handling_policy", "compression_pipeline", "connector")
+SECTIONS = (*BUILT_SECTIONS, "tasks")
+SECTION_KEYS = ("defaults", "template", "settings")
+
+
+def check_sections(config: Mapping) -> None:
+    """Only sections OpenFL reads, each a mapping; those it builds hold only defaults, template and settings."""
+    for name, section in config.items():
+        if name not in SECTIONS:
+            raise SettingsError(f"{name}: not a section OpenFL reads (it would be ignored); sections: "
+                                f"{', '.join(SECTIONS)}")
+        if not isinstance(section, Mapping):
+            raise SettingsError(f"{name}: expected a mapping, got {section!r}")
+        if name in BUILT_SECTIONS:
+            for key in section:
+                if key not in SECTION_KEYS:
+                    raise SettingsError(f"{name}.{key}: unknown key of a plan section (it would be ignored or taken "
+                                        f"for a setting); allowed: {', '.join(SECTION_KEYS)}")
+
+
 def check_openfl_sections(config: Mapping) -> None:
-    """The three checks above on a plan mapping."""
+    """The checks above on a plan mapping."""
+    check_sections(config)
     check_network(config)
     check_collaborator(config)
     check_straggler_policy(config)

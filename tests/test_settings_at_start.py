@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -257,8 +258,20 @@ NETWORK_KNOWN = ("known: agg_addr, agg_port, hash_salt, use_tls, require_client_
     ({"straggler_handling_policy": {"template": "openfl.component.aggregator.straggler_handling.Cutoff"}},
      "straggler_handling_policy.template: 'openfl.component.aggregator.straggler_handling.Cutoff' is not a policy of "
      "openfl.component.aggregator.straggler_handling; allowed: CutoffTimePolicy, PercentagePolicy, WaitForAllPolicy"),
+    # a key of a section besides its settings: taken by Plan.build for a setting named `setings`, or ignored
+    ({"aggregator": {"setings": {"poll_interval_s": 5}}},
+     "aggregator.setings: unknown key of a plan section (it would be ignored or taken for a setting); allowed: "
+     "defaults, template, settings"),
+    ({"network": {"setings": {"client_reconnect_interval": 5}}},
+     "network.setings: unknown key of a plan section (it would be ignored or taken for a setting); allowed: "
+     "defaults, template, settings"),
+    # a section OpenFL does not read: the run went on with WaitForAllPolicy, OpenFL's default
+    ({"straggler_handling_polcy": {"settings": {"straggler_cutoff_time": 60}}},
+     "straggler_handling_polcy: not a section OpenFL reads (it would be ignored); sections: aggregator, collaborator, "
+     "data_loader, task_runner, network, assigner, straggler_handling_policy, compression_pipeline, connector, tasks"),
 ], ids=["network-key", "reconnect-interval", "transport", "agg_port", "collaborator-key", "opt_treatment",
-        "straggler-key", "cutoff-str", "minimum_reporting", "straggler-template"])
+        "straggler-key", "cutoff-str", "minimum_reporting", "straggler-template", "aggregator-section-key",
+        "network-section-key", "unknown-section"])
 def test_openfls_own_sections_fail_before_anything(tmp_path, overrides, line):
     assert fails_before_anything(tmp_path, overrides) == line
 
@@ -291,6 +304,11 @@ def test_openfls_sections_keys_are_its_signatures_and_defaults():
     for name, keys in sections.STRAGGLER_POLICIES.items():
         assert set(keys) == params(getattr(straggler_handling, name).__init__, "round_start_time"), name
     sections.check_openfl_sections(run_plan_config(ROOT, collaborators=2, rounds=1))  # the workspace's own plan
+    # the sections OpenFL's Plan reads
+    from openfl.federated.plan import plan as plan_module
+
+    read = set(re.findall(r'\b(?:self|plan)\.config(?:\.get\(\s*|\[)"([a-z_]+)"', inspect.getsource(plan_module)))
+    assert read == set(sections.SECTIONS)
 
 
 def test_fx_plan_initialize_and_fx_aggregator_start_check_the_whole_plan(tmp_path):
