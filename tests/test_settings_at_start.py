@@ -445,12 +445,14 @@ def tool(argv, capsys) -> tuple[int, str]:
      "error: --set aggregator.settings.rounds_to_train=5: the tool sets this key; use --rounds (this run's value: 1)"),
     (["--set", "network.settings.client_reconect_interval=5"],
      "error: network.settings.client_reconect_interval: unknown setting (it would be ignored or fail later)"),
-    (["--set", "collaborator.settings.db_store_round=2"], "error: collaborator.settings.db_store_round: unknown setting"),
+    (["--set", "collaborator.settings.db_store_round=2"],
+     "error: collaborator.settings.db_store_round: unknown setting"),
     (["--set", "straggler_handling_policy.settings.straggler_cutof_time=60"],
      "error: straggler_handling_policy.settings.straggler_cutof_time: unknown setting"),
     # PyYAML's error text spans six lines
-    (["--set", "tasks.train.kwargs.epochs=[1"], "error: --set tasks.train.kwargs.epochs: the value '[1' is not valid "
-                                                "YAML at line 1, column 3: expected ',' or ']', but got '<stream end>'"),
+    (["--set", "tasks.train.kwargs.epochs=[1"],
+     "error: --set tasks.train.kwargs.epochs: the value '[1' is not valid YAML at line 1, column 3: expected ',' or "
+     "']', but got '<stream end>'"),
 ], ids=["epoch", "epochs-float", "aggregator-key", "per-collaborator", "rounds-contradiction", "network-key",
         "collaborator-key", "straggler-key", "set-value-yaml"])
 def test_workspace_flags_fail_in_one_line_before_any_folder(tmp_path, capsys, flags, line):

@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="aggregator.settings.poll_interval_s: how long an idle collaborator waits before asking again")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="plan override, dotted key and YAML value, e.g. --set tasks.train.kwargs.epochs=1 (repeatable)")
-        p.add_argument("--port", type=_port_number, default=None, help="aggregator port on 127.0.0.1 (default: a free one)")
+        p.add_argument("--port", type=_port_number, default=None,
+                       help="aggregator port on 127.0.0.1 (default: a free one)")
         p.add_argument("--plan", type=Path, default=WORKSPACE_ROOT / "plan" / "plan.yaml", help="base plan")
 
     def start_options(p):
