@@ -15,7 +15,8 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
   `best_state_path`) at every round's end; here only at the last round unless this is true.
 
 Bad values fail when the aggregator is built (`fx aggregator start`), naming the key: its own settings, an
-`aggregator.settings` key OpenFL's Aggregator does not take, and the plan's `tasks` (src.plan_checks).
+`aggregator.settings` key OpenFL's Aggregator does not take, the plan's `tasks`, `per_collaborator` names that are
+no authorized collaborator, and the network, collaborator and straggler-policy settings (src.plan_checks).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from src import aggregator_server
 from src.aggregation import round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record
 from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
-from src.plan_checks import check_tasks
+from src.plan_checks import check_plan, check_tasks, plan_being_built
 
 logger = logging.getLogger(__name__)
 
@@ -123,6 +124,12 @@ class AuditingAggregator(Aggregator):
         # The plan's tasks reach the collaborators' task functions only in round 0: check them before anyone connects.
         if getattr(kwargs.get("assigner"), "tasks", None) is not None:
             check_tasks(kwargs["assigner"].tasks)
+        # The whole plan, where OpenFL's Plan builds us (`fx aggregator start`): the collaborators' names are known
+        # here (plan/cols.yaml), so a `per_collaborator` name that is none of them fails now, as do the network,
+        # collaborator and straggler-policy settings.
+        plan = plan_being_built()
+        if plan is not None:
+            check_plan(plan, list(kwargs.get("authorized_cols") or []))
         self.poll_interval_s = settings.poll_interval_s
         self.save_every_round = settings.save_every_round
         self._unsaved_best: int | None = None  # round of a best model whose file is not written yet

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from audit.config.checks import SettingsError, check_bool, check_positive_int
+import sys
 
-__all__ = ["TASK_RUNNER_TEMPLATE", "TASK_FUNCTIONS", "check_tasks", "check_collaborator_names", "check_plan"]
+from audit.config.checks import SettingsError, check_bool, check_positive_int
+from src.openfl_sections import check_openfl_sections
+
+__all__ = ["TASK_RUNNER_TEMPLATE", "TASK_FUNCTIONS", "check_tasks", "check_collaborator_names", "check_plan",
+           "plan_being_built"]
 
 TASK_RUNNER_TEMPLATE = "src.taskrunner.AuditedTaskRunner"
 # Keys of a task besides its function's keyword arguments (OpenFL's Plan.get_tasks / Assigner read them).
@@ -96,8 +100,10 @@ def check_collaborator_names(per_collaborator, collaborators: Sequence[str],
 
 
 def check_plan(config: Mapping, collaborators: Sequence[str] | None = None) -> None:
-    """The checks above on a plan mapping (`collaborators`: the federation's names, when known). Plans whose task
-    runner is not this workspace's are left to their own runner."""
+    """The checks above on a plan mapping (`collaborators`: the federation's names, when known), and those of the
+    sections OpenFL builds from (src.openfl_sections). Tasks of a task runner that is not this workspace's are left
+    to that runner."""
+    check_openfl_sections(config)
     runner = config.get("task_runner")
     if not isinstance(runner, Mapping) or runner.get("template") != TASK_RUNNER_TEMPLATE:
         return
@@ -105,3 +111,24 @@ def check_plan(config: Mapping, collaborators: Sequence[str] | None = None) -> N
     settings = runner.get("settings")
     if collaborators is not None and isinstance(settings, Mapping):
         check_collaborator_names(settings.get("per_collaborator") or {}, list(collaborators))
+
+
+def plan_being_built() -> Mapping | None:
+    """The whole plan (OpenFL's `Plan.config`) whose `get_aggregator` or `get_task_runner` is building the caller,
+    or None when the caller was built otherwise (Plan.build directly, or by hand).
+
+    OpenFL hands each object it builds only its own section's settings. The aggregator (`fx aggregator start`) is
+    the one party of a deployment that knows every collaborator's name (plan/cols.yaml, after the certificates),
+    and the task runner is what `fx plan initialize` builds before any certificate: both check the whole plan
+    (check_plan), so a deployment by hand fails at those commands as `python -m workspace` does before any folder.
+    Found on the call stack (OpenFL 1.9: Plan.get_aggregator / get_task_runner -> Plan.build -> the constructor),
+    checked by the Plan class's module, so this module needs no OpenFL import.
+    """
+    frame = sys._getframe(1)
+    while frame is not None:
+        owner = frame.f_locals.get("self") if frame.f_code.co_name in ("get_aggregator", "get_task_runner") else None
+        if owner is not None and type(owner).__module__ == "openfl.federated.plan.plan" \
+                and isinstance(getattr(owner, "config", None), Mapping):
+            return owner.config
+        frame = frame.f_back
+    return None

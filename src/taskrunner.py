@@ -43,6 +43,7 @@ from src.collaborator_overrides import CollaboratorSettings, parse_per_collabora
 from src.devices import check_device
 from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
+from src.plan_checks import check_plan, plan_being_built
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +93,11 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             known = [p for p in inspect.signature(AuditedTaskRunner.__init__).parameters if p not in ("self", "kwargs")]
             raise SettingsError(f"{SETTINGS_PREFIX}.{unknown[0]}: unknown setting; known: {', '.join(known)}")
         device = check_device(f"{SETTINGS_PREFIX}.device", device)
+        # Built by OpenFL's Plan (`fx plan initialize`, before any certificate; `fx collaborator start`): the rest of
+        # the plan too, which no constructor sees whole (tasks, network, collaborator, straggler policy).
+        plan = plan_being_built()
+        if plan is not None:
+            check_plan(plan)
         super().__init__(device=device, **kwargs)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"{SETTINGS_PREFIX}.optimizer: unknown optimizer {optimizer!r}; choose one of {list(OPTIMIZERS)}")

@@ -3,6 +3,7 @@
 The real thing (fx, certificates, gRPC) is in test_federation_multiprocess.py.
 """
 
+import inspect
 import json
 import os
 import shutil
@@ -158,6 +159,27 @@ def test_port_option_is_a_free_port_in_range(tmp_path):
     assert check_port(taken) == taken  # closed again
 
 
+def test_a_port_taken_after_prepare_is_found_before_any_participant_starts(tmp_path):
+    """`start` of a prepared folder (its port is in its plan and certificates' federation): a port someone took
+    since `prepare` is named before any participant starts, not in the aggregator's log after they all did."""
+    import socket
+
+    from workspace.federation import start
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        layout = FederationLayout(run_dir=str(tmp_path), collaborators=["collaborator1"], rounds=1, port=port,
+                                  use_tls=False)
+        registry = ProcessRegistry()
+        with pytest.raises(SetupError) as err:
+            start(layout, registry=registry, say=lambda _line: None)
+    assert str(err.value) == (f"port {port} (network.settings.agg_port) is in use on 127.0.0.1; prepare again for a "
+                              "new free port, or stop what listens there")
+    assert registry.started == []
+
+
 def test_dir_option_must_be_a_new_or_empty_folder(tmp_path):
     assert check_run_dir(tmp_path / "new") == (tmp_path / "new").resolve()
     assert not (tmp_path / "new").exists()  # checked, not made
@@ -233,9 +255,16 @@ def cli(*args, timeout=120):
     (["--port", "70000"], "error: --port 70000: a TCP port is a whole number in 1..65535"),
     (["--port", "0"], "error: --port 0: a TCP port is a whole number in 1..65535"),
     (["--set", "aggregator.settings.poll_interval_s=0"], "error: aggregator.settings.poll_interval_s: must be >= 1"),
-    (["--poll-interval", "0"], "error: aggregator.settings.poll_interval_s: must be >= 1"),
-    (["--collaborators", "0"], "error: --collaborators: need at least 1, got 0"),
+    (["--poll-interval", "0"], "error: argument --poll-interval: expected a whole number >= 1 (seconds), got '0'"),
+    (["--collaborators", "0"], "error: argument --collaborators: expected a whole number >= 1, got '0'"),
     (["--timeout", "0"], "error: --timeout 0: must be a number of seconds > 0"),
+    # argparse's own errors were its usage block and then the error: one line now, naming the flag and the value
+    (["--timeout", "abc"], "error: argument --timeout: expected a number of seconds > 0 (leave it out for no limit), "
+                           "got 'abc'  (see python -m workspace run --help)"),
+    (["--rounds", "1.5"], "error: argument --rounds: expected a whole number >= 1, got '1.5'"),
+    (["--port", "abc"], "error: argument --port: expected a TCP port, a whole number in 1..65535, got 'abc'"),
+    (["--poll-interval", "0.5"], "error: argument --poll-interval: expected a whole number >= 1 (seconds), got '0.5'"),
+    (["--bogus"], "error: unrecognized arguments: --bogus"),
 ])
 def test_bad_options_fail_in_one_line_before_anything_is_made(tmp_path, args, line):
     run_dir = tmp_path / "run"
@@ -485,7 +514,23 @@ def test_a_bad_liveness_option_is_one_clear_line(value):
     result = subprocess.run([sys.executable, "-m", "workspace", "start", "--dir", "nowhere", "--liveness", value],
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
-    assert f"argument --liveness: expected 0 (no liveness check) or seconds >= 2, got '{value}'" in result.stderr
+    assert result.stderr.strip() == f"error: argument --liveness: expected 0 (no liveness check) or seconds >= 2, " \
+                                    f"got '{value}'  (see python -m workspace start --help)", result.stderr
+
+
+def test_by_default_a_frozen_party_ends_the_run_though_there_is_no_timeout():
+    """The issue's probe: with no --timeout (no limit) a frozen collaborator was waited for forever. The liveness
+    check is on by default, in both commands that start a federation, and `start` uses it unless told 0."""
+    from workspace.__main__ import build_parser
+    from workspace.federation import start
+    from workspace.progress import DEFAULT_LIVENESS_S
+
+    assert 0 < DEFAULT_LIVENESS_S < float("inf")
+    for argv in (["run"], ["start", "--dir", "x"]):
+        args = build_parser().parse_args(argv)
+        assert args.timeout is None and args.liveness == DEFAULT_LIVENESS_S and not args.keep_going
+    assert inspect.signature(start).parameters["liveness_s"].default == DEFAULT_LIVENESS_S
+    assert build_parser().parse_args(["start", "--dir", "x", "--liveness", "0"]).liveness == 0
 
 
 # ---------------------------------------------------------------------------------------------------------

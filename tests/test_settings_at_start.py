@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -219,6 +220,117 @@ def test_the_aggregator_keys_are_openfls_signature():
     assert not set(OPENFL_KEYS) & set(OPENFL_FILLED) and not set(OWN_KEYS) & parameters
 
 
+# ------------------------------------------------------------------------------------------------- OpenFL's sections
+
+NETWORK_KNOWN = ("known: agg_addr, agg_port, hash_salt, use_tls, require_client_auth, client_reconnect_interval, "
+                 "cert_folder, enable_atomic_connections, resend_data_on_reconnection, single_col_cert_common_name, "
+                 "transport_protocol")
+
+
+@pytest.mark.parametrize("overrides, line", [
+    # swallowed by the gRPC client's and server's **kwargs: the interval stayed 1 s
+    ({"network": {"settings": {"client_reconect_interval": 5}}},
+     "network.settings.client_reconect_interval: unknown setting (it would be ignored or fail later); "
+     + NETWORK_KNOWN),
+    ({"network": {"settings": {"client_reconnect_interval": -1}}},
+     "network.settings.client_reconnect_interval: expected a number of seconds > 0, got -1"),
+    ({"network": {"settings": {"transport_protocol": "http"}}},
+     "network.settings.transport_protocol: expected one of grpc, rest, got 'http'"),
+    ({"network": {"settings": {"agg_port": 70000}}},
+     "network.settings.agg_port: expected a TCP port, a whole number in 1..65535, or auto, got 70000"),
+    # a TypeError from Collaborator.__init__ at `fx collaborator start`; an AttributeError for the treatment
+    ({"collaborator": {"settings": {"db_store_round": 2}}},
+     "collaborator.settings.db_store_round: unknown setting (it would be ignored or fail later); known: "
+     "opt_treatment, device_assignment_policy, use_delta_updates, db_store_rounds, log_memory_usage, write_logs, "
+     "callbacks, interop_mode"),
+    ({"collaborator": {"settings": {"opt_treatment": "FOO"}}},
+     "collaborator.settings.opt_treatment: expected one of RESET, CONTINUE_LOCAL, CONTINUE_GLOBAL, got 'FOO'"),
+    # swallowed by CutoffTimePolicy's **kwargs: the cutoff stayed 3600 s
+    ({"straggler_handling_policy": {"settings": {"straggler_cutof_time": 60}}},
+     "straggler_handling_policy.settings.straggler_cutof_time: unknown setting (it would be ignored or fail later); "
+     "known: straggler_cutoff_time, minimum_reporting"),
+    # a TypeError in the policy's timer thread in round 0; a ValueError naming no key in round 0
+    ({"straggler_handling_policy": {"settings": {"straggler_cutoff_time": "60"}}},
+     "straggler_handling_policy.settings.straggler_cutoff_time: expected a number of seconds > 0 (.inf: no cutoff), "
+     "got '60'"),
+    ({"straggler_handling_policy": {"settings": {"minimum_reporting": 0}}},
+     "straggler_handling_policy.settings.minimum_reporting: expected an integer >= 1, got 0"),
+    ({"straggler_handling_policy": {"template": "openfl.component.aggregator.straggler_handling.Cutoff"}},
+     "straggler_handling_policy.template: 'openfl.component.aggregator.straggler_handling.Cutoff' is not a policy of "
+     "openfl.component.aggregator.straggler_handling; allowed: CutoffTimePolicy, PercentagePolicy, WaitForAllPolicy"),
+    # a key of a section besides its settings: taken by Plan.build for a setting named `setings`, or ignored
+    ({"aggregator": {"setings": {"poll_interval_s": 5}}},
+     "aggregator.setings: unknown key of a plan section (it would be ignored or taken for a setting); allowed: "
+     "defaults, template, settings"),
+    ({"network": {"setings": {"client_reconnect_interval": 5}}},
+     "network.setings: unknown key of a plan section (it would be ignored or taken for a setting); allowed: "
+     "defaults, template, settings"),
+    # a section OpenFL does not read: the run went on with WaitForAllPolicy, OpenFL's default
+    ({"straggler_handling_polcy": {"settings": {"straggler_cutoff_time": 60}}},
+     "straggler_handling_polcy: not a section OpenFL reads (it would be ignored); sections: aggregator, collaborator, "
+     "data_loader, task_runner, network, assigner, straggler_handling_policy, compression_pipeline, connector, tasks"),
+], ids=["network-key", "reconnect-interval", "transport", "agg_port", "collaborator-key", "opt_treatment",
+        "straggler-key", "cutoff-str", "minimum_reporting", "straggler-template", "aggregator-section-key",
+        "network-section-key", "unknown-section"])
+def test_openfls_own_sections_fail_before_anything(tmp_path, overrides, line):
+    assert fails_before_anything(tmp_path, overrides) == line
+
+
+def test_openfls_sections_keys_are_its_signatures_and_defaults():
+    """src.openfl_sections spells OpenFL's keys out (torch- and OpenFL-free); they must be what OpenFL takes."""
+    import yaml
+    from openfl.component import Collaborator
+    from openfl.component.aggregator import straggler_handling
+    from openfl.component.collaborator.collaborator import OptTreatment
+    from openfl.transport.grpc.aggregator_client import AggregatorGRPCClient
+    from openfl.transport.grpc.aggregator_server import AggregatorGRPCServer
+
+    from src import openfl_sections as sections
+
+    def params(function, *left_out):
+        return set(inspect.signature(function).parameters) - {"self", "args", "kwargs", *left_out}
+
+    network = params(AggregatorGRPCClient.__init__) | params(AggregatorGRPCServer.__init__, "aggregator")
+    defaults = Path(inspect.getfile(yaml)).parents[1] / "openfl-workspace" / "workspace" / "plan" / "defaults"
+    network |= set(yaml.safe_load((defaults / "network.yaml").read_text())["settings"])
+    assert set(sections.NETWORK_KEYS) | set(sections.NETWORK_FILLED) == network
+    assert not set(sections.NETWORK_KEYS) & set(sections.NETWORK_FILLED)
+    assert set(sections.COLLABORATOR_KEYS) | set(sections.COLLABORATOR_FILLED) == params(Collaborator.__init__)
+    assert not set(sections.COLLABORATOR_KEYS) & set(sections.COLLABORATOR_FILLED)
+    for treatment in OptTreatment.__members__:
+        sections.COLLABORATOR_KEYS["opt_treatment"]("k", treatment)
+    policies = {name for name in dir(straggler_handling) if name.endswith("Policy") and name != "StragglerPolicy"}
+    assert set(sections.STRAGGLER_POLICIES) == policies
+    for name, keys in sections.STRAGGLER_POLICIES.items():
+        assert set(keys) == params(getattr(straggler_handling, name).__init__, "round_start_time"), name
+    sections.check_openfl_sections(run_plan_config(ROOT, collaborators=2, rounds=1))  # the workspace's own plan
+    # the sections OpenFL's Plan reads
+    from openfl.federated.plan import plan as plan_module
+
+    read = set(re.findall(r'\b(?:self|plan)\.config(?:\.get\(\s*|\[)"([a-z_]+)"', inspect.getsource(plan_module)))
+    assert read == set(sections.SECTIONS)
+
+
+def test_fx_plan_initialize_and_fx_aggregator_start_check_the_whole_plan(tmp_path):
+    """A deployment by hand: `fx plan initialize` builds the task runner through OpenFL's Plan before any certificate,
+    and it checks the plan's other sections; `fx aggregator start` knows every collaborator (plan/cols.yaml) and
+    refuses a `per_collaborator` name that is none of them (before, it applied to nobody, silently)."""
+    from openfl.utilities.dataloading import initialize_minimal_dataloader
+
+    bad_network = {**FAST, "network": {"settings": {"client_reconect_interval": 5}}}
+    plan = parse_plan(write_run_plan(tmp_path / "a", collaborators=2, rounds=1, overrides=bad_network))
+    with pytest.raises(SettingsError, match=r"^network\.settings\.client_reconect_interval: unknown setting"):
+        plan.get_task_runner(initialize_minimal_dataloader(plan))  # what fx plan initialize does
+
+    misspelt = merged(FAST, runner({"per_collaborator": {"colaborator2": {"epochs": 2}}}))
+    plan = parse_plan(write_run_plan(tmp_path / "b", collaborators=2, rounds=1, overrides=misspelt))
+    plan.get_task_runner(initialize_minimal_dataloader(plan))  # names are not known at fx plan initialize
+    with pytest.raises(SettingsError) as err:
+        plan.get_aggregator(tensor_dict={})
+    assert str(err.value) == ("task_runner.settings.per_collaborator.colaborator2: no collaborator of this federation "
+                              "has that name; its collaborators: collaborator1, collaborator2")
+
+
 # ------------------------------------------------------------------------------------------------- the demo
 
 DEMO = ["--dataset", "digits", "--comm_round", "1", "--signals", "loss", "--no_progress"]
@@ -331,7 +443,18 @@ def tool(argv, capsys) -> tuple[int, str]:
      "its collaborators: collaborator1, collaborator2"),
     (["--rounds", "1", "--set", "aggregator.settings.rounds_to_train=5"],
      "error: --set aggregator.settings.rounds_to_train=5: the tool sets this key; use --rounds (this run's value: 1)"),
-], ids=["epoch", "epochs-float", "aggregator-key", "per-collaborator", "rounds-contradiction"])
+    (["--set", "network.settings.client_reconect_interval=5"],
+     "error: network.settings.client_reconect_interval: unknown setting (it would be ignored or fail later)"),
+    (["--set", "collaborator.settings.db_store_round=2"],
+     "error: collaborator.settings.db_store_round: unknown setting"),
+    (["--set", "straggler_handling_policy.settings.straggler_cutof_time=60"],
+     "error: straggler_handling_policy.settings.straggler_cutof_time: unknown setting"),
+    # PyYAML's error text spans six lines
+    (["--set", "tasks.train.kwargs.epochs=[1"],
+     "error: --set tasks.train.kwargs.epochs: the value '[1' is not valid YAML at line 1, column 3: expected ',' or "
+     "']', but got '<stream end>'"),
+], ids=["epoch", "epochs-float", "aggregator-key", "per-collaborator", "rounds-contradiction", "network-key",
+        "collaborator-key", "straggler-key", "set-value-yaml"])
 def test_workspace_flags_fail_in_one_line_before_any_folder(tmp_path, capsys, flags, line):
     run_dir = tmp_path / "run"
     code, err = tool(["prepare", "--collaborators", "2", "--dir", str(run_dir), *flags], capsys)
@@ -400,3 +523,35 @@ def test_demo_refuses_a_used_log_dir_unless_asked_to_replace_it(tmp_path):
     assert replaced.returncode == 0, replaced.stderr[-2000:]
     assert not (log_dir / "collaborator1" / "round_0007").exists()  # the earlier run's rounds are gone
     assert (log_dir / "collaborator1" / "round_0000" / "audit.json").is_file()
+
+
+@pytest.mark.federation
+@pytest.mark.skipif(not (Path(sys.executable).parent / "fx").exists(), reason="fx comes with openfl in the venv")
+def test_a_deployment_by_hand_fails_at_fx_plan_initialize_and_fx_aggregator_start_naming_the_key(tmp_path):
+    """The real `fx` commands in an aggregator's workspace made as by hand (no tool check before them): a misspelt
+    network key fails `fx plan initialize` (before any certificate), a `per_collaborator` name that is no
+    collaborator in plan/cols.yaml fails `fx aggregator start` before it listens; each in one EXCEPTION line."""
+    from workspace.in_process import collaborator_names, read_plan
+    from workspace.prepare import fx_exception, make_aggregator_workspace
+    from workspace.processes import fx_environment
+
+    def fx(ws, *args, timeout=300):
+        done = subprocess.run([str(Path(sys.executable).parent / "fx"), *args], cwd=ws, env=fx_environment(),
+                              capture_output=True, text=True, timeout=timeout)
+        return done.returncode, fx_exception(done.stdout + done.stderr)
+
+    names = collaborator_names(2)
+    plan = merged(read_plan(ROOT / "plan" / "plan.yaml"), FAST)  # the workspace's plan, its paths relative
+    config = merged(plan, {"network": {"settings": {"agg_port": 1, "client_reconect_interval": 5}}})
+    make_aggregator_workspace(tmp_path / "bad_network", config, names, use_tls=True)
+    code, line = fx(tmp_path / "bad_network", "plan", "initialize")
+    assert code != 0 and line.startswith("network.settings.client_reconect_interval: unknown setting"), line
+    assert not (tmp_path / "bad_network" / "cert").exists()
+
+    config = merged(plan, {**runner({"per_collaborator": {"colaborator2": {"epochs": 2}}}),
+                           "network": {"settings": {"agg_port": 1, "use_tls": False}}})
+    make_aggregator_workspace(tmp_path / "misspelt", config, names, use_tls=False)  # cols.yaml lists the names
+    assert fx(tmp_path / "misspelt", "plan", "initialize") == (0, None)  # the names are not known there
+    code, line = fx(tmp_path / "misspelt", "aggregator", "start", timeout=120)  # before: served, waiting
+    assert code != 0 and line == ("task_runner.settings.per_collaborator.colaborator2: no collaborator of this "
+                                  "federation has that name; its collaborators: collaborator1, collaborator2"), line

@@ -54,25 +54,60 @@ def _liveness_seconds(text: str) -> float:
     return value
 
 
+def _whole_number(minimum: int, what: str = ""):
+    def convert(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}{what}, got {text!r}")
+        return value
+    return convert
+
+
+def _port_number(text: str) -> int:
+    try:
+        return int(text)  # the range (and whether it is free) is prepare's check_port, for every caller
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a TCP port, a whole number in 1..65535, got {text!r}") from None
+
+
+def _timeout_seconds(text: str) -> float:
+    try:
+        return float(text)  # > 0 is checked in main, which names --timeout with the value
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds > 0 (leave it out for no limit), "
+                                         f"got {text!r}") from None
+
+
+class Parser(argparse.ArgumentParser):
+    """Errors in one line that names the flag and the value (argparse's usage block is --help's)."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message}  (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m workspace", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="python -m workspace", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     def setup_options(p):
-        p.add_argument("--collaborators", type=int, default=3, help="number of collaborators (default 3)")
-        p.add_argument("--rounds", type=int, default=3, help="rounds to train (default 3)")
+        p.add_argument("--collaborators", type=_whole_number(1), default=3, help="number of collaborators (default 3)")
+        p.add_argument("--rounds", type=_whole_number(1), default=3, help="rounds to train (default 3)")
         p.add_argument("--dir", type=Path, default=None, help="run folder (default runs/<timestamp>); must be new or empty")
         p.add_argument("--no-tls", action="store_true", help="plain gRPC, no certificates (debugging only)")
-        p.add_argument("--poll-interval", type=int, default=None, metavar="SECONDS",
+        p.add_argument("--poll-interval", type=_whole_number(1, " (seconds)"), default=None, metavar="SECONDS",
                        help="aggregator.settings.poll_interval_s: how long an idle collaborator waits before asking again")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                        help="plan override, dotted key and YAML value, e.g. --set tasks.train.kwargs.epochs=1 (repeatable)")
-        p.add_argument("--port", type=int, default=None, help="aggregator port on 127.0.0.1 (default: a free one)")
+        p.add_argument("--port", type=_port_number, default=None,
+                       help="aggregator port on 127.0.0.1 (default: a free one)")
         p.add_argument("--plan", type=Path, default=WORKSPACE_ROOT / "plan" / "plan.yaml", help="base plan")
 
     def start_options(p):
-        p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+        p.add_argument("--timeout", type=_timeout_seconds, default=None, metavar="SECONDS",
                        help="stop everything and fail after this long (default: no limit)")
         p.add_argument("--keep-going", action="store_true",
                        help="if a collaborator dies, let the others finish (the plan's straggler policy ends each "

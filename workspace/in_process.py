@@ -79,6 +79,14 @@ class PlanFileError(ValueError):
     """A plan file that cannot be read as a plan; the message starts with the file's path."""
 
 
+def yaml_problem(err: Exception) -> str:
+    """A YAML error in one line, " at line L, column C: problem" (PyYAML's own text spans several lines)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{where}: {problem}"
+
+
 def read_plan(path: Path) -> dict:
     """The plan file as a mapping; PlanFileError in one line naming the file (and the line of a YAML error)."""
     path = Path(path)
@@ -89,10 +97,7 @@ def read_plan(path: Path) -> dict:
     try:
         config = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise PlanFileError(f"{path}: not valid YAML{where}: {problem}") from None
+        raise PlanFileError(f"{path}: not valid YAML{yaml_problem(err)}") from None
     if not isinstance(config, dict):
         raise PlanFileError(f"{path}: not a plan (a YAML mapping of sections such as task_runner, tasks), got "
                             f"{type(config).__name__}")
@@ -101,7 +106,8 @@ def read_plan(path: Path) -> dict:
 
 def check_settings(config: Mapping, collaborators: list[str]) -> None:
     """The checks of a run's plan that need neither torch nor OpenFL (the tooling makes them before any folder):
-    the aggregator's settings, the tasks and the per-collaborator names (src.plan_checks). ValueError naming the key."""
+    the aggregator's settings, the tasks, the per-collaborator names and the network, collaborator and
+    straggler-policy settings (src.plan_checks). ValueError naming the key."""
     from src.aggregator_settings import AggregatorSettings
     from src.plan_checks import check_plan
 

@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 
 import yaml
 
-from workspace.in_process import PlanFileError, check_settings, collaborator_names, deep_merge, read_plan
+from workspace.in_process import PlanFileError, check_settings, collaborator_names, deep_merge, read_plan, yaml_problem
 
 AGG_ADDR = "localhost"  # the aggregator's certificate is made for this name; gRPC binds it to 127.0.0.1
 # Plan keys this tool sets from its own flags (the run's state, e.g. federation.json's port and rounds, must agree
@@ -45,7 +45,7 @@ def parse_set_option(text: str) -> dict:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as err:
-        raise PlanOverrideError(f"--set {key}: the value {raw!r} is not valid YAML: {err}") from None
+        raise PlanOverrideError(f"--set {key}: the value {raw!r} is not valid YAML{yaml_problem(err)}") from None
     nested: dict = {parts[-1]: value}
     for part in reversed(parts[:-1]):
         nested = {part: nested}
