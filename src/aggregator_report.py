@@ -280,12 +280,11 @@ def gate_metrics(records: list[dict]) -> list[str]:
 
 
 def _value_of(entry: Mapping, metric: str) -> float | None:
-    """A collaborator's value of a gate metric: the value its gate compared when it tripped, else the estimate it
-    sent (interval bounds stay with the party)."""
-    tripped = entry.get("tripped", {})
-    if tripped.get(metric) is not None:
-        return tripped[metric]
-    return entry.get("audit_metrics", {}).get(metric)
+    """A collaborator's estimate of a gate metric, as it sent it: one kind of value for every collaborator, so the
+    mean and the worst compare like with like (the interval bound a gate may compare stays with the party; a metric
+    that is itself a bound is only known where it tripped)."""
+    value = entry.get("audit_metrics", {}).get(metric)
+    return value if value is not None else entry.get("tripped", {}).get(metric)
 
 
 def _plot_file(metric: str) -> str:
@@ -320,14 +319,17 @@ def write_plots(records: list[dict], root: Path) -> list[tuple[str, str]]:
 
 
 def _verdict_text(entry: Mapping, metric: str) -> str:
-    """"withheld: 0.62 > 0.55" for one collaborator and one gate metric."""
+    """"0.524; compared 0.5967 > 0.58" for one collaborator and one gate metric: its estimate, and the value its gate
+    compared with the threshold where it tripped (passed: at most the threshold)."""
     value, threshold = _value_of(entry, metric), entry.get("thresholds", {}).get(metric)
-    if value is None:
-        return ""
-    side = ""
+    tripped = entry.get("tripped", {})
+    text = _fmt(value) if value is not None else "–"
+    if metric in tripped:
+        compared = _fmt(tripped[metric]) if tripped[metric] is not None else "not finite"
+        return text + f"; compared {compared} > {_fmt(threshold) if threshold is not None else 'its threshold'}"
     if threshold is not None:
-        side = f" {'>' if metric in entry.get('tripped', {}) else '≤'} {_fmt(threshold)}"
-    return f"{_fmt(value)}{side}"
+        return text + f"; passed (≤ {_fmt(threshold)})"
+    return text if value is not None else ""
 
 
 def _round_row(record: Mapping, names: list[str], metric: str | None) -> str:
@@ -360,9 +362,10 @@ def _round_row(record: Mapping, names: list[str], metric: str | None) -> str:
 _VOCABULARY = ("Verdicts, in the collaborators' words: <b>kept</b> (averaged as trained), <b>dp_retrained</b> (its "
                "gate retrained the update with DP; the DP-retrained update was averaged), <b>withheld</b> (its gate "
                "kept the update back: not averaged), <b>left_out_non_finite</b> (NaN/Inf in what it sent: not "
-               "averaged), <b>straggler</b> (the round ended without it). Values: the one its gate compared when it "
-               "tripped, else the estimate it sent (the interval bounds a gate may compare stay with the party); "
-               "for privacy the worst (largest) collaborator counts, not the mean.")
+               "averaged), <b>straggler</b> (the round ended without it). Thresholds: each gate's, as the "
+               "collaborators sent them. Values: the estimate each collaborator sent; where its gate tripped, also "
+               "the value it compared (an interval's bound, as its gate's bound says: the bounds stay with the "
+               "party). For privacy the worst (largest) collaborator counts, not the mean.")
 
 
 def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool, deanon: bool) -> str:

@@ -109,7 +109,7 @@ _FIDEL_NOTE = ("Fidel's reconstructions from this round's update: top row, membe
 _HIST_NOTE = ("Members' (blue) and non-members' (grey) per-sample values of each attack's signal: the more the two "
               "differ, the better a threshold tells them apart (the exact AUC above each panel). Panels in red have "
               "an AUC below 0.5.")
-_DEANON_NOTE = ("Deanonymization self-audit: could a server tell this party's updates from a crowd of users'? AP "
+_DEANON_NOTE = ("Could a server tell this party's updates from a crowd of users'? AP "
                 "over chance is the attack's average precision divided by a random ranking's; its ceiling, n/H_n for "
                 "n candidate users, is reached when the attack ranks this party first every time (shown as the "
                 "maximum it is). 1 = no better than chance.")

@@ -36,6 +36,7 @@ _SIGNAL_COLORS = {
     "independent": "tab:cyan",
 }
 _EXTRA_COLORS = ("tab:pink", "tab:olive", "tab:gray", "gold", "navy", "teal")
+_COLLABORATOR_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
 _CHANCE_STYLE = {"color": "0.45", "linestyle": ":", "linewidth": 1.2}
 
 def _model_style(model: str) -> tuple[str, str]:
@@ -303,7 +304,8 @@ def plot_collaborators(rounds: list[int], values: Mapping[str, list[float]], pat
     ax = fig.add_subplot()
     table = np.array([values[name] for name in sorted(values)], dtype=float).reshape(len(values), len(rounds))
     for i, name in enumerate(sorted(values)):
-        ax.plot(x, table[i], "o", markersize=5, alpha=0.75, color=_EXTRA_COLORS[i % len(_EXTRA_COLORS)], label=name)
+        ax.plot(x, table[i], "o", markersize=7, alpha=0.85, color=_COLLABORATOR_COLORS[i % len(_COLLABORATOR_COLORS)],
+                label=name)
     with np.errstate(all="ignore"):
         have = np.isfinite(table).any(axis=0)
         mean = np.where(have, np.nanmean(np.where(np.isfinite(table), table, np.nan), axis=0), np.nan)
@@ -321,7 +323,8 @@ def plot_collaborators(rounds: list[int], values: Mapping[str, list[float]], pat
         _sparse_log_ticks(ax.yaxis)
         ax.set_ylim(_log_floor([finite]), None)
     elif finite.size and finite.min() >= 0:
-        ax.set_ylim(0.0, None)  # rates, AUCs, epsilons: no negative axis
+        top = max([float(finite.max())] + [t for t in (thresholds or []) if math.isfinite(t)])
+        ax.set_ylim(0.0, top * 1.08 if top > 0 else 1.0)  # rates, AUCs, epsilons: no negative axis; no dot on the edge
     if len(x) == 1:
         ax.set_xlim(x[0] - 1, x[0] + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
