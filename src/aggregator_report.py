@@ -359,10 +359,10 @@ def _round_row(record: Mapping, names: list[str], metric: str | None) -> str:
             + f"<td class=\"text\">{e(', '.join(record['kept']) or 'none')}</td></tr>")
 
 
-_VOCABULARY = ("Verdicts, in the collaborators' words: <b>kept</b> (averaged as trained), <b>dp_retrained</b> (its "
-               "gate retrained the update with DP; the DP-retrained update was averaged), <b>withheld</b> (its gate "
-               "kept the update back: not averaged), <b>left_out_non_finite</b> (NaN/Inf in what it sent: not "
-               "averaged), <b>straggler</b> (the round ended without it). Thresholds: each gate's, as the "
+_VOCABULARY = ("Verdicts, in the collaborators' words: <strong>kept</strong> (averaged as trained), <strong>dp_retrained</strong> (its "
+               "gate retrained the update with DP; the DP-retrained update was averaged), <strong>withheld</strong> (its gate "
+               "kept the update back: not averaged), <strong>left_out_non_finite</strong> (NaN/Inf in what it sent: not "
+               "averaged), <strong>straggler</strong> (the round ended without it). Thresholds: each gate's, as the "
                "collaborators sent them. Values: the estimate each collaborator sent; where its gate tripped, also "
                "the value it compared (an interval's bound, as its gate's bound says: the bounds stay with the "
                "party). For privacy the worst (largest) collaborator counts, not the mean.")
@@ -375,7 +375,7 @@ def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool,
         '<p>Data: <a href="decisions.csv">decisions.csv</a>, <a href="metrics.csv">metrics.csv</a>, '
         "one <code>round_NNNN.json</code> per round.</p>"]
     if deanon:
-        body.append('<p><b>Deanonymization (server side)</b>: <a href="deanon/ap_over_chance.png">ap_over_chance.png'
+        body.append('<p><strong>Deanonymization (server side)</strong>: <a href="deanon/ap_over_chance.png">ap_over_chance.png'
                     '</a>, <a href="deanon/summary.csv">summary.csv</a>. How well an honest-but-curious server links '
                     "the updates it receives to the collaborator that sent them: average precision over chance per "
                     "attack and round (1 = a random guess; the ceiling, n/H_n for n collaborators, is a perfect "

@@ -88,12 +88,12 @@ def verdict_block(record: Mapping) -> list[str]:
     and the leak status in plain words; AUCs below 0.5 flagged."""
     v = round_verdict(record)
     cls = escape(v.verdict or "none")
-    out = [f'<div class="verdict v-{cls}"><p><b>Verdict: <span class="{cls}">{escape(v.verdict or "no gate")}</span>'
-           f"</b>{escape(f' (gate action: {v.action})' if v.action else '')} · <b>leak status:</b> {escape(v.status)}"
-           f" · <b>DP:</b> {escape(v.epsilon)}</p>"]
+    out = [f'<div class="verdict v-{cls}"><p><strong>Verdict: <span class="{cls}">{escape(v.verdict or "no gate")}</span>'
+           f"</strong>{escape(f' (gate action: {v.action})' if v.action else '')} · <strong>leak status:</strong> {escape(v.status)}"
+           f" · <strong>DP:</strong> {escape(v.epsilon)}</p>"]
     if v.checks:
         out.append("<ul>" + "".join(
-            f'<li class="{"tripped" if c.tripped else ""}">{"<b>decided it</b>: " if c in v.deciding else ""}'
+            f'<li class="{"tripped" if c.tripped else ""}">{"<strong>decided it</strong>: " if c in v.deciding else ""}'
             f"{escape(c.text())}</li>" for c in v.checks) + "</ul>")
     low = inverted_attacks(record)
     if low:
@@ -120,7 +120,7 @@ def _private_views(record: Mapping, d: str, files: set[str]) -> list[str]:
     self-audit's table, each with a sentence on how to read it."""
     out = []
     if HISTOGRAMS_FILE in files:
-        out.append(f'<p><b>Signal histograms</b> (<a href="{href(d, HISTOGRAMS_FILE)}">{escape(HISTOGRAMS_FILE)}</a>): '
+        out.append(f'<p><strong>Signal histograms</strong> (<a href="{href(d, HISTOGRAMS_FILE)}">{escape(HISTOGRAMS_FILE)}</a>): '
                    f'{escape(_HIST_NOTE)}</p><p><a href="{href(d, HISTOGRAMS_FILE)}"><img src="{href(d, HISTOGRAMS_FILE)}" '
                    f'alt="{escape("signal histograms, round " + str(record["round"]))}" loading="lazy"></a></p>')
     fidel = (record.get("extra") or {}).get("fidel")
@@ -129,7 +129,7 @@ def _private_views(record: Mapping, d: str, files: set[str]) -> list[str]:
         if isinstance(fidel, Mapping):
             summary = (f" {fmt(fidel.get('revealed_union', fidel.get('revealed')))} of {fmt(fidel.get('n_samples'))} "
                        f"members revealed (r ≥ {fmt(fidel.get('threshold'))}, layer {fidel.get('layer')}).")
-        out.append(f'<p><b>Fidel</b> (<a href="{href(d, FIDEL_GRID_FILE)}">{escape(FIDEL_GRID_FILE)}</a>):'
+        out.append(f'<p><strong>Fidel</strong> (<a href="{href(d, FIDEL_GRID_FILE)}">{escape(FIDEL_GRID_FILE)}</a>):'
                    f"{escape(summary)} {escape(_FIDEL_NOTE)}</p>")
     deanon = (record.get("extra") or {}).get("deanon")
     if isinstance(deanon, Mapping) and isinstance(deanon.get("attacks"), Mapping):
@@ -142,7 +142,7 @@ def _private_views(record: Mapping, d: str, files: set[str]) -> list[str]:
             rows.append(f"<tr><td>{escape(name)}</td><td>{escape(fmt(a.get('ap_over_chance'), 3))}</td>"
                         f"<td>{escape(fmt(ceiling, 3))}</td><td>{escape(fmt(a.get('mean_ap', a.get('ap')), 3))}</td>"
                         f"<td>{escape(fmt(a.get('top1'), 3))}</td></tr>")
-        out.append(f'<p id="{escape(d)}-deanon"><b>Deanonymization self-audit</b> (crowd of '
+        out.append(f'<p id="{escape(d)}-deanon"><strong>Deanonymization self-audit</strong> (crowd of '
                    f"{escape(fmt(deanon.get('crowd_users')))} users, layer {escape(deanon.get('layer'))}): "
                    f"{escape(_DEANON_NOTE)}</p>")
         out.append('<div class="scroll"><table><tr><th>attack</th><th>AP over chance</th><th>ceiling: the maximum '
