@@ -308,8 +308,9 @@ def write_plots(records: list[dict], root: Path) -> list[tuple[str, str]]:
                           for r in records] for n in names}
             values = {n: [math.nan if v is None else v for v in vs] for n, vs in values.items()}
             thresholds = [_threshold_of(r, metric) for r in records]
+            tripped = {n: [metric in r["collaborators"].get(n, {}).get("tripped", {}) for r in records] for n in names}
             plot_collaborators(rounds, values, root / _plot_file(metric), metric=metric,
-                               thresholds=[math.nan if t is None else t for t in thresholds])
+                               thresholds=[math.nan if t is None else t for t in thresholds], tripped=tripped)
             made.append((metric, _plot_file(metric)))
     keep = {name for _, name in made}
     for stale in root.glob("gate_*.png"):
@@ -379,7 +380,9 @@ def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool,
                     '</a>, <a href="deanon/summary.csv">summary.csv</a>. How well an honest-but-curious server links '
                     "the updates it receives to the collaborator that sent them: average precision over chance per "
                     "attack and round (1 = a random guess; the ceiling, n/H_n for n collaborators, is a perfect "
-                    "linkage).</p>")
+                    "linkage).</p>"
+                    '<p><img src="deanon/ap_over_chance.png" alt="server-side deanonymization: AP over chance per '
+                    'round"></p>')
     if not records:
         body.append("<p>No rounds yet.</p>")
         return page("Aggregator report", body)
@@ -398,7 +401,7 @@ def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool,
         body.append(f"<h2>{e(name)} per round</h2>")
         body.append(f'<p class="muted">Each collaborator\'s value (dots), their mean and the worst (largest) of them; '
                     "the red line is the gate's threshold (none drawn: no gate watches it). A collaborator above the "
-                    "red line had its update withheld or DP-retrained.</p>")
+                    "red line had its update withheld or DP-retrained (ringed in red where its gate tripped).</p>")
         body.append(f'<p><img src="{e(file)}" alt="{e(name)} per round for every collaborator"></p>')
     for r in reversed(records):
         counts = ", ".join(f"{key.replace('_', ' ')} {len(r.get(key, []))}" for key in STATUS_LISTS)

@@ -120,8 +120,8 @@ def _private_views(record: Mapping, d: str, files: set[str]) -> list[str]:
     self-audit's table, each with a sentence on how to read it."""
     out = []
     if HISTOGRAMS_FILE in files:
-        out.append(f'<p><strong>Signal histograms</strong> (<a href="{href(d, HISTOGRAMS_FILE)}">{escape(HISTOGRAMS_FILE)}</a>): '
-                   f'{escape(_HIST_NOTE)}</p><p><a href="{href(d, HISTOGRAMS_FILE)}"><img src="{href(d, HISTOGRAMS_FILE)}" '
+        link = href(d, HISTOGRAMS_FILE)
+        out.append(f'<h4>Signal histograms</h4><p>{escape(_HIST_NOTE)}</p><p><a href="{link}"><img src="{link}" '
                    f'alt="{escape("signal histograms, round " + str(record["round"]))}" loading="lazy"></a></p>')
     fidel = (record.get("extra") or {}).get("fidel")
     if FIDEL_GRID_FILE in files:
@@ -129,8 +129,8 @@ def _private_views(record: Mapping, d: str, files: set[str]) -> list[str]:
         if isinstance(fidel, Mapping):
             summary = (f" {fmt(fidel.get('revealed_union', fidel.get('revealed')))} of {fmt(fidel.get('n_samples'))} "
                        f"members revealed (r ≥ {fmt(fidel.get('threshold'))}, layer {fidel.get('layer')}).")
-        out.append(f'<p><strong>Fidel</strong> (<a href="{href(d, FIDEL_GRID_FILE)}">{escape(FIDEL_GRID_FILE)}</a>):'
-                   f"{escape(summary)} {escape(_FIDEL_NOTE)}</p>")
+        out.append(f"<h4>Fidel</h4><p>{escape(summary.strip())} {escape(_FIDEL_NOTE)} The grid: "
+                   f'<a href="{href(d, FIDEL_GRID_FILE)}">{escape(FIDEL_GRID_FILE)}</a> (private: it shows the members).</p>')
     deanon = (record.get("extra") or {}).get("deanon")
     if isinstance(deanon, Mapping) and isinstance(deanon.get("attacks"), Mapping):
         rows = []
@@ -142,9 +142,8 @@ def _private_views(record: Mapping, d: str, files: set[str]) -> list[str]:
             rows.append(f"<tr><td>{escape(name)}</td><td>{escape(fmt(a.get('ap_over_chance'), 3))}</td>"
                         f"<td>{escape(fmt(ceiling, 3))}</td><td>{escape(fmt(a.get('mean_ap', a.get('ap')), 3))}</td>"
                         f"<td>{escape(fmt(a.get('top1'), 3))}</td></tr>")
-        out.append(f'<p id="{escape(d)}-deanon"><strong>Deanonymization self-audit</strong> (crowd of '
-                   f"{escape(fmt(deanon.get('crowd_users')))} users, layer {escape(deanon.get('layer'))}): "
-                   f"{escape(_DEANON_NOTE)}</p>")
+        out.append(f'<h4 id="{escape(d)}-deanon">Deanonymization self-audit</h4><p>{escape(_DEANON_NOTE)} (Crowd of '
+                   f"{escape(fmt(deanon.get('crowd_users')))} users, layer {escape(deanon.get('layer'))}.)</p>")
         out.append('<div class="scroll"><table><tr><th>attack</th><th>AP over chance</th><th>ceiling: the maximum '
                    "(1 / chance AP; n/H_n for n users)</th><th>AP</th><th>top-1</th></tr>" + "".join(rows) + "</table></div>")
     return out
@@ -172,7 +171,6 @@ def round_section(record: Mapping, tols: list[float], files: set[str] | None = N
     out += verdict_block(record)
     out.append(f'<p class="muted"><a href="{href(d, "audit.json")}">audit.json</a>'
                + (f" · seed {escape(record['seed'])}" if record.get("seed") is not None else "") + "</p>")
-    out += _private_views(record, d, files or set())
     rows, marked = [], False
     for model in ordered_models(record["attacks"]):
         for signal in sorted(record["attacks"][model]):
@@ -196,11 +194,13 @@ def round_section(record: Mapping, tols: list[float], files: set[str] | None = N
         head = (f"<tr><th>model / signal</th><th>exact AUC{escape(ci)}</th><th>grid AUC (Privacy Meter)</th>"
                 + "".join(f"<th>TPR @ FPR ≤ {escape(f'{t:g}')}{escape(ci)}</th>" for t in tols)
                 + "<th>ε ≥</th><th>advantage</th><th>members / non-members / population</th></tr>")
-        out += ['<div class="scroll"><table>', head, *rows, "</table></div>", _AUC_NOTE]
+        out += ["<h4>Membership-inference attacks</h4>", '<div class="scroll"><table>', head, *rows, "</table></div>",
+                _AUC_NOTE]
         if marked:
             out.append(_UNRESOLVED_NOTE)
     out.append(f'<p><a href="{href(d, "roc.png")}"><img src="{href(d, "roc.png")}" '
                f'alt="{escape(f"ROC curves, round {rnd}")}" loading="lazy"></a></p>')
+    out += _private_views(record, d, files or set())
     details = {k: record[k] for k in ("settings", "timings", "extra") if record.get(k)}
     if details:
         text = json.dumps(details, sort_keys=True, indent=2, default=str)

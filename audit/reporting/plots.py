@@ -296,9 +296,11 @@ def plot_signal_histograms(record: Mapping, scores: Mapping[str, np.ndarray], pa
 
 
 def plot_collaborators(rounds: list[int], values: Mapping[str, list[float]], path: Path, *, metric: str,
-                       thresholds: list[float] | None = None, log_y: bool = False) -> None:
+                       thresholds: list[float] | None = None, log_y: bool = False,
+                       tripped: Mapping[str, list[bool]] | None = None) -> None:
     """One metric per round for every collaborator (dots), their mean and the worst (largest) of them: for privacy
-    the maximum counts; `thresholds` (per round, NaN where unknown) as a red step line."""
+    the maximum counts; `thresholds` (per round, NaN where unknown) as a red step line; `tripped` (per collaborator
+    and round: its gate tripped) ringed in red."""
     x = np.asarray(rounds, dtype=float)
     fig = Figure(figsize=(8.4, 4.2), dpi=DPI, layout="constrained")
     ax = fig.add_subplot()
@@ -306,6 +308,11 @@ def plot_collaborators(rounds: list[int], values: Mapping[str, list[float]], pat
     for i, name in enumerate(sorted(values)):
         ax.plot(x, table[i], "o", markersize=7, alpha=0.85, color=_COLLABORATOR_COLORS[i % len(_COLLABORATOR_COLORS)],
                 label=name)
+    rings = [(x[j], table[i, j]) for i, name in enumerate(sorted(values))
+             for j, hit in enumerate((tripped or {}).get(name, [])) if hit and np.isfinite(table[i, j])]
+    if rings:
+        ax.plot(*np.array(rings).T, "o", markersize=13, markerfacecolor="none", markeredgecolor="tab:red",
+                markeredgewidth=1.5, label="gate tripped (withheld or DP-retrained)")
     with np.errstate(all="ignore"):
         have = np.isfinite(table).any(axis=0)
         mean = np.where(have, np.nanmean(np.where(np.isfinite(table), table, np.nan), axis=0), np.nan)
@@ -323,8 +330,12 @@ def plot_collaborators(rounds: list[int], values: Mapping[str, list[float]], pat
         _sparse_log_ticks(ax.yaxis)
         ax.set_ylim(_log_floor([finite]), None)
     elif finite.size and finite.min() >= 0:
-        top = max([float(finite.max())] + [t for t in (thresholds or []) if math.isfinite(t)])
-        ax.set_ylim(0.0, top * 1.08 if top > 0 else 1.0)  # rates, AUCs, epsilons: no negative axis; no dot on the edge
+        shown = [float(finite.min()), float(finite.max())] + [t for t in (thresholds or []) if math.isfinite(t)]
+        shown += [0.5] if "auc" in metric else []
+        low, top = min(shown), max(shown)
+        pad = max(0.05 * (top - low), 0.02)
+        # rates, AUCs, epsilons: never a negative axis; no dot on the edge
+        ax.set_ylim(max(0.0, low - pad), top + pad)
     if len(x) == 1:
         ax.set_xlim(x[0] - 1, x[0] + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
