@@ -260,7 +260,12 @@ def plot_signal_histograms(record: Mapping, scores: Mapping[str, np.ndarray], pa
         return False
     cols = min(3, len(panels))
     rows = math.ceil(len(panels) / cols)
-    fig = Figure(figsize=(4.2 * cols, 2.9 * rows), dpi=DPI, layout="constrained")
+    width, height = 4.2 * cols, 2.9 * rows + 0.4
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    # Fixed margins (in inches) instead of constrained layout: several times faster, and bbox_inches="tight" on
+    # saving keeps every label inside the image.
+    fig.subplots_adjust(left=0.6 / width, right=1 - 0.15 / width, bottom=0.55 / height, top=1 - 0.75 / height,
+                        wspace=0.28, hspace=0.75)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, (model, signal, members, nonmembers) in zip(axes, panels):
         both = np.concatenate([members, nonmembers])
@@ -275,8 +280,10 @@ def plot_signal_histograms(record: Mapping, scores: Mapping[str, np.ndarray], pa
         bins = np.linspace(lo, hi, 31)
         for values, label, color in ((nonmembers, "non-members", "tab:gray"), (members, "members", "tab:blue")):
             values = np.clip(values[np.isfinite(values)], lo, hi)
-            ax.hist(values, bins=bins, weights=np.full(values.size, 1.0 / max(values.size, 1)), histtype="stepfilled",
-                    alpha=0.45, color=color, label=f"{label} ({values.size})")
+            counts, _ = np.histogram(values, bins=bins)
+            # one artist per set (ax.hist draws a patch per bin)
+            ax.stairs(counts / max(values.size, 1), bins, fill=True, alpha=0.45, color=color,
+                      label=f"{label} ({values.size})")
         auc = exact_auc_of(record["attacks"][model][signal])
         title = f"{_MODEL_TITLES.get(model, model)} / {signal}\nexact AUC {fmt(auc, 3)}"
         inverted = auc < 0.5
@@ -287,11 +294,13 @@ def plot_signal_histograms(record: Mapping, scores: Mapping[str, np.ndarray], pa
                       fontsize=8)
         ax.set_ylabel("share of the set", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.legend(fontsize=7, loc="best")
+        ax.xaxis.set_major_locator(MaxNLocator(5))  # few ticks: the axes' ticks are most of the drawing time
+        ax.yaxis.set_major_locator(MaxNLocator(4))
+        ax.legend(fontsize=7, loc="upper right")  # "best" searches every position against the data
     for ax in axes[len(panels):]:
         ax.set_visible(False)
     fig.suptitle(f"{record['party']} – round {record['round']}: members vs non-members, per signal", fontsize=11)
-    atomic_savefig(fig, path, dpi=DPI)
+    atomic_savefig(fig, path, dpi=DPI)  # the fixed margins hold every label (a tight bbox draws the figure twice)
     return True
 
 
