@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
 from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT, NON_FINITE_UPDATE,
-                                        VERDICTS, WITHHELD, tripped_name)
+                                        VERDICTS, WITHHELD, threshold_name, tripped_name)
 from audit.config.vocabulary import EPSILON_LB
 
 __all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "Retrained", "DPTry", "GateOutcome",
@@ -124,10 +124,12 @@ class GateOutcome:
             out["dp_train_loss"] = self.retrained.train_loss
         return out
 
-    def scalars(self, watched: tuple[str, ...]) -> dict[str, float]:
+    def scalars(self, watched: tuple[str, ...], thresholds: Mapping[str, float] | None = None) -> dict[str, float]:
         """The scalars the aggregator gets (names: the contract with src.aggregation and its report). `watched`:
         every metric any gate of the plan watches, so every collaborator sends the same names each round (OpenFL's
-        aggregator fails when a metric is missing from some collaborators); NON_FINITE_UPDATE always."""
+        aggregator fails when a metric is missing from some collaborators); NON_FINITE_UPDATE always. `thresholds`: this
+        party's gate thresholds, sent per watched metric (NaN for one its gate does not watch) for the aggregator's
+        report."""
         out = {
             GATE_KEPT: 0.0 if self.verdict == WITHHELD else 1.0,
             GATE_RETRIES: float(self.retries),
@@ -136,6 +138,8 @@ class GateOutcome:
         tripped = self.gate_verdict.tripped
         for name in (*watched, *((NON_FINITE_UPDATE,) if NON_FINITE_UPDATE not in watched else ())):
             out[tripped_name(name)] = float(tripped[name][0]) if name in tripped else 0.0
+        if thresholds is not None:
+            out.update({threshold_name(name): float(thresholds.get(name, math.nan)) for name in watched})
         return out
 
 

@@ -17,8 +17,10 @@ disk, so a crash leaves the earlier rounds intact and the next round repairs the
 
     round_0003.json   the round record
     decisions.csv     one row per round and collaborator: status, reason, gate metrics
-    metrics.csv       one row per round: counts and the audit metrics averaged over the collaborators
-    index.html        all of it on one page, newest round first
+    metrics.csv       one row per round: counts, each audit metric's mean over the collaborators and its worst
+                      (largest) value, `worst:<metric>`
+    gate_<metric>.png each gate metric per round: every collaborator, the mean, the worst, the threshold
+    index.html        all of it on one page: the verdicts per round first, then the plots, then each round
 """
 
 from __future__ import annotations
@@ -29,14 +31,18 @@ import html
 import io
 import logging
 import math
+import re
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from audit.config.gate_contract import (GATE_EPSILON, GATE_KEPT, GATE_KEPT_NOT_FINITE, GATE_RETRIES, GATE_TRIPPED_PREFIX,
-                                        KEPT, LEFT_OUT_NON_FINITE, NO_GATE_METRIC, NON_FINITE_TENSORS, NON_FINITE_UPDATE,
-                                        STRAGGLER, WITHHELD, Decision, decide)
+from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_KEPT_NOT_FINITE, GATE_RETRIES,
+                                        GATE_THRESHOLD_PREFIX, GATE_TRIPPED_PREFIX, KEPT, LEFT_OUT_NON_FINITE,
+                                        NO_GATE_METRIC, NON_FINITE_TENSORS, NON_FINITE_UPDATE, STRAGGLER, WITHHELD,
+                                        Decision, decide)
 from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.csv_cells import spreadsheet_safe_row
-from audit.reporting.html import page
+from audit.reporting.html import page, write_index
+from audit.reporting.plots import plot_collaborators
 from audit.reporting.writer import RoundReportWriter
 
 logger = logging.getLogger(__name__)
@@ -102,6 +108,8 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
     ]
     retries = _finite_or_none(metrics.get(GATE_RETRIES))
     epsilon = _finite_or_none(metrics.get(GATE_EPSILON))
+    thresholds = {name[len(GATE_THRESHOLD_PREFIX):]: _finite_or_none(value) for name, value in sorted(metrics.items())
+                  if name.startswith(GATE_THRESHOLD_PREFIX) and _finite_or_none(value) is not None}
 
     if straggler:
         status = STRAGGLER
@@ -112,6 +120,8 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
         reason = _reason(decision, metrics.get(GATE_KEPT), causes, retries)
     return {
         "status": status,
+        # The collaborators' vocabulary: a kept update its gate retrained with DP is dp_retrained.
+        "verdict": DP_RETRAINED if status == KEPT and retries else status,
         "cause": STRAGGLER if straggler else decision.cause,
         "averaged": status == KEPT,
         "reason": reason,
@@ -120,6 +130,7 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
         "gate_retries": retries,
         "gate_epsilon": epsilon,
         "tripped": tripped,
+        "thresholds": thresholds,
         "audit_metrics": {k: _finite_or_none(v) for k, v in sorted(metrics.items()) if k.startswith(AUDIT_PREFIX)},
         "other_metrics": {
             k: _finite_or_none(v) for k, v in sorted(metrics.items())
@@ -174,7 +185,10 @@ def round_record(round_num: int, *, authorized: Iterable[str], stragglers: Itera
     averaged = {}
     for name in names:
         values = [e["audit_metrics"][name] for e in collaborators.values() if e["audit_metrics"].get(name) is not None]
-        averaged[name] = {"mean": sum(values) / len(values), "n": len(values)}
+        worst = max((e["audit_metrics"][name], n) for n, e in collaborators.items()
+                    if e["audit_metrics"].get(name) is not None)
+        # For privacy the worst collaborator counts, not the mean: the largest value and whose it is.
+        averaged[name] = {"mean": sum(values) / len(values), "n": len(values), "max": worst[0], "worst": worst[1]}
     # What a reader would not expect from the gates' verdicts alone.
     notes = [f"{n}: {e['reason']}" for n, e in collaborators.items()
              if e["cause"] in (NO_GATE_METRIC, GATE_KEPT_NOT_FINITE, NON_FINITE_TENSORS)]
@@ -199,7 +213,15 @@ class AggregatorReportWriter(RoundReportWriter):
         records = self.load_rounds()
         atomic_write_text(self.root / "decisions.csv", _decisions_csv(records))
         atomic_write_text(self.root / "metrics.csv", _metrics_csv(records))
-        atomic_write_text(self.root / "index.html", _page(records))
+        plots = write_plots(records, self.root)
+        # In a run's report root (the demo's --log_dir, or collaborators' reports beside it) the run index lists this
+        # report and every party's, and this page links back to it.
+        run_root = self.root.parent
+        in_run = (run_root / "index.html").is_file()
+        atomic_write_text(self.root / "index.html", _page(records, plots, run_index=in_run,
+                                                          deanon=(self.root / "deanon" / "summary.csv").is_file()))
+        if in_run:
+            write_index(run_root)
 
 
 def _fmt(value: Any) -> str:
@@ -236,36 +258,179 @@ def _metrics_csv(records: list[dict]) -> str:
     names = sorted({k for r in records for k in r.get("averaged_audit_metrics", {})})
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(spreadsheet_safe_row(["round", *STATUS_LISTS, *names]))
+    writer.writerow(spreadsheet_safe_row(["round", *STATUS_LISTS, *names, *(f"worst:{n}" for n in names)]))
     for r in records:
         averaged = r.get("averaged_audit_metrics", {})
         writer.writerow([r["round"], *(len(r.get(key, [])) for key in STATUS_LISTS),
-                         *(float(averaged[n]["mean"]) if n in averaged else "" for n in names)])
+                         *(float(averaged[n]["mean"]) if n in averaged else "" for n in names),
+                         *(float(averaged[n]["max"]) if "max" in averaged.get(n, {}) else "" for n in names)])
     return buf.getvalue()
 
 
-def _page(records: list[dict]) -> str:
+def gate_metrics(records: list[dict]) -> list[str]:
+    """The metrics the collaborators' gates watch (those they sent thresholds or trip flags for); without a gate,
+    the local model's loss attack's exact AUC (or the first exact AUC sent), so the page still plots a leak figure."""
+    watched = sorted({m for r in records for e in r["collaborators"].values()
+                      for m in (*e.get("thresholds", {}), *e.get("tripped", {})) if m != NON_FINITE_UPDATE})
+    if watched:
+        return watched
+    sent = sorted({k for r in records for k in r.get("averaged_audit_metrics", {})})
+    preferred = [n for n in sent if n == "mia_local_loss_exact_auc"] or [n for n in sent if n.endswith("_exact_auc")]
+    return preferred[:1]
+
+
+def _value_of(entry: Mapping, metric: str) -> float | None:
+    """A collaborator's estimate of a gate metric, as it sent it: one kind of value for every collaborator, so the
+    mean and the worst compare like with like (the interval bound a gate may compare stays with the party; a metric
+    that is itself a bound is only known where it tripped)."""
+    value = entry.get("audit_metrics", {}).get(metric)
+    return value if value is not None else entry.get("tripped", {}).get(metric)
+
+
+def _plot_file(metric: str) -> str:
+    return "gate_" + re.sub(r"[^A-Za-z0-9_.-]", "_", metric) + ".png"
+
+
+def _threshold_of(record: Mapping, metric: str) -> float | None:
+    found = {e.get("thresholds", {}).get(metric) for e in record["collaborators"].values()} - {None}
+    return next(iter(found)) if len(found) == 1 else (max(found) if found else None)
+
+
+def write_plots(records: list[dict], root: Path) -> list[tuple[str, str]]:
+    """One plot per gate metric (see gate_metrics): each collaborator, the mean and the worst per round, the
+    threshold; returns (metric, file name) for the page. Stale plots are removed."""
+    made = []
+    if records:
+        rounds = [r["round"] for r in records]
+        names = sorted({n for r in records for n in r["collaborators"]})
+        for metric in gate_metrics(records):
+            values = {n: [_value_of(r["collaborators"][n], metric) if n in r["collaborators"] else None
+                          for r in records] for n in names}
+            values = {n: [math.nan if v is None else v for v in vs] for n, vs in values.items()}
+            thresholds = [_threshold_of(r, metric) for r in records]
+            tripped = {n: [metric in r["collaborators"].get(n, {}).get("tripped", {}) for r in records] for n in names}
+            plot_collaborators(rounds, values, root / _plot_file(metric), metric=metric,
+                               thresholds=[math.nan if t is None else t for t in thresholds], tripped=tripped)
+            made.append((metric, _plot_file(metric)))
+    keep = {name for _, name in made}
+    for stale in root.glob("gate_*.png"):
+        if stale.name not in keep:
+            stale.unlink(missing_ok=True)
+    return made
+
+
+def _verdict_text(entry: Mapping, metric: str) -> str:
+    """"0.524; compared 0.5967 > 0.58" for one collaborator and one gate metric: its estimate, and the value its gate
+    compared with the threshold where it tripped (passed: at most the threshold)."""
+    value, threshold = _value_of(entry, metric), entry.get("thresholds", {}).get(metric)
+    tripped = entry.get("tripped", {})
+    text = _fmt(value) if value is not None else "–"
+    if metric in tripped:
+        compared = _fmt(tripped[metric]) if tripped[metric] is not None else "not finite"
+        return text + f"; compared {compared} > {_fmt(threshold) if threshold is not None else 'its threshold'}"
+    if threshold is not None:
+        return text + f"; passed (≤ {_fmt(threshold)})"
+    return text if value is not None else ""
+
+
+def _round_row(record: Mapping, names: list[str], metric: str | None) -> str:
     e = html.escape
-    body = ["<h1>Aggregator report</h1>",
-            '<p>Data: <a href="decisions.csv">decisions.csv</a>, <a href="metrics.csv">metrics.csv</a>, '
-            "one <code>round_NNNN.json</code> per round.</p>"]
+    cells = []
+    for n in names:
+        entry = record["collaborators"].get(n)
+        if entry is None:
+            cells.append("<td></td>")
+            continue
+        verdict = entry.get("verdict", entry["status"])
+        detail = _verdict_text(entry, metric) if metric else ""
+        cells.append(f'<td class="text"><span class="{e(verdict)}">{e(verdict)}</span>'
+                     + (f"<br><span class=\"muted\">{e(detail)}</span>" if detail else "") + "</td>")
+    summary = ""
+    if metric:
+        values = [v for n in names if n in record["collaborators"]
+                  if (v := _value_of(record["collaborators"][n], metric)) is not None]
+        worst = max(values) if values else None
+        who = [n for n in names if n in record["collaborators"]
+               and _value_of(record["collaborators"][n], metric) == worst and worst is not None]
+        threshold = _threshold_of(record, metric)
+        summary = (f"<td>{e(_fmt(sum(values) / len(values)) if values else '')}</td>"
+                   f"<td>{e(_fmt(worst))}{e(f' ({who[0]})' if who else '')}</td>"
+                   f"<td>{e(_fmt(threshold) if threshold is not None else 'none')}</td>")
+    return (f'<tr><td><a href="#round-{record["round"]}">{record["round"]}</a></td>' + "".join(cells) + summary
+            + f"<td class=\"text\">{e(', '.join(record['kept']) or 'none')}</td></tr>")
+
+
+_VOCABULARY = ("Verdicts, in the collaborators' words: <strong>kept</strong> (averaged as trained), <strong>dp_retrained</strong> (its "
+               "gate retrained the update with DP; the DP-retrained update was averaged), <strong>withheld</strong> (its gate "
+               "kept the update back: not averaged), <strong>left_out_non_finite</strong> (NaN/Inf in what it sent: not "
+               "averaged), <strong>straggler</strong> (the round ended without it). Thresholds: each gate's, as the "
+               "collaborators sent them. Values: the estimate each collaborator sent; where its gate tripped, also "
+               "the value it compared (an interval's bound, as its gate's bound says: the bounds stay with the "
+               "party). For privacy the worst (largest) collaborator counts, not the mean.")
+
+
+def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool, deanon: bool) -> str:
+    e = html.escape
+    body = (['<p><a href="../index.html">&larr; run index</a></p>'] if run_index else []) + [
+        "<h1>Aggregator report</h1>",
+        '<p>Data: <a href="decisions.csv">decisions.csv</a>, <a href="metrics.csv">metrics.csv</a>, '
+        "one <code>round_NNNN.json</code> per round.</p>"]
+    if deanon:
+        body.append('<p><strong>Deanonymization (server side)</strong>: <a href="deanon/ap_over_chance.png">ap_over_chance.png'
+                    '</a>, <a href="deanon/summary.csv">summary.csv</a>. How well an honest-but-curious server links '
+                    "the updates it receives to the collaborator that sent them: average precision over chance per "
+                    "attack and round (1 = a random guess; the ceiling, n/H_n for n collaborators, is a perfect "
+                    "linkage).</p>"
+                    '<p><img src="deanon/ap_over_chance.png" alt="server-side deanonymization: AP over chance per '
+                    'round"></p>')
     if not records:
         body.append("<p>No rounds yet.</p>")
-    names = sorted({k for r in records for k in r.get("averaged_audit_metrics", {})})
-    if names:
-        body.append('<h2>Audit metrics averaged over the collaborators</h2><div class="scroll"><table><tr><th>round</th>'
-                    + "".join(f"<th>{e(n)}</th>" for n in names) + "</tr>")
-        for r in reversed(records):
-            averaged = r.get("averaged_audit_metrics", {})
-            body.append(f"<tr><td>{r['round']}</td>" + "".join(
-                f"<td>{e(_fmt(averaged[n]['mean'])) if n in averaged else ''}</td>" for n in names) + "</tr>")
-        body.append("</table></div>")
+        return page("Aggregator report", body)
+    names = sorted({n for r in records for n in r["collaborators"]})
+    metric = next(iter(gate_metrics(records)), None)
+    body.append("<h2>Verdict per round</h2>")
+    body.append(f'<p class="muted">{_VOCABULARY}</p>')
+    if metric:
+        body.append(f"<p>Gate metric: <code>{e(metric)}</code>.</p>")
+    body.append('<div class="scroll"><table><tr><th>round</th>' + "".join(f"<th>{e(n)}</th>" for n in names)
+                + ("<th>mean</th><th>worst (max)</th><th>threshold</th>" if metric else "")
+                + "<th>averaged</th></tr>")
+    body += [_round_row(r, names, metric) for r in reversed(records)]
+    body.append("</table></div>")
+    for name, file in plots:
+        body.append(f"<h2>{e(name)} per round</h2>")
+        body.append(f'<p class="muted">Each collaborator\'s value (dots), their mean and the worst (largest) of them; '
+                    "the red line is the gate's threshold (none drawn: no gate watches it). A collaborator above the "
+                    "red line had its update withheld or DP-retrained (ringed in red where its gate tripped).</p>")
+        body.append(f'<p><img src="{e(file)}" alt="{e(name)} per round for every collaborator"></p>')
     for r in reversed(records):
         counts = ", ".join(f"{key.replace('_', ' ')} {len(r.get(key, []))}" for key in STATUS_LISTS)
-        body.append(f"<h2>Round {r['round']}</h2><p>averaged: {e(', '.join(r['kept']) or 'none')} ({counts})</p>"
-                    "<table><tr><th>collaborator</th><th>status</th><th>reason</th></tr>")
+        body.append(f'<h2 id="round-{r["round"]}">Round {r["round"]}</h2><p>averaged: '
+                    f"{e(', '.join(r['kept']) or 'none')} ({counts})</p>")
+        body.append('<div class="scroll"><table><tr><th>collaborator</th><th>verdict</th><th>gate metric vs threshold'
+                    "</th><th>DP ε</th><th>reason</th></tr>")
         for name, entry in r["collaborators"].items():
-            body.append(f"<tr><td>{e(name)}</td><td class=\"text {e(entry['status'])}\">{e(entry['status'])}</td>"
-                        f"<td class=\"text\">{e(entry['reason'])}</td></tr>")
-        body.append("</table>")
+            verdict = entry.get("verdict", entry["status"])
+            checks = "; ".join(f"{m}: {t}" for m in sorted({*entry.get("thresholds", {}), *entry.get("tripped", {})})
+                               if (t := _verdict_text(entry, m)))
+            epsilon = (_fmt(entry.get("gate_epsilon")) if entry.get("gate_retries") and entry.get("gate_epsilon")
+                       is not None else "no DP")
+            body.append(f'<tr><td>{e(name)}</td><td class="text {e(verdict)}">{e(verdict)}</td>'
+                        f'<td class="text">{e(checks or "–")}</td><td>{e(epsilon)}</td>'
+                        f'<td class="text">{e(entry["reason"])}</td></tr>')
+        body.append("</table></div>")
+        averaged = r.get("averaged_audit_metrics", {})
+        if averaged:
+            body.append(f"<details{' open' if r is records[-1] else ''}><summary>Audit metrics: mean and worst "
+                        f"collaborator ({len(averaged)})</summary>")
+            body.append('<div class="scroll"><table><tr><th>metric</th><th>mean</th><th>worst (max)</th>'
+                        "<th>worst collaborator</th>" + "".join(f"<th>{e(n)}</th>" for n in names) + "</tr>")
+            for m, a in averaged.items():
+                per = [r["collaborators"].get(n, {}).get("audit_metrics", {}).get(m) for n in names]
+                worst = a.get("max", max((v for v in per if v is not None), default=None))
+                who = a.get("worst", next((n for n, v in zip(names, per) if v == worst and v is not None), ""))
+                body.append(f"<tr><td>{e(m)}</td><td>{e(_fmt(a['mean']))}</td><td>{e(_fmt(worst))}</td>"
+                            f'<td class="text">{e(who)}</td>' + "".join(f"<td>{e(_fmt(v))}</td>" for v in per)
+                            + "</tr>")
+            body.append("</table></div></details>")
     return page("Aggregator report", body)

@@ -295,11 +295,11 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             if mitigation_record is not None:
                 record["extra"]["mitigation"] = mitigation_record
             self.last_record = record
-            round_dir = ReportWriter(settings.report_dir, col_name, log_scale=settings.log_scale).write_round(
-                record_to_json(record)
+            # The private files (e.g. Fidel's images, per-sample scores: only in this party's report) are written
+            # into the round folder before the page is rebuilt, so the page links them.
+            ReportWriter(settings.report_dir, col_name, log_scale=settings.log_scale).write_round(
+                record_to_json(record), private=record.get("_private", ())
             )
-            for write_private in record.get("_private", ()):  # e.g. Fidel's images: only in this party's report
-                write_private(round_dir)
             tripped = outcome.gate_verdict.tripped
             logger.info(
                 "%s round %d audit: %s (audit %.2fs, train %.2fs); gate: %s%s",
@@ -311,7 +311,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             for name, value in record["metrics"].items():
                 if name != "train_loss" and sent_to_aggregator(name):
                     global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
-        for name, value in outcome.scalars(self.gate_watched).items():
+        for name, value in outcome.scalars(self.gate_watched, gate.thresholds).items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out
 

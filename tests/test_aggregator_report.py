@@ -43,7 +43,9 @@ def test_kept_withheld_ungated_and_straggler_with_reasons():
     assert entries["e"]["reason"] == "update withheld: non-finite update (NaN/Inf)"
     assert entries["c"]["other_metrics"] == {"cross_entropy": 0.3}
     # each collaborator that reported the metric counts once
-    assert record["averaged_audit_metrics"]["mia_local_loss_auc"] == {"mean": pytest.approx((0.6 * 3 + 0.8) / 4), "n": 4}
+    # beside the mean, the worst (largest) value and whose it is: for privacy the maximum counts
+    assert record["averaged_audit_metrics"]["mia_local_loss_auc"] == {"mean": pytest.approx((0.6 * 3 + 0.8) / 4), "n": 4,
+                                                                      "max": 0.8, "worst": "c"}
 
 
 def test_a_gate_that_only_reports_is_shown_as_tripped_but_kept():

@@ -292,7 +292,7 @@ def test_gate_verdicts_in_aggregator_report(gated_run):
     proc, log_dir = gated_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     for r in (0, 1):
-        record = json.loads((log_dir / "_run" / "aggregator_report" / f"round_{r:04d}.json").read_text())
+        record = json.loads((log_dir / "aggregator" / f"round_{r:04d}.json").read_text())
         assert record["withheld"] == list(COLLABORATORS) and record["kept"] == []
         for col in COLLABORATORS:
             entry = record["collaborators"][col]
@@ -332,6 +332,6 @@ def test_deanon_run_writes_both_sides_reports(tmp_path):
         record = json.loads((log_dir / col / "round_0002" / "audit.json").read_text())
         assert record["extra"]["deanon"]["crowd_alpha"] == 0.3
         assert record["metrics"]["deanon_ap_over_chance"] > 0
-    server = json.loads((log_dir / "_run" / "aggregator_report" / "deanon" / "round_0002.json").read_text())
+    server = json.loads((log_dir / "aggregator" / "deanon" / "round_0002.json").read_text())
     assert server["status"] == "evaluated"
-    assert (log_dir / "_run" / "aggregator_report" / "deanon" / "summary.csv").is_file()
+    assert (log_dir / "aggregator" / "deanon" / "summary.csv").is_file()

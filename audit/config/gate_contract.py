@@ -24,16 +24,19 @@ from dataclasses import dataclass
 from audit.config.vocabulary import LOWER, UPPER
 
 __all__ = [
-    "GATE_KEPT", "GATE_RETRIES", "GATE_EPSILON", "GATE_TRIPPED_PREFIX", "NON_FINITE_UPDATE",
+    "GATE_KEPT", "GATE_RETRIES", "GATE_EPSILON", "GATE_TRIPPED_PREFIX", "GATE_THRESHOLD_PREFIX", "NON_FINITE_UPDATE",
     "KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "LEFT_OUT_NON_FINITE", "STRAGGLER", "STATUSES",
     "PASSED", "NO_GATE_METRIC", "GATE_WITHHELD", "GATE_KEPT_NOT_FINITE", "NON_FINITE_TENSORS",
-    "Decision", "decide", "tripped_name", "sent_to_aggregator",
+    "Decision", "decide", "tripped_name", "threshold_name", "sent_to_aggregator",
 ]
 
 GATE_KEPT = "gate_kept"
 GATE_RETRIES = "gate_retries"
 GATE_EPSILON = "gate_epsilon"
 GATE_TRIPPED_PREFIX = "gate_tripped__"
+# The threshold a collaborator's gate holds a watched metric to (NaN: its gate does not watch it), so the aggregator's
+# report can show each verdict beside its threshold.
+GATE_THRESHOLD_PREFIX = "gate_threshold__"
 NON_FINITE_UPDATE = "non_finite_update"  # the gate's reason, and the tripped name, for a NaN/Inf update
 
 # A collaborator's gate verdict on its own update (audit.gate_flow): sent as trained, sent after a DP retrain, or
@@ -70,6 +73,11 @@ def sent_to_aggregator(metric: str) -> bool:
 def tripped_name(metric: str) -> str:
     """The metric a collaborator sends for a watched `metric` (e.g. gate_tripped__mia_local_loss_auc)."""
     return GATE_TRIPPED_PREFIX + metric
+
+
+def threshold_name(metric: str) -> str:
+    """The metric a collaborator sends for the threshold of a watched `metric` (e.g. gate_threshold__mia_local_loss_auc)."""
+    return GATE_THRESHOLD_PREFIX + metric
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from audit.config.fidel_settings import FidelSettings
 from audit.fidel.attack import fidel_audit
 from audit.fidel.grid import save_reveal_grid
 from audit.fidel.decoder import train_decoder
+from audit.reporting.records import FIDEL_GRID_FILE
 from audit.round_audit import AuditContext, StepResult
 
 __all__ = ["run"]
@@ -23,5 +24,5 @@ def run(context: AuditContext, settings: FidelSettings) -> StepResult:
     return StepResult(
         metrics=result.metrics(), details=result.to_dict(),
         # The revealed samples beside their reconstructions: private images, only in the party's own round folder.
-        write_private=lambda round_dir: save_reveal_grid(result, sets.members[0], round_dir / "fidel_grid.png"),
+        write_private=lambda round_dir: save_reveal_grid(result, sets.members[0], round_dir / FIDEL_GRID_FILE),
     )

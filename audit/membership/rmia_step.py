@@ -25,6 +25,7 @@ from audit.membership.rmia import OFFLINE_A_GRID, Signals, rmia, true_class_prob
 from audit.membership.step import attack_metrics
 from audit.model_io import chunks, eval_mode, model_input
 from audit.reporting.atomic_io import atomic_write_bytes
+from audit.reporting.records import RMIA_SCORES_FILE
 from audit.round_audit import SETS, AuditContext, StepResult
 
 __all__ = ["run", "tuned_a"]
@@ -149,7 +150,7 @@ def run(context: AuditContext, settings: RMIASettings) -> StepResult:
     def write_scores(round_dir):  # per-sample scores: only in this party's own round folder
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **scores)
-        atomic_write_bytes(round_dir / "rmia_scores.npz", buffer.getvalue())
+        atomic_write_bytes(round_dir / RMIA_SCORES_FILE, buffer.getvalue())
 
     return StepResult(metrics=metrics, attacks={RMIA: attacks}, details=details, timings={"rmia_kinds_s": seconds},
                       write_private=write_scores)

@@ -5,12 +5,16 @@ and the advantage (audit.membership.uncertainty, computed by the attacks)."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 
 from audit.config.vocabulary import (ADVANTAGE, AUC, EPSILON_LB, EXACT_AUC, LOWER, UPPER, bounded, mia_metric,
                                      tpr_statistic)
 from audit.membership.population_attack import population_attack, update_attack
 from audit.membership.signals import compute_signals, member_if_lower
+from audit.reporting.atomic_io import atomic_write_bytes
+from audit.reporting.records import SIGNALS_FILE
 from audit.round_audit import SETS, AuditContext, AuditSets, StepResult
 
 __all__ = ["run", "scalar_metrics", "attack_metrics"]
@@ -105,4 +109,18 @@ def run(context: AuditContext, settings) -> StepResult:
                 g["members"], lo["members"], g["nonmembers"], lo["nonmembers"], g["population"], lo["population"],
                 settings.fpr_tolerance, confidence=settings.confidence, delta=settings.epsilon_delta,
             )}
-    return StepResult(metrics=scalar_metrics(attacks), attacks=attacks, timings={"signals_s": signal_seconds})
+    scores = {f"local_{name}_{set_name}": values for name in wanted for set_name, values in local_values[name].items()}
+    if "global" in attacks:
+        scores.update({f"global_{name}_{set_name}": values
+                       for name in wanted for set_name, values in global_values[name].items()})
+    if "update" in attacks:
+        scores.update({f"update_loss_reduction_{set_name}": global_values["loss"][set_name] - local_values["loss"][set_name]
+                       for set_name in SETS})
+
+    def write_signals(round_dir):  # per-sample signals (the report's histograms): only in this party's round folder
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **scores)
+        atomic_write_bytes(round_dir / SIGNALS_FILE, buffer.getvalue())
+
+    return StepResult(metrics=scalar_metrics(attacks), attacks=attacks, timings={"signals_s": signal_seconds},
+                      write_private=write_signals)

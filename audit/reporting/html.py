@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import math
+import re
 
 import jinja2
 from markupsafe import Markup
@@ -16,11 +17,15 @@ from urllib.parse import quote
 
 from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.readings import (advantage_of, auc_of, confidence_of, csv_cell, epsilon_lb_of, exact_auc_band,
-                                      exact_auc_of, fmt, fmt_interval, ordered_models, rates_at, resolvable_at, tpr_at,
+                                      exact_auc_of, float_or_nan, fmt, fmt_interval, ordered_models, rates_at, resolvable_at, tpr_at,
                                       unresolvable_metrics)
-from audit.reporting.records import ROUND_DIR_RE, round_dir_name
+from audit.reporting.records import FIDEL_GRID_FILE, HISTOGRAMS_FILE, ROUND_DIR_RE, round_dir_name
+from audit.reporting.verdicts import inverted_attacks, round_verdict
 
-__all__ = ["page", "party_page", "write_index", "escape", "href", "now"]
+__all__ = ["page", "party_page", "write_index", "escape", "href", "now", "verdict_cell", "AGGREGATOR_MARKER"]
+
+# A folder of the run's report root holding this file is the aggregator's report (src.aggregator_report), not a party's.
+AGGREGATOR_MARKER = "decisions.csv"
 
 def escape(text: Any) -> str:
     return html.escape(str(text), quote=True)
@@ -67,6 +72,83 @@ _UNRESOLVED_NOTE = (
 )
 
 
+_INVERTED = "below 0.5: signal direction wrong, not a safer model"
+_VERDICT_WORDS = {"kept": "kept", "dp_retrained": "dp_retrained (DP-retrained update sent)", "withheld": "withheld"}
+
+
+def verdict_cell(verdict: str | None) -> str:
+    """A verdict in the one vocabulary of every page (kept, dp_retrained, withheld, ...), styled by its class."""
+    if not verdict:
+        return '<td class="text muted">no gate</td>'
+    return f'<td class="text {escape(verdict)}">{escape(verdict)}</td>'
+
+
+def verdict_block(record: Mapping) -> list[str]:
+    """The round's verdict, first on its section: the gate's verdict, the checks that decided it, the epsilon spent
+    and the leak status in plain words; AUCs below 0.5 flagged."""
+    v = round_verdict(record)
+    cls = escape(v.verdict or "none")
+    out = [f'<div class="verdict v-{cls}"><p><strong>Verdict: <span class="{cls}">{escape(v.verdict or "no gate")}</span>'
+           f"</strong>{escape(f' (gate action: {v.action})' if v.action else '')} · <strong>leak status:</strong> {escape(v.status)}"
+           f" · <strong>DP:</strong> {escape(v.epsilon)}</p>"]
+    if v.checks:
+        out.append("<ul>" + "".join(
+            f'<li class="{"tripped" if c.tripped else ""}">{"<strong>decided it</strong>: " if c in v.deciding else ""}'
+            f"{escape(c.text())}</li>" for c in v.checks) + "</ul>")
+    low = inverted_attacks(record)
+    if low:
+        out.append(f'<p class="flag">Exact AUC below 0.5 ({escape(_INVERTED)}; reversed it would score 1 − AUC): '
+                   + ", ".join(escape(f"{name} {fmt_interval(a, lo, hi, 3)}") for name, a, lo, hi in low) + "</p>")
+    out.append("</div>")
+    return out
+
+
+_FIDEL_NOTE = ("Fidel's reconstructions from this round's update: top row, members the update reveals; bottom row, "
+               "their reconstructions; r is their correlation (revealed when r ≥ the threshold). Any revealed sample "
+               "is a training sample an honest-but-curious server could see.")
+_HIST_NOTE = ("Members' (blue) and non-members' (grey) per-sample values of each attack's signal: the more the two "
+              "differ, the better a threshold tells them apart (the exact AUC above each panel). Panels in red have "
+              "an AUC below 0.5.")
+_DEANON_NOTE = ("Could a server tell this party's updates from a crowd of users'? AP "
+                "over chance is the attack's average precision divided by a random ranking's; its ceiling, n/H_n for "
+                "n candidate users, is reached when the attack ranks this party first every time (shown as the "
+                "maximum it is). 1 = no better than chance.")
+
+
+def _private_views(record: Mapping, d: str, files: set[str]) -> list[str]:
+    """Links to the round's views of the party's private files (histograms, Fidel's grid) and the deanonymization
+    self-audit's table, each with a sentence on how to read it."""
+    out = []
+    if HISTOGRAMS_FILE in files:
+        link = href(d, HISTOGRAMS_FILE)
+        out.append(f'<h4>Signal histograms</h4><p>{escape(_HIST_NOTE)}</p><p><a href="{link}"><img src="{link}" '
+                   f'alt="{escape("signal histograms, round " + str(record["round"]))}" loading="lazy"></a></p>')
+    fidel = (record.get("extra") or {}).get("fidel")
+    if FIDEL_GRID_FILE in files:
+        summary = ""
+        if isinstance(fidel, Mapping):
+            summary = (f" {fmt(fidel.get('revealed_union', fidel.get('revealed')))} of {fmt(fidel.get('n_samples'))} "
+                       f"members revealed (r ≥ {fmt(fidel.get('threshold'))}, layer {fidel.get('layer')}).")
+        out.append(f"<h4>Fidel</h4><p>{escape(summary.strip())} {escape(_FIDEL_NOTE)} The grid: "
+                   f'<a href="{href(d, FIDEL_GRID_FILE)}">{escape(FIDEL_GRID_FILE)}</a> (private: it shows the members).</p>')
+    deanon = (record.get("extra") or {}).get("deanon")
+    if isinstance(deanon, Mapping) and isinstance(deanon.get("attacks"), Mapping):
+        rows = []
+        for name, a in sorted(deanon["attacks"].items()):
+            if not isinstance(a, Mapping):
+                continue
+            chance = float_or_nan(a.get("chance_ap"))
+            ceiling = 1.0 / chance if chance > 0 else math.nan
+            rows.append(f"<tr><td>{escape(name)}</td><td>{escape(fmt(a.get('ap_over_chance'), 3))}</td>"
+                        f"<td>{escape(fmt(ceiling, 3))}</td><td>{escape(fmt(a.get('mean_ap', a.get('ap')), 3))}</td>"
+                        f"<td>{escape(fmt(a.get('top1'), 3))}</td></tr>")
+        out.append(f'<h4 id="{escape(d)}-deanon">Deanonymization self-audit</h4><p>{escape(_DEANON_NOTE)} (Crowd of '
+                   f"{escape(fmt(deanon.get('crowd_users')))} users, layer {escape(deanon.get('layer'))}.)</p>")
+        out.append('<div class="scroll"><table><tr><th>attack</th><th>AP over chance</th><th>ceiling: the maximum '
+                   "(1 / chance AP; n/H_n for n users)</th><th>AP</th><th>top-1</th></tr>" + "".join(rows) + "</table></div>")
+    return out
+
+
 def _rates_cell(res: Mapping, t: float) -> str:
     """TPR at tolerance t with its interval and counts; marked where the sets cannot resolve t."""
     mark = _UNRESOLVED_MARK if not resolvable_at(res, t) else ""
@@ -80,10 +162,13 @@ def _rates_cell(res: Mapping, t: float) -> str:
             "</td>")
 
 
-def round_section(record: Mapping, tols: list[float]) -> list[str]:
+def round_section(record: Mapping, tols: list[float], files: set[str] | None = None) -> list[str]:
+    """One round: its verdict first, then the views of the party's private files (`files`: those in its folder),
+    the attacks' table and the ROC image."""
     rnd = record["round"]
     d = round_dir_name(rnd)
     out = [f'<section class="round" id="{escape(d)}">', f"<h3>Round {escape(rnd)}</h3>"]
+    out += verdict_block(record)
     out.append(f'<p class="muted"><a href="{href(d, "audit.json")}">audit.json</a>'
                + (f" · seed {escape(record['seed'])}" if record.get("seed") is not None else "") + "</p>")
     rows, marked = [], False
@@ -91,8 +176,10 @@ def round_section(record: Mapping, tols: list[float]) -> list[str]:
         for signal in sorted(record["attacks"][model]):
             res = record["attacks"][model][signal]
             advantage, adv_lo, adv_hi = advantage_of(res)
+            low = exact_auc_of(res) < 0.5
             cells = [f"<td>{escape(model)} / {escape(signal)}</td>",
-                     f"<td>{escape(fmt_interval(exact_auc_of(res), *exact_auc_band(res)))}</td>",
+                     f'<td{" class=inverted" if low else ""}>{escape(fmt_interval(exact_auc_of(res), *exact_auc_band(res)))}'
+                     + (f'<br><span class="flag">{escape(_INVERTED)}</span>' if low else "") + "</td>",
                      f"<td>{escape(fmt(auc_of(res)))}</td>"]
             cells += [_rates_cell(res, t) for t in tols]
             marked = marked or not all(resolvable_at(res, t) for t in tols)
@@ -107,11 +194,13 @@ def round_section(record: Mapping, tols: list[float]) -> list[str]:
         head = (f"<tr><th>model / signal</th><th>exact AUC{escape(ci)}</th><th>grid AUC (Privacy Meter)</th>"
                 + "".join(f"<th>TPR @ FPR ≤ {escape(f'{t:g}')}{escape(ci)}</th>" for t in tols)
                 + "<th>ε ≥</th><th>advantage</th><th>members / non-members / population</th></tr>")
-        out += ['<div class="scroll"><table>', head, *rows, "</table></div>", _AUC_NOTE]
+        out += ["<h4>Membership-inference attacks</h4>", '<div class="scroll"><table>', head, *rows, "</table></div>",
+                _AUC_NOTE]
         if marked:
             out.append(_UNRESOLVED_NOTE)
     out.append(f'<p><a href="{href(d, "roc.png")}"><img src="{href(d, "roc.png")}" '
                f'alt="{escape(f"ROC curves, round {rnd}")}" loading="lazy"></a></p>')
+    out += _private_views(record, d, files or set())
     details = {k: record[k] for k in ("settings", "timings", "extra") if record.get(k)}
     if details:
         text = json.dumps(details, sort_keys=True, indent=2, default=str)
@@ -120,11 +209,32 @@ def round_section(record: Mapping, tols: list[float]) -> list[str]:
     return out
 
 
+def verdict_table(records: list[dict]) -> list[str]:
+    """Every round's verdict, newest first: what the page leads with."""
+    rows = []
+    for r in reversed(records):
+        v = round_verdict(r)
+        decided = "; ".join(c.text() for c in v.deciding) or "–"
+        low = inverted_attacks(r)
+        flag = (f'<br><span class="flag">{len(low)} attack{"s" if len(low) != 1 else ""} with AUC below 0.5 '
+                "(signal direction wrong, not safer)</span>") if low else ""
+        rows.append(f'<tr><td><a href="#{escape(round_dir_name(r["round"]))}">{escape(r["round"])}</a></td>'
+                    f"{verdict_cell(v.verdict)}<td class=\"text\">{escape(decided)}</td><td class=\"text\">"
+                    f"{escape(v.epsilon)}</td><td class=\"text\">{escape(v.status)}{flag}</td></tr>")
+    return ["<h2>Verdict per round</h2>",
+            '<p class="muted">The gate\'s verdict on the update this party sent (kept, dp_retrained: a DP-retrained '
+            "update was sent, withheld: the received model was sent back), the metric and threshold that decided it "
+            "(the value compared: the estimate, or its interval's upper or lower bound, as the gate's bound says), the "
+            "epsilon DP training spent, and the leak status.</p>",
+            '<div class="scroll"><table><tr><th>round</th><th>verdict</th><th>decided by</th><th>DP ε spent</th>'
+            "<th>leak status</th></tr>", *rows, "</table></div>"]
+
+
 def party_page(party: str, records: list[dict], tols: list[float], tpr_files: list[str], log_scale: bool,
-               unplotted: Mapping[float, int] | None = None) -> str:
+               unplotted: Mapping[float, int] | None = None, round_files: Mapping[int, set[str]] | None = None) -> str:
     """The party's page; `unplotted`: tolerances without a TPR plot (no record's population resolves them) ->
-    population size."""
-    body = ['<p><a href="../index.html">&larr; all parties</a></p>', f"<h1>Privacy audit: {escape(party)}</h1>"]
+    population size; `round_files`: round -> the file names in its folder (the private views it links)."""
+    body = ['<p><a href="../index.html">&larr; run index</a></p>', f"<h1>Privacy audit: {escape(party)}</h1>"]
     if not records:
         body.append('<p>No audited rounds yet.</p>')
         return page(f"Privacy audit: {party}", body)
@@ -134,6 +244,7 @@ def party_page(party: str, records: list[dict], tols: list[float], tpr_files: li
         f'<a href="#{escape(round_dir_name(latest))}">round {escape(latest)}</a>). '
         'Data: <a href="metrics.csv">metrics.csv</a>.</p>'
     )
+    body += verdict_table(records)
     body += ["<h2>Membership-inference AUC per round (exact AUC)</h2>",
              '<p class="muted">Members against non-members over every threshold; bars: its DeLong confidence '
              "interval. Privacy Meter's grid AUC is in the tables: metrics ending in <code>_auc</code> are the grid "
@@ -174,14 +285,26 @@ def party_page(party: str, records: list[dict], tols: list[float], tpr_files: li
         body.append("<p>No metrics recorded.</p>")
     body.append("<h2>Rounds (newest first)</h2>")
     for r in reversed(records):
-        body += round_section(r, tols)
+        body += round_section(r, tols, (round_files or {}).get(r["round"], set()))
     return page(f"Privacy audit: {party}", body)
 
 
+def _latest_json(paths: list[Path]) -> dict | None:
+    for path in reversed(paths):
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict):
+            return data
+    return None
+
+
 def write_index(root: str | os.PathLike) -> Path:
-    """Write ``root/index.html`` linking every party report (``root/<party>/index.html``) found on disk."""
+    """Write ``root/index.html``, the run index: the aggregator's report (a folder holding AGGREGATOR_MARKER) and
+    every party report (``root/<party>/index.html``) found on disk, each with its latest verdict."""
     root = Path(root)
-    parties = []
+    parties, aggregators = [], []
     try:
         entries = sorted(root.iterdir(), key=lambda p: p.name)
     except FileNotFoundError:
@@ -189,21 +312,41 @@ def write_index(root: str | os.PathLike) -> Path:
     for d in entries:
         if d.name.startswith(".") or not d.is_dir() or not (d / "index.html").is_file():
             continue
+        if (d / AGGREGATOR_MARKER).is_file():
+            files = sorted((c for c in d.iterdir() if re.match(r"^round_\d+\.json$", c.name)), key=lambda c: c.name)
+            aggregators.append((d.name, files))
+            continue
         rounds = sorted(
             int(m.group(1)) for c in d.iterdir()
             if (m := ROUND_DIR_RE.match(c.name)) and (c / "audit.json").is_file()
         )
         parties.append((d.name, rounds))
-    body = ["<h1>Privacy audit reports</h1>"]
+    body = ["<h1>Privacy audit: run index</h1>"]
+    if aggregators:
+        body.append('<h2>Aggregator</h2><p class="muted">Which updates were averaged each round, each collaborator\'s '
+                    "gate metric beside its threshold, the mean and the worst collaborator.</p>")
+        body.append('<div class="scroll"><table><tr><th>report</th><th>rounds</th><th>latest round</th>'
+                    "<th>latest round's updates</th></tr>")
+        for name, files in aggregators:
+            latest = _latest_json(files) or {}
+            counts = ", ".join(f"{key.replace('_', ' ')}: {', '.join(latest.get(key) or []) or 'none'}"
+                               for key in ("kept", "withheld", "left_out_non_finite", "stragglers") if key in latest)
+            body.append(f'<tr><td><a href="{href(name, "index.html")}">{escape(name)}</a></td><td>{len(files)}</td>'
+                        f'<td>{escape(latest.get("round", "–"))}</td><td class="text">{escape(counts or "–")}</td></tr>')
+        body.append("</table></div>")
+    body.append("<h2>Parties</h2>")
     if parties:
-        body.append("<table><tr><th>party</th><th>audited rounds</th><th>latest round</th></tr>")
+        body.append('<div class="scroll"><table><tr><th>party</th><th>audited rounds</th><th>latest round</th>'
+                    "<th>latest verdict</th><th>leak status</th></tr>")
         for name, rounds in parties:
             latest = str(rounds[-1]) if rounds else "–"
+            record = _latest_json([root / name / round_dir_name(r) / "audit.json" for r in rounds])
+            v = round_verdict(record) if record is not None and isinstance(record.get("attacks"), dict) else None
             body.append(f'<tr><td><a href="{href(name, "index.html")}">{escape(name)}</a></td>'
-                        f"<td>{len(rounds)}</td><td>{escape(latest)}</td></tr>")
-        body.append("</table>")
+                        f"<td>{len(rounds)}</td><td>{escape(latest)}</td>"
+                        + (verdict_cell(v.verdict) + f'<td class="text">{escape(v.status)}</td>' if v else
+                           "<td></td><td></td>") + "</tr>")
+        body.append("</table></div>")
     else:
         body.append("<p>No party reports yet.</p>")
-    return atomic_write_text(root / "index.html", page("Privacy audit reports", body))
-
-
+    return atomic_write_text(root / "index.html", page("Privacy audit: run index", body))

@@ -9,6 +9,8 @@ Layout (every file written atomically, see :mod:`audit.reporting.atomic_io`)::
     root/<party>/tpr_at_<fpr:g>.png      TPR at each FPR tolerance per round, with error bars (its interval)
     root/<party>/round_0003/audit.json   the round record, exactly as given
     root/<party>/round_0003/roc.png      ROC curves: one subplot per audited model
+    root/<party>/round_0003/signals.png  members' and non-members' per-sample values, one panel per attack
+    root/<party>/round_0003/signals.npz, rmia_scores.npz, fidel_grid.png   the party's private files (audit steps)
 
 The cross-round files are always rebuilt from the ``audit.json`` files on disk, so they are derived
 state: a crash at any point leaves the previous report intact and the next write repairs it.
@@ -35,15 +37,20 @@ from __future__ import annotations
 import csv
 import io
 import os
+import logging
 import re
+import zipfile
 from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
 
 from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.html import party_page, write_index
-from audit.reporting.plots import plot_per_round, plot_roc
+from audit.reporting.plots import plot_per_round, plot_roc, plot_signal_histograms
 from audit.reporting.readings import (csv_cell, exact_auc_band, exact_auc_of, tolerances_of, tpr_at, tpr_band_at,
                                       unresolvable)
-from audit.reporting.records import (load_cached_round_records, load_round_records, round_dir_name, validate_party_name,
+from audit.reporting.records import (HISTOGRAMS_FILE, RMIA_SCORES_FILE, SIGNALS_FILE, load_cached_round_records, load_round_records, round_dir_name, validate_party_name,
                                      validate_record)
 from audit.reporting.writer import RoundReportWriter
 
@@ -57,6 +64,27 @@ __all__ = [
 ]
 
 _TPR_PLOT_RE = re.compile(r"^tpr_at_.+\.png$")
+logger = logging.getLogger(__name__)
+
+
+def _file_names(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+
+
+def _stored_scores(round_dir: Path) -> dict[str, np.ndarray]:
+    """The round's per-sample values the party keeps (SIGNALS_FILE, RMIA_SCORES_FILE); an unreadable file is
+    skipped with a warning (its histograms are then missing, the rest of the report is not)."""
+    scores: dict[str, np.ndarray] = {}
+    for name in (SIGNALS_FILE, RMIA_SCORES_FILE):
+        path = round_dir / name
+        if not path.is_file():
+            continue
+        try:
+            with np.load(path, allow_pickle=False) as stored:
+                scores.update({key: stored[key] for key in stored.files})
+        except (OSError, ValueError, zipfile.BadZipFile) as err:
+            logger.warning("%s: unreadable (%s); its histograms are left out", path, err)
+    return scores
 
 
 
@@ -74,6 +102,7 @@ class ReportWriter(RoundReportWriter):
         self.party_dir: Path = self.root / party
         self.log_scale = bool(log_scale)
         self._cache: dict = {}  # parsed audit.json files (read-only use), see load_cached_round_records
+        self._private: tuple = ()  # the round's private-file writers, during write_round
 
     def round_dir(self, round_: int) -> Path:
         return self.party_dir / round_dir_name(round_)
@@ -87,12 +116,24 @@ class ReportWriter(RoundReportWriter):
         return record
 
     def write_round_files(self, record: dict) -> None:
-        plot_roc(record, self.round_dir(record["round"]) / "roc.png", self.log_scale)
+        round_dir = self.round_dir(record["round"])
+        round_dir.mkdir(parents=True, exist_ok=True)
+        plot_roc(record, round_dir / "roc.png", self.log_scale)
+        for write_private in self._private:
+            write_private(round_dir)
+        scores = _stored_scores(round_dir)
+        if not plot_signal_histograms(record, scores, round_dir / HISTOGRAMS_FILE):
+            (round_dir / HISTOGRAMS_FILE).unlink(missing_ok=True)
 
-    def write_round(self, record: dict) -> Path:
-        """Validate and store one round record (roc.png, then audit.json), rebuild the summaries; returns the round
+    def write_round(self, record: dict, private: Iterable[Callable[[Path], None]] = ()) -> Path:
+        """Validate and store one round record (roc.png, the party's private files `private` writes into the round
+        folder, the signal histograms from them, then audit.json), rebuild the summaries; returns the round
         directory."""
-        return super().write_round(record).parent
+        self._private = tuple(private)
+        try:
+            return super().write_round(record).parent
+        finally:
+            self._private = ()
 
     def load_rounds(self) -> list[dict]:
         return load_cached_round_records(self.party_dir, self._cache)
@@ -111,7 +152,7 @@ class ReportWriter(RoundReportWriter):
             plot_per_round(
                 records, self.party_dir / "auc.png", party=self.party, value_of=exact_auc_of,
                 ylabel="exact AUC (every threshold)", title="membership-inference AUC per round (exact AUC)",
-                chance=0.5, chance_label="chance (AUC 0.5)", band_of=exact_auc_band,
+                chance=0.5, chance_label="chance (AUC 0.5)", band_of=exact_auc_band, flag_below=0.5,
             )
             for t, name in zip([t for t in tols if t not in unplotted], tpr_files):
                 plot_per_round(
@@ -129,7 +170,9 @@ class ReportWriter(RoundReportWriter):
             if _TPR_PLOT_RE.match(p.name) or p.name == "auc.png":
                 p.unlink(missing_ok=True)
         atomic_write_text(
-            self.party_dir / "index.html", party_page(self.party, records, tols, tpr_files, self.log_scale, unplotted)
+            self.party_dir / "index.html",
+            party_page(self.party, records, tols, tpr_files, self.log_scale, unplotted,
+                       {r["round"]: _file_names(self.round_dir(r["round"])) for r in records})
         )
         write_index(self.root)
 

@@ -16,7 +16,10 @@ from audit.reporting.atomic_io import atomic_savefig
 from audit.reporting.readings import (auc_of, curve, exact_auc_of, float_or_nan, fmt, ordered_models, rates_at,
                                       series_keys)
 
-__all__ = ["plot_roc", "plot_per_round"]
+__all__ = ["plot_roc", "plot_per_round", "plot_signal_histograms", "plot_collaborators", "INVERTED_NOTE"]
+
+# An AUC below 0.5: the attack scores members on the wrong side of its threshold; reversed it would score 1 - AUC.
+INVERTED_NOTE = "signal direction wrong, not a safer model"
 
 DPI = 100
 _MODEL_TITLES = {"local": "local model", "global": "global model", "update": "model update",
@@ -33,6 +36,7 @@ _SIGNAL_COLORS = {
     "independent": "tab:cyan",
 }
 _EXTRA_COLORS = ("tab:pink", "tab:olive", "tab:gray", "gold", "navy", "teal")
+_COLLABORATOR_COLORS = ("tab:orange", "tab:green", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan")
 _CHANCE_STYLE = {"color": "0.45", "linestyle": ":", "linewidth": 1.2}
 
 def _model_style(model: str) -> tuple[str, str]:
@@ -119,6 +123,8 @@ def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
             grid_auc, exact_auc = auc_of(per_signal[signal]), exact_auc_of(per_signal[signal])
             label = f"{signal} (grid AUC {fmt(grid_auc, 3) if not math.isnan(grid_auc) else 'n/a'}"
             label += f", exact {fmt(exact_auc, 3)})" if not math.isnan(exact_auc) else ")"
+            if exact_auc < 0.5:
+                label += f"\n  {INVERTED_NOTE}"
             if fpr.size == 0:
                 ax.plot([], [], color=_signal_color(signal), label=label + " – no curve")
                 continue
@@ -157,15 +163,16 @@ def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
              "confidence intervals; hollow: the population cannot resolve that tolerance", ha="center", fontsize=7,
              color="0.35")
     fig.suptitle(f"{record['party']} – round {record['round']}: membership-inference ROC{scale}", fontsize=11)
-    atomic_savefig(fig, path, dpi=DPI)
+    atomic_savefig(fig, path, dpi=DPI, bbox_inches="tight")  # no label clipped, whatever the legend's length
 
 
 def plot_per_round(
     records: list[dict], path: Path, *, party: str, value_of, ylabel: str, title: str,
-    chance: float, chance_label: str, log_y: bool = False, band_of=None,
+    chance: float, chance_label: str, log_y: bool = False, band_of=None, flag_below: float | None = None,
 ) -> None:
     """One line per model / signal across rounds; `band_of(result) -> (lower, upper)` adds each value's confidence
-    interval as an error bar, the series side by side around each round so that their bars stay apart."""
+    interval as an error bar, the series side by side around each round so that their bars stay apart.
+    `flag_below`: shade the values below it (an AUC below 0.5) and say what they mean."""
     rounds = np.array([r["round"] for r in records], dtype=float)
     fig = Figure(figsize=(8.4, 4.4), dpi=DPI)
     fig.subplots_adjust(left=0.08, right=0.75, bottom=0.12, top=0.91)
@@ -203,6 +210,9 @@ def plot_per_round(
             ax.vlines(x[keep], lo[keep], hi[keep], colors=color, linewidth=1.0, alpha=0.55)
             drew_bars = True
     ax.axhline(chance, label=chance_label, **_CHANCE_STYLE)
+    if flag_below is not None and finite.size and float(finite.min()) < flag_below:
+        ax.axhspan(0.0, flag_below, color="tab:red", alpha=0.07, linewidth=0,
+                   label=f"below {flag_below:g}: {INVERTED_NOTE}")
     if log_y:
         ax.set_yscale("log")
         _sparse_log_ticks(ax.yaxis)
@@ -210,7 +220,7 @@ def plot_per_round(
     else:
         lo = min([chance - 0.05] + ([float(finite.min()) - 0.05] if finite.size else []))
         hi = max([chance + 0.05] + ([float(finite.max()) + 0.05] if finite.size else []))
-        ax.set_ylim(max(lo, -0.02), min(hi, 1.02))
+        ax.set_ylim(max(lo, 0.0), min(hi, 1.02))  # rates and AUCs: never a negative axis
     if len(rounds) == 1:
         ax.set_xlim(rounds[0] - 1, rounds[0] + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -223,6 +233,124 @@ def plot_per_round(
     if drew_bars:
         ax.text(1.01, 0.0, "bars: confidence interval\nof each value", transform=ax.transAxes, fontsize=7,
                 color="0.35", va="bottom")
+    atomic_savefig(fig, path, dpi=DPI, bbox_inches="tight")
+
+
+
+
+def _histogram_panels(record: Mapping, scores: Mapping[str, np.ndarray]) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
+    """(model, signal, members, non-members) for every attack of the record whose per-sample values are stored:
+    signals.npz holds `<model>_<signal>_<set>`, rmia_scores.npz `<kind>_<set>` (its model is "rmia")."""
+    panels = []
+    for model in ordered_models(record["attacks"]):
+        for signal in sorted(record["attacks"][model]):
+            key = signal if model == "rmia" else f"{model}_{signal}"
+            members, nonmembers = scores.get(f"{key}_members"), scores.get(f"{key}_nonmembers")
+            if members is not None and nonmembers is not None:
+                panels.append((model, signal, np.asarray(members, dtype=float), np.asarray(nonmembers, dtype=float)))
+    return panels
+
+
+def plot_signal_histograms(record: Mapping, scores: Mapping[str, np.ndarray], path: Path) -> bool:
+    """Members' and non-members' per-sample values, one panel per attack of the round (same bins for both sets,
+    each normalised to its own size so that sets of different sizes compare); the panel's exact AUC in its title,
+    flagged when below 0.5. Returns False (nothing written) when no attack has stored values."""
+    panels = _histogram_panels(record, scores)
+    if not panels:
+        return False
+    cols = min(3, len(panels))
+    rows = math.ceil(len(panels) / cols)
+    width, height = 4.2 * cols, 2.9 * rows + 0.4
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    # Fixed margins (in inches) instead of constrained layout: several times faster, and bbox_inches="tight" on
+    # saving keeps every label inside the image.
+    fig.subplots_adjust(left=0.6 / width, right=1 - 0.15 / width, bottom=0.55 / height, top=1 - 0.75 / height,
+                        wspace=0.28, hspace=0.75)
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, (model, signal, members, nonmembers) in zip(axes, panels):
+        both = np.concatenate([members, nonmembers])
+        both = both[np.isfinite(both)]
+        if both.size == 0:
+            ax.text(0.5, 0.5, "no finite values", ha="center", va="center", transform=ax.transAxes)
+            continue
+        # The 0.5%..99.5% range: one extreme loss would squeeze every other sample into one bin.
+        lo, hi = np.quantile(both, [0.005, 0.995])
+        if not hi > lo:
+            lo, hi = float(both.min()) - 0.5, float(both.max()) + 0.5
+        bins = np.linspace(lo, hi, 31)
+        for values, label, color in ((nonmembers, "non-members", "tab:gray"), (members, "members", "tab:blue")):
+            values = np.clip(values[np.isfinite(values)], lo, hi)
+            counts, _ = np.histogram(values, bins=bins)
+            # one artist per set (ax.hist draws a patch per bin)
+            ax.stairs(counts / max(values.size, 1), bins, fill=True, alpha=0.45, color=color,
+                      label=f"{label} ({values.size})")
+        auc = exact_auc_of(record["attacks"][model][signal])
+        title = f"{_MODEL_TITLES.get(model, model)} / {signal}\nexact AUC {fmt(auc, 3)}"
+        inverted = auc < 0.5
+        if inverted:
+            title += f" < 0.5: {INVERTED_NOTE}"
+        ax.set_title(title, fontsize=8.5, color="tab:red" if inverted else "black")
+        ax.set_xlabel("per-sample value (clipped to its 0.5-99.5% range)" if model != "rmia" else "RMIA score",
+                      fontsize=8)
+        ax.set_ylabel("share of the set", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(5))  # few ticks: the axes' ticks are most of the drawing time
+        ax.yaxis.set_major_locator(MaxNLocator(4))
+        ax.legend(fontsize=7, loc="upper right")  # "best" searches every position against the data
+    for ax in axes[len(panels):]:
+        ax.set_visible(False)
+    fig.suptitle(f"{record['party']} – round {record['round']}: members vs non-members, per signal", fontsize=11)
+    atomic_savefig(fig, path, dpi=DPI)  # the fixed margins hold every label (a tight bbox draws the figure twice)
+    return True
+
+
+def plot_collaborators(rounds: list[int], values: Mapping[str, list[float]], path: Path, *, metric: str,
+                       thresholds: list[float] | None = None, log_y: bool = False,
+                       tripped: Mapping[str, list[bool]] | None = None) -> None:
+    """One metric per round for every collaborator (dots), their mean and the worst (largest) of them: for privacy
+    the maximum counts; `thresholds` (per round, NaN where unknown) as a red step line; `tripped` (per collaborator
+    and round: its gate tripped) ringed in red."""
+    x = np.asarray(rounds, dtype=float)
+    fig = Figure(figsize=(8.4, 4.2), dpi=DPI, layout="constrained")
+    ax = fig.add_subplot()
+    table = np.array([values[name] for name in sorted(values)], dtype=float).reshape(len(values), len(rounds))
+    for i, name in enumerate(sorted(values)):
+        ax.plot(x, table[i], "o", markersize=7, alpha=0.85, color=_COLLABORATOR_COLORS[i % len(_COLLABORATOR_COLORS)],
+                label=name)
+    rings = [(x[j], table[i, j]) for i, name in enumerate(sorted(values))
+             for j, hit in enumerate((tripped or {}).get(name, [])) if hit and np.isfinite(table[i, j])]
+    if rings:
+        ax.plot(*np.array(rings).T, "o", markersize=13, markerfacecolor="none", markeredgecolor="tab:red",
+                markeredgewidth=1.5, label="gate tripped (withheld or DP-retrained)")
+    with np.errstate(all="ignore"):
+        have = np.isfinite(table).any(axis=0)
+        mean = np.where(have, np.nanmean(np.where(np.isfinite(table), table, np.nan), axis=0), np.nan)
+        worst = np.where(have, np.nanmax(np.where(np.isfinite(table), table, -np.inf), axis=0), np.nan)
+    ax.plot(x, mean, "-", color="tab:blue", linewidth=1.5, label="mean")
+    ax.plot(x, worst, "--", color="black", linewidth=1.5, label="worst collaborator (max)")
+    if thresholds is not None and np.isfinite(np.asarray(thresholds, dtype=float)).any():
+        ax.step(x, np.asarray(thresholds, dtype=float), where="mid", color="tab:red", linewidth=1.2,
+                label="gate threshold")
+    if "auc" in metric:
+        ax.axhline(0.5, label="chance (AUC 0.5)", **_CHANCE_STYLE)
+    finite = table[np.isfinite(table)]
+    if log_y and finite.size and (finite > 0).any():
+        ax.set_yscale("log")
+        _sparse_log_ticks(ax.yaxis)
+        ax.set_ylim(_log_floor([finite]), None)
+    elif finite.size and finite.min() >= 0:
+        shown = [float(finite.min()), float(finite.max())] + [t for t in (thresholds or []) if math.isfinite(t)]
+        shown += [0.5] if "auc" in metric else []
+        low, top = min(shown), max(shown)
+        pad = max(0.05 * (top - low), 0.02)
+        # rates, AUCs, epsilons: never a negative axis; no dot on the edge
+        ax.set_ylim(max(0.0, low - pad), top + pad)
+    if len(x) == 1:
+        ax.set_xlim(x[0] - 1, x[0] + 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.grid(True, alpha=0.25)
+    ax.set_xlabel("Round")
+    ax.set_ylabel(metric, fontsize=9)
+    ax.set_title(f"{metric} per round: each collaborator, mean and worst", fontsize=11)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     atomic_savefig(fig, path, dpi=DPI)
-
-

@@ -1,0 +1,245 @@
+"""The report pages: every page of a real short run leads with its verdict and every link and image resolves; the
+verdicts, epsilons and leak statuses read off round records; the aggregator's mean, worst and thresholds."""
+
+import json
+import math
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import numpy as np
+import pytest
+
+from audit.reporting.html import party_page, write_index
+from audit.reporting.plots import plot_signal_histograms
+from audit.reporting.verdicts import NO_DP, round_verdict
+from src.aggregator_report import AggregatorReportWriter, round_record
+from workspace.in_process import run_in_process
+
+ROUNDS = 2
+
+
+class _Links(HTMLParser):
+    """Every href and src of a page, every id, and the order of the elements (tag, attrs, text)."""
+
+    def __init__(self):
+        super().__init__()
+        self.links, self.ids, self.events = [], set(), []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        for key in ("href", "src"):
+            if attrs.get(key) is not None:
+                self.links.append((tag, key, attrs[key]))
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        self.events.append((tag, attrs))
+
+    def handle_data(self, data):
+        if data.strip():
+            self.events.append(("#text", data.strip()))
+
+
+def _parse(path: Path) -> _Links:
+    parser = _Links()
+    parser.feed(path.read_text(encoding="utf-8"))
+    return parser
+
+
+def broken_links(root: Path) -> list[str]:
+    """Every href / img src of every page under `root` that names a missing file or a missing anchor."""
+    pages = {p.resolve(): _parse(p) for p in root.rglob("*.html")}
+    broken = []
+    for page, parsed in pages.items():
+        for tag, key, value in parsed.links:
+            parts = urlsplit(value)
+            if parts.scheme or parts.netloc:
+                broken.append(f"{page}: {tag} {key}={value!r} leaves the report")
+                continue
+            target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
+            if not target.is_file():
+                broken.append(f"{page}: {tag} {key}={value!r}: no file {target}")
+            elif parts.fragment:
+                ids = pages[target].ids if target in pages else _parse(target).ids
+                if unquote(parts.fragment) not in ids:
+                    broken.append(f"{page}: {tag} {key}={value!r}: no anchor #{parts.fragment}")
+    return broken
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """2 collaborators x 2 rounds on skewed digits with Fidel and both deanonymization audits: collaborator1's gate
+    withholds every update (threshold 0), collaborator2 has no gate. The parties' and the aggregator's reports share
+    one root, as the demo's --log_dir does."""
+    tmp = tmp_path_factory.mktemp("pages")
+    root = tmp / "reports"
+    overrides = {
+        "tasks": {"train": {"kwargs": {"epochs": 1}}},
+        "data_loader": {"settings": {"dataset": "digits", "seed": 3, "dirichlet_alpha": 0.3, "train_dataset_ratio": 0.1,
+                                     "test_dataset_ratio": 0.45, "audit_dataset_ratio": 0.45}},
+        "aggregator": {"settings": {"report_dir": str(root / "aggregator"), "deanon": {"enabled": True}}},
+        "task_runner": {"settings": {
+            "seed": 3,
+            "audit": {"report_dir": str(root), "signals": ["loss"], "fpr_tolerance": [0.01, 0.1],
+                      "rmia": {"references": ["global"]}, "fidel": {"enabled": True},
+                      "deanon": {"enabled": True, "crowd_users": 3, "shadows_per_user": 2, "attacks": ["knn"]}},
+            "per_collaborator": {"collaborator1": {"gate": {"action": "withhold",
+                                                             "thresholds": {"mia_local_loss_exact_auc": 0.0}}}},
+        }},
+    }
+    run_in_process(tmp / "run", collaborators=2, rounds=ROUNDS, overrides=overrides)
+    return root
+
+
+@pytest.mark.federation
+def test_every_link_and_image_of_every_page_resolves(run):
+    pages = sorted(p.relative_to(run).as_posix() for p in run.rglob("*.html"))
+    assert pages == ["aggregator/index.html", "collaborator1/index.html", "collaborator2/index.html", "index.html"]
+    assert broken_links(run) == []
+    # the run index links the aggregator's page and every party's; each links back
+    index = {v for _, k, v in _parse(run / "index.html").links}
+    assert {"aggregator/index.html", "collaborator1/index.html", "collaborator2/index.html"} <= index
+    for page in pages[:-1]:
+        assert "../index.html" in {v for _, k, v in _parse(run / page).links}, page
+    # each round's private views are linked: histograms (shown) and Fidel's grid
+    party = {v for _, k, v in _parse(run / "collaborator1" / "index.html").links}
+    for r in range(ROUNDS):
+        assert {f"round_{r:04d}/signals.png", f"round_{r:04d}/fidel_grid.png", f"#round_{r:04d}"} <= party
+    aggregator = {v for _, k, v in _parse(run / "aggregator" / "index.html").links}
+    assert {"deanon/ap_over_chance.png", "deanon/summary.csv", "gate_mia_local_loss_exact_auc.png"} <= aggregator
+
+
+@pytest.mark.federation
+def test_a_withheld_round_leads_with_its_verdict(run):
+    parsed = _parse(run / "collaborator1" / "index.html")
+    texts = [t for tag, t in parsed.events if tag == "#text"]
+    # the page's first table is the verdict per round, before any plot
+    first_img = next(i for i, (tag, _) in enumerate(parsed.events) if tag == "img")
+    verdict_heading = parsed.events.index(("#text", "Verdict per round"))
+    assert verdict_heading < first_img
+    for r in range(ROUNDS):
+        start = next(i for i, (tag, a) in enumerate(parsed.events) if isinstance(a, dict) and a.get("id") == f"round_{r:04d}")
+        section = [t for tag, t in parsed.events[start:start + 20] if tag == "#text"]
+        assert section[0] == f"Round {r}" and section[1] == "Verdict:" and section[2] == "withheld", section
+        assert "above threshold: withheld" in " ".join(section)
+    assert NO_DP in texts and not any(re.search(r"ε = 0(\.0)?\b", t) for t in texts)
+    other = " ".join(t for tag, t in _parse(run / "collaborator2" / "index.html").events if tag == "#text")
+    assert "no gate configured: TPR at the lowest resolvable FPR" in other
+    agg_text = (run / "aggregator" / "index.html").read_text()
+    assert "withheld" in agg_text and "gated" not in agg_text.lower()
+
+
+@pytest.mark.federation
+def test_histograms_come_from_the_scores_the_party_keeps(run):
+    for r in range(ROUNDS):
+        folder = run / "collaborator1" / f"round_{r:04d}"
+        with np.load(folder / "signals.npz") as stored:
+            record = json.loads((folder / "audit.json").read_text())
+            assert record["attacks"]["local"]["loss"]["n_members"] == stored["local_loss_members"].size
+            assert record["attacks"]["local"]["loss"]["n_nonmembers"] == stored["local_loss_nonmembers"].size
+        assert (folder / "signals.png").stat().st_size > 0
+    # only scalars left the party: no per-sample file in the aggregator's report
+    assert not list((run / "aggregator").rglob("*.npz"))
+
+
+# ----------------------------------------------------------------------------------------------- unit, no federation
+
+def _attack(exact_auc, tpr=(0.3, 0.2, 0.4), resolvable=True):
+    rate, lower, upper = tpr
+    return {"exact_auc": exact_auc, "auc": exact_auc, "n_members": 50, "n_nonmembers": 50, "n_population": 200,
+            "tpr_at_fpr": {"0.01": rate}, "resolvable": {"0.01": resolvable},
+            "uncertainty": {"exact_auc": {"lower": exact_auc - 0.05, "upper": exact_auc + 0.05},
+                            "at_fpr": {"0.01": {"tpr": {"rate": rate, "lower": lower, "upper": upper, "k": 15,
+                                                        "n": 50},
+                                                "fpr": {"rate": 0.0, "lower": 0.0, "upper": 0.07, "k": 0, "n": 50},
+                                                "resolvable": resolvable}}}}
+
+
+def _record(gate=None, attacks=None, metrics=None, round_num=0):
+    record = {"party": "p", "round": round_num, "settings": {"fpr_tolerance": [0.01]},
+              "attacks": attacks or {"local": {"loss": _attack(0.6)}}, "metrics": metrics or {}, "extra": {}}
+    if gate is not None:
+        record["extra"]["gate"] = gate
+    return record
+
+
+def test_a_withheld_verdict_names_the_bound_its_interval_and_the_threshold():
+    gate = {"verdict": "withheld", "action": "withhold", "bound": "upper", "retries": 0, "epsilon": 0.0,
+            "delta": None, "thresholds": {"m_exact_auc": 0.6},
+            "compared": {"m_exact_auc": "m_exact_auc_upper"},
+            "tripped": {"m_exact_auc": {"value": 0.66, "threshold": 0.6}}, "reason": "over_threshold"}
+    v = round_verdict(_record(gate, metrics={"m_exact_auc": 0.61, "m_exact_auc_lower": 0.55, "m_exact_auc_upper": 0.66}))
+    assert (v.verdict, v.status, v.epsilon) == ("withheld", "above threshold: withheld", NO_DP)
+    (check,) = v.deciding
+    assert (check.bound, check.value, check.threshold, check.tripped) == ("upper", 0.66, 0.6, True)
+    assert check.text() == "m_exact_auc: upper bound 0.66 (estimate 0.61 [0.55, 0.66]) > threshold 0.6"
+
+
+def test_epsilon_is_the_accountants_when_dp_ran_and_never_zero_without_it():
+    base = {"action": "dp_retrain", "bound": "point", "thresholds": {"m": 0.5}, "compared": {"m": "m"},
+            "tripped": {"m": {"value": 0.7, "threshold": 0.5}}, "reason": "over_threshold"}
+    retrained = round_verdict(_record({**base, "verdict": "dp_retrained", "retries": 2, "epsilon": 3.25,
+                                       "delta": 1e-5}, metrics={"m": 0.7}))
+    assert retrained.epsilon == "ε = 3.25 at δ = 1e-05"
+    assert retrained.status.startswith("above threshold: retrained with DP")
+    gave_up = round_verdict(_record({**base, "verdict": "withheld", "retries": 3, "epsilon": 8.0, "delta": 1e-5},
+                                    metrics={"m": 0.7}))
+    assert gave_up.epsilon == "ε = 8 at δ = 1e-05 (spent on DP tries)"
+    assert gave_up.status == "above threshold: withheld after DP retraining did not bring it below"
+    kept = round_verdict(_record({**base, "verdict": "kept", "action": "withhold", "retries": 0, "epsilon": 0.0,
+                                  "tripped": {}}, metrics={"m": 0.4}))
+    assert (kept.epsilon, kept.status) == (NO_DP, "below every threshold")
+    assert kept.deciding[0].text() == "m: value 0.4 ≤ threshold 0.5"
+    reports = round_verdict(_record({**base, "verdict": "kept", "action": "report_only", "retries": 0,
+                                     "epsilon": 0.0}, metrics={"m": 0.7}))
+    assert reports.status == "above threshold: kept (the gate's action is report_only: it only reports)"
+
+
+def test_without_a_gate_the_status_is_the_strongest_tpr_at_the_lowest_resolvable_fpr():
+    attacks = {"local": {"loss": _attack(0.6, (0.3, 0.2, 0.4)), "logits": _attack(0.62, (0.36, 0.25, 0.48))},
+               "global": {"loss": _attack(0.55, (0.9, 0.8, 0.95), resolvable=False)}}
+    for gate in (None, {"verdict": "kept", "action": "withhold", "thresholds": {}, "retries": 0, "epsilon": 0.0}):
+        v = round_verdict(_record(gate, attacks=attacks))
+        # the unresolvable attack's 0.9 is not read: its threshold flags none of the population
+        assert v.status == "no gate configured: TPR at the lowest resolvable FPR (0.01) is 0.36 [0.25, 0.48] (local / logits)"
+        assert v.epsilon == NO_DP
+
+
+def test_an_auc_below_half_is_flagged_on_the_page_and_in_the_plot(tmp_path):
+    record = _record(attacks={"local": {"loss": _attack(0.31)}})
+    page = party_page("p", [record], [0.01], [], True)
+    assert "below 0.5: signal direction wrong, not a safer model" in page
+    assert "local / loss 0.31 [0.26, 0.36]" in page
+    # tabular-like data, members scoring higher than non-members on a lower-is-member signal: AUC < 0.5
+    rng = np.random.default_rng(0)
+    scores = {"local_loss_members": rng.normal(2.0, 1.0, 50), "local_loss_nonmembers": rng.normal(0.0, 1.0, 50)}
+    assert plot_signal_histograms(record, scores, tmp_path / "h.png") and (tmp_path / "h.png").stat().st_size > 0
+    assert not plot_signal_histograms(record, {}, tmp_path / "none.png") and not (tmp_path / "none.png").exists()
+
+
+def test_the_aggregator_reports_mean_worst_threshold_and_dp_retrained(tmp_path):
+    (tmp_path / "index.html").write_text("run index")  # a run root: the page links back, the index is rebuilt
+    sent = {"a": {"gate_kept": 1.0, "gate_retries": 0.0, "gate_epsilon": 0.0, "mia_x_auc": 0.52,
+                  "gate_tripped__mia_x_auc": 0.0, "gate_threshold__mia_x_auc": 0.6},
+            "b": {"gate_kept": 1.0, "gate_retries": 2.0, "gate_epsilon": 4.5, "mia_x_auc": 0.71,
+                  "gate_tripped__mia_x_auc": 0.0, "gate_threshold__mia_x_auc": 0.6},
+            "c": {"gate_kept": 0.0, "gate_retries": 0.0, "gate_epsilon": 0.0, "mia_x_auc": 0.65,
+                  "gate_tripped__mia_x_auc": 0.74, "gate_threshold__mia_x_auc": 0.6}}
+    record = round_record(0, authorized=["a", "b", "c"], stragglers=[], metrics=sent)
+    entries = record["collaborators"]
+    assert [entries[n]["verdict"] for n in "abc"] == ["kept", "dp_retrained", "withheld"]
+    assert [entries[n]["status"] for n in "abc"] == ["kept", "kept", "withheld"]  # what the average did
+    assert entries["c"]["thresholds"] == {"mia_x_auc": 0.6}
+    assert record["averaged_audit_metrics"]["mia_x_auc"] == {
+        "mean": pytest.approx((0.52 + 0.71 + 0.65) / 3), "n": 3, "max": 0.71, "worst": "b"}
+    (tmp_path / "aggregator").mkdir()
+    AggregatorReportWriter(tmp_path / "aggregator").write_round(record)
+    page = (tmp_path / "aggregator" / "index.html").read_text()
+    assert "0.65; compared 0.74 &gt; 0.6" in page and "0.52; passed (≤ 0.6)" in page
+    assert "0.71 (b)" in page and "dp_retrained" in page and "gated" not in page.lower()
+    assert (tmp_path / "aggregator" / "gate_mia_x_auc.png").stat().st_size > 0
+    assert "aggregator/index.html" in (tmp_path / "index.html").read_text()
+    assert broken_links(tmp_path) == []
+    csv_text = (tmp_path / "aggregator" / "metrics.csv").read_text().splitlines()
+    assert csv_text[0].endswith("mia_x_auc,worst:mia_x_auc") and csv_text[1].endswith(",0.71")
