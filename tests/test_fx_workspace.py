@@ -1,5 +1,6 @@
 """The repository root is an OpenFL workspace: `fx plan initialize` works in (a copy of) it."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -40,7 +41,9 @@ def test_fx_plan_initialize_writes_the_initial_model(tmp_path):
 def test_fx_plan_initialize_rejects_a_bad_audit_key(tmp_path):
     ws = copy_workspace(tmp_path)
     plan = ws / "plan" / "plan.yaml"
-    plan.write_text(plan.read_text().replace("fpr_tolerance: [0.01, 0.1, 0.5]", "fpr_tolerance: [0.01, 2.0]"))
+    text, count = re.subn(r"fpr_tolerance: \[[^\]]*\]", "fpr_tolerance: [0.01, 2.0]", plan.read_text())
+    assert count == 1  # the plan's own line was replaced
+    plan.write_text(text)
     result = fx(ws, "plan", "initialize")
     assert result.returncode != 0
     assert "task_runner.settings.audit.fpr_tolerance" in result.stdout + result.stderr
