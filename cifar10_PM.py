@@ -329,7 +329,8 @@ def main(argv=None) -> int:
     _workspace_on_path()
     from src.datasets import DatasetUnavailableError, check_available
     from src.dataloader import clear_dataset_cache
-    from workspace.demo_output import Progress, print_gate_summary, print_summary
+    from workspace.demo_output import Progress, print_summary
+    from workspace.run_summary import print_run_summary
     from workspace.in_process import check_run_plan, collaborator_names, run_in_process, run_plan_config
     from workspace.tutorial_outputs import write_tutorial_outputs
 
@@ -381,8 +382,8 @@ def main(argv=None) -> int:
     write_tutorial_outputs(args.report_dir, names)
 
     print_summary(result)
-    if args.gate is not None:
-        print_gate_summary(result.report_dir, result.aggregator_report_dir, names, args.comm_round, args.gate)
+    print_run_summary({name: result.report_dir / name for name in names}, result.aggregator_report_dir,
+                      args.comm_round)
     print(f"\nfinished {args.comm_round} rounds in {time.perf_counter() - start:.1f}s")
     print(f"reports: {result.report_dir}  (open {result.report_dir / 'index.html'})")
     if result.aggregator_report_dir is not None:
