@@ -72,7 +72,7 @@ def audit_cost_note(record: dict, *, factor: float = COST_FACTOR, min_audit_s: f
              if key.endswith("_s") and key not in ("audit_s", "train_s") and not math.isnan(_seconds(value))}
     costliest = max(steps, key=steps.get) if steps else None
     settings = record.get("settings") or {}
-    advice = [f"audit.interval (audit every N rounds; cifar10_PM.py --auditing_interval)"]
+    advice = ["audit.interval (audit every N rounds; cifar10_PM.py --auditing_interval)"]
     if costliest == "membership":
         advice.append(_membership_advice(timings, settings))
     elif costliest == "fidel" and (settings.get("fidel") or {}).get("decoder"):

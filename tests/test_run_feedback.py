@@ -6,7 +6,6 @@ import copy
 import io
 import json
 import logging
-import math
 import re
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from torch import nn
 
 from audit.config.audit_settings import AuditSettings
 from audit.membership.uncertainty import tpr_at_population_fpr
-from audit.reporting.party import ReportWriter
 from audit.round_audit import AuditSets, audit_round, record_to_json
 from src.audit_cost import COST_FACTOR, MIN_AUDIT_S, audit_cost_note
 from workspace.demo_output import Progress, print_summary

@@ -9,7 +9,6 @@ import time
 
 from audit.config.gate_contract import GATE_TRIPPED_PREFIX
 from workspace.progress import eta_seconds
-from workspace.run_summary import averaged_summary  # noqa: F401  (its home before run_summary; tests import it here)
 
 __all__ = ["PHASE_NAMES", "Progress", "print_summary"]
 

@@ -35,8 +35,9 @@ def rounds_done(metrics_file: Path) -> int:
 
 def eta_seconds(round_seconds: Sequence[float], done: int, total: int, in_round_s: float) -> float | None:
     """Seconds left: the mean finished round's time for each round to go, less the time the current one has run
-    (never below the rounds still to come after it); None before any round is finished and once all are. Round 0 is left out of the
-    mean once later rounds are known: it also holds the collaborators' start-up (data, model, connection)."""
+    (never below the rounds still to come after it); None before any round is finished and once all are. Round 0 is
+    left out of the mean once later rounds are known: it also holds the collaborators' start-up (data, model,
+    connection)."""
     if not round_seconds or done >= total:
         return None
     rounds = list(round_seconds[1:]) if len(round_seconds) > 1 else list(round_seconds)

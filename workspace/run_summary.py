@@ -122,7 +122,9 @@ def _other_audits(record: Mapping) -> list[str]:
 
 def _server_deanon(aggregator_dir: Path | None, round_num: int) -> str | None:
     """The aggregator's own deanonymization audit of the round: its strongest closed-world re-identification."""
-    record = None if aggregator_dir is None else _read_json(Path(aggregator_dir) / "deanon" / f"round_{round_num:04d}.json")
+    if aggregator_dir is None:
+        return None
+    record = _read_json(Path(aggregator_dir) / "deanon" / f"round_{round_num:04d}.json")
     if not record or record.get("status") != "evaluated":
         return None
     results = ((record.get("closed_world") or {}).get("reidentification") or {}).items()
