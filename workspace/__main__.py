@@ -143,8 +143,9 @@ def main(argv=None) -> int:
               f"({layout.root})")
         if outcome.round_seconds:
             print("aggregator's seconds per round: " + ", ".join(f"{s:.1f}" for s in outcome.round_seconds))
+        # The rounds the aggregator finished: a failed run's unfinished rounds are not "kept (not audited)".
         print_run_summary({name: path for name, path in outcome.reports.items() if name != AGGREGATOR},
-                          outcome.reports.get(AGGREGATOR), outcome.rounds)
+                          outcome.reports.get(AGGREGATOR), min(outcome.rounds_done, outcome.rounds))
         print_reports(outcome)
         return 0 if outcome.ok else 1
     except Interrupted as stop:
