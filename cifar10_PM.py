@@ -6,7 +6,8 @@ Reports land in --log_dir, with copies of the plots under the tutorial's file na
 (`<col>_roc_at_<round>.png`, `<col>_auc.png`, `<col>_tpr_at_<fpr>.png`; workspace/tutorial_outputs.py).
 `--model alexnet` is the tutorial's net (`--layer_number 10` is its `features[10]`).
 `--dataset digits` runs offline on scikit-learn's bundled digits. Progress bars (rounds, and the phases of
-the current round: validate, train, audit) with ETAs go to stderr; the summary lines to stdout.
+the current round: validate, train, audit) with ETAs go to stderr when it is a terminal (else a line per round); the
+summary lines to stdout.
 """
 
 from __future__ import annotations
