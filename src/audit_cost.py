@@ -21,6 +21,9 @@ PLAN_PREFIX = "task_runner.settings.audit"
 # Per audit step: the settings that make it cheaper (plan key under task_runner.settings.audit; the demo's flag).
 STEP_ADVICE = {
     "fidel": "audit.fidel.enabled: false (--fidel false)",
+    # issue 12's RMIA step (audit.rmia): its reference models are trained like the local model, each round
+    "rmia": "audit.rmia.interval (RMIA every N audited rounds), fewer audit.rmia.reference_models (each one trains "
+            "like the local model), or audit.rmia.enabled: false",
     "deanon": "audit.deanon.interval (self-audit every N audited rounds), fewer audit.deanon.shadows_per_user or "
               "audit.deanon.crowd_users (each user trains that many shadow updates), or audit.deanon.enabled: false",
 }
