@@ -6,7 +6,8 @@ Reports land in --log_dir, with copies of the plots under the tutorial's file na
 (`<col>_roc_at_<round>.png`, `<col>_auc.png`, `<col>_tpr_at_<fpr>.png`; workspace/tutorial_outputs.py).
 `--model alexnet` is the tutorial's net (`--layer_number 10` is its `features[10]`).
 `--dataset digits` runs offline on scikit-learn's bundled digits. Progress bars (rounds, and the phases of
-the current round: validate, train, audit) with ETAs go to stderr; the summary lines to stdout.
+the current round: validate, train, audit) with ETAs go to stderr when it is a terminal (else a line per round); the
+summary lines to stdout.
 `--dataset mnist --model fcnn --fidel` is the Fidel paper's MNIST setting (torchvision's MNIST/raw in --data-dir).
 With TENSORBOARD=1 in the environment every party's metrics also go to TensorBoard event files in
 <log_dir>/_run/logs, as `fx` runs write them (`tensorboard --logdir <log_dir>/_run/logs`).
@@ -382,9 +383,10 @@ def main(argv=None) -> int:
     _workspace_on_path()
     from src.datasets import DatasetUnavailableError, check_available
     from src.dataloader import clear_dataset_cache
-    from workspace.demo_output import Progress, print_attack_summary, print_gate_summary, print_summary
+    from workspace.demo_output import Progress, print_attack_summary, print_summary
     from workspace.in_process import (check_run_plan, collaborator_names, run_in_process, run_plan_config,
                                       tensorboard_enabled)
+    from workspace.run_summary import print_run_summary
     from workspace.tutorial_outputs import write_tutorial_outputs
 
     start = time.perf_counter()
@@ -437,8 +439,8 @@ def main(argv=None) -> int:
 
     print_summary(result)
     print_attack_summary(result.report_dir, names)
-    if args.gate is not None:
-        print_gate_summary(result.report_dir, result.aggregator_report_dir, names, args.comm_round, args.gate)
+    print_run_summary({name: result.report_dir / name for name in names}, result.aggregator_report_dir,
+                      args.comm_round)
     print(f"\nfinished {args.comm_round} rounds in {time.perf_counter() - start:.1f}s")
     print(f"reports: {result.report_dir}  (open {result.report_dir / 'index.html'})")
     if result.aggregator_report_dir is not None:

@@ -13,6 +13,7 @@ import copy
 import inspect
 import logging
 import math
+import sys
 import time
 import zlib
 
@@ -39,6 +40,7 @@ from audit.membership.step import signal_names
 from audit.reporting.party import ReportWriter
 from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
 from audit.training import TrainingRecipe
+from src.audit_cost import audit_cost_note
 from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
 from src.devices import check_device
 from src.dp_training import RoundAccountant, dp_retrain
@@ -144,6 +146,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._training: LocalTraining | None = None  # this round's local training, for the audits that train alike
         self._data_mitigation: dict | None = None  # what the data mitigation did, once per collaborator
         self._resolution_said = False  # whether the audit sets' resolvable tolerances were logged
+        self._cost_said = False  # whether an audit costing several times the training was logged (once per party)
         self.last_record: dict | None = None  # the latest round record, for in-process callers
         # This round's signals by model weights and set: the validation tasks and the audit share them.
         self._signal_memo = SignalMemo()
@@ -202,7 +205,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._signal_memo.start_round(round_num)
         self._validating = (round_num, kwargs.get("apply"))
         try:
-            return super().validate_task(col_name, round_num, input_tensor_dict, **kwargs)
+            return super().validate_task(col_name, round_num, input_tensor_dict, **_tqdm_on_terminal_only(kwargs))
         finally:
             self._validating = None
 
@@ -225,6 +228,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         return super().validate_(validation_dataloader)
 
     def train_task(self, col_name, round_num, input_tensor_dict, epochs=1, **kwargs):
+        kwargs = _tqdm_on_terminal_only(kwargs)
         col = self.collaborator_settings(col_name)
         epochs = col.epochs if col.epochs is not None else epochs
         learning_rate = col.learning_rate if col.learning_rate is not None else self.learning_rate
@@ -267,11 +271,13 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             gate, trained, audited=global_model is not None,
             audit_trained=lambda: self._audit(self.model, global_model, col_name, round_num),
             # what a withheld round sends is the received weights, i.e. the global model
-            audit_received=lambda: self._audit(global_model, global_model, col_name, round_num),
+            audit_received=lambda: self._audit(global_model, global_model, col_name, round_num,
+                                               what="the received model (what a withheld round sends)"),
             empty_record=lambda: self._empty_record(col_name, round_num),
             retrain=self._dp_retrainer(gate, global_model, col_name, round_num, epochs, learning_rate),
             audit_retrained=lambda retrained: self._audit(
-                self._with_state(global_model, retrained.state), global_model, col_name, round_num),
+                self._with_state(global_model, retrained.state), global_model, col_name, round_num,
+                what="the DP retrain"),
         )
         if outcome.sends == SEND_RECEIVED:
             self._send(global_out, local_out, received)
@@ -300,6 +306,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             ReportWriter(settings.report_dir, col_name, log_scale=settings.log_scale).write_round(
                 record_to_json(record), private=record.get("_private", ())
             )
+            if not self._cost_said and (note := audit_cost_note(record)):
+                self._cost_said = True
+                logger.warning(note)
             tripped = outcome.gate_verdict.tripped
             logger.info(
                 "%s round %d audit: %s (audit %.2fs, train %.2fs); gate: %s%s",
@@ -358,7 +367,13 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                 "sent_update_norm": update_norm(start, sent)}
 
     # ------------------------------------------------------------------ gate
-    def _audit(self, model, global_model, col_name: str, round_num: int) -> dict:
+    def _audit(self, model, global_model, col_name: str, round_num: int, what: str = "the trained model") -> dict:
+        # The audit can take longer than the training, inside the train task: say it started (the multi-process
+        # tool's status line reads this line: workspace.party_status).
+        sizes = self.audit_sets().sizes()
+        logger.info("%s round %d: auditing %s (signals %s; %d members, %d non-members, %d population) ...",
+                    col_name, round_num, what, ", ".join(self.audit_settings.signals), sizes["members"],
+                    sizes["nonmembers"], sizes["population"])
         if self.on_audit_start is not None:
             self.on_audit_start(col_name, round_num)
         return audit_round(
@@ -425,3 +440,11 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                              non_finite=bool(non_finite_tensors({k: v.numpy() for k, v in result.state_dict.items()})))
 
         return retrain
+
+
+def _tqdm_on_terminal_only(kwargs: dict) -> dict:
+    """OpenFL's task loops draw a tqdm bar when the task's `use_tqdm` is true: only where stderr (tqdm's stream) is
+    a terminal. Elsewhere (a participant's log file, CI) each redraw would be one more line of the log."""
+    if kwargs.get("use_tqdm") and not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+        return {**kwargs, "use_tqdm": False}
+    return kwargs

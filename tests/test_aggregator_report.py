@@ -9,7 +9,7 @@ import pytest
 from openfl.databases import TensorDB
 from openfl.utilities import TensorKey, change_tags
 
-from workspace.demo_output import averaged_summary
+from workspace.run_summary import averaged_summary
 from src.aggregation import GatedWeightedAverage, round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record
 from src.taskrunner import AuditedTaskRunner

@@ -27,8 +27,9 @@ pytestmark = [pytest.mark.skipif(not FX.exists(), reason="fx is installed with o
 
 COLLABORATORS = ["collaborator1", "collaborator2"]
 ROUNDS = 2
-FAST = ["tasks.train.kwargs.epochs=1", "task_runner.settings.audit.signals=[loss, logits]",
-        "task_runner.settings.audit.fpr_tolerance=[0.1]"]
+# use_tqdm: OpenFL's own bars asked for, which must not reach the participants' log files.
+FAST = ["tasks.train.kwargs.epochs=1", "tasks.train.kwargs.use_tqdm=true",
+        "task_runner.settings.audit.signals=[loss, logits]", "task_runner.settings.audit.fpr_tolerance=[0.1]"]
 FEDERATION_TIMEOUT_S = 240
 
 
@@ -200,6 +201,43 @@ def test_the_federation_finishes_and_says_where_the_reports_are(federation):
     for name in ["aggregator", *COLLABORATORS]:
         assert str(federation.run_dir / name / "reports") in federation.output
     assert state(federation.run_dir)["status"] == "finished"
+
+
+@pytest.mark.federation
+def test_the_tool_shows_each_partys_phase_an_eta_and_a_summary_without_bars(federation):
+    """The tooling's stdout is a file here: a status line per change (phases read from the parties' own logs, an ETA
+    once a round is done), no tqdm bar anywhere, and the summary of the records on disk."""
+    from workspace.party_status import LogFollower, apply_collaborator_line
+    from workspace.run_summary import summary_lines
+
+    assert federation.returncode == 0, federation.output[-4000:]
+    status = [line for line in federation.output.splitlines() if line.startswith("[") and "rounds " in line]
+    assert len(status) == len(set(status)), "a status line repeated: printed without a change"
+    # The line shows each party's phase at each poll: a phase shorter than a poll (one epoch on 90 samples) may
+    # not show; the audit with its report, and waiting for the others, always last longer.
+    for phase in ("auditing", "waiting"):
+        for name in COLLABORATORS:
+            assert any(f"{name}: {phase} r" in line for line in status), (name, phase)
+    assert any("ETA " in line for line in status)
+    assert not any("ETA " in line for line in status if line.split("rounds ")[1].startswith("0/"))
+    # Every participant's console output (stderr included): no progress bar drawn into a file.
+    for name in ["aggregator", *COLLABORATORS]:
+        console = (federation.run_dir / name / "logs" / f"{name}.console.log").read_text()
+        assert "\r" not in console and "it/s]" not in console, name
+    # The real logs give each collaborator's phases in order, every round.
+    for name in COLLABORATORS:
+        follower = LogFollower(federation.run_dir / name / "logs" / f"{name}.log")
+        seen = []
+        for line in follower.path.read_text().splitlines():
+            if apply_collaborator_line(follower.status, line):
+                seen.append((follower.status.phase, follower.status.round))
+        expected = [("waiting", None)]  # it asks for tasks before round 0
+        for r in range(ROUNDS):
+            expected += [("validating", r), ("training", r), ("auditing", r), ("validating", r), ("waiting", r)]
+        assert [s for s in seen if s[0] != "done"] == expected and seen[-1][0] == "done", seen
+    expected_summary = summary_lines({n: federation.run_dir / n / "reports" / n for n in COLLABORATORS},
+                                     federation.run_dir / "aggregator" / "reports" / "aggregator", ROUNDS)
+    assert "\n".join(expected_summary[1:]) in federation.output
 
 
 @pytest.mark.federation

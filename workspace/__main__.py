@@ -25,10 +25,11 @@ if str(WORKSPACE_ROOT) not in sys.path:  # src.aggregator_settings, audit.report
     sys.path.insert(0, str(WORKSPACE_ROOT))
 
 from workspace.federation import stale_state, start  # noqa: E402
-from workspace.prepare import STATE_FILE, FederationLayout, SetupError, prepare  # noqa: E402
+from workspace.prepare import AGGREGATOR, STATE_FILE, FederationLayout, SetupError, prepare  # noqa: E402
 from workspace.processes import FxNotFoundError, ProcessRegistry  # noqa: E402
 from workspace.progress import DEFAULT_LIVENESS_S, MIN_LIVENESS_S, ProgressLine  # noqa: E402
 from workspace.run_plan import merge_overrides  # noqa: E402
+from workspace.run_summary import print_run_summary  # noqa: E402
 
 
 class Interrupted(KeyboardInterrupt):
@@ -177,6 +178,9 @@ def main(argv=None) -> int:
               f"({layout.root})")
         if outcome.round_seconds:
             print("aggregator's seconds per round: " + ", ".join(f"{s:.1f}" for s in outcome.round_seconds))
+        # The rounds the aggregator finished: a failed run's unfinished rounds are not "kept (not audited)".
+        print_run_summary({name: path for name, path in outcome.reports.items() if name != AGGREGATOR},
+                          outcome.reports.get(AGGREGATOR), min(outcome.rounds_done, outcome.rounds))
         print_reports(outcome)
         return 0 if outcome.ok else 1
     except Interrupted as stop:

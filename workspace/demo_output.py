@@ -1,16 +1,18 @@
-"""What the demo (cifar10_PM.py) shows while it runs and when it ends: tqdm progress bars over rounds and phases, the
-tutorial's summary lines, and each round's gate verdicts with the updates the aggregator averaged."""
+"""What the demo (cifar10_PM.py) shows while it runs and when it ends: tqdm progress bars over rounds and phases on a
+terminal (a line per round elsewhere) and the tutorial's summary lines. The summary per round (verdicts, TPR, Fidel,
+deanonymization) is workspace.run_summary's, shared with `python -m workspace run`."""
 
 from __future__ import annotations
 
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
-from audit.config.gate_contract import GATE_WITHHELD
+from workspace.progress import eta_seconds
 
-__all__ = ["PHASE_NAMES", "Progress", "print_summary", "gate_verdicts", "averaged_summary", "print_gate_summary"]
+__all__ = ["PHASE_NAMES", "Progress", "print_summary", "latest_record", "print_attack_summary"]
 
 
 PHASE_NAMES = {
@@ -24,11 +26,19 @@ PHASE_NAMES = {
 class Progress:
     """tqdm bars on stderr: one over the rounds (ETA of the run) and one over the phases of the current round
     (each collaborator's validate / train / audit / validate; ETA of the round). `phase(col, phase, round)` is
-    the in-process runner's `on_task` hook, and is also called when an audit starts (its `on_audit_start`)."""
+    the in-process runner's `on_task` hook, and is also called when an audit starts (its `on_audit_start`).
 
-    def __init__(self, rounds: int, collaborators: int, interval: int, *, enabled: bool = True):
+    Bars only where stderr is a terminal: elsewhere (a log file, CI) each redraw would be one more line of the log;
+    there a round's end prints one line with the ETA instead."""
+
+    def __init__(self, rounds: int, collaborators: int, interval: int, *, enabled: bool = True, stream=None):
         self.rounds, self.collaborators, self.interval = rounds, collaborators, max(1, interval)
-        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self.on_terminal = hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.enabled = enabled and self.on_terminal
+        self.lines = enabled and not self.on_terminal  # a line per round instead of bars
+        self.round_seconds: list[float] = []
+        self._round_began = time.monotonic()
         self.rounds_bar = self.phase_bar = None
         self.round: int | None = None
         self.pending = False  # a phase has started and is not counted yet
@@ -37,7 +47,8 @@ class Progress:
         from tqdm import tqdm
 
         self._tqdm = tqdm
-        self.rounds_bar = tqdm(total=self.rounds, desc="rounds", unit="round", position=0, file=sys.stderr,
+        self._round_began = time.monotonic()
+        self.rounds_bar = tqdm(total=self.rounds, desc="rounds", unit="round", position=0, file=self.stream,
                                disable=not self.enabled, dynamic_ncols=True)
         return self
 
@@ -56,7 +67,7 @@ class Progress:
             audits = self.collaborators if round_num % self.interval == 0 else 0
             self.phase_bar = self._tqdm(
                 total=3 * self.collaborators + audits, desc=f"round {round_num + 1}/{self.rounds}", unit="phase",
-                position=1, leave=False, file=sys.stderr, disable=not self.enabled, dynamic_ncols=True)
+                position=1, leave=False, file=self.stream, disable=not self.enabled, dynamic_ncols=True)
         elif self.pending:
             self._count()
         self.pending = True
@@ -75,6 +86,15 @@ class Progress:
         self.phase_bar.close()
         self.phase_bar, self.pending = None, False
         self.rounds_bar.update(1)
+        now = time.monotonic()
+        self.round_seconds.append(now - self._round_began)
+        self._round_began = now
+        if self.lines:
+            done = len(self.round_seconds)
+            eta = eta_seconds(self.round_seconds, done, self.rounds, 0.0)
+            self.stream.write(f"round {done}/{self.rounds} done in {self.round_seconds[-1]:.1f} s"
+                              + (f", ETA {eta:.0f} s" if eta else "") + "\n")
+            self.stream.flush()
 
 
 def print_summary(result) -> None:
@@ -134,56 +154,3 @@ def print_attack_summary(report_dir: Path, names) -> None:
         for t, n in sorted(unresolved.items()):
             print(f"  * FPR {t:g}: {n} population samples cannot resolve it (a threshold flags none of them below "
                   f"1/{n}); it needs {math.ceil(1 / t)}")
-
-
-def gate_verdicts(report_dir: Path, names, rounds: int) -> list[dict[str, dict | None]]:
-    """Per round, collaborator -> the gate's part of its round record (`extra.gate`), or None for a round without
-    a record (not audited, hence not gated)."""
-    out = []
-    for r in range(rounds):
-        per_col = {}
-        for name in names:
-            path = Path(report_dir) / name / f"round_{r:04d}" / "audit.json"
-            per_col[name] = json.loads(path.read_text()).get("extra", {}).get("gate") if path.is_file() else None
-        out.append(per_col)
-    return out
-
-
-def averaged_summary(record: dict) -> str:
-    """What the aggregator averaged in a round, from its report's record (the decision GatedWeightedAverage
-    applied: audit.config.gate_contract), and who was left out and why when not by its own gate's verdict."""
-    entries = record.get("collaborators") or {}
-    averaged = [name for name, entry in entries.items() if entry.get("averaged")]
-    text = f"averaged: {', '.join(averaged) if averaged else 'none (global model unchanged)'}"
-    # A withheld verdict is on the line already; the aggregator's own reasons (NaN/Inf tensors, an unreadable
-    # verdict, the straggler policy) are not.
-    others = [f"{name} {entry['status']}" for name, entry in entries.items()
-              if not entry.get("averaged") and entry.get("cause") != GATE_WITHHELD]
-    return text + (f" (left out: {', '.join(others)})" if others else "")
-
-
-def print_gate_summary(report_dir: Path, aggregator_report_dir: Path | None, names, rounds: int, gate: dict) -> None:
-    """Per round: each collaborator's verdict (kept, dp_retrained, withheld) and what tripped the gate, from its
-    round record, and the updates the aggregator averaged, from its report."""
-    limits = ", ".join(f"{name} > {value:g}" for name, value in gate["thresholds"].items())
-    print(f"\ngate: {gate['action']} if {limits}")
-    for r, per_col in enumerate(gate_verdicts(report_dir, names, rounds)):
-        parts = []
-        for name, verdict in per_col.items():
-            if verdict is None:
-                parts.append(f"{name} kept (not audited)")
-                continue
-            text = f"{name} {verdict['verdict']}"
-            tripped = verdict.get("tripped") or {}
-            if tripped:
-                text += " (" + ", ".join(
-                    f"{metric} = {'nan' if t['value'] is None else format(t['value'], '.4f')} > {t['threshold']:g}"
-                    for metric, t in tripped.items()) + ")"
-            if verdict.get("retries"):
-                text += f" after {verdict['retries']} DP retrain(s), epsilon {verdict['epsilon']:.3g}"
-            parts.append(text)
-        line = f"round {r}: " + "; ".join(parts)
-        agg_file = None if aggregator_report_dir is None else Path(aggregator_report_dir) / f"round_{r:04d}.json"
-        if agg_file is not None and agg_file.is_file():
-            line += " | " + averaged_summary(json.loads(agg_file.read_text()))
-        print(line)

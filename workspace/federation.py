@@ -32,7 +32,8 @@ import yaml
 from workspace.prepare import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
 from workspace.processes import (ProcessRegistry, Started, describe_returncode, fx_environment, fx_executable,
                                  is_running, party_threads, snapshot)
-from workspace.progress import DEFAULT_LIVENESS_S, Liveness, ProgressLine, rounds_done
+from workspace.party_status import LogFollower
+from workspace.progress import DEFAULT_LIVENESS_S, Liveness, ProgressLine, eta_seconds, rounds_done
 from workspace.run_plan import port_is_free
 
 AGGREGATOR_EXIT_GRACE_S = 30.0  # OpenFL's server checks every 5 s whether every collaborator got its quit signal
@@ -204,8 +205,18 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
     cols = {n: processes[n] for n in layout.collaborators}
     exited: dict[str, int] = {}
     agg_exited_at = cols_exited_at = None
+    # Each party's phase, from its OpenFL log (workspace.party_status); the round times give the ETA.
+    followers = {name: LogFollower(layout.workspace(name) / "logs" / f"{name}.log", aggregator=name == AGGREGATOR)
+                 for name in processes}
+    last_done, round_began = 0, begin
     while True:
         done = rounds_done(metrics_file(layout))
+        if done != last_done:
+            last_done, round_began = done, time.monotonic()
+        for name, follower in followers.items():
+            follower.poll()
+            for note in follower.take_notes():  # each party says it once (src/taskrunner.py)
+                (progress.message if progress is not None else say)(f"note from {name}: {note}")
         for name, proc in cols.items():
             rc = proc.popen.poll()
             if rc is None or name in exited:
@@ -221,11 +232,12 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
                                             total=total, now=now, keep_going=keep_going, say=say, stop=stop):
             return
         if progress is not None:
-            states = {AGGREGATOR: _state(liveness, AGGREGATOR, outcome) if agg_rc is None
+            states = {AGGREGATOR: _state(liveness, AGGREGATOR, outcome, followers, len(cols)) if agg_rc is None
                       else describe_returncode(agg_rc)}
-            states.update({n: (_state(liveness, n, outcome) if n not in exited else "done" if exited[n] == 0
+            states.update({n: (_state(liveness, n, outcome, followers) if n not in exited else "done" if exited[n] == 0
                                else "FROZEN" if n in outcome.frozen else "DEAD") for n in cols})
-            progress.update(min(done, total), total, states)
+            progress.update(min(done, total), total, states,
+                            eta_seconds(round_seconds(layout), done, total, now - round_began))
 
         if outcome.dead and not keep_going:
             outcome.problems.append("stopped the federation because a participant died: "
@@ -269,10 +281,13 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
         time.sleep(poll_s)
 
 
-def _state(liveness: Liveness | None, name: str, outcome: Outcome) -> str:
+def _state(liveness: Liveness | None, name: str, outcome: Outcome, followers: dict[str, LogFollower],
+           collaborators: int | None = None) -> str:
     if name in outcome.frozen:
         return "FROZEN"
-    return "stopped" if liveness is not None and liveness.state(name) in ("T", "t") else "up"
+    if liveness is not None and liveness.state(name) in ("T", "t"):
+        return "stopped"
+    return followers[name].status.text(collaborators)
 
 
 def _frozen(layout, processes, logs, outcome, liveness, exited, *, done, total, now, keep_going, say, stop) -> bool:

@@ -65,6 +65,8 @@ def fx_environment(log_file: str | None = None, *, threads: int | None = None) -
     env.pop("PYTHONPATH", None)
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("COLUMNS", "160")
+    # A participant's output goes to a file: no tqdm bar from any library (tqdm reads TQDM_<arg> for its defaults).
+    env["TQDM_DISABLE"] = "1"
     if log_file:
         env["LOG_FILE"] = log_file  # OpenFL's plain one-line-per-record log; must be logs/<name>
     else:

@@ -8,6 +8,7 @@ round to the aggregator's logs/aggregator_metrics.txt: the same signal a person 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -32,30 +33,62 @@ def rounds_done(metrics_file: Path) -> int:
     return len(done)
 
 
+def eta_seconds(round_seconds: Sequence[float], done: int, total: int, in_round_s: float) -> float | None:
+    """Seconds left: the mean finished round's time for each round to go, less the time the current one has run
+    (never below the rounds still to come after it); None before any round is finished and once all are. Round 0 is
+    left out of the mean once later rounds are known: it also holds the collaborators' start-up (data, model,
+    connection)."""
+    if not round_seconds or done >= total:
+        return None
+    rounds = list(round_seconds[1:]) if len(round_seconds) > 1 else list(round_seconds)
+    per_round = sum(rounds) / len(rounds)
+    after_this = per_round * (total - done - 1)
+    return max(per_round * (total - done) - in_round_s, after_this)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
 class ProgressLine:
-    """Rewrites one status line on a terminal; elsewhere (CI logs, pipes) prints a line when the status changes."""
+    """Rewrites one status line on a terminal; elsewhere (CI logs, pipes) prints a line only when the rounds or a
+    party's phase change (the clock and the ETA alone never print a line)."""
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stdout
         self.is_tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.start = time.monotonic()
         self._last = None
+        self._drawn = False
 
-    def update(self, done: int, total: int, states: dict[str, str]) -> None:
+    def update(self, done: int, total: int, states: dict[str, str], eta_s: float | None = None) -> None:
         bar = "#" * done + "." * (total - done)
         parties = "  ".join(f"{name}: {state}" for name, state in states.items())
         status = f"rounds {done}/{total} [{bar}]  {parties}"
+        eta = "" if eta_s is None else f"  ETA {_duration(eta_s)}"
+        line = f"[{time.monotonic() - self.start:6.1f}s] {status}{eta}"
         if self.is_tty:
-            elapsed = time.monotonic() - self.start
-            self.stream.write(f"\r\033[K[{elapsed:6.1f}s] {status}")
+            width = shutil.get_terminal_size((160, 24)).columns
+            # A line wider than the terminal wraps, and \r would then rewrite only its last row.
+            self.stream.write("\r\033[K" + (line if len(line) < width else line[:max(width - 2, 1)] + "…"))
             self.stream.flush()
+            self._drawn = True
         elif status != self._last:
-            self.stream.write(f"[{time.monotonic() - self.start:6.1f}s] {status}\n")
+            self.stream.write(line + "\n")
             self.stream.flush()
         self._last = status
 
+    def message(self, text: str) -> None:
+        """A line of its own (on a terminal, the status line is drawn again below it at the next update)."""
+        if self.is_tty and self._drawn:
+            self.stream.write("\r\033[K")
+        self.stream.write(text + "\n")
+        self.stream.flush()
+        self._drawn = False
+
     def finish(self) -> None:
-        if self.is_tty and self._last is not None:
+        if self.is_tty and self._drawn:
             self.stream.write("\n")
             self.stream.flush()
 

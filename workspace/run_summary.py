@@ -1,0 +1,186 @@
+"""The end-of-run summary of the demo (cifar10_PM.py) and of `python -m workspace run`: one definition for both.
+
+Read from the reports on disk, each party's own folder (`round_NNNN/audit.json`) and the aggregator's
+(`round_NNNN.json`, `deanon/round_NNNN.json`): per round, each collaborator's gate verdict (kept, dp_retrained,
+withheld, with the metric that tripped) and what the aggregator averaged, then per collaborator its strongest
+membership attack's TPR at the lowest FPR tolerance (with its confidence interval where the record has one),
+Fidel's revealed fraction and the deanonymization self-audit's AP over chance when they ran, and the aggregator's
+own deanonymization audit. Only metric names are printed as metrics: the gate's `gate_tripped__*` scalars (a
+tripped value or 0.0) are not AUCs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Callable, Iterable, Mapping
+
+from audit.config.gate_contract import GATE_WITHHELD
+from audit.reporting.readings import float_or_nan, resolvable_at, tolerances_of, tpr_at, tpr_band_at
+
+__all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines", "summary_lines",
+           "print_run_summary"]
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def read_party_records(party_dir: Path) -> dict[int, dict]:
+    """Round number -> the party's round record (rounds it did not audit have none)."""
+    out = {}
+    for path in sorted(Path(party_dir).glob("round_[0-9]*/audit.json")):
+        record = _read_json(path)
+        if record is not None:
+            out[int(record.get("round", path.parent.name[len("round_"):]))] = record
+    return out
+
+
+def verdict_text(name: str, verdict: Mapping | None) -> str:
+    """`<name> <verdict>` with what tripped the gate and any DP retrains; a round without a record was not audited."""
+    if verdict is None:
+        return f"{name} kept (not audited)"
+    text = f"{name} {verdict['verdict']}"
+    tripped = verdict.get("tripped") or {}
+    if tripped:
+        text += " (" + ", ".join(
+            f"{metric} = {'nan' if t['value'] is None else format(t['value'], '.4f')} > {t['threshold']:g}"
+            for metric, t in tripped.items()) + ")"
+    if verdict.get("retries"):
+        text += f" after {verdict['retries']} DP retrain(s), epsilon {verdict['epsilon']:.3g}"
+    return text
+
+
+def averaged_summary(record: dict) -> str:
+    """What the aggregator averaged in a round, from its report's record (the decision GatedWeightedAverage
+    applied: audit.config.gate_contract), and who was left out and why when not by its own gate's verdict."""
+    entries = record.get("collaborators") or {}
+    averaged = [name for name, entry in entries.items() if entry.get("averaged")]
+    text = f"averaged: {', '.join(averaged) if averaged else 'none (global model unchanged)'}"
+    # A withheld verdict is on the line already; the aggregator's own reasons (NaN/Inf tensors, an unreadable
+    # verdict, the straggler policy) are not.
+    others = [f"{name} {entry['status']}" for name, entry in entries.items()
+              if not entry.get("averaged") and entry.get("cause") != GATE_WITHHELD]
+    return text + (f" (left out: {', '.join(others)})" if others else "")
+
+
+def tpr_reading(record: Mapping, tol: float) -> str | None:
+    """The strongest membership attack's TPR at FPR `tol` (for privacy the worst case counts), its interval if
+    recorded, and which attack; None for a record without membership attacks."""
+    best = None
+    for model, per_signal in (record.get("attacks") or {}).items():
+        for signal, result in (per_signal or {}).items():
+            value = tpr_at(result, tol)
+            if not math.isnan(value) and (best is None or value > best[0]):
+                best = (value, model, signal, result)
+    if best is None:
+        return None
+    value, model, signal, result = best
+    lower, upper = tpr_band_at(result, tol)
+    band = f" [{lower:.3f}, {upper:.3f}]" if not (math.isnan(lower) or math.isnan(upper)) else ""
+    unresolved = "" if resolvable_at(result, tol) else ", below what its population resolves"
+    return f"TPR at FPR {tol:g} {value:.3f}{band} ({model} {signal}{unresolved})"
+
+
+def _deanon_ceiling(record: Mapping) -> str:
+    crowd = (record.get("extra") or {}).get("deanon", {}).get("crowd_users")
+    if not isinstance(crowd, int) or crowd < 1:
+        return ""
+    users = crowd + 1  # the collaborator and its crowd
+    return f", at most {users / sum(1.0 / k for k in range(1, users + 1)):.2f} with {users} users"
+
+
+def _other_audits(record: Mapping) -> list[str]:
+    metrics = record.get("metrics") or {}
+    out = []
+    if "fidel_revealed_fraction" in metrics:
+        out.append(f"Fidel revealed {float_or_nan(metrics['fidel_revealed_fraction']):.2f} of its samples "
+                   f"({float_or_nan(metrics.get('fidel_revealed_fraction_ica')):.2f} with ICA)")
+    if "deanon_ap_over_chance" in metrics:
+        out.append(f"deanonymization AP {float_or_nan(metrics['deanon_ap_over_chance']):.2f}x chance"
+                   + _deanon_ceiling(record))
+    return out
+
+
+def _server_deanon(aggregator_dir: Path | None, round_num: int) -> str | None:
+    """The aggregator's own deanonymization audit of the round: its strongest closed-world re-identification."""
+    if aggregator_dir is None:
+        return None
+    record = _read_json(Path(aggregator_dir) / "deanon" / f"round_{round_num:04d}.json")
+    if not record or record.get("status") != "evaluated":
+        return None
+    results = ((record.get("closed_world") or {}).get("reidentification") or {}).items()
+    scores = [(float_or_nan(r.get("ap_over_chance")), name) for name, r in results if isinstance(r, Mapping)]
+    scores = [s for s in scores if not math.isnan(s[0])]
+    if not scores:
+        return None
+    value, attack = max(scores)
+    return f"aggregator's deanonymization: AP {value:.2f}x chance ({attack}, closed world)"
+
+
+def _gate_header(records: Iterable[Mapping], parties: Iterable[str]) -> str | None:
+    """The gate each party ran (from its records: per_collaborator gates may differ); None if none had thresholds."""
+    gates: dict[str, list[str]] = {}
+    for record in records:
+        gate = (record.get("extra") or {}).get("gate") or {}
+        if gate.get("thresholds"):
+            limits = ", ".join(f"{name} > {value:g}" for name, value in gate["thresholds"].items())
+            owners = gates.setdefault(f"{gate.get('action')} if {limits}", [])
+            if record.get("party") not in owners:
+                owners.append(record.get("party"))
+    if not gates:
+        return None
+    parties = list(parties)
+    ungated = [p for p in parties if not any(p in owners for owners in gates.values())]
+    if len(gates) == 1 and not ungated:
+        return f"gate: {next(iter(gates))}"
+    return "gate: " + "; ".join(f"{', '.join(owners)}: {text}" for text, owners in gates.items()) + (
+        f" ({', '.join(ungated)}: none)" if ungated else "")
+
+
+def round_lines(round_num: int, records: Mapping[str, Mapping | None], aggregator_dir: Path | None,
+                tol: float | None) -> list[str]:
+    """One round: the verdicts and what was averaged, then a line per audited collaborator."""
+    line = f"round {round_num}: " + "; ".join(
+        verdict_text(name, None if record is None else (record.get("extra") or {}).get("gate"))
+        for name, record in records.items())
+    agg = None if aggregator_dir is None else _read_json(Path(aggregator_dir) / f"round_{round_num:04d}.json")
+    if agg is not None:
+        line += " | " + averaged_summary(agg)
+    lines = [line]
+    for name, record in records.items():
+        if record is None:
+            continue
+        parts = [p for p in [tpr_reading(record, tol) if tol is not None else None, *_other_audits(record)] if p]
+        if parts:
+            lines.append(f"  {name}: " + "; ".join(parts))
+    server = _server_deanon(aggregator_dir, round_num)
+    if server:
+        lines.append(f"  {server}")
+    return lines
+
+
+def summary_lines(parties: Mapping[str, Path], aggregator_dir: Path | None, rounds: int) -> list[str]:
+    """The whole summary; `parties`: collaborator -> its own report folder (the one holding round_NNNN/)."""
+    per_party = {name: read_party_records(path) for name, path in parties.items()}
+    every = [record for records in per_party.values() for record in records.values()]
+    tolerances = tolerances_of(every) if every else []
+    tol = min(tolerances) if tolerances else None
+    lines = ["", "summary per round" + (f" (TPR: the strongest membership attack's at the lowest FPR tolerance, "
+                                        f"{tol:g}, with its interval where recorded)" if tol is not None else "") + ":"]
+    header = _gate_header(every, parties)
+    if header:
+        lines.append(header)
+    for r in range(rounds):
+        lines += round_lines(r, {name: records.get(r) for name, records in per_party.items()}, aggregator_dir, tol)
+    return lines
+
+
+def print_run_summary(parties: Mapping[str, Path], aggregator_dir: Path | None, rounds: int,
+                      say: Callable[[str], None] = print) -> None:
+    for line in summary_lines(parties, aggregator_dir, rounds):
+        say(line)
