@@ -399,7 +399,7 @@ def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool,
     body.append("</table></div>")
     for name, file in plots:
         body.append(f"<h2>{e(name)} per round</h2>")
-        body.append(f'<p class="muted">Each collaborator\'s value (dots), their mean and the worst (largest) of them; '
+        body.append('<p class="muted">Each collaborator\'s value (dots), their mean and the worst (largest) of them; '
                     "the red line is the gate's threshold (none drawn: no gate watches it). A collaborator above the "
                     "red line had its update withheld or DP-retrained (ringed in red where its gate tripped).</p>")
         body.append(f'<p><img src="{e(file)}" alt="{e(name)} per round for every collaborator"></p>')
