@@ -401,8 +401,9 @@ def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool,
         body.append(f"<h2>{e(name)} per round</h2>")
         body.append('<p class="muted">Each collaborator\'s value (dots), their mean and the worst (largest) of them; '
                     "the red line is the gate's threshold (none drawn: no gate watches it). A collaborator above the "
-                    "red line, or whose interval reaches above it when its gate compares the upper bound (gate.bound: upper, "
-                    "the default), had its update withheld or DP-retrained: ringed in red where its gate tripped.</p>")
+                    "red line, or whose interval reaches above it when its gate compares the upper bound (gate.bound: "
+                    "upper, the default), had its update withheld or DP-retrained: ringed in red where its gate "
+                    "tripped.</p>")
         body.append(f'<p><img src="{e(file)}" alt="{e(name)} per round for every collaborator"></p>')
     for r in reversed(records):
         counts = ", ".join(f"{key.replace('_', ' ')} {len(r.get(key, []))}" for key in STATUS_LISTS)
