@@ -1,6 +1,5 @@
 """Tests for src.datasets, src.data (the split) and src.dataloader (the OpenFL data loader). No network."""
 
-import socket
 
 import numpy as np
 import pytest
@@ -19,15 +18,6 @@ SETS = ("train", "test", "population")
 @pytest.fixture(scope="module")
 def digits():
     return load_dataset("digits")
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("network access attempted")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 def ids_pool(n=1000, n_classes=10, seed=0):

@@ -2,7 +2,6 @@
 on-disk layout (never a download): images and labels read back exactly, class counts, the one-line error of a missing
 dataset, the models on their shapes, and a short audited round on each."""
 
-import socket
 
 import numpy as np
 import pytest
@@ -12,15 +11,6 @@ from src.datasets import (DATASETS, DatasetUnavailableError, check_available, da
 from torchvision_files import CLASSES, write_dataset
 
 ON_DISK = ("mnist", "fashionmnist", "cifar10", "cifar100")
-
-
-@pytest.fixture
-def no_network(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("network access attempted")
-
-    monkeypatch.setattr(socket.socket, "connect", refuse)
-    monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 def test_the_datasets_and_their_shapes():

@@ -37,12 +37,7 @@ POPULATION_ATTACKS = AuditSettings(signals=("loss", "logits", "gradient_norm"), 
                                    update_attack=False, sections={"rmia": {"enabled": False}})
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def task(seed: int):

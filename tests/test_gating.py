@@ -13,7 +13,6 @@ import math
 
 import numpy as np
 import pytest
-import torch
 from openfl.databases import TensorDB
 from openfl.interface.aggregation_functions import WeightedAverage
 from openfl.utilities import LocalTensor, TensorKey, change_tags
@@ -26,13 +25,7 @@ AUC = "mia_local_loss_auc"
 LEAKY = {"epochs": 40, "learning_rate": 0.01}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """Tiny models train ~20x faster on one thread when the 2 cores are shared (OpenMP threads spin)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def overrides(gate: dict, per_collaborator: dict | None = None, *, epochs: int = 1, **settings) -> dict:

@@ -2,7 +2,6 @@
 verdicts, epsilons and leak statuses read off round records; the aggregator's mean, worst and thresholds."""
 
 import json
-import math
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -11,7 +10,7 @@ from urllib.parse import unquote, urlsplit
 import numpy as np
 import pytest
 
-from audit.reporting.html import party_page, write_index
+from audit.reporting.html import party_page
 from audit.reporting.plots import plot_signal_histograms
 from audit.reporting.verdicts import NO_DP, round_verdict
 from src.aggregator_report import AggregatorReportWriter, round_record

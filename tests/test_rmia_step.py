@@ -34,12 +34,7 @@ RECIPE = TrainingRecipe("Adam", 0.01, 0.9, epochs=30, batch_size=20)
 TRAINING = LocalTraining(RECIPE, member_count=60, federation_alpha=None)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def task():
