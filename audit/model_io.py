@@ -13,7 +13,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-__all__ = ["model_input", "prepare", "module_mode", "eval_mode", "chunks"]
+__all__ = ["host_tensor", "model_input", "prepare", "module_mode", "eval_mode", "chunks"]
 
 
 def _model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
@@ -23,10 +23,16 @@ def _model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
     return torch.device("cpu"), torch.get_default_dtype()
 
 
+def host_tensor(value) -> torch.Tensor:
+    """A tensor as it is; anything else (numpy arrays, lists: host memory) as a CPU tensor, whatever torch's default
+    device: the data then moves to the model's device once, by an explicit .to(), never by a default."""
+    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value, device="cpu")
+
+
 def model_input(model: nn.Module, x) -> torch.Tensor:
     """`x` as a tensor `model` can take: on its device; floating values in its dtype (numpy inputs are often float64),
     integer values (token ids, indices for an Embedding) left integer."""
-    x = torch.as_tensor(x)
+    x = host_tensor(x)
     device, dtype = _model_device_dtype(model)
     if x.is_floating_point():
         return x.to(device=device, dtype=dtype)
@@ -37,8 +43,8 @@ def prepare(model: nn.Module, x, y, batch_size: int) -> tuple[torch.Tensor, torc
     """(x, y) checked as a labelled sample set for `model`: x on its device and dtype, y as int64 labels."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    x = torch.as_tensor(x)
-    y = torch.as_tensor(y)
+    x = host_tensor(x)
+    y = host_tensor(y)
     if x.ndim == 0 or y.ndim != 1:
         raise ValueError(f"x must have shape (N, ...) and y shape (N,); got {tuple(x.shape)} and {tuple(y.shape)}")
     if x.shape[0] != y.shape[0]:

@@ -43,10 +43,10 @@ class AuditSets:
     def tensors(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The set as tensors: floating inputs as float32, integer inputs (token ids) as they are, labels int64."""
         x, y = getattr(self, name)
-        x = torch.as_tensor(np.asarray(x))
+        x = torch.as_tensor(np.asarray(x), device="cpu")  # host data: the signals move it to the model's device
         if x.is_floating_point():
             x = x.float()
-        return x, torch.as_tensor(np.asarray(y), dtype=torch.int64)
+        return x, torch.as_tensor(np.asarray(y), dtype=torch.int64, device="cpu")
 
     def sizes(self) -> dict[str, int]:
         return {name: int(len(getattr(self, name)[1])) for name in SETS}

@@ -97,9 +97,11 @@ def _train_chunk(model, params, buffers, x, y, recipe: TrainingRecipe, generator
         stacked_buffers = {n: start[1][n].detach().clone() for n in buffers}
     optimizer = recipe.make_optimizer(list(stacked.values()))
     forward = _copies_forward(model, batched)
-    rows = torch.arange(copies)[:, None]
+    rows = torch.arange(copies, device=x.device)[:, None]
     for _ in range(recipe.epochs):
-        order = torch.argsort(torch.rand(copies, size, generator=generator), dim=1)  # each copy its own shuffle
+        # Each copy its own shuffle, drawn on the CPU (the seeded generator's device, so the same on any device),
+        # used where the samples are.
+        order = torch.argsort(torch.rand(copies, size, generator=generator, device="cpu"), dim=1).to(x.device)
         for start in range(0, size, recipe.batch_size):
             idx = order[:, start:start + recipe.batch_size]
             logits = forward(stacked, stacked_buffers, x[rows, idx])
@@ -108,6 +110,16 @@ def _train_chunk(model, params, buffers, x, y, recipe: TrainingRecipe, generator
             losses.view(copies, -1).mean(dim=1).sum().backward()
             optimizer.step()
     return {n: t.detach() for n, t in stacked.items()}, stacked_buffers
+
+
+def _dropout_rng_state(cuda: list) -> tuple:
+    return torch.get_rng_state(), [torch.cuda.get_rng_state(device) for device in cuda]
+
+
+def _set_dropout_rng_state(cuda: list, state: tuple) -> None:
+    torch.set_rng_state(state[0])
+    for device, device_state in zip(cuda, state[1]):
+        torch.cuda.set_rng_state(device_state, device)
 
 
 def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, seed: int, chunk: int | None,
@@ -127,7 +139,9 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     generator = torch.Generator().manual_seed(seed)
     batched = True
     # Train mode for every submodule, as the local training runs (model.train()); each one's flag comes back after.
-    with torch.random.fork_rng(devices=[]), module_mode(model, training=True):
+    # Dropout draws from the generator of the device the model is on: that one is seeded here and given back after.
+    cuda = [x.device] if x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), module_mode(model, training=True):
         torch.manual_seed(seed)  # dropout masks
         for first in range(0, len(y), chunk):
             args = (model, params, buffers, x[first:first + chunk], y[first:first + chunk], recipe, generator)
@@ -135,12 +149,12 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
                                                 {n: t[first:first + chunk] for n, t in start.buffers.items()})
             vmap_error = None
             if batched:
-                dropout_state, shuffle_state = torch.get_rng_state(), generator.get_state()
+                dropout_state, shuffle_state = _dropout_rng_state(cuda), generator.get_state()
                 try:
                     trained, trained_buffers = _train_chunk(*args, start=begin)
                 except (RuntimeError, NotImplementedError) as err:
                     vmap_error = err
-                    torch.set_rng_state(dropout_state)  # redo the chunk from scratch, same draws
+                    _set_dropout_rng_state(cuda, dropout_state)  # redo the chunk from scratch, same draws
                     generator.set_state(shuffle_state)
             if not batched or vmap_error is not None:
                 # For forwards vmap cannot batch (BatchNorm with momentum=None reads float(num_batches_tracked),

@@ -6,7 +6,7 @@ started by `python -m workspace`'s code) once per poll interval, then starts fre
 (--repeats times each, alternating, so that a change in the machine's load hits both alike), and prints per
 run and round the aggregator's own wall time (OpenFL's MetricWriter `elapsed_seconds`, round begin to round
 end), the mean over rounds 1.. (round 0 also holds the collaborators' start-up), the whole run's wall time, and
-the ratios of the means over all runs.
+the ratios of the means over all runs, and every process's peak RSS (sampled every 0.5 s from /proc).
 OpenFL 1.9 tells an idle collaborator to wait `Aggregator._get_sleep_time()` = 10 s; AuditingAggregator
 sends `aggregator.settings.poll_interval_s` instead.
 A round's compute is the slowest collaborator's training plus audit in that round (its record's train_s and audit_s;
@@ -27,6 +27,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,6 +64,33 @@ def round_compute(reports: dict, rounds: int) -> list[float]:
     return out
 
 
+def peak_rss_gb(pid: int) -> float | None:
+    """The process's peak resident set so far (Linux VmHWM), GB; None once it has gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024 / 1e9
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class PeakRSS(threading.Thread):
+    """Samples, every 0.5 s, the peak RSS of every process the registry started (by name, the largest seen): a
+    process's VmHWM only grows, so the last sample before it exits is within 0.5 s of its peak."""
+
+    def __init__(self, registry):
+        super().__init__(daemon=True)
+        self.registry, self.peaks, self.done = registry, {}, threading.Event()
+
+    def run(self):
+        while not self.done.wait(0.5):
+            for started in self.registry.started:
+                gb = peak_rss_gb(started.pid)
+                if gb is not None:
+                    self.peaks[started.name] = max(gb, self.peaks.get(started.name, 0.0))
+
+
 def run_once(prepared: Path, dest: Path, interval: int, threads: str, args) -> dict:
     import workspace.federation as federation
     from workspace.prepare import FederationLayout
@@ -72,16 +100,19 @@ def run_once(prepared: Path, dest: Path, interval: int, threads: str, args) -> d
     registry = ProcessRegistry()
     # "inherit": no thread counts set, every process takes torch's default (as before the tooling set them).
     federation.party_threads = party_threads if threads == "auto" else (lambda collaborators: None)
+    rss = PeakRSS(registry)
+    rss.start()
     try:
         outcome = federation.start(FederationLayout.load(dest), registry=registry, timeout_s=args.timeout,
                                    say=lambda m: None)
     finally:
+        rss.done.set()
         registry.stop_all()
         federation.party_threads = party_threads
     if not outcome.ok:
         raise SystemExit(f"poll_interval_s={interval}: the federation failed: {outcome.problems}")
     return {"interval": interval, "threads": threads, "rounds": outcome.round_seconds, "total": outcome.seconds,
-            "compute": round_compute(outcome.reports, len(outcome.round_seconds))}
+            "compute": round_compute(outcome.reports, len(outcome.round_seconds)), "peak_rss_gb": rss.peaks}
 
 
 def main() -> int:
@@ -127,6 +158,12 @@ def main() -> int:
         cells = "".join(f"{w:>9.1f} ({c:4.1f})" for w, c in zip(rounds, compute))
         print(f"{res['interval']:>7}{res['threads']:>9}" + cells + f"{res['steady']:>10.1f}"
               f"{res['steady_compute']:>9.2f}{res['steady'] - res['steady_compute']:>9.2f}{res['total']:>9.1f}")
+    for res in results:
+        collaborators = {n: gb for n, gb in res["peak_rss_gb"].items() if n.startswith("collaborator")}
+        others = {n: gb for n, gb in res["peak_rss_gb"].items() if n not in collaborators and gb > 0.2}
+        print(f"peak RSS (poll {res['interval']} s, threads {res['threads']}): collaborators "
+              + ", ".join(f"{n} {gb:.2f} GB" for n, gb in sorted(collaborators.items()))
+              + (("; " + ", ".join(f"{n} {gb:.2f} GB" for n, gb in sorted(others.items()))) if others else ""))
     means = {}
     for interval, threads in variants:
         mine = [r for r in results if r["interval"] == interval and r["threads"] == threads]

@@ -15,11 +15,14 @@ the real files' MD5 sums; the child process disables that check and nothing else
     .venv/bin/python benchmarks/bench_tutorial_config.py                       # full size, 1 round
     .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 0.25      # 6,000 and 15,000 images
     .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.25 --compare-with HEAD~1
+    .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 --compare-with 82771dd --also-with "--rmia False"
 
 `--scale` is the fraction of the 60,000 images (several values: one run each, and the peak RSS is then
 extrapolated linearly to the full size). `--compare-with REV` also runs the script of git revision REV
 (exported with `git archive` into a temp folder; the repository is not touched) on the same data, right
-after the working tree's, so the rows come from the same machine state: compare their ratios.
+after the working tree's, so the rows come from the same machine state: compare their ratios. `--also-with ARGS`
+adds a run of the working tree with these script arguments, between the two (e.g. "--rmia False": the audit an
+older revision without RMIA ran, next to the default one with it).
 On 2 CPU cores a full-size round takes tens of minutes; scale 0.1 takes a few.
 """
 
@@ -178,6 +181,9 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=1, help="federated rounds per run (default 1)")
     p.add_argument("--compare-with", metavar="REV", default=None,
                    help="also run cifar10_PM.py of git revision REV on the same data (e.g. HEAD)")
+    p.add_argument("--also-with", metavar="ARGS", action="append", default=[],
+                   help="also run the working tree with these script arguments (one string, split on spaces; "
+                        "repeatable), e.g. --also-with '--rmia False'")
     p.add_argument("--timeout", type=float, default=None, help="seconds per script run before it is stopped")
     p.add_argument("--keep", metavar="DIR", default=None, help="keep data, reports and script output in DIR")
     p.add_argument("--script-arg", action="append", default=[], metavar="ARG",
@@ -197,9 +203,10 @@ def main(argv=None) -> int:
 
     work = Path(args.keep).resolve() if args.keep else Path(tempfile.mkdtemp(prefix="bench_tutorial_"))
     work.mkdir(parents=True, exist_ok=True)
-    variants = [("working tree", ROOT)]
+    variants = [("working tree", ROOT, [])]
+    variants += [(f"wt {extra}", ROOT, extra.split()) for extra in args.also_with]
     if args.compare_with:
-        variants.append((args.compare_with, export_revision(args.compare_with, work / "baseline_code")))
+        variants.append((args.compare_with, export_revision(args.compare_with, work / "baseline_code"), []))
 
     import torch  # only to report the thread count the child will use (same defaults)
 
@@ -212,11 +219,11 @@ def main(argv=None) -> int:
             data_root = work / f"data_{n}"
             if not (data_root / "cifar-10-batches-py" / "test_batch").is_file():
                 write_synthetic_cifar10(data_root, n)
-            for index, (label, code_root) in enumerate(variants):
+            for index, (label, code_root, extra) in enumerate(variants):
                 log_dir = work / f"reports_{n}_{index}"
                 shutil.rmtree(log_dir, ignore_errors=True)
                 print(f"running {label} on {n} images ...", flush=True)
-                run = run_script(code_root, data_root, log_dir, args.rounds, args.timeout, args.script_arg)
+                run = run_script(code_root, data_root, log_dir, args.rounds, args.timeout, args.script_arg + extra)
                 summary = summarise(read_records(log_dir, args.rounds))
                 row = {"label": label, "scale": scale, "n": n, **run, **summary}
                 phases = round_phases(row, args.rounds)
@@ -261,14 +268,14 @@ def print_phases(rows: list[dict], rounds: int) -> None:
     if not split:
         return
     names = [*PHASE_ORDER, "untimed"]
-    head = f"{'code':<14}{'images':>8}{'setup s':>9}{'round s':>9}" + "".join(f"{n:>15}" for n in names)
+    head = f"{'code':<18}{'images':>8}{'setup s':>9}{'round s':>9}" + "".join(f"{n:>15}" for n in names)
     print("\nphase split, seconds per round (both collaborators and the aggregator) and share of the round")
     print(head)
     print("-" * len(head))
     for r, p in split:
         total = sum(p.values())
         cells = "".join(f"{p[n]:>8.2f} {100 * p[n] / total:>4.1f}%" for n in names)
-        print(f"{r['label']:<14}{r['n']:>8}{r['phases']['seconds'].get('setup', 0.0):>9.1f}{total:>9.1f}{cells}")
+        print(f"{r['label']:<18}{r['n']:>8}{r['phases']['seconds'].get('setup', 0.0):>9.1f}{total:>9.1f}{cells}")
     for r, _ in split:
         peaks = " -> ".join(f"{gb:.2f} GB in {phase}" for phase, gb in r["phases"]["peaks"][-4:])
         print(f"peak RSS growth, last steps ({r['label']}, {r['n']} images): {peaks}")
@@ -278,17 +285,17 @@ def print_table(rows: list[dict]) -> None:
     if not rows:
         return
     signals = sorted({s for r in rows for s in r.get("signals_s", {})})
-    head = (f"{'code':<14}{'images':>8}{'members':>9}{'peak RSS GB':>13}{'train s/rnd':>13}{'audit s/rnd':>13}"
+    head = (f"{'code':<18}{'images':>8}{'members':>9}{'peak RSS GB':>13}{'train s/rnd':>13}{'audit s/rnd':>13}"
             + "".join(f"{s + ' s':>17}" for s in signals) + f"{'audit/train':>13}{'(min-max)':>12}"
             + f"{'report s/rnd*':>15}{'comm s/rnd*':>13}{'wall s':>9}")
     print("\n" + head)
     print("-" * len(head))
     for r in rows:
         if "train_s" not in r:
-            print(f"{r['label']:<14}{r['n']:>8}{'':>9}{r['peak_rss_gb']:>13.2f}  no round record "
+            print(f"{r['label']:<18}{r['n']:>8}{'':>9}{r['peak_rss_gb']:>13.2f}  no round record "
                   f"({'timed out' if r['timed_out'] else 'exit ' + str(r['returncode'])})")
             continue
-        print(f"{r['label']:<14}{r['n']:>8}{r['sizes']['members']:>9}{r['peak_rss_gb']:>13.2f}"
+        print(f"{r['label']:<18}{r['n']:>8}{r['sizes']['members']:>9}{r['peak_rss_gb']:>13.2f}"
               f"{r['train_s']:>13.1f}{r['audit_s']:>13.1f}"
               + "".join(f"{r['signals_s'].get(s, float('nan')):>17.1f}" for s in signals)
               + f"{r['ratio']:>13.2f}{r['ratio_range'][0]:>6.2f}-{r['ratio_range'][1]:<5.2f}"

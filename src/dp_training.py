@@ -67,6 +67,7 @@ def dp_retrain(
     """Train a copy of `start_model` for `epochs` with DP-SGD; `start_model` itself is left untouched."""
     model = copy.deepcopy(start_model)
     model.train()
+    device = next(model.parameters()).device  # the dataset stays on the CPU (opacus samples it); batches go here
     optimizer = make_optimizer(model)
     loader = DataLoader(accountant.dataset, batch_size=batch_size,
                         generator=torch.Generator().manual_seed(seed))  # Poisson sampling draws from it
@@ -88,6 +89,7 @@ def dp_retrain(
             for _ in range(epochs):
                 losses = []
                 for x, y in private_loader:
+                    x, y = x.to(device), y.to(device)
                     private_optimizer.zero_grad()
                     loss = F.cross_entropy(private_model(x), y)
                     loss.backward()

@@ -437,7 +437,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                         result.noise_multiplier, epsilon)
             return Retrained(state=result.state_dict, train_loss=result.loss, noise_multiplier=result.noise_multiplier,
                              steps=result.steps, epsilon=epsilon,
-                             non_finite=bool(non_finite_tensors({k: v.numpy() for k, v in result.state_dict.items()})))
+                             non_finite=bool(non_finite_tensors({k: v.cpu().numpy() for k, v in result.state_dict.items()})))
 
         return retrain
 

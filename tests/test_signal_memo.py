@@ -175,3 +175,65 @@ def test_validation_reads_the_audits_signals_with_the_same_metrics(tmp_path, mon
     assert plain_computed == shared_computed == 2 * 2 * 2 * 3
     record = shared.runner("collaborator1").last_record
     assert record["timings"]["audit_in_validation_s"] > 0
+
+
+def conv_model(seed=0):
+    """A small CNN with a strided convolution and BatchNorm: its signals' forward is the layer-wise gradient path's."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(1, 3, 3, stride=2, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(3 * 4 * 4, 4))
+
+
+def image_sets(seed=1):
+    rng = np.random.default_rng(seed)
+    return AuditSets(*[(rng.normal(size=(n, 1, 8, 8)).astype(np.float32), rng.integers(0, 4, n)) for n in (30, 25, 40)])
+
+
+@pytest.mark.parametrize("make_model, make_sets", [(tabular_model, tabular_sets), (conv_model, image_sets)],
+                         ids=["tabular", "conv"])
+def test_rmia_reads_the_models_outputs_off_the_round_signals(monkeypatch, make_model, make_sets):
+    """RMIA's Pr(x | target) and Pr(x | global) come from the outputs the membership step's signals took (no forward
+    pass of its own), and its metrics are those of its own forward passes, bit for bit."""
+    import audit.membership.rmia_step as rmia_step
+    from audit.config.audit_settings import AuditSettings
+    from audit.round_audit import audit_round
+
+    received, sets = make_model(0), make_sets()
+    local = make_model(0)
+    with torch.no_grad():
+        for p in local.parameters():
+            p.add_(0.1 * torch.randn(p.shape))
+    settings = AuditSettings(signals=("loss", "gradient_norm"), fpr_tolerance=(0.1,), batch_size=16,
+                             sections={"rmia": {"references": ["global"]}})
+    forwards = []
+    own_logits = rmia_step._logits
+    monkeypatch.setattr(rmia_step, "_logits", lambda *a: forwards.append(1) or own_logits(*a))
+
+    def audit(memo):
+        return audit_round(local, received, sets, settings, party="p", round_num=0, seed=0, memo=memo)
+
+    alone = audit(None)
+    assert len(forwards) == 2 * len(SETS)  # both models on every set
+    forwards.clear()
+    shared = audit(SignalMemo())
+    assert forwards == []
+    rmia_metrics = {k: v for k, v in alone["metrics"].items() if k.startswith("rmia_")}
+    assert rmia_metrics and {k: shared["metrics"][k] for k in rmia_metrics} == rmia_metrics
+    assert shared["metrics"] == alone["metrics"]
+
+
+@pytest.mark.parametrize("make_model, make_sets", [(tabular_model, tabular_sets), (conv_model, image_sets)],
+                         ids=["tabular", "conv"])
+def test_the_memos_outputs_are_a_plain_forward_pass_bit_for_bit(make_model, make_sets):
+    import audit.membership.rmia_step as rmia_step
+
+    model, sets, memo = make_model(3), make_sets(4), SignalMemo()
+    assert memo.logits(model, sets, batch_size=16) == {}
+    memo.signals(model, sets, ["logits", "gradient_norm"], layer=None, batch_size=16)
+    assert memo.logits(model, sets, batch_size=8) == {}  # another batch size: other kernels' last bits
+    found = memo.logits(model, sets, batch_size=16)
+    assert set(found) == set(SETS)
+    for set_name in SETS:
+        assert np.array_equal(found[set_name], rmia_step._logits(model, getattr(sets, set_name)[0], 16))
+    memo.start_round(1)
+    assert memo.logits(model, sets, batch_size=16) == {}

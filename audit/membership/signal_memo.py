@@ -4,7 +4,7 @@ A collaborator's round evaluates the same weights on the same samples more than 
 the received global model (before training) and the trained model (after) on the validation set, which is the audit's
 non-member set, and the audit computes both models' signals on it again; a withheld update's audit re-audits the
 received model. A forward pass on the same weights and samples gives the same outputs, so the memo keeps, per model
-state and set, the signals, the predicted classes and the seconds they took. A model state is identified by a SHA-256
+state and set, the signals, the model's outputs, the predicted classes and the seconds they took. A model state is identified by a SHA-256
 of every parameter's and buffer's name, shape, dtype and bytes (0.1 s for the tutorial's 23M-parameter net), never by
 object identity: the task runner loads weights into one module in place. Entries live for one round.
 """
@@ -42,7 +42,8 @@ class _Entry:
     x: object  # the set's sample and label arrays themselves: the entry matches only these objects, and holding
     y: object  # them keeps their ids from being reused while it lives
     signals: dict[str, np.ndarray]
-    predicted: np.ndarray | None  # argmax of the model's outputs, when a forward pass gave them
+    logits: np.ndarray | None  # the model's outputs (float64, (N, C)), when a forward pass gave them
+    predicted: np.ndarray | None  # their argmax
     seconds: dict[str, float]
 
 
@@ -83,8 +84,9 @@ class SignalMemo:
                                         timings=timings, outputs=outputs)
                 self.computed_s += time.perf_counter() - start
                 logits = outputs.get("logits")
-                predicted = None if logits is None else logits.argmax(dim=1).cpu().numpy()
-                entry = self._entries[key] = _Entry(x, y, found, predicted, timings)
+                logits = None if logits is None else logits.cpu().numpy()
+                predicted = None if logits is None else logits.argmax(axis=1)
+                entry = self._entries[key] = _Entry(x, y, found, logits, predicted, timings)
                 reused[set_name] = False
             else:
                 reused[set_name] = True
@@ -92,6 +94,19 @@ class SignalMemo:
                 values[name][set_name] = entry.signals[name]
                 seconds[name] += entry.seconds.get(name, 0.0)
         return values, seconds, reused
+
+    def logits(self, model: nn.Module, sets: AuditSets, *, batch_size: int) -> dict[str, np.ndarray]:
+        """set name -> `model`'s outputs (float64, (N, C)) for the sets whose signals this round computed on the same
+        weights, arrays and batch size with a forward pass (loss or logits asked for); sets without are left out.
+        RMIA's Pr(x | model) then needs no forward pass of its own: the same kernels on the same batches."""
+        fingerprint = state_fingerprint(model)
+        found = {}
+        for (print_, set_name, _, size), entry in self._entries.items():
+            x, y = getattr(sets, set_name)
+            if (print_ == fingerprint and size == batch_size and entry.x is x and entry.y is y
+                    and entry.logits is not None):
+                found[set_name] = entry.logits
+        return found
 
     def accuracy(self, model: nn.Module, x, y) -> float | None:
         """Share of the samples x (labels y: the same array objects as an audit set's) that `model`'s weights
