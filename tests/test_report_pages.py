@@ -9,12 +9,20 @@ from urllib.parse import unquote, urlsplit
 
 import numpy as np
 import pytest
+import torch
 
+from audit.config.audit_settings import AuditSettings
+from audit.config.gate import GatePolicy
+from audit.gate_flow import run_gate
 from audit.reporting.html import party_page
+from audit.reporting.party import ReportWriter
 from audit.reporting.plots import plot_signal_histograms
 from audit.reporting.verdicts import NO_DP, round_verdict
+from audit.round_audit import AuditSets, audit_round, record_to_json
 from src.aggregator_report import AggregatorReportWriter, round_record
+from workspace.federation import report_locations, write_run_index
 from workspace.in_process import run_in_process
+from workspace.prepare import FederationLayout
 
 ROUNDS = 2
 
@@ -242,3 +250,68 @@ def test_the_aggregator_reports_mean_worst_threshold_and_dp_retrained(tmp_path):
     assert broken_links(tmp_path) == []
     csv_text = (tmp_path / "aggregator" / "metrics.csv").read_text().splitlines()
     assert csv_text[0].endswith("mia_x_auc,worst:mia_x_auc") and csv_text[1].endswith(",0.71")
+
+
+# ------------------------------------------------------------------- the run index of `python -m workspace run`
+
+def _tabular_sets(rng):
+    def make(n):
+        return rng.normal(size=(n, 5)).astype(np.float32), rng.integers(0, 2, size=n)
+
+    return AuditSets(members=make(40), nonmembers=make(40), population=make(60))
+
+
+def test_a_multi_process_run_index_links_every_page_and_each_page_links_back_to_it(tmp_path):
+    """The layout of `python -m workspace run` (each participant's report in its own workspace folder), filled with
+    real round records: an audited tabular model per collaborator, collaborator1's gate withholding every update,
+    the aggregator's record of what it averaged. The run index in the federation folder links every page; each
+    page's back link reaches an index that links every page too."""
+    names = ["collaborator1", "collaborator2"]
+    layout = FederationLayout(run_dir=str(tmp_path / "run"), collaborators=names, rounds=ROUNDS, port=1,
+                              use_tls=False, aggregator_report_dir="reports/aggregator", collaborator_report_dir="reports")
+    write_run_index(layout)  # as `start` does before the participants start
+    reports = report_locations(layout)
+    settings = AuditSettings.from_mapping({"signals": ["loss"], "fpr_tolerance": [0.1], "rmia": {"enabled": False}},
+                                          prefix="task_runner.settings.audit")
+    policy = GatePolicy.from_mapping({"action": "withhold", "thresholds": {"mia_local_loss_exact_auc": 0.0}},
+                                     audit_settings=settings)
+    rng = np.random.default_rng(5)
+    torch.manual_seed(5)
+    latest = {}
+    for r in range(ROUNDS):
+        sent = {}
+        for name in names:
+            local, received = (torch.nn.Sequential(torch.nn.Linear(5, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2))
+                               for _ in range(2))
+            record = audit_round(local, received, _tabular_sets(rng), settings, party=name, round_num=r, seed=r)
+            scalars = {}
+            if name == "collaborator1":
+                outcome = run_gate(policy, {"w": np.zeros(2)}, audited=True, audit_trained=lambda: record,
+                                   audit_received=lambda: record, empty_record=dict, retrain=None,
+                                   audit_retrained=None)
+                record["extra"]["gate"] = outcome.record_entry(policy)
+                scalars = outcome.scalars(("mia_local_loss_exact_auc",), policy.thresholds)
+            latest[name] = record_to_json(record)
+            ReportWriter(reports[name].parent, name).write_round(latest[name])
+            sent[name] = {**record["metrics"], **scalars}
+        AggregatorReportWriter(reports["aggregator"]).write_round(
+            round_record(r, authorized=names, stragglers=[], metrics=sent))
+    index = write_run_index(layout)  # as `start` does at the end of the run
+
+    assert index == layout.root / "index.html"
+    assert broken_links(layout.root) == []
+    pages = {(reports[name] / "index.html").resolve() for name in reports}
+    index_links = {(index.parent / unquote(v)).resolve() for _, k, v in _parse(index).links}
+    assert pages <= index_links
+    for page in pages:  # each page's back link leads to a run index that links every page, itself included
+        back = (page.parent / "../index.html").resolve()
+        assert "../index.html" in {v for _, k, v in _parse(page).links}, page
+        assert pages <= {(back.parent / unquote(v)).resolve() for _, k, v in _parse(back).links}, back
+    # each party's latest verdict and leak status, as its page reads them off its latest record
+    rows = index.read_text()
+    for name in names:
+        v = round_verdict(latest[name])
+        assert f'<td class="text">{v.status}</td>' in rows.replace("&#x27;", "'"), (name, v.status)
+    assert round_verdict(latest["collaborator1"]).verdict == "withheld" and '<td class="text withheld">withheld</td>' in rows
+    assert '<td class="text muted">no gate</td>' in rows
+    assert "withheld: collaborator1" in rows and "kept: collaborator2" in rows  # the aggregator's latest round

@@ -182,6 +182,7 @@ def main(argv=None) -> int:
         print_run_summary({name: path for name, path in outcome.reports.items() if name != AGGREGATOR},
                           outcome.reports.get(AGGREGATOR), min(outcome.rounds_done, outcome.rounds))
         print_reports(outcome)
+        print(f"run index (every party's page and the aggregator's): {outcome.run_index}")
         return 0 if outcome.ok else 1
     except Interrupted as stop:
         for s in previous:  # a second Ctrl-C must not cut the clean-up short

@@ -29,6 +29,7 @@ from typing import Callable
 
 import yaml
 
+from audit.reporting.html import write_index
 from workspace.prepare import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
 from workspace.processes import (ProcessRegistry, Started, describe_returncode, fx_environment, fx_executable,
                                  is_running, party_threads, snapshot)
@@ -51,6 +52,7 @@ class Outcome:
     reports: dict[str, Path] = field(default_factory=dict)
     logs: dict[str, Path] = field(default_factory=dict)
     round_seconds: list[float] = field(default_factory=list)  # the aggregator's elapsed_seconds per round
+    run_index: Path | None = None  # <federation folder>/index.html (write_run_index)
 
 
 def metrics_file(layout: FederationLayout) -> Path:
@@ -62,6 +64,21 @@ def report_locations(layout: FederationLayout) -> dict[str, Path]:
     for name in layout.collaborators:
         reports[name] = layout.workspace(name) / layout.collaborator_report_dir / name
     return reports
+
+
+def write_run_index(layout: FederationLayout) -> Path:
+    """Write the run index (audit.reporting.html.write_index: every participant's page, its latest verdict) into the
+    federation folder, and the same index into each participant's report root. Every page links back to
+    "../index.html", its report root's index: writing the full run index there (its links relative to where it
+    lies) makes that back link reach the whole run with no participant told where the federation folder is.
+    Returns <federation folder>/index.html."""
+    reports = report_locations(layout)
+    aggregators = {AGGREGATOR: reports[AGGREGATOR]}
+    parties = {name: path for name, path in reports.items() if name != AGGREGATOR}
+    for root in dict.fromkeys([layout.root, *(path.parent for path in reports.values())]):
+        root.mkdir(parents=True, exist_ok=True)
+        write_index(root, aggregators=aggregators, parties=parties)
+    return layout.root / "index.html"
 
 
 def round_seconds(layout: FederationLayout) -> list[float]:
@@ -165,6 +182,9 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         processes[name] = registry.start(name, [fx, *args], cwd=ws, log_path=logs[name],
                                          env=fx_environment(f"logs/{name}.log", threads=threads))
 
+    # Written before the participants start: the aggregator's page links back to its root's index only when one is
+    # there (src.aggregator_report); the parties rewrite theirs each round, and the end of the run rewrites them all.
+    write_run_index(layout)
     layout.status = "running"
     layout.extra["tool"] = _this_process()  # so the next command can tell a killed tooling (stale_state)
     layout.save()
@@ -196,6 +216,7 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         layout.extra["stopped_by_tooling"] = still_running
         layout.extra["problems"] = outcome.problems
         layout.save()
+        outcome.run_index = write_run_index(layout)
     return outcome
 
 

@@ -300,11 +300,15 @@ def _latest_json(paths: list[Path]) -> dict | None:
     return None
 
 
-def write_index(root: str | os.PathLike) -> Path:
-    """Write ``root/index.html``, the run index: the aggregator's report (a folder holding AGGREGATOR_MARKER) and
-    every party report (``root/<party>/index.html``) found on disk, each with its latest verdict."""
-    root = Path(root)
-    parties, aggregators = [], []
+def _page_link(root: Path, folder: Path) -> str:
+    """The relative link from `root`'s index.html to `folder`'s page (``name/index.html`` for a folder of root)."""
+    return href(*Path(os.path.relpath(folder / "index.html", root)).parts)
+
+
+def _scan_reports(root: Path) -> tuple[dict[str, Path], dict[str, Path]]:
+    """The aggregator reports (folders holding AGGREGATOR_MARKER) and party reports among root's folders that have a
+    page: the demo's layout, every report beside the others in one root."""
+    parties, aggregators = {}, {}
     try:
         entries = sorted(root.iterdir(), key=lambda p: p.name)
     except FileNotFoundError:
@@ -312,37 +316,56 @@ def write_index(root: str | os.PathLike) -> Path:
     for d in entries:
         if d.name.startswith(".") or not d.is_dir() or not (d / "index.html").is_file():
             continue
-        if (d / AGGREGATOR_MARKER).is_file():
-            files = sorted((c for c in d.iterdir() if re.match(r"^round_\d+\.json$", c.name)), key=lambda c: c.name)
-            aggregators.append((d.name, files))
-            continue
-        rounds = sorted(
-            int(m.group(1)) for c in d.iterdir()
-            if (m := ROUND_DIR_RE.match(c.name)) and (c / "audit.json").is_file()
-        )
-        parties.append((d.name, rounds))
+        (aggregators if (d / AGGREGATOR_MARKER).is_file() else parties)[d.name] = d
+    return aggregators, parties
+
+
+def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | None = None,
+                parties: Mapping[str, Path] | None = None) -> Path:
+    """Write ``root/index.html``, the run index: the aggregator's report and every party report, each with its latest
+    verdict, linked relatively. By default the reports are root's folders with a page (an aggregator's holds
+    AGGREGATOR_MARKER); `aggregators` / `parties` (name -> report folder, anywhere) name them instead, as for a
+    multi-process run whose participants each write in their own folder (a folder without a page yet is listed
+    unlinked)."""
+    root = Path(root)
+    if aggregators is None and parties is None:
+        aggregators, parties = _scan_reports(root)
+    aggregators, parties = dict(aggregators or {}), dict(parties or {})
+
+    def name_cell(name: str, folder: Path) -> str:
+        if (Path(folder) / "index.html").is_file():
+            return f'<td><a href="{_page_link(root, Path(folder))}">{escape(name)}</a></td>'
+        return f'<td>{escape(name)} <span class="muted">(no report written)</span></td>'
+
     body = ["<h1>Privacy audit: run index</h1>"]
     if aggregators:
         body.append('<h2>Aggregator</h2><p class="muted">Which updates were averaged each round, each collaborator\'s '
                     "gate metric beside its threshold, the mean and the worst collaborator.</p>")
         body.append('<div class="scroll"><table><tr><th>report</th><th>rounds</th><th>latest round</th>'
                     "<th>latest round's updates</th></tr>")
-        for name, files in aggregators:
+        for name, folder in aggregators.items():
+            files = sorted((c for c in Path(folder).glob("round_*.json") if re.match(r"^round_\d+\.json$", c.name)),
+                           key=lambda c: c.name)
             latest = _latest_json(files) or {}
             counts = ", ".join(f"{key.replace('_', ' ')}: {', '.join(latest.get(key) or []) or 'none'}"
                                for key in ("kept", "withheld", "left_out_non_finite", "stragglers") if key in latest)
-            body.append(f'<tr><td><a href="{href(name, "index.html")}">{escape(name)}</a></td><td>{len(files)}</td>'
+            body.append(f"<tr>{name_cell(name, folder)}<td>{len(files)}</td>"
                         f'<td>{escape(latest.get("round", "–"))}</td><td class="text">{escape(counts or "–")}</td></tr>')
         body.append("</table></div>")
     body.append("<h2>Parties</h2>")
     if parties:
         body.append('<div class="scroll"><table><tr><th>party</th><th>audited rounds</th><th>latest round</th>'
                     "<th>latest verdict</th><th>leak status</th></tr>")
-        for name, rounds in parties:
+        for name, folder in parties.items():
+            folder = Path(folder)
+            rounds = sorted(
+                int(m.group(1)) for c in (folder.iterdir() if folder.is_dir() else [])
+                if (m := ROUND_DIR_RE.match(c.name)) and (c / "audit.json").is_file()
+            )
             latest = str(rounds[-1]) if rounds else "–"
-            record = _latest_json([root / name / round_dir_name(r) / "audit.json" for r in rounds])
+            record = _latest_json([folder / round_dir_name(r) / "audit.json" for r in rounds])
             v = round_verdict(record) if record is not None and isinstance(record.get("attacks"), dict) else None
-            body.append(f'<tr><td><a href="{href(name, "index.html")}">{escape(name)}</a></td>'
+            body.append(f"<tr>{name_cell(name, folder)}"
                         f"<td>{len(rounds)}</td><td>{escape(latest)}</td>"
                         + (verdict_cell(v.verdict) + f'<td class="text">{escape(v.status)}</td>' if v else
                            "<td></td><td></td>") + "</tr>")
