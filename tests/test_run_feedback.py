@@ -3,6 +3,7 @@ a terminal, the audit-cost note, the "auditing ..." line and the end-of-run summ
 
 import contextlib
 import copy
+import functools
 import io
 import json
 import logging
@@ -274,7 +275,10 @@ def audited_federation(tmp_path_factory):
     logger.setLevel(logging.INFO)
     stderr = io.StringIO()
     try:
-        with contextlib.redirect_stderr(stderr):
+        # The received model's signals are computed while it is validated (not in audit_s), so a digits audit can stay
+        # under MIN_AUDIT_S on a fast machine: the note's one-second floor is lifted here, the ratio rule is not.
+        with contextlib.redirect_stderr(stderr), pytest.MonkeyPatch.context() as patch:
+            patch.setattr("src.taskrunner.audit_cost_note", functools.partial(audit_cost_note, min_audit_s=0.0))
             result = run_in_process(tmp_path_factory.mktemp("feedback"), collaborators=2, rounds=2,
                                     overrides=overrides)
     finally:
@@ -293,15 +297,17 @@ def test_each_audit_says_it_starts_and_a_costly_audit_is_noted_once_per_party(au
         assert [m.split(":")[0] for m in starts] == [f"{name} round 0", f"{name} round 1"]
         members = records[0]["sizes"]["members"]
         assert all(f"(signals loss, gradient_norm; {members} members, " in m for m in starts)
-        costly = [r for r in records if r["timings"]["audit_s"] > COST_FACTOR * r["timings"]["train_s"]
-                  and r["timings"]["audit_s"] >= MIN_AUDIT_S]
-        assert costly  # gradient_norm on ~900 samples and two models vs one epoch on 90: several times the training
+        costly = [r for r in records if r["timings"]["audit_s"] > COST_FACTOR * r["timings"]["train_s"]]
+        assert costly  # gradient_norm, RMIA's references and Fidel vs one epoch on 90 samples: several times it
         notes = [m for m in messages if m.startswith(f"{name} round ") and "the audit took" in m]
-        assert len(notes) == min(len(costly), 1), notes
-        assert notes[0] == audit_cost_note(costly[0])
-        steps = {k: v for k, v in costly[0]["timings"].items() if k in ("membership_s", "fidel_s")}
-        if max(steps, key=steps.get) == "fidel_s":  # its own switch is named, not the decoder this plan leaves off
+        assert len(notes) == 1, notes  # once per party, at its first costly round
+        assert notes[0] == audit_cost_note(costly[0], min_audit_s=0.0)
+        steps = {k: v for k, v in costly[0]["timings"].items() if k in ("membership_s", "fidel_s", "rmia_s")}
+        costliest = max(steps, key=steps.get)
+        if costliest == "fidel_s":  # its own switch is named, not the decoder this plan leaves off
             assert "most of it fidel" in notes[0] and "--fidel false" in notes[0] and "decoder" not in notes[0]
+        elif costliest == "rmia_s":
+            assert "most of it rmia" in notes[0] and "audit.rmia.reference_models" in notes[0]
         else:
             assert "most of it membership" in notes[0] and "gradient_norm" in notes[0]
 
@@ -328,9 +334,9 @@ def test_the_summary_of_a_real_run(audited_federation, capsys):
             record = json.loads((result.report_dir / name / f"round_{r:04d}" / "audit.json").read_text())
             best = max(v for k, v in record["metrics"].items() if k.endswith("_tpr_at_fpr_0.05"))
             detail = next(line for line in lines[lines.index(verdicts):] if line.startswith(f"  {name}: "))
-            assert detail.startswith(f"  {name}: TPR at FPR 0.05 {best:.3f} (")
+            assert detail.startswith(f"  {name}: TPR at FPR 0.05 {best:.3f} [")  # with its interval
             assert f"Fidel revealed {record['metrics']['fidel_revealed_fraction']:.2f}" in detail
-    # the demo's closing lines list AUCs only, never the gate's tripped values
+    # the demo's closing lines never list the gate's tripped values
     print_summary(result)
     out = capsys.readouterr().out
-    assert "last round collaborator2/train/mia_local_loss_auc" in out and "gate_tripped" not in out
+    assert "Average training loss = " in out and "gate_tripped" not in out

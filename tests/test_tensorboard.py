@@ -87,7 +87,7 @@ def test_the_aggregators_events_are_its_weighted_averages(demo):
     events = read_events(logs / "aggregator_tensorboard")
     cols = {c: read_events(logs / f"{c}_tensorboard") for c in PARTIES[1:]}
     for round_num in range(ROUNDS):
-        record = json.loads((log_dir / "_run" / "aggregator_report" / f"round_{round_num:04d}.json").read_text())
+        record = json.loads((log_dir / "aggregator" / f"round_{round_num:04d}.json").read_text())
         assert record["aggregator_logs"]
         for tag, value in record["aggregator_logs"].items():
             step, stored = events[tag][round_num]
