@@ -164,8 +164,7 @@ def _rates_cell(res: Mapping, t: float) -> str:
 
 def round_section(record: Mapping, tols: list[float], files: set[str] | None = None) -> list[str]:
     """One round: its verdict first, then the views of the party's private files (`files`: those in its folder; None:
-    unknown, the ROC image linked),
-    the attacks' table and the ROC image."""
+    not known, the ROC image linked as well), the attacks' table and the ROC image."""
     rnd = record["round"]
     d = round_dir_name(rnd)
     out = [f'<section class="round" id="{escape(d)}">', f"<h3>Round {escape(rnd)}</h3>"]
