@@ -301,9 +301,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             if mitigation_record is not None:
                 record["extra"]["mitigation"] = mitigation_record
             self.last_record = record
-            # The private files (e.g. Fidel's images, per-sample scores: only in this party's report) are written
-            # into the round folder before the page is rebuilt, so the page links them.
-            ReportWriter(settings.report_dir, col_name, log_scale=settings.log_scale).write_round(
+            # The round record and the private files (e.g. Fidel's images, per-sample scores: only in this party's
+            # report) are written now; the plots and pages, drawn from them, are drawn by the process's report
+            # worker while the results are sent and the next round trains (audit.reporting.background).
+            ReportWriter(settings.report_dir, col_name, log_scale=settings.log_scale).write_round_in_background(
                 record_to_json(record), private=record.get("_private", ())
             )
             if not self._cost_said and (note := audit_cost_note(record)):

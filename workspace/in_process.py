@@ -252,6 +252,8 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     the caller did (`check=False`)."""
     from openfl.callbacks import LambdaCallback, MetricWriter
 
+    from audit.reporting.background import flush as flush_reports
+
     tensorboard_enabled()  # fails here, not inside OpenFL's MetricWriter
     if check:
         check_run_plan(run_plan_config(run_dir, collaborators=collaborators, rounds=rounds, overrides=overrides,
@@ -290,6 +292,20 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
         cols[name].callbacks.on_experiment_begin()  # as Collaborator.run() does
 
     collaborator_metrics: list[dict] = []
+    try:
+        _run_rounds(aggregator, cols, clients, on_task, collaborator_metrics)
+    finally:
+        # The collaborators' plots and pages are drawn by the process's report worker: all there when this returns.
+        flush_reports()
+
+    return FederationResult(plan_dir=plan_dir, report_dir=report_dir,
+                            aggregator_report_dir=getattr(aggregator, "report_dir", None),
+                            aggregator=aggregator, collaborators=cols,
+                            round_logs=round_logs, collaborator_metrics=collaborator_metrics)
+
+
+def _run_rounds(aggregator, cols: dict, clients: dict, on_task, collaborator_metrics: list[dict]) -> None:
+    """Every round's tasks, collaborator by collaborator, as Collaborator.run() would, then the quit signals."""
     while not aggregator._time_to_quit():
         round_num = aggregator.round_number
         metrics: dict = {}
@@ -313,8 +329,3 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     for name in cols:  # let every collaborator receive its quit signal, as after a real run
         clients[name].get_tasks()
         cols[name].callbacks.on_experiment_end()
-
-    return FederationResult(plan_dir=plan_dir, report_dir=report_dir,
-                            aggregator_report_dir=getattr(aggregator, "report_dir", None),
-                            aggregator=aggregator, collaborators=cols,
-                            round_logs=round_logs, collaborator_metrics=collaborator_metrics)

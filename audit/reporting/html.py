@@ -163,8 +163,8 @@ def _rates_cell(res: Mapping, t: float) -> str:
 
 
 def round_section(record: Mapping, tols: list[float], files: set[str] | None = None) -> list[str]:
-    """One round: its verdict first, then the views of the party's private files (`files`: those in its folder),
-    the attacks' table and the ROC image."""
+    """One round: its verdict first, then the views of the party's private files (`files`: those in its folder; None:
+    not known, the ROC image linked as well), the attacks' table and the ROC image."""
     rnd = record["round"]
     d = round_dir_name(rnd)
     out = [f'<section class="round" id="{escape(d)}">', f"<h3>Round {escape(rnd)}</h3>"]
@@ -198,8 +198,9 @@ def round_section(record: Mapping, tols: list[float], files: set[str] | None = N
                 _AUC_NOTE]
         if marked:
             out.append(_UNRESOLVED_NOTE)
-    out.append(f'<p><a href="{href(d, "roc.png")}"><img src="{href(d, "roc.png")}" '
-               f'alt="{escape(f"ROC curves, round {rnd}")}" loading="lazy"></a></p>')
+    if files is None or "roc.png" in files:  # drawn after the record (audit.reporting.background): maybe not yet
+        out.append(f'<p><a href="{href(d, "roc.png")}"><img src="{href(d, "roc.png")}" '
+                   f'alt="{escape(f"ROC curves, round {rnd}")}" loading="lazy"></a></p>')
     out += _private_views(record, d, files or set())
     details = {k: record[k] for k in ("settings", "timings", "extra") if record.get(k)}
     if details:
@@ -285,7 +286,7 @@ def party_page(party: str, records: list[dict], tols: list[float], tpr_files: li
         body.append("<p>No metrics recorded.</p>")
     body.append("<h2>Rounds (newest first)</h2>")
     for r in reversed(records):
-        body += round_section(r, tols, (round_files or {}).get(r["round"], set()))
+        body += round_section(r, tols, None if round_files is None else round_files.get(r["round"]))
     return page(f"Privacy audit: {party}", body)
 
 

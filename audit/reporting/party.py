@@ -45,7 +45,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from audit.reporting.atomic_io import atomic_write_text
+from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
+from audit.reporting.background import render_queue
 from audit.reporting.html import party_page, write_index
 from audit.reporting.plots import plot_per_round, plot_roc, plot_signal_histograms
 from audit.reporting.readings import (csv_cell, exact_auc_band, exact_auc_of, tolerances_of, tpr_at, tpr_band_at,
@@ -121,6 +122,9 @@ class ReportWriter(RoundReportWriter):
         plot_roc(record, round_dir / "roc.png", self.log_scale)
         for write_private in self._private:
             write_private(round_dir)
+        self._plot_histograms(record, round_dir)
+
+    def _plot_histograms(self, record: dict, round_dir: Path) -> None:
         scores = _stored_scores(round_dir)
         if not plot_signal_histograms(record, scores, round_dir / HISTOGRAMS_FILE):
             (round_dir / HISTOGRAMS_FILE).unlink(missing_ok=True)
@@ -128,12 +132,45 @@ class ReportWriter(RoundReportWriter):
     def write_round(self, record: dict, private: Iterable[Callable[[Path], None]] = ()) -> Path:
         """Validate and store one round record (roc.png, the party's private files `private` writes into the round
         folder, the signal histograms from them, then audit.json), rebuild the summaries; returns the round
-        directory."""
+        directory. Everything is drawn before it returns; write_round_in_background draws later."""
         self._private = tuple(private)
         try:
             return super().write_round(record).parent
         finally:
             self._private = ()
+
+    def store_round(self, record: dict, private: Iterable[Callable[[Path], None]] = ()) -> Path:
+        """The synchronous part of a round: validate, write the private files, then audit.json (atomically);
+        nothing is drawn. Returns the round directory."""
+        record = self.prepare(record)
+        round_dir = self.round_dir(record["round"])
+        round_dir.mkdir(parents=True, exist_ok=True)
+        for write_private in private:
+            write_private(round_dir)
+        atomic_write_json(self.record_path(record["round"]), record)
+        return round_dir
+
+    def write_round_in_background(self, record: dict, private: Iterable[Callable[[Path], None]] = ()) -> Path:
+        """store_round, then queue the drawing (the round's roc.png and histograms, the summaries and pages) on
+        the process's report worker (audit.reporting.background; its flush() waits for it). Until drawn, the pages
+        show the earlier rounds; a round folder's images are linked only once they exist."""
+        round_dir = self.store_round(record, private)
+        render_queue.submit(self, record["round"])
+        return round_dir
+
+    def render_key(self) -> str:
+        """Jobs of writers with the same key are coalesced (one party's folder)."""
+        return str(self.party_dir.resolve())
+
+    def render_round(self, round_num: int) -> None:
+        """Draw a stored round's images (roc.png, the histograms) from its audit.json and private files on disk."""
+        path = self.record_path(round_num)
+        record = next((r for r in self.load_rounds() if r["round"] == round_num), None)
+        if record is None:
+            raise FileNotFoundError(f"{path}: missing or unreadable, nothing to draw")
+        round_dir = path.parent
+        plot_roc(record, round_dir / "roc.png", self.log_scale)
+        self._plot_histograms(record, round_dir)
 
     def load_rounds(self) -> list[dict]:
         return load_cached_round_records(self.party_dir, self._cache)
