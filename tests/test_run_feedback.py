@@ -340,3 +340,22 @@ def test_the_summary_of_a_real_run(audited_federation, capsys):
     print_summary(result)
     out = capsys.readouterr().out
     assert "Average training loss = " in out and "gate_tripped" not in out
+
+
+def test_the_summary_reads_the_lowest_tolerance_every_population_resolves():
+    """The demo's 0.001 on 404 population samples is a reading at population FPR 0: the summary moves to the lowest
+    tolerance every party resolves, and to the lowest of all only when none is resolved everywhere."""
+    from audit.membership.population_attack import population_attack
+    from workspace.run_summary import lowest_resolvable_tolerance
+
+    rng = np.random.default_rng(3)
+
+    def record(n_population, tolerances):
+        result = population_attack(rng.normal(-1, 1, 90), rng.normal(0, 1, 90), rng.normal(0, 1, n_population),
+                                   tolerances)
+        return {"settings": {"fpr_tolerance": list(tolerances)}, "attacks": {"local": {"loss": result.to_dict()}}}
+
+    assert lowest_resolvable_tolerance([record(404, (0.001, 0.01, 0.1))]) == 0.01
+    assert lowest_resolvable_tolerance([record(404, (0.001, 0.01, 0.1)), record(50, (0.001, 0.01, 0.1))]) == 0.1
+    assert lowest_resolvable_tolerance([record(5, (0.001, 0.01, 0.1))]) == 0.001  # none resolves: the lowest
+    assert lowest_resolvable_tolerance([]) is None

@@ -3,9 +3,9 @@
 Read from the reports on disk, each party's own folder (`round_NNNN/audit.json`) and the aggregator's
 (`round_NNNN.json`, `deanon/round_NNNN.json`): per round, each collaborator's gate verdict (kept, dp_retrained,
 withheld, with the metric that tripped) and what the aggregator averaged, then per collaborator its strongest
-membership attack's TPR at the lowest FPR tolerance (with its confidence interval where the record has one),
-Fidel's revealed fraction and the deanonymization self-audit's AP over chance when they ran, and the aggregator's
-own deanonymization audit. Only metric names are printed as metrics: the gate's `gate_tripped__*` scalars (a
+membership attack's TPR at the lowest FPR tolerance the populations resolve (with its confidence interval where the
+record has one), Fidel's revealed fraction and the deanonymization self-audit's AP over chance when they ran, and
+the aggregator's own deanonymization audit. Only metric names are printed as metrics: the gate's `gate_tripped__*` scalars (a
 tripped value or 0.0) are not AUCs.
 """
 
@@ -19,8 +19,8 @@ from typing import Callable, Iterable, Mapping
 from audit.config.gate_contract import GATE_WITHHELD
 from audit.reporting.readings import float_or_nan, resolvable_at, tolerances_of, tpr_at, tpr_band_at
 
-__all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines", "summary_lines",
-           "print_run_summary"]
+__all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines",
+           "lowest_resolvable_tolerance", "summary_lines", "print_run_summary"]
 
 
 def _read_json(path: Path) -> dict | None:
@@ -164,14 +164,26 @@ def round_lines(round_num: int, records: Mapping[str, Mapping | None], aggregato
     return lines
 
 
+def lowest_resolvable_tolerance(records: list[Mapping]) -> float | None:
+    """The lowest FPR tolerance of the records that every attack of every record resolves (a reading below it is the
+    TPR at population FPR 0, audit.membership.resolution); the lowest tolerance if none is; None without any."""
+    tolerances = sorted(tolerances_of(records)) if records else []
+    results = [result for record in records for per_signal in (record.get("attacks") or {}).values()
+               for result in (per_signal or {}).values()]
+    for tol in tolerances:
+        if all(resolvable_at(result, tol) for result in results):
+            return tol
+    return tolerances[0] if tolerances else None
+
+
 def summary_lines(parties: Mapping[str, Path], aggregator_dir: Path | None, rounds: int) -> list[str]:
     """The whole summary; `parties`: collaborator -> its own report folder (the one holding round_NNNN/)."""
     per_party = {name: read_party_records(path) for name, path in parties.items()}
     every = [record for records in per_party.values() for record in records.values()]
-    tolerances = tolerances_of(every) if every else []
-    tol = min(tolerances) if tolerances else None
-    lines = ["", "summary per round" + (f" (TPR: the strongest membership attack's at the lowest FPR tolerance, "
-                                        f"{tol:g}, with its interval where recorded)" if tol is not None else "") + ":"]
+    tol = lowest_resolvable_tolerance(every)
+    lines = ["", "summary per round" + (f" (TPR: the strongest membership attack's at the lowest FPR tolerance every "
+                                        f"party's population resolves, {tol:g}, with its interval where recorded)"
+                                        if tol is not None else "") + ":"]
     header = _gate_header(every, parties)
     if header:
         lines.append(header)
