@@ -15,6 +15,7 @@ __all__ = ["COST_FACTOR", "MIN_AUDIT_S", "COST_NOTE_MARK", "audit_cost_note"]
 # should know that the audit, not the training, sets the pace, and what to turn down.
 COST_FACTOR = 3.0
 MIN_AUDIT_S = 1.0  # an audit under a second per round is not what anyone waits for, whatever the ratio
+IN_VALIDATION = "audit_in_validation_s"  # a timing of the membership step, not a step of its own
 COST_NOTE_MARK = "the audit took"  # the note's fixed words, which workspace.party_status looks for in a log
 
 PLAN_PREFIX = "task_runner.settings.audit"
@@ -72,7 +73,11 @@ def audit_cost_note(record: dict, *, factor: float = COST_FACTOR, min_audit_s: f
     if math.isnan(audit_s) or math.isnan(train_s) or audit_s <= factor * max(train_s, 1e-9) or audit_s < min_audit_s:
         return None
     steps = {key[:-2]: _seconds(value) for key, value in timings.items()
-             if key.endswith("_s") and key not in ("audit_s", "train_s") and not math.isnan(_seconds(value))}
+             if key.endswith("_s") and key not in ("audit_s", "train_s", IN_VALIDATION)
+             and not math.isnan(_seconds(value))}
+    # The received model's membership signals, computed while it was validated (src/taskrunner.py), are membership's.
+    if not math.isnan(in_validation := _seconds(timings.get(IN_VALIDATION))) and in_validation > 0:
+        steps["membership"] = steps.get("membership", 0.0) + in_validation
     costliest = max(steps, key=steps.get) if steps else None
     settings = record.get("settings") or {}
     advice = ["audit.interval (audit every N rounds; cifar10_PM.py --auditing_interval)"]

@@ -302,7 +302,11 @@ def test_each_audit_says_it_starts_and_a_costly_audit_is_noted_once_per_party(au
         notes = [m for m in messages if m.startswith(f"{name} round ") and "the audit took" in m]
         assert len(notes) == 1, notes  # once per party, at its first costly round
         assert notes[0] == audit_cost_note(costly[0], min_audit_s=0.0)
-        steps = {k: v for k, v in costly[0]["timings"].items() if k in ("membership_s", "fidel_s", "rmia_s")}
+        timings = costly[0]["timings"]
+        steps = {k: v for k, v in timings.items() if k in ("membership_s", "fidel_s", "rmia_s")}
+        # the received model's signals, computed while it was validated, are the membership step's too
+        steps["membership_s"] = steps.get("membership_s", 0.0) + timings.get("audit_in_validation_s", 0.0)
+        assert "audit_in_validation" not in notes[0]
         costliest = max(steps, key=steps.get)
         if costliest == "fidel_s":  # its own switch is named, not the decoder this plan leaves off
             assert "most of it fidel" in notes[0] and "--fidel false" in notes[0] and "decoder" not in notes[0]
@@ -359,3 +363,16 @@ def test_the_summary_reads_the_lowest_tolerance_every_population_resolves():
     assert lowest_resolvable_tolerance([record(404, (0.001, 0.01, 0.1)), record(50, (0.001, 0.01, 0.1))]) == 0.1
     assert lowest_resolvable_tolerance([record(5, (0.001, 0.01, 0.1))]) == 0.001  # none resolves: the lowest
     assert lowest_resolvable_tolerance([]) is None
+
+
+def test_signals_computed_during_validation_count_as_the_membership_steps_cost():
+    """The received model's signals are computed while it is validated (audit_in_validation_s): they are the
+    membership step's cost, never a step of their own with made-up settings."""
+    record = {"party": "p", "round": 0, "settings": {"audit_global": True},
+              "timings": {"audit_s": 5.0, "train_s": 1.0, "membership_s": 1.0, "fidel_s": 1.5,
+                          "audit_in_validation_s": 2.5, "signals_s": {"global": {"gradient_norm": 2.5}}}}
+    note = audit_cost_note(record)
+    assert "most of it membership (3.50 s)" in note and "audit_in_validation" not in note
+    assert "gradient_norm is its costliest signal" in note
+    record["timings"]["audit_in_validation_s"] = 0.2  # fidel (1.5 s) outweighs membership (1.2 s)
+    assert "most of it fidel (1.50 s)" in audit_cost_note(record)
