@@ -4,7 +4,6 @@ deanonymization) is workspace.run_summary's, shared with `python -m workspace ru
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -109,8 +108,11 @@ def print_summary(result) -> None:
 
 
 def latest_record(report_dir: Path, name: str) -> dict | None:
-    rounds = sorted((Path(report_dir) / name).glob("round_*/audit.json"))
-    return json.loads(rounds[-1].read_text()) if rounds else None
+    """The party's newest readable round record (audit.reporting.records.load_round_records), or None."""
+    from audit.reporting.records import load_round_records
+
+    records = load_round_records(Path(report_dir) / name)
+    return records[-1] if records else None
 
 
 def print_attack_summary(report_dir: Path, names) -> None:

@@ -18,6 +18,7 @@ from typing import Callable, Iterable, Mapping
 
 from audit.config.gate_contract import GATE_WITHHELD
 from audit.reporting.readings import float_or_nan, resolvable_at, tolerances_of, tpr_at, tpr_band_at
+from audit.reporting.records import load_round_records, round_file_name
 
 __all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines",
            "lowest_resolvable_tolerance", "summary_lines", "print_run_summary"]
@@ -31,13 +32,9 @@ def _read_json(path: Path) -> dict | None:
 
 
 def read_party_records(party_dir: Path) -> dict[int, dict]:
-    """Round number -> the party's round record (rounds it did not audit have none)."""
-    out = {}
-    for path in sorted(Path(party_dir).glob("round_[0-9]*/audit.json")):
-        record = _read_json(path)
-        if record is not None:
-            out[int(record.get("round", path.parent.name[len("round_"):]))] = record
-    return out
+    """Round number -> the party's round record (rounds it did not audit have none; unreadable ones are logged and
+    skipped by audit.reporting.records.load_round_records)."""
+    return {record["round"]: record for record in load_round_records(party_dir)}
 
 
 def verdict_text(name: str, verdict: Mapping | None) -> str:
@@ -110,7 +107,7 @@ def _server_deanon(aggregator_dir: Path | None, round_num: int) -> str | None:
     """The aggregator's own deanonymization audit of the round: its strongest closed-world re-identification."""
     if aggregator_dir is None:
         return None
-    record = _read_json(Path(aggregator_dir) / "deanon" / f"round_{round_num:04d}.json")
+    record = _read_json(Path(aggregator_dir) / "deanon" / round_file_name(round_num))
     if not record or record.get("status") != "evaluated":
         return None
     results = ((record.get("closed_world") or {}).get("reidentification") or {}).items()
@@ -148,7 +145,7 @@ def round_lines(round_num: int, records: Mapping[str, Mapping | None], aggregato
     line = f"round {round_num}: " + "; ".join(
         verdict_text(name, None if record is None else (record.get("extra") or {}).get("gate"))
         for name, record in records.items())
-    agg = None if aggregator_dir is None else _read_json(Path(aggregator_dir) / f"round_{round_num:04d}.json")
+    agg = None if aggregator_dir is None else _read_json(Path(aggregator_dir) / round_file_name(round_num))
     if agg is not None:
         line += " | " + averaged_summary(agg)
     lines = [line]
