@@ -87,8 +87,11 @@ def _deanon_ceiling(record: Mapping) -> str:
     crowd = (record.get("extra") or {}).get("deanon", {}).get("crowd_users")
     if not isinstance(crowd, int) or crowd < 1:
         return ""
+    from audit.deanon.attacks import random_ranking_ap  # torch and sklearn: only when a record has a self-audit
+
     users = crowd + 1  # the collaborator and its crowd
-    return f", at most {users / sum(1.0 / k for k in range(1, users + 1)):.2f} with {users} users"
+    # the ceiling of AP over chance: a perfect AP (1) over one positive's chance AP among `users` (H_n / n)
+    return f", at most {1.0 / random_ranking_ap(1, users):.2f} with {users} users"
 
 
 def _other_audits(record: Mapping) -> list[str]:
