@@ -376,3 +376,12 @@ def test_signals_computed_during_validation_count_as_the_membership_steps_cost()
     assert "gradient_norm is its costliest signal" in note
     record["timings"]["audit_in_validation_s"] = 0.2  # fidel (1.5 s) outweighs membership (1.2 s)
     assert "most of it fidel (1.50 s)" in audit_cost_note(record)
+
+
+def test_the_self_audits_ceiling_is_n_over_the_harmonic_number():
+    """n/H_n for the collaborator and its crowd: 2 users 4/3, 3 users 18/11 (the README's 1.64 for the demo)."""
+    from workspace.run_summary import _deanon_ceiling
+
+    assert _deanon_ceiling({"extra": {"deanon": {"crowd_users": 1}}}) == ", at most 1.33 with 2 users"
+    assert _deanon_ceiling({"extra": {"deanon": {"crowd_users": 2}}}) == ", at most 1.64 with 3 users"
+    assert _deanon_ceiling({"extra": {}}) == ""
