@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by the tests
     sys.path.insert(0, str(ROOT))
 
-from audit.config.gate import BOUND_CHOICES  # noqa: E402  (torch-free: --help stays light)
+from audit.config.audit_settings import AuditSettings  # noqa: E402  (torch-free: --help stays light)
+from audit.config.gate import BOUND_CHOICES  # noqa: E402
 from audit.config.rmia_settings import REFERENCE_KINDS, RMIASettings  # noqa: E402
 from audit.config.vocabulary import GATE_ACTIONS, MODELS, SIGNALS  # noqa: E402
 from src.datasets import DATASETS  # noqa: E402  (numpy only)
@@ -87,6 +88,13 @@ def whole_number(minimum: int):
             raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}")
         return value
     return parse
+
+
+def sample_size(text: str) -> int | None:
+    """argparse type: samples per set (a whole number >= 2) or `all` (every sample: None)."""
+    if text.strip().lower() == "all":
+        return None
+    return whole_number(2)(text)
 
 
 def positive_number(text: str) -> float:
@@ -161,6 +169,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--confidence", type=float, default=0.95,
                    help="confidence level of every interval and of the epsilon lower bounds, in (0, 1)")
     p.add_argument("--epsilon_delta", type=float, default=1e-5, help="delta of the empirical epsilon lower bounds")
+    p.add_argument("--audit_sample_size", type=sample_size, default=AuditSettings.sample_size, metavar="N|all",
+                   help="samples per set (members, non-members, population) the membership audits use: a random "
+                        "sample per collaborator, the same every round; all: every sample (default "
+                        f"{AuditSettings.sample_size}; README \"Audit sampling\")")
     p.add_argument("--deanon", type=str2bool, nargs="?", const=True, default=False,
                    help="also run the deanonymization audits: each collaborator's self-audit (metrics deanon_*) and "
                         "the aggregator's attack on the real updates (its report's deanon/ folder)")
@@ -209,12 +221,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 # The audit flags and the plan keys they set, for error messages that name the flag.
 _AUDIT_FLAGS = {"audit.signals": "--signals", "audit.fpr_tolerance": "--fpr_tolerance",
                 "audit.rmia.references": "--rmia_references", "audit.rmia.reference_models": "--reference_models",
-                "audit.confidence": "--confidence", "audit.epsilon_delta": "--epsilon_delta"}
+                "audit.confidence": "--confidence", "audit.epsilon_delta": "--epsilon_delta",
+                "audit.sample_size": "--audit_sample_size"}
 
 
 def audit_flags(args) -> dict:
     """The plan's audit keys the RMIA, interval and epsilon flags set."""
-    return {"confidence": args.confidence, "epsilon_delta": args.epsilon_delta,
+    return {"confidence": args.confidence, "epsilon_delta": args.epsilon_delta, "sample_size": args.audit_sample_size,
             "rmia": {"enabled": args.rmia, "references": list(dict.fromkeys(args.rmia_references)),
                      "reference_models": args.reference_models}}
 

@@ -9,6 +9,7 @@ plug-in. Returns a JSON-able round record the report writer stores, with flat sc
 from __future__ import annotations
 
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
@@ -20,7 +21,8 @@ from audit.config.audit_settings import AuditSettings
 from audit.config.steps import AuditStep, registered
 from audit.training import TrainingRecipe
 
-__all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "audit_round", "record_to_json"]
+__all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "audit_round", "record_to_json",
+           "sample_seed"]
 
 SETS = ("members", "nonmembers", "population")
 
@@ -32,6 +34,8 @@ class AuditSets:
     members: tuple[np.ndarray, np.ndarray]
     nonmembers: tuple[np.ndarray, np.ndarray]
     population: tuple[np.ndarray, np.ndarray]
+    # For a sample (`sampled`): set name -> the size of the set it was drawn from; None: the sets themselves.
+    drawn_from: Mapping[str, int] | None = None
 
     @classmethod
     def from_mapping(cls, sets: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> "AuditSets":
@@ -50,6 +54,38 @@ class AuditSets:
 
     def sizes(self) -> dict[str, int]:
         return {name: int(len(getattr(self, name)[1])) for name in SETS}
+
+    def sampled(self, size: int | None, seed: int) -> "AuditSets":
+        """Each set cut to at most `size` samples, drawn uniformly without replacement (each set from its own
+        stream of `seed`; indices sorted, so the samples keep the data's order); itself when no set is larger.
+
+        A simple random sample of a finite set: an interval computed from the sample's counts (Clopper-Pearson,
+        DeLong) covers the whole set's value at least as often as its level says (sampling without replacement only
+        narrows the spread)."""
+        sizes = self.sizes()
+        if size is None or all(n <= size for n in sizes.values()):
+            return self
+        picked = {}
+        for i, name in enumerate(SETS):
+            x, y = getattr(self, name)
+            if sizes[name] <= size:
+                picked[name] = (x, y)
+                continue
+            index = np.sort(np.random.default_rng([seed, i]).choice(sizes[name], size=size, replace=False))
+            picked[name] = (np.asarray(x)[index], np.asarray(y)[index])
+        return AuditSets(**picked, drawn_from=sizes)
+
+    def sampling(self) -> dict:
+        """What a round record says of the sampling: set name -> {audited, of} (of: the set's whole size)."""
+        sizes = self.sizes()
+        whole = self.drawn_from or sizes
+        return {name: {"audited": sizes[name], "of": int(whole[name])} for name in SETS}
+
+
+def sample_seed(seed: int | None, party: str) -> int:
+    """The seed of a party's audit sample: the same every round (the rounds compare on the same samples) and for the
+    same plan, whatever order the parties run in."""
+    return zlib.crc32(f"{seed or 0}/{party}/audit_sample".encode()) & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
@@ -81,6 +117,14 @@ class AuditContext:
     # The round's audit.membership.signal_memo.SignalMemo: signals already computed on the same weights and sets
     # (e.g. during the validation of the received model) are reused. None: every step computes its own.
     memo: object | None = None
+    # The membership audits' sets (signals, population, update and RMIA attacks): `sets` sampled to the settings'
+    # sample_size (AuditSets.sampled). Audits that need every sample (Fidel's matching of reconstructions to the
+    # members, the deanonymization crowd) use `sets`. None: `sets`.
+    mia_sets: AuditSets | None = None
+
+    def __post_init__(self):
+        if self.mia_sets is None:
+            object.__setattr__(self, "mia_sets", self.sets)
 
 
 @dataclass
@@ -115,16 +159,21 @@ def audit_round(
     initial_model: torch.nn.Module | None = None,
     store: dict | None = None,
     memo=None,
+    mia_sets: AuditSets | None = None,
 ) -> dict:
     """Audit one round with every enabled step (default: all registered ones); returns the round record (see
     audit.reporting for its layout). The record's "attacks" hold AttackResult objects; `record_to_json` turns them
     into dicts. `training`: the party's local training, for the steps that train like it (deanonymization, RMIA's
     references); `initial_model`: the plan's initial model (RMIA's independent references); `store`: the party's
     state kept across rounds (the same dict every round); `memo`: the round's SignalMemo
-    (audit.membership.signal_memo), whose signals are reused on the same weights and sets."""
+    (audit.membership.signal_memo), whose signals are reused on the same weights and sets; `mia_sets`: the
+    membership audits' sample of `sets` (default: `sets.sampled(settings.sample_size, sample_seed(seed, party))`;
+    a caller with a memo passes the same sample every time, since the memo matches sets by their arrays)."""
     start = time.perf_counter()
+    if mia_sets is None:
+        mia_sets = sets.sampled(settings.sample_size, sample_seed(seed, party))
     context = AuditContext(local_model, global_model, sets, settings, party, int(round_num), seed, training,
-                           initial_model, {} if store is None else store, memo)
+                           initial_model, {} if store is None else store, memo, mia_sets)
     metrics: dict[str, float] = {}
     attacks: dict = {}
     extra: dict = {}
@@ -154,7 +203,8 @@ def audit_round(
         "timings": timings,
         "attacks": attacks,
         "metrics": metrics,
-        "sizes": sets.sizes(),
+        "sizes": mia_sets.sizes(),  # what the membership audits used
+        "sampling": {"sample_size": settings.sample_size, "sets": mia_sets.sampling()},
         "extra": extra,
         # In-memory only (record_to_json drops it): writers of the party's private files for its round folder.
         "_private": private,

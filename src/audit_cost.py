@@ -24,7 +24,8 @@ STEP_ADVICE = {
     "fidel": "audit.fidel.enabled: false (--fidel false)",
     # issue 12's RMIA step (audit.rmia): its reference models are trained like the local model, each round
     "rmia": "audit.rmia.interval (RMIA every N audited rounds), fewer audit.rmia.reference_models (each one trains "
-            "like the local model), or audit.rmia.enabled: false",
+            "like the local model), a smaller audit.sample_size (the references train on the population sample), or "
+            "audit.rmia.enabled: false",
     "deanon": "audit.deanon.interval (self-audit every N audited rounds), fewer audit.deanon.shadows_per_user or "
               "audit.deanon.crowd_users (each user trains that many shadow updates), or audit.deanon.enabled: false",
 }
@@ -61,6 +62,8 @@ def _membership_advice(timings: dict, settings: dict) -> str:
         parts.append(f"fewer audit.signals (--signals; {costliest} took {signals[costliest]:.1f} s)")
     if settings.get("audit_global", True):
         parts.append("audit.audit_global: false (the received model is scored too)")
+    parts.append(f"a smaller audit.sample_size (--audit_sample_size; now {settings.get('sample_size', 'null')}: "
+                 "samples per set; the intervals widen as it shrinks)")
     return "; ".join(parts)
 
 

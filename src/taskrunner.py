@@ -38,7 +38,7 @@ from audit.membership.resolution import resolution_warning
 from audit.membership.signal_memo import SignalMemo
 from audit.membership.step import signal_names
 from audit.reporting.party import ReportWriter
-from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
+from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json, sample_seed
 from audit.training import TrainingRecipe
 from src.audit_cost import audit_cost_note
 from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
@@ -143,6 +143,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.optimizer = self.make_optimizer(self.model)
         self.loss_fn = cross_entropy
         self._audit_sets: AuditSets | None = None
+        self._mia_sets: dict[str, AuditSets] = {}  # per party: the membership audits' sample of the audit sets
         self._training: LocalTraining | None = None  # this round's local training, for the audits that train alike
         self._data_mitigation: dict | None = None  # what the data mitigation did, once per collaborator
         self._resolution_said = False  # whether the audit sets' resolvable tolerances were logged
@@ -193,6 +194,14 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             self._audit_sets = AuditSets.from_mapping(self.data_loader.get_audit_sets())
         return self._audit_sets
 
+    def membership_sets(self, col_name: str) -> AuditSets:
+        """The membership audits' sample of the audit sets (audit.sample_size), drawn once per party: the same arrays
+        every round, which the signal memo matches by identity."""
+        if col_name not in self._mia_sets:
+            self._mia_sets[col_name] = self.audit_sets().sampled(self.audit_settings.sample_size,
+                                                                 sample_seed(self.seed, col_name))
+        return self._mia_sets[col_name]
+
     def received_model(self, round_num: int, input_tensor_dict: dict) -> torch.nn.Module:
         """A copy of the model holding the weights received from the aggregator this round."""
         # rebuild_model pops the tensors it loads: give it a copy so train_task still gets them.
@@ -203,7 +212,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
     def validate_task(self, col_name, round_num, input_tensor_dict, **kwargs):
         """OpenFL's validation task (accuracy on the validation set, which is the audit's non-member set)."""
         self._signal_memo.start_round(round_num)
-        self._validating = (round_num, kwargs.get("apply"))
+        self._validating = (col_name, round_num, kwargs.get("apply"))
         try:
             return super().validate_task(col_name, round_num, input_tensor_dict, **_tqdm_on_terminal_only(kwargs))
         finally:
@@ -217,10 +226,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         default, not the loader's 32): a sample whose two top outputs tie to the last bit may be counted otherwise."""
         loader, settings = self.data_loader, self.audit_settings
         if self._validating is not None and settings.enabled:
-            round_num, apply = self._validating
+            col_name, round_num, apply = self._validating
             _, global_names = signal_names(settings)
             if apply == "global" and settings.due(round_num) and global_names:
-                self._signal_memo.signals(self.model, self.audit_sets(), global_names,
+                self._signal_memo.signals(self.model, self.membership_sets(col_name), global_names,
                                           layer=settings.gradient_layer, batch_size=settings.batch_size)
             accuracy = self._signal_memo.accuracy(self.model, loader.X_valid, loader.y_valid)
             if accuracy is not None:
@@ -238,7 +247,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._mitigate_data(col_name, col.mitigation)
         if settings.enabled and not self._resolution_said:  # once, before this party's first training
             self._resolution_said = True
-            warning = resolution_warning(col_name, self.audit_sets().sizes(), settings.fpr_tolerance)
+            warning = resolution_warning(col_name, self.membership_sets(col_name).sizes(), settings.fpr_tolerance)
             if warning:
                 logger.warning(warning)
         audit_now = settings.enabled and settings.due(round_num)
@@ -342,6 +351,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         keep = ~np.isin(loader.population_index, trained_on)
         self._audit_sets = AuditSets(sets.members, sets.nonmembers,
                                      (sets.population[0][keep], sets.population[1][keep]))
+        self._mia_sets.clear()  # drawn again from the new population
         loader.X_train, loader.y_train = result.x, result.y
         self._data_mitigation = {**mitigation.to_dict(), "cluster": result.cluster,
                                  "background_trained_on": int(np.unique(trained_on).size),
@@ -371,23 +381,24 @@ class AuditedTaskRunner(PyTorchTaskRunner):
     def _audit(self, model, global_model, col_name: str, round_num: int, what: str = "the trained model") -> dict:
         # The audit can take longer than the training, inside the train task: say it started (the multi-process
         # tool's status line reads this line: workspace.party_status).
-        sizes = self.audit_sets().sizes()
-        logger.info("%s round %d: auditing %s (signals %s; %d members, %d non-members, %d population) ...",
-                    col_name, round_num, what, ", ".join(self.audit_settings.signals), sizes["members"],
-                    sizes["nonmembers"], sizes["population"])
+        mia_sets = self.membership_sets(col_name)
+        counts = ", ".join(f"{s['audited']}{'' if s['audited'] == s['of'] else ' of ' + str(s['of'])} {name}"
+                           for name, s in zip(("members", "non-members", "population"), mia_sets.sampling().values()))
+        logger.info("%s round %d: auditing %s (signals %s; %s) ...", col_name, round_num, what,
+                    ", ".join(self.audit_settings.signals), counts)
         if self.on_audit_start is not None:
             self.on_audit_start(col_name, round_num)
         return audit_round(
             model, global_model, self.audit_sets(), self.audit_settings, party=col_name, round_num=round_num,
             seed=self.seed, training=self._training, initial_model=self._initial_model[0],
-            store=self._audit_store.setdefault(col_name, {}), memo=self._signal_memo,
+            store=self._audit_store.setdefault(col_name, {}), memo=self._signal_memo, mia_sets=mia_sets,
         )
 
     def _empty_record(self, col_name: str, round_num: int) -> dict:
         return {
             "party": col_name, "round": int(round_num), "seed": self.seed, "settings": self.audit_settings.to_dict(),
             "timings": {}, "attacks": {}, "metrics": {},
-            "sizes": self.audit_sets().sizes(), "extra": {},
+            "sizes": self.membership_sets(col_name).sizes(), "extra": {},
         }
 
     def _send(self, global_out: dict, local_out: dict, weights: dict) -> None:

@@ -214,8 +214,19 @@ def test_rmia_interval_and_bound_flags_reach_the_plan():
     assert cifar10_PM.parse_args(["--rmia", "False"]).rmia is False and cifar10_PM.parse_args([]).gate_bound is None
 
 
+def test_the_audit_sample_size_flag_reaches_the_plan():
+    def sample_size(*argv):
+        args = cifar10_PM.parse_args(["--dataset", "digits", *argv])
+        return cifar10_PM.overrides_from_args(_with_report_dir(args))["task_runner"]["settings"]["audit"]["sample_size"]
+
+    assert sample_size() == 2000 and sample_size("--audit_sample_size", "500") == 500
+    assert sample_size("--audit_sample_size", "all") is None and sample_size("--audit_sample_size", "ALL") is None
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--reference_models", "0"], "error: argument --reference_models: expected a whole number >= 1, got '0'"),
+    (["--audit_sample_size", "1"], "error: argument --audit_sample_size: expected a whole number >= 2, got '1'"),
+    (["--audit_sample_size", "some"], "error: argument --audit_sample_size: expected a whole number >= 2, got 'some'"),
     (["--confidence", "1.5"], "error: --confidence: expected a number in [0.5, 1)"),
     (["--epsilon_delta", "-1"], "error: --epsilon_delta: expected a number in [0, 1)"),
     (["--gate_bound", "upper"], "error: --gate_bound: it says how --gate compares"),

@@ -146,7 +146,7 @@ class NoMemo(SignalMemo):
         return super().signals(*args, **kwargs)
 
 
-def _run(tmp_path, monkeypatch, shared: bool):
+def _run(tmp_path, monkeypatch, shared: bool, overrides=DIGITS):
     import src.taskrunner as taskrunner_module
 
     loops, computed = [], []
@@ -157,7 +157,7 @@ def _run(tmp_path, monkeypatch, shared: bool):
     if not shared:
         monkeypatch.setattr(taskrunner_module, "SignalMemo", NoMemo)
         monkeypatch.setattr(taskrunner_module.AuditedTaskRunner, "validate_", PyTorchTaskRunner.validate_)
-    result = run_in_process(tmp_path, collaborators=2, rounds=3, overrides=DIGITS)
+    result = run_in_process(tmp_path, collaborators=2, rounds=3, overrides=overrides)
     monkeypatch.undo()
     return result, len(loops), len(computed)
 
@@ -175,6 +175,22 @@ def test_validation_reads_the_audits_signals_with_the_same_metrics(tmp_path, mon
     assert plain_computed == shared_computed == 2 * 2 * 2 * 3
     record = shared.runner("collaborator1").last_record
     assert record["timings"]["audit_in_validation_s"] > 0
+
+
+@pytest.mark.federation
+def test_a_sampled_audit_leaves_validation_on_every_sample(tmp_path, monkeypatch):
+    """With audit.sample_size 100 (the digits shards: 90 members, 404 non-members = the validation set, 404
+    population) the audit's non-members are a sample, so the validation accuracy cannot be read off them: every
+    validation runs OpenFL's own loop on all 404, and every metric is the one a run without the memo gives."""
+    sampled = {**DIGITS, "task_runner": {"settings": {"seed": 2, "audit": {"interval": 2, "sample_size": 100}}}}
+    plain, plain_loops, _ = _run(tmp_path / "plain", monkeypatch, shared=False, overrides=sampled)
+    shared, shared_loops, shared_computed = _run(tmp_path / "shared", monkeypatch, shared=True, overrides=sampled)
+    assert shared.collaborator_metrics == plain.collaborator_metrics
+    assert plain_loops == shared_loops == 2 * 2 * 3
+    assert shared_computed == 2 * 2 * 2 * 3  # the sampled sets' signals are still computed once per model
+    record = shared.runner("collaborator1").last_record
+    assert record["sizes"] == {"members": 90, "nonmembers": 100, "population": 100}
+    assert record["sampling"]["sets"]["nonmembers"] == {"audited": 100, "of": 404}
 
 
 def conv_model(seed=0):

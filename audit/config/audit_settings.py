@@ -17,11 +17,15 @@ from types import MappingProxyType
 
 import audit.config.builtin_steps  # noqa: F401  (registers the built-in steps and their sections)
 from audit.config.checks import (SettingsError, check_bool, check_fpr_tolerances, check_optional_module,
-                                 check_positive_int, is_real)
+                                 check_positive_int, is_int, is_real)
 from audit.config.steps import registered
 from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, SIGNALS, THRESHOLD_FUNCTIONS
 
-__all__ = ["AuditSettings"]
+__all__ = ["AuditSettings", "DEFAULT_SAMPLE_SIZE"]
+
+# Samples per set the membership audits use by default: their cost stays a fraction of a local epoch however large
+# the sets (README "Audit sampling" has the cost and the interval widths it gives).
+DEFAULT_SAMPLE_SIZE = 2000
 
 # Keys of earlier plans that moved into a step's section: old key -> its place now.
 _MOVED = {"fidel_layer": "fidel.layer", "fidel_threshold": "fidel.threshold", "fidel_decoder": "fidel.decoder"}
@@ -42,6 +46,10 @@ class AuditSettings:
     confidence: float = 0.95  # of every interval (AUC, TPR, FPR, advantage) and of the epsilon lower bound
     epsilon_delta: float = 1e-5  # delta of the empirical epsilon lower bound
     report_dir: str = "reports"
+    # The membership audits (signals, population, update and RMIA attacks) on at most this many samples of each set
+    # (members, non-members, population): a random sample per party, the same every round; None = every sample.
+    # Their intervals are over the sampled counts, so they cover the sampling (README "Audit sampling").
+    sample_size: int | None = DEFAULT_SAMPLE_SIZE
     # Every registered step's section (audit.config.steps): name -> its settings; a plan mapping or None is parsed by
     # the step, missing sections get the step's defaults. Read them as attributes: settings.fidel, settings.deanon.
     sections: Mapping[str, object] = field(default_factory=dict)
@@ -150,6 +158,14 @@ def _directory(key: str, value) -> str:
     return value
 
 
+def _sample_size(key: str, value) -> int | None:
+    if value is None:
+        return None
+    if not is_int(value) or value < 2:
+        raise SettingsError(f"{key}: expected an integer >= 2 (samples per set) or null (every sample), got {value!r}")
+    return int(value)
+
+
 def _confidence(key: str, value) -> float:
     if not is_real(value) or not 0.5 <= value < 1:
         raise SettingsError(f"{key}: expected a number in [0.5, 1), e.g. 0.95, got {value!r}")
@@ -176,6 +192,7 @@ _CHECKS = {
     "report_dir": _directory,
     "confidence": _confidence,
     "epsilon_delta": _delta,
+    "sample_size": _sample_size,
 }
 
 

@@ -45,18 +45,24 @@ def reference_seed(seed: int | None, party: str, round_num: int, kind: str) -> i
 
 
 def population_subsets(n_population: int, size: int, k: int, seed: int) -> np.ndarray:
-    """K subsets of `size` population indices, (K, size): consecutive slices of one random permutation, wrapping
-    round, so that the K references share as few samples as the sizes allow.
+    """K subsets of `size` population indices, (K, size), at most half the population each (Privacy Meter v2
+    trains every reference on a random half of the population).
 
-    RMIA needs, for every population sample z, a reference that did not train on it (Pr(z) is the OUT references'
-    mean): with K >= 2 the size is capped at floor((K - 1) n / K), which leaves every sample out of at least one
-    reference; a single reference takes at most half the population (the other half is its OUT set)."""
+    Consecutive disjoint slices of a random permutation; when K slices do not fit in one, the next slices come from a
+    new permutation (never a slice across two: a subset holds no sample twice). So the K references share as few
+    samples as the sizes allow, and every population sample z is OUT of at least one reference of every permutation
+    used: RMIA's Pr(z) (the OUT references' mean) exists for all of them, and the tuning of `a` (each reference in
+    turn the target, the others its references) has IN and OUT samples with references left for both."""
     if n_population < 2:
         raise ValueError(f"RMIA references: the population needs at least 2 samples, got {n_population}")
-    cap = (k - 1) * n_population // k if k >= 2 else n_population // 2
-    size = max(1, min(int(size), cap))
-    order = np.random.default_rng(seed).permutation(n_population)
-    return np.stack([order[(np.arange(size) + j * size) % n_population] for j in range(k)])
+    size = max(1, min(int(size), n_population // 2))
+    per_permutation = n_population // size
+    rng = np.random.default_rng(seed)
+    subsets = []
+    while len(subsets) < k:
+        order = rng.permutation(n_population)
+        subsets += [order[j * size:(j + 1) * size] for j in range(min(per_permutation, k - len(subsets)))]
+    return np.stack(subsets)
 
 
 def _membership(subsets: np.ndarray, n_population: int) -> np.ndarray:

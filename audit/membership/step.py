@@ -90,7 +90,7 @@ def scalar_metrics(attacks) -> dict[str, float]:
 
 def run(context: AuditContext, settings) -> StepResult:
     """The membership audit; `settings` is the AuditSettings (its keys are the audit section's own)."""
-    sets, global_model = context.sets, context.global_model
+    sets, global_model = context.mia_sets, context.global_model
     wanted = list(settings.signals)
     local_names, global_names = signal_names(settings)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import quote
 
+from audit.config.checks import is_int
 from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.readings import (advantage_of, auc_of, confidence_of, csv_cell, epsilon_lb_of, exact_auc_band,
                                       exact_auc_of, float_or_nan, fmt, fmt_interval, ordered_models, rates_at, resolvable_at, tpr_at,
@@ -162,6 +163,20 @@ def _rates_cell(res: Mapping, t: float) -> str:
             "</td>")
 
 
+def sampling_note(record: Mapping) -> str | None:
+    """One sentence when the membership audits used a sample of a set (audit.sample_size), else None."""
+    sets = (record.get("sampling") or {}).get("sets") or {}
+    cut = [(name, s) for name, s in sets.items()
+           if isinstance(s, Mapping) and is_int(s.get("audited")) and is_int(s.get("of")) and s["audited"] < s["of"]]
+    if not cut:
+        return None
+    names = {"members": "members", "nonmembers": "non-members", "population": "population samples"}
+    parts = ", ".join(f"{s['audited']:,} of {s['of']:,} {names.get(name, name)}" for name, s in cut)
+    return (f"Sampled: the membership attacks used {parts} (a random sample, the same every round; "
+            f"audit.sample_size {record['sampling'].get('sample_size')}). Their intervals and counts are the "
+            "sample's, so they cover the sampling.")
+
+
 def round_section(record: Mapping, tols: list[float], files: set[str] | None = None) -> list[str]:
     """One round: its verdict first, then the views of the party's private files (`files`: those in its folder; None:
     not known, the ROC image linked as well), the attacks' table and the ROC image."""
@@ -169,6 +184,9 @@ def round_section(record: Mapping, tols: list[float], files: set[str] | None = N
     d = round_dir_name(rnd)
     out = [f'<section class="round" id="{escape(d)}">', f"<h3>Round {escape(rnd)}</h3>"]
     out += verdict_block(record)
+    sampled = sampling_note(record)
+    if sampled:
+        out.append(f'<p class="sampled">{escape(sampled)}</p>')
     out.append(f'<p class="muted"><a href="{href(d, "audit.json")}">audit.json</a>'
                + (f" · seed {escape(record['seed'])}" if record.get("seed") is not None else "") + "</p>")
     rows, marked = [], False
