@@ -153,6 +153,20 @@ def read_records(log_dir: Path, rounds: int) -> list[dict]:
     return records
 
 
+# The interval widths the table shows (what sampling costs in precision): column -> (model, attack, statistic).
+WIDTHS = {"AUC CI": ("local", "loss", "exact_auc"), "TPR@0.1 CI": ("local", "loss", "0.1"),
+          "RMIA AUC CI": ("rmia", "independent", "exact_auc")}
+
+
+def interval_width(record: dict, model: str, attack: str, statistic: str) -> float | None:
+    """Upper minus lower bound of one attack's exact-AUC interval or TPR interval at a tolerance; None if absent."""
+    u = (((record.get("attacks") or {}).get(model) or {}).get(attack) or {}).get("uncertainty") or {}
+    interval = u.get("exact_auc") if statistic == "exact_auc" else ((u.get("at_fpr") or {}).get(statistic) or {}).get("tpr")
+    if not interval or interval.get("upper") is None or interval.get("lower") is None:
+        return None
+    return float(interval["upper"]) - float(interval["lower"])
+
+
 def summarise(records: list[dict]) -> dict:
     """Medians over (collaborator, round): train, audit, audit seconds per signal (both models), audit/train."""
     if not records:
@@ -165,13 +179,16 @@ def summarise(records: list[dict]) -> dict:
                 totals[name] = totals.get(name, 0.0) + seconds
         for name, seconds in totals.items():
             per_signal.setdefault(name, []).append(seconds)
+    widths = {name: [w for w in (interval_width(r, *where) for r in records) if w is not None]
+              for name, where in WIDTHS.items()}
     train = statistics.median(r["timings"]["train_s"] for r in records)
     audit = statistics.median(r["timings"]["audit_s"] for r in records)
     # Each record's train and audit ran back to back: its own ratio suffers less from a busy machine.
     ratios = [r["timings"]["audit_s"] / r["timings"]["train_s"] for r in records]
     return {"train_s": train, "audit_s": audit, "ratio": statistics.median(ratios), "ratio_range": (min(ratios), max(ratios)),
             "sizes": records[0]["sizes"],
-            "signals_s": {k: statistics.median(v) for k, v in sorted(per_signal.items())}, "records": len(records)}
+            "signals_s": {k: statistics.median(v) for k, v in sorted(per_signal.items())}, "records": len(records),
+            "widths": {k: statistics.median(v) for k, v in widths.items() if v}}
 
 
 def main(argv=None) -> int:
@@ -287,7 +304,7 @@ def print_table(rows: list[dict]) -> None:
     signals = sorted({s for r in rows for s in r.get("signals_s", {})})
     head = (f"{'code':<18}{'images':>8}{'members':>9}{'peak RSS GB':>13}{'train s/rnd':>13}{'audit s/rnd':>13}"
             + "".join(f"{s + ' s':>17}" for s in signals) + f"{'audit/train':>13}{'(min-max)':>12}"
-            + f"{'report s/rnd*':>15}{'comm s/rnd*':>13}{'wall s':>9}")
+            + f"{'report s/rnd*':>15}{'comm s/rnd*':>13}{'wall s':>9}" + "".join(f"{w:>13}" for w in WIDTHS))
     print("\n" + head)
     print("-" * len(head))
     for r in rows:
@@ -299,11 +316,15 @@ def print_table(rows: list[dict]) -> None:
               f"{r['train_s']:>13.1f}{r['audit_s']:>13.1f}"
               + "".join(f"{r['signals_s'].get(s, float('nan')):>17.1f}" for s in signals)
               + f"{r['ratio']:>13.2f}{r['ratio_range'][0]:>6.2f}-{r['ratio_range'][1]:<5.2f}"
-              + f"{r.get('report_s', float('nan')):>15.2f}{r.get('comm_s', float('nan')):>13.2f}{r['wall_s']:>9.0f}")
+              + f"{r.get('report_s', float('nan')):>15.2f}{r.get('comm_s', float('nan')):>13.2f}{r['wall_s']:>9.0f}"
+              + "".join(f"{r['widths'].get(w, float('nan')):>13.4f}" for w in WIDTHS))
     print("seconds per round and collaborator (medians over them); audit and signal seconds cover the local and the "
           "received global model, each signal column adds up members, non-members and population; audit/train is "
           "the median of each record's own ratio; * whole round, both collaborators and the aggregator (the phase "
-          "split below: report writing; the tensors' way between the parties)")
+          "split below: report writing; the tensors' way between the parties); CI columns: median width (upper - "
+          "lower) of the local model's loss attack's exact-AUC and TPR-at-FPR-0.1 intervals and of RMIA's "
+          "(independent references) exact-AUC interval: what sampling (members column: the audited count) costs in "
+          "precision")
     current = [r for r in rows if r["label"] == "working tree" and r["returncode"] == 0]
     if len(current) >= 2 and max(r["n"] for r in current) < FULL_SIZE:
         # Peak RSS = fixed part (model, optimizer, OpenFL's copies) + a part proportional to the data.
@@ -312,8 +333,9 @@ def print_table(rows: list[dict]) -> None:
         slope, intercept = np.polyfit(xs, ys, 1)
         ratios = ", ".join(f"{r['ratio']:.2f}" for r in current)
         print(f"extrapolated to {FULL_SIZE} images (linear in the image count, not measured): peak RSS "
-              f"~{intercept + slope * FULL_SIZE:.2f} GB; audit/train ratios measured: {ratios} (both times scale "
-              f"with the set sizes, so the ratio carries over)")
+              f"~{intercept + slope * FULL_SIZE:.2f} GB; audit/train ratios measured: {ratios} (with "
+              f"audit.sample_size the audit stops growing once the sets exceed the sample while the training "
+              f"grows on: the ratio falls with the size, so measure it at full size, --scale 1)")
 
 
 if __name__ == "__main__":
