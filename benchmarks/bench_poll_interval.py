@@ -145,11 +145,15 @@ def peak_rss_gb(pid: int) -> float | None:
 
 class PeakRSS(threading.Thread):
     """Samples, every 0.5 s, the peak RSS of every process the registry started (by name, the largest seen): a
-    process's VmHWM only grows, so the last sample before it exits is within 0.5 s of its peak."""
+    process's VmHWM only grows, so the last sample before it exits is within 0.5 s of its peak. `peaks_in_rounds`
+    holds the peaks when `rounds_over()` first turned true (the aggregator's last round ended): a collaborator's
+    peak is often reached later, while the interpreter shuts down (measured: +0.05-0.13 GB of shared-library pages,
+    after every atexit hook, in torch's CUDA build), which no code of the run can change."""
 
-    def __init__(self, registry):
+    def __init__(self, registry, rounds_over):
         super().__init__(daemon=True)
-        self.registry, self.peaks, self.done = registry, {}, threading.Event()
+        self.registry, self.rounds_over, self.done = registry, rounds_over, threading.Event()
+        self.peaks, self.peaks_in_rounds = {}, None
 
     def run(self):
         while not self.done.wait(0.5):
@@ -157,21 +161,26 @@ class PeakRSS(threading.Thread):
                 gb = peak_rss_gb(started.pid)
                 if gb is not None:
                     self.peaks[started.name] = max(gb, self.peaks.get(started.name, 0.0))
+            if self.peaks_in_rounds is None and self.rounds_over():
+                self.peaks_in_rounds = dict(self.peaks)
 
 
 def run_once(prepared: Path, dest: Path, code: str, interval: int, threads: str, args) -> dict:
     import workspace.federation as federation
     from workspace.prepare import FederationLayout
+    from workspace.federation import metrics_file
     from workspace.processes import ProcessRegistry, party_threads
+    from workspace.progress import rounds_done
 
     shutil.copytree(prepared, dest)  # a prepared folder starts once: each run gets a fresh copy
     registry = ProcessRegistry()
     # "inherit": no thread counts set, every process takes torch's default (as before the tooling set them).
     federation.party_threads = party_threads if threads == "auto" else (lambda collaborators: None)
-    rss = PeakRSS(registry)
+    layout = FederationLayout.load(dest)
+    rss = PeakRSS(registry, lambda: rounds_done(metrics_file(layout)) >= layout.rounds)
     rss.start()
     try:
-        outcome = federation.start(FederationLayout.load(dest), registry=registry, timeout_s=args.timeout,
+        outcome = federation.start(layout, registry=registry, timeout_s=args.timeout,
                                    say=lambda m: None)
     finally:
         rss.done.set()
@@ -181,7 +190,8 @@ def run_once(prepared: Path, dest: Path, code: str, interval: int, threads: str,
         raise SystemExit(f"{code}, poll_interval_s={interval}: the federation failed: {outcome.problems}")
     return {"code": code, "interval": interval, "threads": threads, "rounds": outcome.round_seconds,
             "total": outcome.seconds, "compute": round_compute(outcome.reports, len(outcome.round_seconds)),
-            "metrics": round_metrics(outcome.reports, len(outcome.round_seconds)), "peak_rss_gb": rss.peaks}
+            "metrics": round_metrics(outcome.reports, len(outcome.round_seconds)), "peak_rss_gb": rss.peaks,
+            "peak_rss_in_rounds_gb": rss.peaks_in_rounds or {}}
 
 
 def load_average() -> str:
@@ -252,20 +262,24 @@ def main() -> int:
     for res in results:
         collaborators = {n: gb for n, gb in res["peak_rss_gb"].items() if n.startswith("collaborator")}
         others = {n: gb for n, gb in res["peak_rss_gb"].items() if n not in collaborators and gb > 0.2}
+        in_rounds = res["peak_rss_in_rounds_gb"]
         print(f"peak RSS ({res['code']}, poll {res['interval']} s, threads {res['threads']}): collaborators "
-              + ", ".join(f"{n} {gb:.2f} GB" for n, gb in sorted(collaborators.items()))
+              + ", ".join(f"{n} {gb:.2f} GB (rounds {in_rounds.get(n, math.nan):.2f})"
+                          for n, gb in sorted(collaborators.items()))
               + (("; " + ", ".join(f"{n} {gb:.2f} GB" for n, gb in sorted(others.items()))) if others else ""))
-    means, rss = {}, {}
+    means, rss, rss_rounds = {}, {}, {}
     for variant in variants:
         mine = [r for r in results if (r["code"], r["interval"], r["threads"]) == variant]
         means[variant] = tuple(statistics.mean(r[k] for r in mine) for k in ("steady", "steady_compute", "total"))
         names = sorted({n for r in mine for n in r["peak_rss_gb"]})
         rss[variant] = {n: max(r["peak_rss_gb"].get(n, 0.0) for r in mine) for n in names}
+        rss_rounds[variant] = {n: max(r["peak_rss_in_rounds_gb"].get(n, 0.0) for r in mine) for n in names}
     for (code, interval, threads), (steady, compute, total) in means.items():
         print(f"{code}, poll {interval} s, threads {threads}: {steady:.2f} s per round (rounds 1.., mean of "
               f"{args.repeats} runs) against {compute:.2f} s of compute: latency {steady - compute:.2f} s; "
-              f"{total:.1f} s per run; peak RSS "
-              + ", ".join(f"{n} {gb:.2f} GB" for n, gb in rss[code, interval, threads].items() if gb > 0.2))
+              f"{total:.1f} s per run; peak RSS (largest over the runs; in brackets until the last round's end) "
+              + ", ".join(f"{n} {gb:.2f} GB ({rss_rounds[code, interval, threads][n]:.2f})"
+                          for n, gb in rss[code, interval, threads].items() if gb > 0.2))
     fast, slow = min(args.intervals), max(args.intervals)
     for code in codes:
         for threads in args.threads:
@@ -289,10 +303,11 @@ def main() -> int:
                       f"time per round ({old[0]:.2f} s vs {new[0]:.2f} s), latency {latency_old:.2f} s vs "
                       f"{latency_new:.2f} s ({latency_old / latency_new:.2f}x), compute {old[1]:.2f} s vs "
                       f"{new[1]:.2f} s, {old[2] / new[2]:.2f}x the whole run")
-                peaks_new, peaks_old = rss[THIS_TREE, interval, threads], rss[rev, interval, threads]
-                print("  peak RSS " + ", ".join(
-                    f"{n} {peaks_old[n]:.2f} GB vs {peaks_new[n]:.2f} GB ({peaks_old[n] / peaks_new[n]:.2f}x)"
-                    for n in sorted(set(peaks_new) & set(peaks_old)) if peaks_new[n] > 0.2))
+                for what, table in (("peak RSS", rss), ("peak RSS until the last round's end", rss_rounds)):
+                    peaks_new, peaks_old = table[THIS_TREE, interval, threads], table[rev, interval, threads]
+                    print(f"  {what}: " + ", ".join(
+                        f"{n} {peaks_old[n]:.2f} GB vs {peaks_new[n]:.2f} GB ({peaks_old[n] / peaks_new[n]:.2f}x)"
+                        for n in sorted(set(peaks_new) & set(peaks_old)) if peaks_new[n] > 0.2))
                 new_runs = [r for r in results if (r["code"], r["interval"], r["threads"]) == (THIS_TREE, interval, threads)]
                 old_runs = [r for r in results if (r["code"], r["interval"], r["threads"]) == (rev, interval, threads)]
                 compared, largest, missing = metric_differences(old_runs[0]["metrics"], new_runs[0]["metrics"])
