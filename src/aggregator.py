@@ -166,11 +166,11 @@ class AuditingAggregator(Aggregator):
         for callback in own:
             if hasattr(callback, "set_aggregator"):
                 callback.set_aggregator(self)
-        # Always a fresh list: Aggregator.__init__ appends its own callbacks to the list it gets, and its default
-        # (`callbacks=[]`) is one list shared by every Aggregator built without callbacks.
         # Held get_tasks requests wait on this until a round ends (get_tasks, _end_of_round_check).
         self._round_ended = threading.Condition()
         self._held_requests = 0
+        # Always a fresh list: Aggregator.__init__ appends its own callbacks to the list it gets, and its default
+        # (`callbacks=[]`) is one list shared by every Aggregator built without callbacks.
         super().__init__(callbacks=list(own), **kwargs)
         # OpenFL's pandas TensorDB was most of the end of a round (src/aggregator_tensordb.py): the same rows and
         # answers, indexed. Converted in place: the callbacks already hold this object.
