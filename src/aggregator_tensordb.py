@@ -73,28 +73,30 @@ class IndexedTensorDB(TensorDB):
 
     # ------------------------------------------------------------ storage
     def _adopt(self, frame: pd.DataFrame) -> None:
-        self._rows = [tuple(r) for r in frame[list(COLUMNS)].itertuples(index=False, name=None)]
-        self._reindex()
+        self._set_rows([tuple(r) for r in frame[list(COLUMNS)].itertuples(index=False, name=None)])
 
-    def _reindex(self) -> None:
-        self._index: dict = {}
-        for i, row in enumerate(self._rows):
-            self._index.setdefault(_key(*row[:5]), i)  # the first row wins, as iloc[0] on OpenFL's mask
+    def _set_rows(self, rows: list[tuple]) -> None:
+        index: dict = {}
+        for i, row in enumerate(rows):
+            index.setdefault(_key(*row[:5]), i)  # the first row wins, as iloc[0] on OpenFL's mask
+        # One assignment: a reader in another gRPC thread (a model download during clean_up) sees the rows and the
+        # index of one state, never new positions into an old list. Appends (cache_tensor) add the row first.
+        self._store = (rows, index)
         self._frame: pd.DataFrame | None = None
 
     @property
     def tensor_db(self) -> pd.DataFrame:
         frame = self._frame
         if frame is None:
-            columns = {}
+            rows, columns = list(self._store[0]), {}
             for c, name in enumerate(COLUMNS):
                 if DTYPES[name] == "object":  # element by element: equal-shaped arrays must stay one object each
-                    values = np.empty(len(self._rows), dtype=object)
-                    for i, row in enumerate(self._rows):
+                    values = np.empty(len(rows), dtype=object)
+                    for i, row in enumerate(rows):
                         values[i] = row[c]
                     columns[name] = pd.Series(values, dtype=object)
                 else:
-                    columns[name] = pd.Series([row[c] for row in self._rows], dtype=DTYPES[name])
+                    columns[name] = pd.Series([row[c] for row in rows], dtype=DTYPES[name])
             frame = pd.DataFrame(columns)
             self._frame = frame
             self._bind_convenience_methods()
@@ -110,31 +112,33 @@ class IndexedTensorDB(TensorDB):
 
     def _find(self, tensor_name, origin, fl_round, report, tags):
         """The array of the first row with this key, or None."""
-        i = self._index.get(_key(tensor_name, origin, fl_round, report, tags))
-        return None if i is None else self._rows[i][5]
+        rows, index = self._store
+        i = index.get(_key(tensor_name, origin, fl_round, report, tags))
+        return None if i is None else rows[i][5]
 
     def cache_tensor(self, tensor_key_dict: Dict[TensorKey, np.ndarray]) -> None:
         with self.mutex:
+            rows, index = self._store
             for tensor_key, nparray in tensor_key_dict.items():
                 tensor_name, origin, fl_round, report, tags = tensor_key
-                self._rows.append((tensor_name, origin, fl_round, report, tags, nparray))
-                self._index.setdefault(_key(tensor_name, origin, fl_round, report, tags), len(self._rows) - 1)
+                rows.append((tensor_name, origin, fl_round, report, tags, nparray))
+                index.setdefault(_key(tensor_name, origin, fl_round, report, tags), len(rows) - 1)
             self._frame = None
 
     def clean_up(self, remove_older_than: int = 1) -> None:
         if remove_older_than < 0:
             return
         with self.mutex:
-            rounds = np.array([int(row[2]) for row in self._rows], dtype=np.int64)
+            rows = self._store[0]
+            rounds = np.array([int(row[2]) for row in rows], dtype=np.int64)
             if rounds.size == 0:  # OpenFL's max() of nothing is NaN: every comparison false, report rows stay
-                self._rows = [row for row in self._rows if row[3]]
+                kept = [row for row in rows if row[3]]
             else:
                 current_round = rounds.max()
                 if current_round == ROUND_PLACEHOLDER:
                     current_round = np.sort(np.unique(rounds))[-2]
-                self._rows = [row for row, r in zip(self._rows, rounds)
-                              if r > current_round - remove_older_than or bool(row[3])]
-            self._reindex()
+                kept = [row for row, r in zip(rows, rounds) if r > current_round - remove_older_than or bool(row[3])]
+            self._set_rows(kept)
 
     # ------------------------------------------------------------ queries
     def get_tensor_from_cache(self, tensor_key: TensorKey) -> Optional[np.ndarray]:
@@ -143,7 +147,7 @@ class IndexedTensorDB(TensorDB):
 
     def get_tensors_by_filter(self, custom_filter=None) -> dict:
         tensor_dict = {}
-        for row in list(self._rows):
+        for row in list(self._store[0]):
             values = dict(zip(COLUMNS, row))
             if custom_filter is not None and not custom_filter(values):
                 continue
@@ -157,7 +161,7 @@ class IndexedTensorDB(TensorDB):
             # It is given the frame itself and may write into it: OpenFL's code on a frame from now on.
             frame = self.tensor_db
             self.__class__ = TensorDB
-            for name in ("_rows", "_index", "_frame"):
+            for name in ("_store", "_frame"):
                 self.__dict__.pop(name, None)
             self.tensor_db = frame
             return self.get_aggregated_tensor(tensor_key, collaborator_weight_dict, aggregation_function)
@@ -192,6 +196,6 @@ class IndexedTensorDB(TensorDB):
         aggregated tensor was the largest single cost. Rows of the same round come in insertion order (pandas'
         default sort leaves their order unspecified)."""
         position = COLUMNS.index(order_by)
-        rows = sorted(list(self._rows), key=lambda row: row[position], reverse=not ascending)
+        rows = sorted(list(self._store[0]), key=lambda row: row[position], reverse=not ascending)
         for row in rows:
             yield Row(round=row[2], nparray=row[5], tensor_name=row[0], tags=row[4])
