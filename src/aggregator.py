@@ -2,8 +2,12 @@
 
 OpenFL's `Aggregator` plus what this workspace needs on the server side:
 
-- `aggregator.settings.poll_interval_s` (default 1): how long a collaborator with nothing to do waits before
-  asking again. OpenFL hard-codes 10 s, which costs up to 10 s of idling per round.
+- `aggregator.settings.poll_interval_s` (default 1): how long the request of a collaborator with nothing to do is
+  held open. OpenFL answers such a request at once with "sleep 10 s", which cost up to 10 s of idling per round (up
+  to poll_interval_s with a plain rewrite of that answer: half the latency of a digits round). Here the request
+  waits for the round's end and is answered with the next round's tasks as soon as the round ends; after
+  poll_interval_s without one it is answered "ask again now" (sleep 0), so an idle collaborator still asks once per
+  poll_interval_s (see `get_tasks`).
 - the gRPC server listens on `network.settings.agg_addr` only, not on every interface (src/aggregator_server.py).
 - aggregator-side audit callbacks: the report below, plus any listed in `aggregator.settings.callbacks`
   (`[{template: module.Class, settings: {...}}]`) or passed as objects (in-process runs).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import threading
 from typing import Any, Iterable
 
 from openfl.callbacks import Callback
@@ -34,9 +39,15 @@ from src import aggregator_server
 from src.aggregation import round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record
 from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
+from src.aggregator_tensordb import IndexedTensorDB
 from src.plan_checks import check_plan, check_tasks, plan_being_built
 
 logger = logging.getLogger(__name__)
+
+# OpenFL's gRPC server serves requests on 8 worker threads (openfl.transport.grpc.common.create_grpc_server): at most
+# this many idle collaborators' requests are held open at once, so that results and model downloads always find a
+# free thread; further idle requests get OpenFL's usual answer, "sleep poll_interval_s".
+MAX_HELD_REQUESTS = 4
 
 
 class AggregatorReportCallback(Callback):
@@ -67,13 +78,20 @@ class AggregatorReportCallback(Callback):
                 decisions=round_decisions(frame.to_dict("records"), round_num, agg.authorized_cols),
                 aggregator_logs=logs,
             )
-            path = self.writer.write_round(record)
+            path = self.writer.write_round_in_background(record)
             logger.info("Round %d aggregator report: averaged %s, withheld %s, left out (NaN/Inf) %s, "
                         "stragglers %s -> %s", round_num, record["kept"], record["withheld"],
                         record["left_out_non_finite"], record["stragglers"], path)
         except Exception as err:  # noqa: BLE001 - see above
             self.errors.append(f"round {round_num}: {err!r}")
             logger.exception("Round %d: could not write the aggregator report under %s", round_num, self.writer.root)
+
+    def on_experiment_end(self, logs=None):
+        # The summaries are drawn by the report worker (write_round_in_background): the last round's are on disk
+        # before the collaborators get their quit signals.
+        from audit.reporting.background import flush
+
+        flush()
 
 
 def build_callbacks(entries: Any) -> list:
@@ -148,9 +166,15 @@ class AuditingAggregator(Aggregator):
         for callback in own:
             if hasattr(callback, "set_aggregator"):
                 callback.set_aggregator(self)
+        # Held get_tasks requests wait on this until a round ends (get_tasks, _end_of_round_check).
+        self._round_ended = threading.Condition()
+        self._held_requests = 0
         # Always a fresh list: Aggregator.__init__ appends its own callbacks to the list it gets, and its default
         # (`callbacks=[]`) is one list shared by every Aggregator built without callbacks.
         super().__init__(callbacks=list(own), **kwargs)
+        # OpenFL's pandas TensorDB was most of the end of a round (src/aggregator_tensordb.py): the same rows and
+        # answers, indexed. Converted in place: the callbacks already hold this object.
+        IndexedTensorDB.convert(self.tensor_db)
         self._tensor_names: list[str] | None = None
         aggregator_server.install()
 
@@ -202,10 +226,37 @@ class AuditingAggregator(Aggregator):
         utils.dump_proto(utils.construct_model_proto(tensor_dict, round_number, self.compression_pipeline), file_path)
 
     def get_tasks(self, collaborator_name):
-        # OpenFL answers "nothing to do yet" with `Aggregator._get_sleep_time()`, called on the class, not on
-        # self: overriding that staticmethod has no effect (tests/test_aggregator.py shows it), so the answer is
-        # rewritten here instead.
+        """OpenFL's answer, but a collaborator with nothing to do (its round's tasks done, the others still working)
+        is not told to sleep: its request is held until the round ends, then answered with the next round's tasks
+        (or the quit signal), or after poll_interval_s with "ask again now". OpenFL would tell it to sleep
+        `Aggregator._get_sleep_time()` = 10 s (called on the class, not on self: overriding that staticmethod has no
+        effect, tests/test_aggregator.py shows it), and a sleep of whole seconds (GetTasksResponse.sleep_time is an
+        int32) costs half a poll on average after every round."""
         tasks, round_number, sleep_time, time_to_quit = super().get_tasks(collaborator_name)
-        if not tasks and not time_to_quit:
-            sleep_time = self.poll_interval_s
-        return tasks, round_number, sleep_time, time_to_quit
+        if tasks or time_to_quit:
+            return tasks, round_number, sleep_time, time_to_quit
+        if not self._wait_for_round_end(round_number, self.poll_interval_s):
+            return tasks, round_number, self.poll_interval_s, time_to_quit  # not held: as OpenFL, a plan-set sleep
+        tasks, round_number, sleep_time, time_to_quit = super().get_tasks(collaborator_name)
+        # Nothing yet (a long round, or a straggler waiting for the round to end): ask again at once, to be held again.
+        return tasks, round_number, 0 if not tasks else sleep_time, time_to_quit
+
+    def _wait_for_round_end(self, round_number: int, timeout_s: float) -> bool:
+        """Wait until round `round_number` has ended or `timeout_s` passed; False if no request may be held now."""
+        with self._round_ended:
+            if self._held_requests >= MAX_HELD_REQUESTS:
+                return False
+            self._held_requests += 1
+            try:
+                self._round_ended.wait_for(lambda: self.round_number != round_number or self._time_to_quit(),
+                                           timeout=timeout_s)
+            finally:
+                self._held_requests -= 1
+        return True
+
+    def _end_of_round_check(self):
+        try:
+            super()._end_of_round_check()
+        finally:
+            with self._round_ended:  # wake the held requests: the next round's tasks (or the quit signal) are ready
+                self._round_ended.notify_all()

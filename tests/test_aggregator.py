@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -43,14 +44,94 @@ def test_the_plan_loads_the_auditing_aggregator(tmp_path):
     assert agg.report_dir == tmp_path.resolve() / "aggregator_report"  # in-process runs put it there
 
 
-def test_idle_collaborators_wait_the_plan_poll_interval(tmp_path):
-    agg = make_aggregator(tmp_path, poll_interval_s=3)
+def test_an_idle_request_is_held_then_told_to_ask_again(tmp_path):
+    """A collaborator with nothing to do this round (here: a straggler) is not told to sleep whole seconds: its request
+    is held for up to poll_interval_s, then answered "ask again now"."""
+    agg = make_aggregator(tmp_path, poll_interval_s=1)
     tasks, round_number, sleep_time, quit_now = agg.get_tasks("collaborator1")
     assert tasks and sleep_time == 0 and not quit_now  # work to do: no waiting
     agg.stragglers = ["collaborator1"]  # OpenFL then has nothing for it this round
     tasks, _, sleep_time, quit_now = agg.get_tasks("collaborator1")
     assert not tasks and not quit_now
-    assert sleep_time == 3
+    assert sleep_time == 0
+
+
+def _federation(tmp_path, **settings):
+    """A real aggregator and two collaborators of the workspace plan (digits, 1 epoch), talking directly."""
+    from workspace.in_process import DirectClient, initial_tensor_dict
+
+    overrides = {"aggregator": {"settings": settings}, "tasks": {"train": {"kwargs": {"epochs": 1}}},
+                 "task_runner": {"settings": {"audit": {"enabled": False}}}}
+    plan_dir = write_run_plan(tmp_path, collaborators=2, rounds=2, overrides=overrides)
+    plan = parse_plan(plan_dir)
+    agg = plan.get_aggregator(tensor_dict=initial_tensor_dict(plan))
+    cols = {name: parse_plan(plan_dir).get_collaborator(name, client=DirectClient(agg, name))
+            for name in ("collaborator1", "collaborator2")}
+    return agg, cols
+
+
+def _run_round(col, round_num):
+    tasks, task_round, sleep_time, quit_now = col.client.get_tasks()
+    assert tasks and task_round == round_num and sleep_time == 0 and not quit_now
+    for task in tasks:
+        col.do_task(task, task_round)
+    return [t if isinstance(t, str) else t.name for t in tasks]
+
+
+@pytest.mark.federation
+def test_a_held_request_gets_the_next_rounds_tasks_when_the_round_ends(tmp_path):
+    """collaborator1 finishes round 0 and asks for more while collaborator2 still works: its request is held (not
+    answered "sleep") and answered with every round-1 task as soon as collaborator2's last result ends round 0."""
+    agg, cols = _federation(tmp_path, poll_interval_s=120)
+    round0_tasks = _run_round(cols["collaborator1"], 0)
+    answer = {}
+    waiting = threading.Thread(target=lambda: answer.update(reply=agg.get_tasks("collaborator1")), daemon=True)
+    waiting.start()
+    tasks, _, _, _ = cols["collaborator2"].client.get_tasks()
+    for task in tasks[:-1]:
+        cols["collaborator2"].do_task(task, 0)
+        assert waiting.is_alive() and agg.round_number == 0  # held while the round goes on
+    cols["collaborator2"].do_task(tasks[-1], 0)  # its last result ends the round
+    waiting.join(timeout=60)  # far below poll_interval_s: woken by the round's end, not by the timeout
+    assert not waiting.is_alive()
+    tasks, round_number, sleep_time, quit_now = answer["reply"]
+    assert round_number == 1 and sleep_time == 0 and not quit_now
+    assert [t if isinstance(t, str) else t.name for t in tasks] == round0_tasks  # every task of the round
+    for name in ("collaborator1", "collaborator2"):  # and the round runs to its end with them
+        for task in (tasks if name == "collaborator1" else cols[name].client.get_tasks()[0]):
+            cols[name].do_task(task, 1)
+    assert agg.round_number == 2 and agg.get_tasks("collaborator1")[3]  # the quit signal, at once
+
+
+def test_requests_beyond_the_held_limit_are_told_to_sleep(tmp_path):
+    """At most MAX_HELD_REQUESTS idle requests hold one of the gRPC server's worker threads; the others get OpenFL's
+    kind of answer, "sleep poll_interval_s", so results and model downloads always find a free thread."""
+    from src.aggregator import MAX_HELD_REQUESTS
+
+    agg = make_aggregator(tmp_path, poll_interval_s=2)
+    agg.stragglers = ["collaborator1"]
+    held = [threading.Thread(target=agg.get_tasks, args=("collaborator1",), daemon=True)
+            for _ in range(MAX_HELD_REQUESTS)]
+    for thread in held:
+        thread.start()
+    deadline = time.monotonic() + 30
+    while agg._held_requests < MAX_HELD_REQUESTS and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert agg._held_requests == MAX_HELD_REQUESTS
+    tasks, _, sleep_time, quit_now = agg.get_tasks("collaborator1")
+    assert not tasks and not quit_now and sleep_time == 2
+    for thread in held:
+        thread.join(timeout=30)
+    assert agg._held_requests == 0
+
+
+def test_the_aggregator_uses_the_indexed_tensordb_its_callbacks_see(tmp_path):
+    from src.aggregator_tensordb import IndexedTensorDB
+
+    agg = make_aggregator(tmp_path)
+    assert isinstance(agg.tensor_db, IndexedTensorDB)
+    assert agg.report.tensor_db is agg.tensor_db  # OpenFL handed its callbacks the same object
+    assert set(agg.tensor_db.tensor_db["tensor_name"]) == set(TENSORS)  # the initial model, kept
 
 
 def test_overriding_openfls_sleep_staticmethod_would_not_work(tmp_path):
