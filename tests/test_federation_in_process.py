@@ -98,3 +98,38 @@ def test_round_zero_audits_the_model_the_parties_start_from(federation):
 def test_same_plan_and_seed_give_the_same_metrics(federation, tmp_path):
     again = run_in_process(tmp_path, collaborators=2, rounds=ROUNDS, overrides=OVERRIDES)
     assert again.collaborator_metrics == federation.collaborator_metrics
+
+
+@pytest.mark.federation
+def test_collaborators_keep_no_model_tensors_of_finished_rounds(federation):
+    """In one process a collaborator's TensorDB drops its received and trained model tensors once its round is over
+    (OpenFL's clean-up would keep two rounds' worth per collaborator); its metric rows stay."""
+    for col in federation.collaborators.values():
+        frame = col.tensor_db.tensor_db
+        tags = frame["tags"].map(lambda t: bool({"model", "trained"} & set(t)))
+        assert not tags.any(), frame[tags][["tensor_name", "round", "tags"]]
+        assert frame["round"].astype(int).max() == ROUNDS - 1  # metrics of the last round are still there
+
+
+def test_drop_finished_models_keeps_later_rounds_metrics_and_delta_bases():
+    """drop_finished_models on a real TensorDB: model and trained rows of rounds <= the given one go, metrics and
+    later rounds stay; with delta updates nothing goes (the collaborator applies deltas to the model it holds)."""
+    from types import SimpleNamespace
+
+    from openfl.databases import TensorDB
+    from openfl.utilities import TensorKey
+
+    from workspace.in_process import drop_finished_models
+
+    db = TensorDB()
+    weights = np.ones((4, 3), dtype=np.float32)
+    for round_num in (0, 1, 2):
+        db.cache_tensor({TensorKey("w", "col", round_num, False, ("model",)): weights,
+                         TensorKey("w", "col", round_num, False, ("trained",)): weights,
+                         TensorKey("acc", "col", round_num, True, ("metric",)): np.array(0.5)})
+    assert drop_finished_models(SimpleNamespace(tensor_db=db, use_delta_updates=True), 1) == 0
+    assert drop_finished_models(SimpleNamespace(tensor_db=db, use_delta_updates=False), 1) == 4
+    left = {(row.tensor_name, int(row.round), row.tags) for row in db.tensor_db.itertuples()}
+    assert left == {("acc", 0, ("metric",)), ("acc", 1, ("metric",)), ("acc", 2, ("metric",)),
+                    ("w", 2, ("model",)), ("w", 2, ("trained",))}
+    assert db.get_tensor_from_cache(TensorKey("w", "col", 2, False, ("model",))) is not None
