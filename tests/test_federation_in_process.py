@@ -133,3 +133,39 @@ def test_drop_finished_models_keeps_later_rounds_metrics_and_delta_bases():
     assert left == {("acc", 0, ("metric",)), ("acc", 1, ("metric",)), ("acc", 2, ("metric",)),
                     ("w", 2, ("model",)), ("w", 2, ("trained",))}
     assert db.get_tensor_from_cache(TensorKey("w", "col", 2, False, ("model",))) is not None
+
+
+@pytest.mark.federation
+def test_the_round_ends_at_the_aggregator_without_the_collaborators_models(tmp_path, monkeypatch):
+    """The last collaborator's last sending ends the round at the aggregator (its memory peak): by then no
+    collaborator holds model tensors of the round any more, and the run's metrics are those of a run that keeps them
+    (OpenFL's own clean-up only)."""
+    import gc
+
+    import workspace.in_process as in_process
+    from openfl.component import Collaborator
+    from openfl.component.aggregator.aggregator import Aggregator
+
+    def model_rows(aggregator):
+        cols = [o for o in gc.get_objects() if isinstance(o, Collaborator) and o.client.aggregator is aggregator]
+        return {c.collaborator_name: int(c.tensor_db.tensor_db["tags"].map(
+            lambda t: bool({"model", "trained"} & set(t))).sum()) for c in cols}
+
+    seen = []
+    end_of_round = Aggregator._end_of_round_check
+
+    def spy(self, *args, **kwargs):
+        seen.append(model_rows(self))
+        return end_of_round(self, *args, **kwargs)
+
+    overrides = {**OVERRIDES, "task_runner": {"settings": {"seed": 3, "audit": {"enabled": False}}}}
+    monkeypatch.setattr(Aggregator, "_end_of_round_check", spy)
+    dropped = run_in_process(tmp_path / "dropped", collaborators=2, rounds=2, overrides=overrides)
+    assert len(seen) == 2 and all(s == {"collaborator1": 0, "collaborator2": 0} for s in seen)  # one per round
+    seen.clear()
+    monkeypatch.setattr(in_process, "drop_finished_models", lambda col, round_num: 0)
+    kept = run_in_process(tmp_path / "kept", collaborators=2, rounds=2, overrides=overrides)
+    # OpenFL's clean-up alone: at the round's end the last collaborator still holds the round's received and
+    # trained models (and the first one its own, db_store_rounds = 2)
+    assert len(seen) == 2 and all(s["collaborator2"] > 0 and s["collaborator1"] > 0 for s in seen)
+    assert dropped.round_logs == kept.round_logs and dropped.collaborator_metrics == kept.collaborator_metrics

@@ -30,6 +30,9 @@ class DirectClient:
     def __init__(self, aggregator, collaborator_name: str):
         self.aggregator = aggregator
         self.collaborator_name = collaborator_name
+        # Called once, right before the next results go to the aggregator (then forgotten): _run_rounds sets it for
+        # a collaborator's last task of a round, whose sending may end the round at the aggregator.
+        self.before_next_send: Callable[[], None] | None = None
 
     def ping(self):
         return True
@@ -44,6 +47,9 @@ class DirectClient:
         )
 
     def send_local_task_results(self, round_number, task_name, data_size, named_tensors):
+        before, self.before_next_send = self.before_next_send, None
+        if before is not None:
+            before()
         self.aggregator.send_local_task_results(
             self.collaborator_name, round_number, task_name, data_size, named_tensors
         )
@@ -339,10 +345,16 @@ def _run_rounds(aggregator, cols: dict, clients: dict, on_task, collaborator_met
             # The callbacks of Collaborator.run(): a round's logs are the metrics its tasks reported.
             col.callbacks.on_round_begin(task_round)
             logs: dict = {}
-            for task in tasks:
+            for index, task in enumerate(tasks):
                 if on_task is not None:
                     on_task(name, task if isinstance(task, str) else task.name, task_round)
+                if index == len(tasks) - 1:
+                    # The last task's results (a model's size of sending) may end the round at the aggregator, its
+                    # memory peak (aggregation, the model's save): this collaborator's models of the round are
+                    # done with by then (its last task computed its results), so they go first.
+                    clients[name].before_next_send = lambda col=col, r=task_round: drop_finished_models(col, r)
                 logs.update(col.do_task(task, task_round))
+            clients[name].before_next_send = None  # a task that sent nothing
             col.tensor_db.clean_up(col.db_store_rounds)
             drop_finished_models(col, task_round)
             col.callbacks.on_round_end(task_round, logs)
