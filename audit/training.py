@@ -130,16 +130,25 @@ def _set_dropout_rng_state(cuda: list, state: tuple) -> None:
 
 
 def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, seed: int, chunk: int | None,
-                     on_chunk, caller: str, start: "TrainedCopies | None" = None) -> None:
+                     on_chunk, caller: str, start: "TrainedCopies | None" = None, subsets=None) -> None:
     """Train len(x) copies of `model` on (x[c], y[c]), `chunk` copies at a time, and hand each chunk's trained
     parameters and buffers (stacked, (copies in the chunk, ...)) to on_chunk(start, params, buffers) before the next
     chunk is trained: memory is one chunk's training plus what on_chunk keeps. `start`: copy c continues from
-    start's copy c instead of from `model`'s weights."""
+    start's copy c instead of from `model`'s weights. `subsets` (copies, samples) indices: x (N, ...) and y (N,) are
+    one pool and copy c trains on its rows subsets[c], picked a chunk at a time (no (copies, samples, ...) copy of the
+    data)."""
     x = model_input(model, np.asarray(x))
     y = torch.as_tensor(np.asarray(y), dtype=torch.long, device=x.device)
-    if x.shape[:2] != y.shape or y.ndim != 2 or y.shape[1] == 0:
+    if subsets is not None:
+        subsets = torch.as_tensor(np.asarray(subsets), dtype=torch.long, device=x.device)
+        if subsets.ndim != 2 or subsets.shape[1] == 0 or len(x) != len(y) or y.ndim != 1 or (
+                subsets.numel() and not 0 <= int(subsets.min()) <= int(subsets.max()) < len(y)):
+            raise ValueError(f"{caller}: subsets {tuple(subsets.shape)} must be (copies, samples) indices into x "
+                             f"{tuple(x.shape)} and y {tuple(y.shape)}, one row per sample")
+    elif x.shape[:2] != y.shape or y.ndim != 2 or y.shape[1] == 0:
         raise ValueError(f"{caller}: x {tuple(x.shape)} and y {tuple(y.shape)} must be (copies, samples, ...) "
                          "and (copies, samples) with samples >= 1")
+    copies = len(subsets) if subsets is not None else len(y)
     params = dict(model.named_parameters())
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     chunk = chunk or copies_per_chunk(model)
@@ -152,8 +161,12 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     cuda = [x.device] if x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), module_mode(model, training=True):
         torch.manual_seed(seed)  # dropout masks
-        for first in range(0, len(y), chunk):
-            args = (model, params, buffers, x[first:first + chunk], y[first:first + chunk], recipe, generator)
+        for first in range(0, copies, chunk):
+            if subsets is None:
+                xs, ys = x[first:first + chunk], y[first:first + chunk]
+            else:
+                xs, ys = x[subsets[first:first + chunk]], y[subsets[first:first + chunk]]
+            args = (model, params, buffers, xs, ys, recipe, generator)
             begin = None if start is None else start.copies(first, first + chunk)
             vmap_error = None
             if batched:
@@ -323,8 +336,9 @@ class TrainedCopies:
 
 
 def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, seed: int = 0,
-                     chunk: int | None = None, start: TrainedCopies | None = None) -> TrainedCopies:
-    """Train len(x) reference models at once, copy c on (x[c], y[c]) with the party's `recipe`, exactly as
+                     chunk: int | None = None, start: TrainedCopies | None = None, subsets=None) -> TrainedCopies:
+    """Train len(x) reference models at once, copy c on (x[c], y[c]) (or, with `subsets`, on the rows subsets[c] of
+    the pool x, y: the same training without stacking the copies' data) with the party's `recipe`, exactly as
     `train_copies` trains them (same shuffles, dropout masks, per-copy BatchNorm statistics for a seed), and keep
     each copy's trained parameters and buffers: `.logits(samples)` then gives every copy's outputs, for RMIA's
     Pr(x | reference) (`audit.membership.rmia.true_class_probability`).
@@ -337,11 +351,12 @@ def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     result holds K copies' parameters and buffers (4 bytes per float32 value per copy), on disk when they exceed
     _SPILL_BYTES (RMIA's references of a large model, kept across rounds): each chunk is written as it is trained
     and read back, the same values, when the copies are used."""
-    if start is not None and len(start) != len(y):
-        raise ValueError(f"train_references: start holds {len(start)} copies, the data {len(y)}")
+    copies = len(y) if subsets is None else len(subsets)
+    if start is not None and len(start) != copies:
+        raise ValueError(f"train_references: start holds {len(start)} copies, the data {copies}")
     params, buffers = {}, {}
     copy_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    spilled = _SpilledCopies() if len(y) * copy_bytes > _SPILL_BYTES else None
+    spilled = _SpilledCopies() if copies * copy_bytes > _SPILL_BYTES else None
 
     def keep(start, trained, trained_buffers):
         if spilled is not None:  # each chunk to disk as it is trained: memory holds one chunk, not all K
@@ -353,7 +368,7 @@ def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
             buffers.setdefault(name, []).append(t)
 
     _train_in_chunks(model, x, y, recipe, seed=seed, chunk=chunk, on_chunk=keep, caller="train_references",
-                     start=start)
+                     start=start, subsets=subsets)
     if spilled is not None:
         return TrainedCopies(model, spilled=spilled)
     return TrainedCopies(model, {n: torch.cat(ts) for n, ts in params.items()},

@@ -345,3 +345,26 @@ def test_copies_over_the_spill_size_wait_on_disk_and_give_the_same_values(monkey
     assert not os.path.exists(folder)
     with pytest.raises(ValueError, match="one of them"):
         TrainedCopies(model)
+
+
+def test_references_on_subsets_of_one_pool_are_the_stacked_ones_bit_for_bit():
+    """`subsets`: copy c trains on the rows subsets[c] of one pool, picked a chunk at a time: the same trainings as on
+    the stacked x[subsets] (parameters, buffers, and a continued training), without that (K, samples, ...) copy;
+    subsets outside the pool are named."""
+    x, y = images(seed=4)
+    model = conv_bn_net(seed=4)
+    p, q = picks(len(y), 5, seed=10), picks(len(y), 5, seed=11)
+    recipe = TrainingRecipe("SGD", 0.05, 0.9, epochs=1, batch_size=12)
+    stacked = train_references(model, x[p], y[p], recipe, seed=2, chunk=2)
+    pooled = train_references(model, x, y, recipe, seed=2, chunk=2, subsets=p)
+    for name in stacked.params:
+        assert torch.equal(pooled.params[name], stacked.params[name]), name
+    for name in stacked.buffers:
+        assert torch.equal(pooled.buffers[name], stacked.buffers[name]), name
+    later = train_references(model, x[q], y[q], recipe, seed=3, chunk=1, start=stacked)
+    pooled_later = train_references(model, x, y, recipe, seed=3, chunk=1, start=pooled, subsets=q)
+    assert all(torch.equal(pooled_later.params[n], later.params[n]) for n in later.params)
+    with pytest.raises(ValueError, match="subsets"):
+        train_references(model, x, y, recipe, subsets=np.array([[0, len(y)]]))
+    with pytest.raises(ValueError, match="start holds 5 copies, the data 2"):
+        train_references(model, x, y, recipe, start=pooled, subsets=q[:2])
