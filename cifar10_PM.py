@@ -428,8 +428,8 @@ def main(argv=None) -> int:
 
     def on_task(col, phase, round_num):
         if pool_cached:
-            # Every collaborator is built before its first task and holds a copy of its own shards: drop the loaders'
-            # shared cache of the whole dataset (0.74 GB of float32 for CIFAR-10). A data mitigation reloads it once.
+            # Every collaborator is built before its first task and holds views of its own sets in the loaders' one
+            # array of the split's samples: the cache's reference to it is not needed any more.
             pool_cached.clear()
             clear_dataset_cache()
         progress.phase(col, phase, round_num)

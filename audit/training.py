@@ -16,7 +16,11 @@ the same samples in eval mode under vmap, for membership inference against refer
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import warnings
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +35,9 @@ __all__ = ["TrainingRecipe", "TrainedCopies", "train_copies", "train_references"
 
 # Memory for stacked copies: parameters, gradients and up to two optimiser states each (float32).
 _CHUNK_BUDGET_BYTES = 512 * 2**20
+# Trained copies larger than this (all of them together) wait on disk between uses, one chunk in memory at a time:
+# RMIA's K = 4 references of the tutorial's AlexNet are 0.37 GB per party, kept across rounds.
+_SPILL_BYTES = 256 * 2**20
 
 
 @dataclass(frozen=True)
@@ -123,30 +130,44 @@ def _set_dropout_rng_state(cuda: list, state: tuple) -> None:
 
 
 def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, seed: int, chunk: int | None,
-                     on_chunk, caller: str, start: "TrainedCopies | None" = None) -> None:
+                     on_chunk, caller: str, start: "TrainedCopies | None" = None, subsets=None) -> None:
     """Train len(x) copies of `model` on (x[c], y[c]), `chunk` copies at a time, and hand each chunk's trained
     parameters and buffers (stacked, (copies in the chunk, ...)) to on_chunk(start, params, buffers) before the next
     chunk is trained: memory is one chunk's training plus what on_chunk keeps. `start`: copy c continues from
-    start's copy c instead of from `model`'s weights."""
+    start's copy c instead of from `model`'s weights. `subsets` (copies, samples) indices: x (N, ...) and y (N,) are
+    one pool and copy c trains on its rows subsets[c], picked a chunk at a time (no (copies, samples, ...) copy of the
+    data)."""
     x = model_input(model, np.asarray(x))
     y = torch.as_tensor(np.asarray(y), dtype=torch.long, device=x.device)
-    if x.shape[:2] != y.shape or y.ndim != 2 or y.shape[1] == 0:
+    if subsets is not None:
+        subsets = torch.as_tensor(np.asarray(subsets), dtype=torch.long, device=x.device)
+        if subsets.ndim != 2 or subsets.shape[1] == 0 or len(x) != len(y) or y.ndim != 1 or (
+                subsets.numel() and not 0 <= int(subsets.min()) <= int(subsets.max()) < len(y)):
+            raise ValueError(f"{caller}: subsets {tuple(subsets.shape)} must be (copies, samples) indices into x "
+                             f"{tuple(x.shape)} and y {tuple(y.shape)}, one row per sample")
+    elif x.shape[:2] != y.shape or y.ndim != 2 or y.shape[1] == 0:
         raise ValueError(f"{caller}: x {tuple(x.shape)} and y {tuple(y.shape)} must be (copies, samples, ...) "
                          "and (copies, samples) with samples >= 1")
+    copies = len(subsets) if subsets is not None else len(y)
     params = dict(model.named_parameters())
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     chunk = chunk or copies_per_chunk(model)
     generator = torch.Generator().manual_seed(seed)
-    batched = True
+    # One copy per chunk (a large model): plain autograd, not vmap over one copy, which is slower (AlexNet, 1 thread:
+    # 30 against 39-54 ms per sample) for the same training (same draws; 7e-9 apart in the trained weights).
+    batched = chunk > 1
     # Train mode for every submodule, as the local training runs (model.train()); each one's flag comes back after.
     # Dropout draws from the generator of the device the model is on: that one is seeded here and given back after.
     cuda = [x.device] if x.device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), module_mode(model, training=True):
         torch.manual_seed(seed)  # dropout masks
-        for first in range(0, len(y), chunk):
-            args = (model, params, buffers, x[first:first + chunk], y[first:first + chunk], recipe, generator)
-            begin = None if start is None else ({n: t[first:first + chunk] for n, t in start.params.items()},
-                                                {n: t[first:first + chunk] for n, t in start.buffers.items()})
+        for first in range(0, copies, chunk):
+            if subsets is None:
+                xs, ys = x[first:first + chunk], y[first:first + chunk]
+            else:
+                xs, ys = x[subsets[first:first + chunk]], y[subsets[first:first + chunk]]
+            args = (model, params, buffers, xs, ys, recipe, generator)
+            begin = None if start is None else start.copies(first, first + chunk)
             vmap_error = None
             if batched:
                 dropout_state, shuffle_state = _dropout_rng_state(cuda), generator.get_state()
@@ -204,18 +225,75 @@ def _eval_chunk(model: torch.nn.Module, params: dict, buffers: dict, xb: torch.T
                         for c in range(copies)])
 
 
-@dataclass(frozen=True, eq=False)
+class _SpilledCopies:
+    """Stacked copies in files of a private temporary folder, one file per chunk of copies as it was trained
+    (torch.save: the same values when read back); the folder goes with the object."""
+
+    def __init__(self):
+        self.folder = tempfile.mkdtemp(prefix="trained_copies_")
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, True)
+        self.bounds: list[tuple[int, int]] = []  # (first copy, stop) of each file, in order
+
+    def __len__(self) -> int:
+        return self.bounds[-1][1] if self.bounds else 0
+
+    def append(self, params: dict, buffers: dict) -> None:
+        first = len(self)
+        torch.save({"params": params, "buffers": buffers}, os.path.join(self.folder, f"{len(self.bounds)}.pt"))
+        self.bounds.append((first, first + next(iter(params.values())).shape[0]))
+
+    def read(self, first: int, stop: int) -> tuple[dict, dict]:
+        """Copies first..stop-1, stacked (read from the files that hold them)."""
+        parts = []
+        for index, (a, b) in enumerate(self.bounds):
+            if a < stop and b > first:
+                saved = torch.load(os.path.join(self.folder, f"{index}.pt"), weights_only=True)
+                lo, hi = max(first, a) - a, min(stop, b) - a
+                parts.append({kind: {n: t[lo:hi] if (lo, hi) != (0, b - a) else t for n, t in saved[kind].items()}
+                              for kind in ("params", "buffers")})
+        if len(parts) == 1:
+            return parts[0]["params"], parts[0]["buffers"]
+        return tuple({n: torch.cat([part[kind][n] for part in parts]) for n in parts[0][kind]}
+                     for kind in ("params", "buffers"))
+
+
 class TrainedCopies:
     """K trained copies of `model` without K nn.Modules: every parameter and buffer stacked, (K, *shape).
 
-    `model` is the template the copies were trained from (left unchanged); `logits` runs every copy in eval mode."""
+    `model` is the template the copies were trained from (left unchanged); `logits` runs every copy in eval mode.
+    The stacked tensors are in memory, or (`train_references` with copies larger than _SPILL_BYTES) on disk until
+    used, a chunk at a time: `copies(first, stop)` reads a range; `params` / `buffers` all of them."""
 
-    model: torch.nn.Module
-    params: dict
-    buffers: dict
+    def __init__(self, model: torch.nn.Module, params: dict | None = None, buffers: dict | None = None, *,
+                 spilled: _SpilledCopies | None = None):
+        if (params is None) == (spilled is None):
+            raise ValueError("TrainedCopies: give the stacked params (and buffers) or the spilled copies, one of them")
+        self.model = model
+        self._params, self._buffers, self._spilled = params, buffers or {}, spilled
 
     def __len__(self) -> int:
-        return next(iter(self.params.values())).shape[0]
+        if self._spilled is not None:
+            return len(self._spilled)
+        return next(iter(self._params.values())).shape[0]
+
+    @property
+    def on_disk(self) -> bool:
+        return self._spilled is not None
+
+    def copies(self, first: int, stop: int) -> tuple[dict, dict]:
+        """(params, buffers) of copies first..stop-1, each stacked (stop - first, ...)."""
+        if self._spilled is not None:
+            return self._spilled.read(first, stop)
+        return ({n: t[first:stop] for n, t in self._params.items()},
+                {n: t[first:stop] for n, t in self._buffers.items()})
+
+    @property
+    def params(self) -> dict:
+        return self._params if self._spilled is None else self.copies(0, len(self))[0]
+
+    @property
+    def buffers(self) -> dict:
+        return self._buffers if self._spilled is None else self.copies(0, len(self))[1]
 
     def logits(self, x, *, batch_size: int = 256, chunk: int | None = None) -> np.ndarray:
         """Every copy's outputs on the samples x, (K, N, classes) float64, in eval mode (Dropout off, each copy's own
@@ -228,12 +306,11 @@ class TrainedCopies:
         if x.ndim == 0 or x.shape[0] == 0:
             raise ValueError(f"TrainedCopies.logits: x must be (N, ...) with N >= 1, got {tuple(x.shape)}")
         chunk = chunk or copies_per_chunk(self.model)
-        batched = True
+        batched = chunk > 1  # one copy at a time: plain calls, as in training
         rows = []
         with torch.no_grad(), module_mode(self.model, training=False):
             for start in range(0, len(self), chunk):
-                params = {n: t[start:start + chunk] for n, t in self.params.items()}
-                buffers = {n: t[start:start + chunk] for n, t in self.buffers.items()}
+                params, buffers = self.copies(start, start + chunk)
                 parts = []
                 for b in range(0, x.shape[0], batch_size):
                     xb = x[b:b + batch_size]
@@ -259,8 +336,9 @@ class TrainedCopies:
 
 
 def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, seed: int = 0,
-                     chunk: int | None = None, start: TrainedCopies | None = None) -> TrainedCopies:
-    """Train len(x) reference models at once, copy c on (x[c], y[c]) with the party's `recipe`, exactly as
+                     chunk: int | None = None, start: TrainedCopies | None = None, subsets=None) -> TrainedCopies:
+    """Train len(x) reference models at once, copy c on (x[c], y[c]) (or, with `subsets`, on the rows subsets[c] of
+    the pool x, y: the same training without stacking the copies' data) with the party's `recipe`, exactly as
     `train_copies` trains them (same shuffles, dropout masks, per-copy BatchNorm statistics for a seed), and keep
     each copy's trained parameters and buffers: `.logits(samples)` then gives every copy's outputs, for RMIA's
     Pr(x | reference) (`audit.membership.rmia.true_class_probability`).
@@ -270,18 +348,28 @@ def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     party's data. `start`: K copies trained before (e.g. by an earlier call), each continuing from its own weights,
     with a fresh optimiser (as a party's local training restarts its optimiser each round); `model` is then only the
     architecture. Training memory is one chunk's (`copies_per_chunk`: parameters, gradients, optimiser states); the
-    result holds K copies' parameters and buffers (4 bytes per float32 value per copy)."""
-    if start is not None and len(start) != len(y):
-        raise ValueError(f"train_references: start holds {len(start)} copies, the data {len(y)}")
+    result holds K copies' parameters and buffers (4 bytes per float32 value per copy), on disk when they exceed
+    _SPILL_BYTES (RMIA's references of a large model, kept across rounds): each chunk is written as it is trained
+    and read back, the same values, when the copies are used."""
+    copies = len(y) if subsets is None else len(subsets)
+    if start is not None and len(start) != copies:
+        raise ValueError(f"train_references: start holds {len(start)} copies, the data {copies}")
     params, buffers = {}, {}
+    copy_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    spilled = _SpilledCopies() if copies * copy_bytes > _SPILL_BYTES else None
 
     def keep(start, trained, trained_buffers):
+        if spilled is not None:  # each chunk to disk as it is trained: memory holds one chunk, not all K
+            spilled.append(trained, trained_buffers)
+            return
         for name, t in trained.items():
             params.setdefault(name, []).append(t)
         for name, t in trained_buffers.items():
             buffers.setdefault(name, []).append(t)
 
     _train_in_chunks(model, x, y, recipe, seed=seed, chunk=chunk, on_chunk=keep, caller="train_references",
-                     start=start)
+                     start=start, subsets=subsets)
+    if spilled is not None:
+        return TrainedCopies(model, spilled=spilled)
     return TrainedCopies(model, {n: torch.cat(ts) for n, ts in params.items()},
                          {n: torch.cat(ts) for n, ts in buffers.items()})

@@ -325,17 +325,27 @@ def print_table(rows: list[dict]) -> None:
           "lower) of the local model's loss attack's exact-AUC and TPR-at-FPR-0.1 intervals and of RMIA's "
           "(independent references) exact-AUC interval: what sampling (members column: the audited count) costs in "
           "precision")
-    current = [r for r in rows if r["label"] == "working tree" and r["returncode"] == 0]
-    if len(current) >= 2 and max(r["n"] for r in current) < FULL_SIZE:
-        # Peak RSS = fixed part (model, optimizer, OpenFL's copies) + a part proportional to the data.
-        xs = np.array([r["n"] for r in current], dtype=float)
-        ys = np.array([r["peak_rss_gb"] for r in current])
-        slope, intercept = np.polyfit(xs, ys, 1)
-        ratios = ", ".join(f"{r['ratio']:.2f}" for r in current)
-        print(f"extrapolated to {FULL_SIZE} images (linear in the image count, not measured): peak RSS "
-              f"~{intercept + slope * FULL_SIZE:.2f} GB; audit/train ratios measured: {ratios} (with "
-              f"audit.sample_size the audit stops growing once the sets exceed the sample while the training "
-              f"grows on: the ratio falls with the size, so measure it at full size, --scale 1)")
+    for label in dict.fromkeys(r["label"] for r in rows):  # each code's own line: before and after side by side
+        line = extrapolation(rows, label)
+        if line:
+            print(f"{label}: {line}")
+
+
+def extrapolation(rows: list[dict], label: str) -> str | None:
+    """Peak RSS of `label`'s runs extrapolated linearly in the image count to the full size (None: fewer than two
+    finished runs of it, or one at full size already)."""
+    runs = [r for r in rows if r["label"] == label and r["returncode"] == 0]
+    if len({r["n"] for r in runs}) < 2 or max(r["n"] for r in runs) >= FULL_SIZE:
+        return None
+    # Peak RSS = fixed part (model, optimizer, OpenFL's copies) + a part proportional to the data.
+    xs = np.array([r["n"] for r in runs], dtype=float)
+    ys = np.array([r["peak_rss_gb"] for r in runs])
+    slope, intercept = np.polyfit(xs, ys, 1)
+    ratios = ", ".join(f"{r['ratio']:.2f}" for r in runs if "ratio" in r)
+    return (f"extrapolated to {FULL_SIZE} images (linear in the image count, not measured): peak RSS "
+            f"~{intercept + slope * FULL_SIZE:.2f} GB ({slope * 1e6:.1f} KB per image); audit/train ratios measured: "
+            f"{ratios} (with audit.sample_size the audit stops growing once the sets exceed the sample while the "
+            f"training grows on: the ratio falls with the size, so measure it at full size, --scale 1)")
 
 
 if __name__ == "__main__":

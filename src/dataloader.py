@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 from openfl.federated import PyTorchDataLoader
 
-from src.data import PartyData, split_indices, user_of_party, validate_split_settings
+from src.data import SPLIT_SETS, PartyData, split_indices, user_of_party, validate_split_settings
 from src.datasets import DATASETS, dataset_info, load_dataset
 
 logger = logging.getLogger(__name__)
@@ -54,26 +54,52 @@ __all__ = ["AuditDataLoader", "NumpyBatches", "clear_dataset_cache"]
 
 _PREFIX = "data_loader.settings."
 
-# (dataset name, resolved data dir or None) -> (x, y); shared by all loaders of a process.
-_DATASET_CACHE: dict[tuple[str, str | None], tuple[np.ndarray, np.ndarray]] = {}
+# (dataset name, resolved data dir or None, split settings) -> _Arranged; shared by all loaders of a process.
+_DATASET_CACHE: dict[tuple, "_Arranged"] = {}
 _CACHE_LOCK = threading.Lock()
 
 
 def clear_dataset_cache() -> None:
-    """Forget the datasets loaded in this process."""
+    """Forget the datasets loaded in this process (the loaders keep the views of their own sets)."""
     with _CACHE_LOCK:
         _DATASET_CACHE.clear()
 
 
-def _cached_dataset(name: str, data_dir, download: bool) -> tuple[np.ndarray, np.ndarray]:
+class _Arranged:
+    """One split's samples in one float32 array, party after party, each party's train, test and population
+    set one after another: every loader's sets are views of it (basic slices), so a process holds one float32 copy
+    of the samples the split uses, whatever the number of collaborators in it, and no copy of the whole dataset."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, parts: list[dict[str, np.ndarray]], pool_size: int):
+        self.x, self.y, self.parts = x, y, parts
+        self.blocks: list[dict[str, slice]] = []  # per party: set name -> its rows in x
+        self.position = np.full(pool_size, -1, dtype=np.int64)  # pool index -> row in x (-1: not used)
+        row = 0
+        for part in parts:
+            block = {}
+            for name in SPLIT_SETS:
+                block[name] = slice(row, row + len(part[name]))
+                self.position[part[name]] = np.arange(row, row + len(part[name]))
+                row += len(part[name])
+            self.blocks.append(block)
+
+
+def _cached_dataset(name: str, data_dir, download: bool, split: dict) -> _Arranged:
     key_dir = None if name == "digits" else str(Path("data" if data_dir is None else data_dir).expanduser().resolve())
-    key = (name, key_dir)
+    key = (name, key_dir, tuple(sorted(split.items())))
     with _CACHE_LOCK:  # held while loading, so concurrent collaborators load once
         if key not in _DATASET_CACHE:
-            x, y = load_dataset(name, key_dir, download=download)
-            x.setflags(write=False)  # shared between loaders: nobody may modify it in place
-            y.setflags(write=False)
-            _DATASET_CACHE[key] = (x, y)
+            found = {}
+
+            def arrange(y):  # the split needs only the labels: the pixels are then converted in the split's order
+                found["pool_size"] = len(y)
+                found["parts"] = split_indices(y, **split)
+                return np.concatenate([part[s] for part in found["parts"] for s in SPLIT_SETS])
+
+            # Writable, as the shards were when each was a copy (torch warns on read-only arrays): the parties' rows
+            # are disjoint, only two loaders of the same shard in one process share theirs.
+            x, y = load_dataset(name, key_dir, download=download, arrange=arrange)
+            _DATASET_CACHE[key] = _Arranged(x, y, found["parts"], found["pool_size"])
         return _DATASET_CACHE[key]
 
 
@@ -176,6 +202,7 @@ class AuditDataLoader(PyTorchDataLoader):
         self.user = None
         self.device = None
         self._train_rng = None
+        self._arranged = None
 
         if data_path is None:
             logger.info("AuditDataLoader: data_path=None, initialising for model creation only (no data loaded)")
@@ -183,27 +210,21 @@ class AuditDataLoader(PyTorchDataLoader):
 
         self.shard = self._parse_data_path(data_path, collaborator_count)
         self.user, self.device = user_of_party(self.shard - 1, devices_per_user)
-        x, y = _cached_dataset(dataset, data_dir, self.download)
-        parts = split_indices(
-            y,
-            collaborator_count,
-            train_ratio=self.train_dataset_ratio,
-            test_ratio=self.test_dataset_ratio,
-            audit_ratio=self.audit_dataset_ratio,
-            seed=seed,
-            dirichlet_alpha=self.dirichlet_alpha,
-            devices_per_user=devices_per_user,
-        )
+        split = dict(n_parties=collaborator_count, train_ratio=self.train_dataset_ratio,
+                     test_ratio=self.test_dataset_ratio, audit_ratio=self.audit_dataset_ratio, seed=seed,
+                     dirichlet_alpha=self.dirichlet_alpha, devices_per_user=devices_per_user)
+        self._arranged = _cached_dataset(dataset, data_dir, self.download, split)
+        parts = self._arranged.parts
         # The whole federation's population set (every party's population shard): public reference data of the
         # global distribution, the background deanonymization mitigations draw from (get_background). Only its
-        # indices are kept: holding the pool itself would keep the whole dataset alive in every loader.
+        # pool indices are kept; the samples are copied out when asked for.
         self.background_index = np.sort(np.concatenate([p["population"] for p in parts]))
-        parts = parts[self.shard - 1]
-        self.population_index = parts["population"]
-        # Fancy indexing copies only this party's shard out of the shared (read-only) pool.
-        self.X_train, self.y_train = x[parts["train"]], y[parts["train"]]
-        self.X_valid, self.y_valid = x[parts["test"]], y[parts["test"]]
-        self.X_population, self.y_population = x[parts["population"]], y[parts["population"]]
+        self.population_index = parts[self.shard - 1]["population"]
+        # Views of the process's one arranged array (the other parties' sets are its other rows).
+        x, y, block = self._arranged.x, self._arranged.y, self._arranged.blocks[self.shard - 1]
+        self.X_train, self.y_train = x[block["train"]], y[block["train"]]
+        self.X_valid, self.y_valid = x[block["test"]], y[block["test"]]
+        self.X_population, self.y_population = x[block["population"]], y[block["population"]]
         # One generator per (seed, shard), advanced by every get_train_loader() call (epoch):
         # the same plan + seed gives the same sequence of batches.
         self._train_rng = np.random.default_rng([seed, self.shard])
@@ -293,8 +314,8 @@ class AuditDataLoader(PyTorchDataLoader):
         A party's own population shard follows its label mix (see src.data); a mitigation that blends a user into
         the crowd needs data of the global distribution instead."""
         self._require_shard("get_background")
-        x, y = _cached_dataset(self.dataset, self.data_dir, self.download)  # loads again if the cache was cleared
-        return x[self.background_index], y[self.background_index]
+        rows = self._arranged.position[self.background_index]
+        return self._arranged.x[rows], self._arranged.y[rows]
 
     def get_audit_sets(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """``{"members": train shard, "nonmembers": test shard, "population": population shard}``."""

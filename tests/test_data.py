@@ -352,7 +352,42 @@ def test_loader_caches_dataset_per_process(monkeypatch):
     b = AuditDataLoader(data_path="2")
     assert len(calls) == 1
     assert not np.shares_memory(a.X_train, b.X_train)
-    a.X_train[0] += 1.0  # a party's shard is its own, writable copy
+    before = b.X_train.copy()
+    a.X_train[0] += 1.0  # the parties' sets are disjoint rows of one array
+    np.testing.assert_array_equal(b.X_train, before)
+    dl_mod.clear_dataset_cache()
+
+
+@pytest.mark.parametrize("settings", [
+    dict(collaborator_count=3, train_dataset_ratio=0.3, test_dataset_ratio=0.3, audit_dataset_ratio=0.2),
+    dict(collaborator_count=4, dirichlet_alpha=0.5, devices_per_user=2, seed=3),
+])
+def test_loader_sets_are_views_of_one_array_with_the_split_s_samples(settings):
+    """Every party's train, test and population set are slices of one float32 array (one copy of the samples the
+    split uses, none of the whole dataset), holding exactly the samples split_indices gives, in its order; the
+    background is the federation's population set, in pool order."""
+    dl_mod.clear_dataset_cache()
+    x, y = datasets_mod.load_dataset("digits")
+    n = settings["collaborator_count"]
+    parts = data_mod.split_indices(y, n, train_ratio=settings.get("train_dataset_ratio", 0.4),
+                                   test_ratio=settings.get("test_dataset_ratio", 0.4),
+                                   audit_ratio=settings.get("audit_dataset_ratio", 0.2), seed=settings.get("seed", 0),
+                                   dirichlet_alpha=settings.get("dirichlet_alpha"),
+                                   devices_per_user=settings.get("devices_per_user", 1))
+    loaders = [AuditDataLoader(data_path=str(s), dataset="digits", **settings) for s in range(1, n + 1)]
+    base = loaders[0].X_train.base
+    used = sum(len(p[s]) for p in parts for s in ("train", "test", "population"))
+    assert base is not None and base.shape == (used, 1, 8, 8) and base.dtype == np.float32
+    for loader, part in zip(loaders, parts):
+        for arr, lab, name in ((loader.X_train, loader.y_train, "train"), (loader.X_valid, loader.y_valid, "test"),
+                               (loader.X_population, loader.y_population, "population")):
+            assert arr.base is base
+            np.testing.assert_array_equal(arr, x[part[name]])
+            np.testing.assert_array_equal(lab, y[part[name]])
+    background = np.sort(np.concatenate([p["population"] for p in parts]))
+    bx, by = loaders[-1].get_background()
+    np.testing.assert_array_equal(bx, x[background])
+    np.testing.assert_array_equal(by, y[background])
     dl_mod.clear_dataset_cache()
 
 

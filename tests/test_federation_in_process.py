@@ -98,3 +98,74 @@ def test_round_zero_audits_the_model_the_parties_start_from(federation):
 def test_same_plan_and_seed_give_the_same_metrics(federation, tmp_path):
     again = run_in_process(tmp_path, collaborators=2, rounds=ROUNDS, overrides=OVERRIDES)
     assert again.collaborator_metrics == federation.collaborator_metrics
+
+
+@pytest.mark.federation
+def test_collaborators_keep_no_model_tensors_of_finished_rounds(federation):
+    """In one process a collaborator's TensorDB drops its received and trained model tensors once its round is over
+    (OpenFL's clean-up would keep two rounds' worth per collaborator); its metric rows stay."""
+    for col in federation.collaborators.values():
+        frame = col.tensor_db.tensor_db
+        tags = frame["tags"].map(lambda t: bool({"model", "trained"} & set(t)))
+        assert not tags.any(), frame[tags][["tensor_name", "round", "tags"]]
+        assert frame["round"].astype(int).max() == ROUNDS - 1  # metrics of the last round are still there
+
+
+def test_drop_finished_models_keeps_later_rounds_metrics_and_delta_bases():
+    """drop_finished_models on a real TensorDB: model and trained rows of rounds <= the given one go, metrics and
+    later rounds stay; with delta updates nothing goes (the collaborator applies deltas to the model it holds)."""
+    from types import SimpleNamespace
+
+    from openfl.databases import TensorDB
+    from openfl.utilities import TensorKey
+
+    from workspace.in_process import drop_finished_models
+
+    db = TensorDB()
+    weights = np.ones((4, 3), dtype=np.float32)
+    for round_num in (0, 1, 2):
+        db.cache_tensor({TensorKey("w", "col", round_num, False, ("model",)): weights,
+                         TensorKey("w", "col", round_num, False, ("trained",)): weights,
+                         TensorKey("acc", "col", round_num, True, ("metric",)): np.array(0.5)})
+    assert drop_finished_models(SimpleNamespace(tensor_db=db, use_delta_updates=True), 1) == 0
+    assert drop_finished_models(SimpleNamespace(tensor_db=db, use_delta_updates=False), 1) == 4
+    left = {(row.tensor_name, int(row.round), row.tags) for row in db.tensor_db.itertuples()}
+    assert left == {("acc", 0, ("metric",)), ("acc", 1, ("metric",)), ("acc", 2, ("metric",)),
+                    ("w", 2, ("model",)), ("w", 2, ("trained",))}
+    assert db.get_tensor_from_cache(TensorKey("w", "col", 2, False, ("model",))) is not None
+
+
+@pytest.mark.federation
+def test_the_round_ends_at_the_aggregator_without_the_collaborators_models(tmp_path, monkeypatch):
+    """The last collaborator's last sending ends the round at the aggregator (its memory peak): by then no
+    collaborator holds model tensors of the round any more, and the run's metrics are those of a run that keeps them
+    (OpenFL's own clean-up only)."""
+    import gc
+
+    import workspace.in_process as in_process
+    from openfl.component import Collaborator
+    from openfl.component.aggregator.aggregator import Aggregator
+
+    def model_rows(aggregator):
+        cols = [o for o in gc.get_objects() if isinstance(o, Collaborator) and o.client.aggregator is aggregator]
+        return {c.collaborator_name: int(c.tensor_db.tensor_db["tags"].map(
+            lambda t: bool({"model", "trained"} & set(t))).sum()) for c in cols}
+
+    seen = []
+    end_of_round = Aggregator._end_of_round_check
+
+    def spy(self, *args, **kwargs):
+        seen.append(model_rows(self))
+        return end_of_round(self, *args, **kwargs)
+
+    overrides = {**OVERRIDES, "task_runner": {"settings": {"seed": 3, "audit": {"enabled": False}}}}
+    monkeypatch.setattr(Aggregator, "_end_of_round_check", spy)
+    dropped = run_in_process(tmp_path / "dropped", collaborators=2, rounds=2, overrides=overrides)
+    assert len(seen) == 2 and all(s == {"collaborator1": 0, "collaborator2": 0} for s in seen)  # one per round
+    seen.clear()
+    monkeypatch.setattr(in_process, "drop_finished_models", lambda col, round_num: 0)
+    kept = run_in_process(tmp_path / "kept", collaborators=2, rounds=2, overrides=overrides)
+    # OpenFL's clean-up alone: at the round's end the last collaborator still holds the round's received and
+    # trained models (and the first one its own, db_store_rounds = 2)
+    assert len(seen) == 2 and all(s["collaborator2"] > 0 and s["collaborator1"] > 0 for s in seen)
+    assert dropped.round_logs == kept.round_logs and dropped.collaborator_metrics == kept.collaborator_metrics

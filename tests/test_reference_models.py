@@ -307,3 +307,64 @@ def test_template_model_is_left_alone_and_bad_input_is_named():
             refs.logits(x[:20, :5])
     with module_mode(model, training=False):  # the copies' outputs are not the template's
         assert not np.allclose(refs.logits(x[:20])[0], model(torch.as_tensor(x[:20])).detach().numpy())
+
+
+def test_copies_over_the_spill_size_wait_on_disk_and_give_the_same_values(monkeypatch):
+    """Copies larger than _SPILL_BYTES (RMIA's references of a large model) are written chunk by chunk as they are
+    trained and read back when used: the same parameters, buffers and logits as in memory, bit for bit, also when a
+    later training continues from them; nothing of them stays in memory, and their folder goes with them."""
+    import gc
+    import os
+
+    x, y = images(seed=3)
+    model = conv_bn_net(seed=3)
+    p, q = picks(len(y), 5, seed=8), picks(len(y), 5, seed=9)
+    recipe = TrainingRecipe("SGD", 0.05, 0.9, epochs=1, batch_size=12)
+    in_memory = train_references(model, x[p], y[p], recipe, seed=4, chunk=2)
+    later = train_references(model, x[q], y[q], recipe, seed=5, chunk=3, start=in_memory)
+    assert not in_memory.on_disk and not later.on_disk
+    monkeypatch.setattr(shadow_training, "_SPILL_BYTES", 0)
+    spilled = train_references(model, x[p], y[p], recipe, seed=4, chunk=2)
+    assert spilled.on_disk and spilled._params is None and len(spilled) == 5
+    folder = spilled._spilled.folder
+    assert sorted(os.listdir(folder)) == ["0.pt", "1.pt", "2.pt"]  # chunks of 2, 2 and 1 copies
+    for name in in_memory.params:
+        assert torch.equal(spilled.params[name], in_memory.params[name]), name
+    for name in in_memory.buffers:
+        assert torch.equal(spilled.buffers[name], in_memory.buffers[name]), name
+    # A range across files, and logits in chunks that are not the files' (3 copies: files 0 and 1).
+    params, buffers = spilled.copies(1, 4)
+    assert all(torch.equal(params[n], in_memory.params[n][1:4]) for n in params)
+    np.testing.assert_array_equal(spilled.logits(x[200:], chunk=3), in_memory.logits(x[200:], chunk=3))
+    continued = train_references(model, x[q], y[q], recipe, seed=5, chunk=3, start=spilled)
+    assert continued.on_disk
+    for name, value in later.params.items():
+        assert torch.equal(continued.params[name], value), name
+    del spilled
+    gc.collect()
+    assert not os.path.exists(folder)
+    with pytest.raises(ValueError, match="one of them"):
+        TrainedCopies(model)
+
+
+def test_references_on_subsets_of_one_pool_are_the_stacked_ones_bit_for_bit():
+    """`subsets`: copy c trains on the rows subsets[c] of one pool, picked a chunk at a time: the same trainings as on
+    the stacked x[subsets] (parameters, buffers, and a continued training), without that (K, samples, ...) copy;
+    subsets outside the pool are named."""
+    x, y = images(seed=4)
+    model = conv_bn_net(seed=4)
+    p, q = picks(len(y), 5, seed=10), picks(len(y), 5, seed=11)
+    recipe = TrainingRecipe("SGD", 0.05, 0.9, epochs=1, batch_size=12)
+    stacked = train_references(model, x[p], y[p], recipe, seed=2, chunk=2)
+    pooled = train_references(model, x, y, recipe, seed=2, chunk=2, subsets=p)
+    for name in stacked.params:
+        assert torch.equal(pooled.params[name], stacked.params[name]), name
+    for name in stacked.buffers:
+        assert torch.equal(pooled.buffers[name], stacked.buffers[name]), name
+    later = train_references(model, x[q], y[q], recipe, seed=3, chunk=1, start=stacked)
+    pooled_later = train_references(model, x, y, recipe, seed=3, chunk=1, start=pooled, subsets=q)
+    assert all(torch.equal(pooled_later.params[n], later.params[n]) for n in later.params)
+    with pytest.raises(ValueError, match="subsets"):
+        train_references(model, x, y, recipe, subsets=np.array([[0, len(y)]]))
+    with pytest.raises(ValueError, match="start holds 5 copies, the data 2"):
+        train_references(model, x, y, recipe, start=pooled, subsets=q[:2])

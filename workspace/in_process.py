@@ -30,6 +30,9 @@ class DirectClient:
     def __init__(self, aggregator, collaborator_name: str):
         self.aggregator = aggregator
         self.collaborator_name = collaborator_name
+        # Called once, right before the next results go to the aggregator (then forgotten): _run_rounds sets it for
+        # a collaborator's last task of a round, whose sending may end the round at the aggregator.
+        self.before_next_send: Callable[[], None] | None = None
 
     def ping(self):
         return True
@@ -44,6 +47,9 @@ class DirectClient:
         )
 
     def send_local_task_results(self, round_number, task_name, data_size, named_tensors):
+        before, self.before_next_send = self.before_next_send, None
+        if before is not None:
+            before()
         self.aggregator.send_local_task_results(
             self.collaborator_name, round_number, task_name, data_size, named_tensors
         )
@@ -304,6 +310,29 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
                             round_logs=round_logs, collaborator_metrics=collaborator_metrics)
 
 
+#: TensorDB tags of a collaborator's model tensors (received, trained): what drop_finished_models frees.
+MODEL_TAGS = ("model", "trained")
+
+
+def drop_finished_models(col, round_num: int) -> int:
+    """Free the model tensors (received and trained, each a model's size) of `col`'s rounds up to `round_num`, once
+    its round is over; returns how many rows went. OpenFL's own clean-up (`db_store_rounds`, 2 in our plan) keeps
+    the last rounds' models for a collaborator process of its own; in one process every collaborator's copies add up
+    (3 models per collaborator per round kept), and no later task reads them: the next round's model comes from the
+    aggregator. Not with delta updates (`use_delta_updates`): the collaborator then applies the aggregator's
+    deltas to the model it holds, so nothing is dropped. Metric rows stay."""
+    if getattr(col, "use_delta_updates", False):
+        return 0
+    db = col.tensor_db
+    with db.mutex:
+        frame = db.tensor_db
+        finished = frame["round"].astype(int) <= round_num
+        model_rows = frame["tags"].map(lambda tags: any(tag in MODEL_TAGS for tag in tags))
+        drop = finished & model_rows & ~frame["report"].astype(bool)
+        db.tensor_db = frame[~drop].reset_index(drop=True)
+    return int(drop.sum())
+
+
 def _run_rounds(aggregator, cols: dict, clients: dict, on_task, collaborator_metrics: list[dict]) -> None:
     """Every round's tasks, collaborator by collaborator, as Collaborator.run() would, then the quit signals."""
     while not aggregator._time_to_quit():
@@ -316,11 +345,18 @@ def _run_rounds(aggregator, cols: dict, clients: dict, on_task, collaborator_met
             # The callbacks of Collaborator.run(): a round's logs are the metrics its tasks reported.
             col.callbacks.on_round_begin(task_round)
             logs: dict = {}
-            for task in tasks:
+            for index, task in enumerate(tasks):
                 if on_task is not None:
                     on_task(name, task if isinstance(task, str) else task.name, task_round)
+                if index == len(tasks) - 1:
+                    # The last task's results (a model's size of sending) may end the round at the aggregator, its
+                    # memory peak (aggregation, the model's save): this collaborator's models of the round are
+                    # done with by then (its last task computed its results), so they go first.
+                    clients[name].before_next_send = lambda col=col, r=task_round: drop_finished_models(col, r)
                 logs.update(col.do_task(task, task_round))
+            clients[name].before_next_send = None  # a task that sent nothing
             col.tensor_db.clean_up(col.db_store_rounds)
+            drop_finished_models(col, task_round)
             col.callbacks.on_round_end(task_round, logs)
             metrics.update(logs)
         if aggregator.round_number == round_num:

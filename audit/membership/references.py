@@ -78,7 +78,7 @@ def fine_tuned_references(global_model: torch.nn.Module, population, recipe, *, 
     x, y = np.asarray(population[0]), np.asarray(population[1])
     subsets = population_subsets(len(y), size, k, seed)
     start = time.perf_counter()
-    copies = train_references(global_model, x[subsets], y[subsets], recipe, seed=seed)
+    copies = train_references(global_model, x, y, recipe, seed=seed, subsets=subsets)  # no K x size copy of x
     return References("fine_tuned", copies, _membership(subsets, len(y)), 1, time.perf_counter() - start)
 
 
@@ -100,8 +100,8 @@ def independent_references(store: dict, initial_model: torch.nn.Module, populati
     while store["trainings"] < trainings:
         # One local training per step, each with its own shuffles: as the party's model trains once per round.
         step_seed = (seed + 7919 * store["trainings"]) & 0x7FFFFFFF
-        store["copies"] = train_references(initial_model, x[subsets], y[subsets], recipe, seed=step_seed,
-                                           start=store["copies"])
+        store["copies"] = train_references(initial_model, x, y, recipe, seed=step_seed, start=store["copies"],
+                                           subsets=subsets)
         store["trainings"] += 1
     return References("independent", store["copies"], _membership(subsets, len(y)), store["trainings"],
                       time.perf_counter() - start)
