@@ -35,11 +35,12 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+from revisions import export_revision  # benchmarks/: the script's own folder is first on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -64,19 +65,6 @@ finally:
     registry.stop_all()
 print(layout.root)
 """
-
-
-def export_revision(rev: str, dest: Path) -> Path:
-    """The tracked files of git revision `rev` in dest (git archive: read-only for the repository)."""
-    dest.mkdir(parents=True)
-    archive = dest.with_suffix(".tar")
-    with open(archive, "wb") as f:
-        subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev], stdout=f, check=True,
-                       stderr=subprocess.DEVNULL)
-    with tarfile.open(archive) as tar:
-        tar.extractall(dest, filter="data")
-    archive.unlink()
-    return dest
 
 
 def prepare_once(base: Path, code: str, code_root: Path, interval: int, args) -> Path:
@@ -227,7 +215,7 @@ def main() -> int:
         base = args.keep or Path(tmp)
         codes = {THIS_TREE: ROOT}
         if args.compare_with:
-            codes[args.compare_with] = export_revision(args.compare_with, base / "revision_code")
+            codes[args.compare_with] = export_revision(ROOT, args.compare_with, base / "revision_code")
         prepared = {}
         for code, code_root in codes.items():
             for interval in args.intervals:

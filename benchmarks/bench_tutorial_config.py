@@ -37,12 +37,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+
+from revisions import export_revision  # benchmarks/: the script's own folder is first on sys.path
 
 ROOT = Path(__file__).resolve().parent.parent
 FULL_SIZE = 60_000
@@ -94,19 +95,6 @@ def write_synthetic_cifar10(root: Path, n: int, seed: int = 0) -> Path:
         pickle.dump({"label_names": list(CLASSES), "num_cases_per_batch": n_train // TRAIN_FILES,
                      "num_vis": 3072}, f)
     return folder
-
-
-def export_revision(rev: str, dest: Path) -> Path:
-    """The tracked files of git revision `rev` in dest (git archive: read-only for the repository)."""
-    dest.mkdir(parents=True)
-    archive = dest.with_suffix(".tar")
-    with open(archive, "wb") as f:
-        subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", rev], stdout=f, check=True,
-                       stderr=subprocess.DEVNULL)
-    with tarfile.open(archive) as tar:
-        tar.extractall(dest, filter="data")
-    archive.unlink()
-    return dest
 
 
 def run_script(code_root: Path, data_root: Path, log_dir: Path, rounds: int, timeout: float | None,
@@ -223,7 +211,7 @@ def main(argv=None) -> int:
     variants = [("working tree", ROOT, [])]
     variants += [(f"wt {extra}", ROOT, extra.split()) for extra in args.also_with]
     if args.compare_with:
-        variants.append((args.compare_with, export_revision(args.compare_with, work / "baseline_code"), []))
+        variants.append((args.compare_with, export_revision(ROOT, args.compare_with, work / "baseline_code"), []))
 
     import torch  # only to report the thread count the child will use (same defaults)
 
