@@ -199,6 +199,13 @@ class AuditedTaskRunner(PyTorchTaskRunner):
     def forward(self, x):
         return self.model(x)
 
+    def reset_opt_vars(self) -> None:
+        """`collaborator.settings.opt_treatment: RESET`: every round's training starts from a fresh optimizer state
+        (momentum, Adam's moments and step). OpenFL 1.9's PyTorchTaskRunner leaves this method empty, so under RESET
+        the previous round's momentum carried over into the next round's training; the audit's reference models and
+        shadow updates, which train like the party, start fresh every local training."""
+        self.optimizer.state.clear()
+
     def audit_sets(self) -> AuditSets:
         if self._audit_sets is None:
             self._audit_sets = AuditSets.from_mapping(self.data_loader.get_audit_sets())
@@ -278,8 +285,11 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         start = time.perf_counter()
         global_out, local_out = super().train_task(col_name, round_num, input_tensor_dict, epochs=epochs, **kwargs)
         train_seconds = time.perf_counter() - start
-        # The last batch's gradients (a model's size) would stay until the next round's first step sets them to None.
+        # The last batch's gradients (a model's size) would stay until the next round's first step sets them to None,
+        # and under RESET the optimizer state (another model's size with momentum, two with Adam) until the reset.
         self.optimizer.zero_grad(set_to_none=True)
+        if self.opt_treatment == "RESET":
+            self.reset_opt_vars()
         train_loss = float(next(v for k, v in global_out.items() if k.tensor_name == cross_entropy.__name__))
         trained = {k.tensor_name: v for k, v in {**global_out, **local_out}.items() if "trained" in k.tags}
         mitigation_record = self._mitigate_update(col.mitigation, trained, received, global_out, local_out,
