@@ -34,6 +34,7 @@ from audit.deanon.representation import layer_tensor_names
 from audit.fidel.layers import find_first_dense_layer
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
 from audit.membership.gradient_norms import gradient_parameter_names
+from audit.model_io import chunks, eval_mode, model_input
 from audit.membership.resolution import resolution_warning
 from audit.membership.signal_memo import SignalMemo
 from audit.membership.step import signal_names
@@ -251,7 +252,20 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             accuracy = self._signal_memo.accuracy(self.model, loader.X_valid, loader.y_valid)
             if accuracy is not None:
                 return Metric(name="accuracy", value=np.array(accuracy))
-        return super().validate_(validation_dataloader)
+        # Not read off the audit (no audit this round, or the audit's non-members are a sample of the validation
+        # set, audit.sample_size): OpenFL's accuracy, in the audit's batches (batch_size 256 by default: 1.4x faster
+        # per sample than the loader's 32 for the tutorial's net, no per-batch copy of the inputs).
+        return Metric(name="accuracy", value=np.array(self._accuracy(loader.X_valid, loader.y_valid)))
+
+    def _accuracy(self, x, y) -> float:
+        """Share of the samples x that the model classifies as y (eval mode, no autograd), batch by batch: each batch
+        moves to the model's device on its own."""
+        right = 0
+        with torch.inference_mode(), eval_mode(self.model):
+            for part in chunks(len(y), self.audit_settings.batch_size):
+                predicted = self.model(model_input(self.model, x[part])).argmax(dim=1).cpu().numpy()
+                right += int(np.sum(predicted == np.asarray(y[part])))
+        return right / max(len(y), 1)
 
     def train_task(self, col_name, round_num, input_tensor_dict, epochs=1, **kwargs):
         kwargs = _tqdm_on_terminal_only(kwargs)
