@@ -219,7 +219,7 @@ def test_the_audit_sample_size_flag_reaches_the_plan():
         args = cifar10_PM.parse_args(["--dataset", "digits", *argv])
         return cifar10_PM.overrides_from_args(_with_report_dir(args))["task_runner"]["settings"]["audit"]["sample_size"]
 
-    assert sample_size() == 2000 and sample_size("--audit_sample_size", "500") == 500
+    assert sample_size() == 1000 and sample_size("--audit_sample_size", "500") == 500
     assert sample_size("--audit_sample_size", "all") is None and sample_size("--audit_sample_size", "ALL") is None
 
 

@@ -22,7 +22,7 @@ DEFAULTS = {
     "gradient_layer": None,
     "threshold_function": "linear_itp",
     "batch_size": 256,
-    "sample_size": 2000,
+    "sample_size": 1000,
     "audit_global": True,
     "update_attack": True,
     "log_scale": True,

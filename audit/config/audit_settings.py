@@ -25,7 +25,7 @@ __all__ = ["AuditSettings", "DEFAULT_SAMPLE_SIZE"]
 
 # Samples per set the membership audits use by default: their cost stays a fraction of a local epoch however large
 # the sets (README "Audit sampling" has the cost and the interval widths it gives).
-DEFAULT_SAMPLE_SIZE = 2000
+DEFAULT_SAMPLE_SIZE = 1000
 
 # Keys of earlier plans that moved into a step's section: old key -> its place now.
 _MOVED = {"fidel_layer": "fidel.layer", "fidel_threshold": "fidel.threshold", "fidel_decoder": "fidel.decoder"}
