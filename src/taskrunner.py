@@ -34,9 +34,9 @@ from audit.deanon.representation import layer_tensor_names
 from audit.fidel.layers import find_first_dense_layer
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
 from audit.membership.gradient_norms import gradient_parameter_names
-from audit.model_io import chunks, eval_mode, model_input
 from audit.membership.resolution import resolution_warning
 from audit.membership.signal_memo import SignalMemo
+from audit.membership.signals import compute_signals
 from audit.membership.step import signal_names
 from audit.reporting.party import ReportWriter
 from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json, sample_seed
@@ -258,14 +258,11 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         return Metric(name="accuracy", value=np.array(self._accuracy(loader.X_valid, loader.y_valid)))
 
     def _accuracy(self, x, y) -> float:
-        """Share of the samples x that the model classifies as y (eval mode, no autograd), batch by batch: each batch
-        moves to the model's device on its own."""
-        right = 0
-        with torch.inference_mode(), eval_mode(self.model):
-            for part in chunks(len(y), self.audit_settings.batch_size):
-                predicted = self.model(model_input(self.model, x[part])).argmax(dim=1).cpu().numpy()
-                right += int(np.sum(predicted == np.asarray(y[part])))
-        return right / max(len(y), 1)
+        """Share of the samples x that the model classifies as y: the outputs of the forward pass the audit's signals
+        run (audit.membership.signals.compute_signals: eval mode, no autograd), as the memo's accuracy reads them."""
+        outputs: dict = {}
+        compute_signals(self.model, x, y, ["loss"], batch_size=self.audit_settings.batch_size, outputs=outputs)
+        return float(np.mean(outputs["logits"].argmax(dim=1).cpu().numpy() == np.asarray(y)))
 
     def train_task(self, col_name, round_num, input_tensor_dict, epochs=1, **kwargs):
         kwargs = _tqdm_on_terminal_only(kwargs)
