@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["host_tensor", "model_input", "prepare", "module_mode", "eval_mode", "chunks"]
+from audit.scaled_pixels import ScaledPixels
+
+__all__ = ["host_tensor", "model_device", "model_input", "prepare", "module_mode", "eval_mode", "chunks"]
 
 
 def _model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
@@ -23,10 +26,19 @@ def _model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
     return torch.device("cpu"), torch.get_default_dtype()
 
 
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first floating parameter or buffer (the CPU for a model without any)."""
+    return _model_device_dtype(model)[0]
+
+
 def host_tensor(value) -> torch.Tensor:
     """A tensor as it is; anything else (numpy arrays, lists: host memory) as a CPU tensor, whatever torch's default
     device: the data then moves to the model's device once, by an explicit .to(), never by a default."""
-    return value if isinstance(value, torch.Tensor) else torch.as_tensor(value, device="cpu")
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, ScaledPixels):  # torch.as_tensor does not read __array__: it would walk it as a sequence
+        return torch.from_numpy(np.asarray(value))
+    return torch.as_tensor(value, device="cpu")
 
 
 def model_input(model: nn.Module, x) -> torch.Tensor:

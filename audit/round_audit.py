@@ -19,6 +19,7 @@ import torch
 
 from audit.config.audit_settings import AuditSettings
 from audit.config.steps import AuditStep, registered
+from audit.scaled_pixels import take_rows
 from audit.training import TrainingRecipe
 
 __all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "audit_round", "record_to_json",
@@ -72,7 +73,7 @@ class AuditSets:
                 picked[name] = (x, y)
                 continue
             index = np.sort(np.random.default_rng([seed, i]).choice(sizes[name], size=size, replace=False))
-            picked[name] = (np.asarray(x)[index], np.asarray(y)[index])
+            picked[name] = (take_rows(x, index), np.asarray(y)[index])
         return AuditSets(**picked, drawn_from=sizes)
 
     def sampling(self) -> dict:

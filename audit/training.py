@@ -29,7 +29,8 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from audit.config.vocabulary import OPTIMIZERS
-from audit.model_io import model_input, module_mode
+from audit.model_io import model_device, model_input, module_mode
+from audit.scaled_pixels import read_in_chunks
 
 __all__ = ["TrainingRecipe", "TrainedCopies", "train_copies", "train_references", "copies_per_chunk"]
 
@@ -137,10 +138,18 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     start's copy c instead of from `model`'s weights. `subsets` (copies, samples) indices: x (N, ...) and y (N,) are
     one pool and copy c trains on its rows subsets[c], picked a chunk at a time (no (copies, samples, ...) copy of the
     data)."""
-    x = model_input(model, np.asarray(x))
-    y = torch.as_tensor(np.asarray(y), dtype=torch.long, device=x.device)
+    device = model_device(model)
+    if subsets is not None and read_in_chunks(x):
+        def pick(rows):  # a pool held as pixels: only the rows a chunk trains on are converted
+            return model_input(model, x[rows.cpu().numpy()])
+    else:
+        x = model_input(model, np.asarray(x))
+
+        def pick(rows):
+            return x[rows]
+    y = torch.as_tensor(np.asarray(y), dtype=torch.long, device=device)
     if subsets is not None:
-        subsets = torch.as_tensor(np.asarray(subsets), dtype=torch.long, device=x.device)
+        subsets = torch.as_tensor(np.asarray(subsets), dtype=torch.long, device=device)
         if subsets.ndim != 2 or subsets.shape[1] == 0 or len(x) != len(y) or y.ndim != 1 or (
                 subsets.numel() and not 0 <= int(subsets.min()) <= int(subsets.max()) < len(y)):
             raise ValueError(f"{caller}: subsets {tuple(subsets.shape)} must be (copies, samples) indices into x "
@@ -158,14 +167,14 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     batched = chunk > 1
     # Train mode for every submodule, as the local training runs (model.train()); each one's flag comes back after.
     # Dropout draws from the generator of the device the model is on: that one is seeded here and given back after.
-    cuda = [x.device] if x.device.type == "cuda" else []
+    cuda = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=cuda), module_mode(model, training=True):
         torch.manual_seed(seed)  # dropout masks
         for first in range(0, copies, chunk):
             if subsets is None:
                 xs, ys = x[first:first + chunk], y[first:first + chunk]
             else:
-                xs, ys = x[subsets[first:first + chunk]], y[subsets[first:first + chunk]]
+                xs, ys = pick(subsets[first:first + chunk]), y[subsets[first:first + chunk]]
             args = (model, params, buffers, xs, ys, recipe, generator)
             begin = None if start is None else start.copies(first, first + chunk)
             vmap_error = None

@@ -175,7 +175,13 @@ class AuditingAggregator(Aggregator):
         # OpenFL's pandas TensorDB was most of the end of a round (src/aggregator_tensordb.py): the same rows and
         # answers, indexed. Converted in place: the callbacks already hold this object.
         IndexedTensorDB.convert(self.tensor_db)
-        self._tensor_names: list[str] | None = None
+        self._tensor_names = list(utils.deconstruct_model_proto(self.model, self.compression_pipeline,
+                                                                keys_only=True)[0])
+        if not self.persistent_db:
+            # OpenFL keeps the initial model's whole protobuf (a model's size: 89 MB for the tutorial's net) for the
+            # run; after loading it into the tensor store it reads it only in its own _save_model, for the tensors'
+            # names, which are read above. Where OpenFL's save runs (persist_checkpoint), it stays.
+            self.model = None
         aggregator_server.install()
 
     @property
@@ -193,7 +199,7 @@ class AuditingAggregator(Aggregator):
             super()._save_model(round_number, file_path)
             return
         tensor_dict = {}
-        for name in self._model_tensor_names():
+        for name in self._tensor_names:
             value = self.tensor_db.get_tensor_from_cache(TensorKey(name, self.uuid, round_number, False, ("model",)))
             if value is None:  # as OpenFL: nothing to save for this round
                 logger.info("Cannot save model for round %s. Continuing...", round_number)
@@ -215,12 +221,6 @@ class AuditingAggregator(Aggregator):
         elif final and self._unsaved_best is not None:  # the best model of an earlier round
             self._write_model(self.best_tensor_dict, self._unsaved_best, self.best_state_path)
             self._unsaved_best = None
-
-    def _model_tensor_names(self) -> list[str]:
-        if self._tensor_names is None:
-            self._tensor_names = list(utils.deconstruct_model_proto(self.model, self.compression_pipeline,
-                                                                    keys_only=True)[0])
-        return self._tensor_names
 
     def _write_model(self, tensor_dict: dict, round_number: int, file_path) -> None:
         utils.dump_proto(utils.construct_model_proto(tensor_dict, round_number, self.compression_pipeline), file_path)

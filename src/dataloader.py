@@ -66,9 +66,10 @@ def clear_dataset_cache() -> None:
 
 
 class _Arranged:
-    """One split's samples in one float32 array, party after party, each party's train, test and population
-    set one after another: every loader's sets are views of it (basic slices), so a process holds one float32 copy
-    of the samples the split uses, whatever the number of collaborators in it, and no copy of the whole dataset."""
+    """One split's samples in one array of uint8 pixels (audit.scaled_pixels.ScaledPixels: read as float32), party
+    after party, each party's train, test and population set one after another: every loader's sets are views of it
+    (row slices), so a process holds one copy of the samples the split uses, a quarter of their float32 size,
+    whatever the number of collaborators in it, and no copy of the whole dataset."""
 
     def __init__(self, x: np.ndarray, y: np.ndarray, parts: list[dict[str, np.ndarray]], pool_size: int):
         self.x, self.y, self.parts = x, y, parts
@@ -91,13 +92,11 @@ def _cached_dataset(name: str, data_dir, download: bool, split: dict) -> _Arrang
         if key not in _DATASET_CACHE:
             found = {}
 
-            def arrange(y):  # the split needs only the labels: the pixels are then converted in the split's order
+            def arrange(y):  # the split needs only the labels: the pixels are then picked in the split's order
                 found["pool_size"] = len(y)
                 found["parts"] = split_indices(y, **split)
                 return np.concatenate([part[s] for part in found["parts"] for s in SPLIT_SETS])
 
-            # Writable, as the shards were when each was a copy (torch warns on read-only arrays): the parties' rows
-            # are disjoint, only two loaders of the same shard in one process share theirs.
             x, y = load_dataset(name, key_dir, download=download, arrange=arrange)
             _DATASET_CACHE[key] = _Arranged(x, y, found["parts"], found["pool_size"])
         return _DATASET_CACHE[key]
@@ -222,9 +221,9 @@ class AuditDataLoader(PyTorchDataLoader):
         self.population_index = parts[self.shard - 1]["population"]
         # Views of the process's one arranged array (the other parties' sets are its other rows).
         x, y, block = self._arranged.x, self._arranged.y, self._arranged.blocks[self.shard - 1]
-        self.X_train, self.y_train = x[block["train"]], y[block["train"]]
-        self.X_valid, self.y_valid = x[block["test"]], y[block["test"]]
-        self.X_population, self.y_population = x[block["population"]], y[block["population"]]
+        self.X_train, self.y_train = x.rows(block["train"]), y[block["train"]]
+        self.X_valid, self.y_valid = x.rows(block["test"]), y[block["test"]]
+        self.X_population, self.y_population = x.rows(block["population"]), y[block["population"]]
         # One generator per (seed, shard), advanced by every get_train_loader() call (epoch):
         # the same plan + seed gives the same sequence of batches.
         self._train_rng = np.random.default_rng([seed, self.shard])

@@ -1,4 +1,4 @@
-"""The datasets the workspace trains and audits on, loaded as float32 images (N, C, H, W) and int64 labels.
+"""The datasets the workspace trains and audits on: float32 images (N, C, H, W) held as uint8 pixels, int64 labels.
 
 Datasets
 --------
@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from audit.scaled_pixels import ScaledPixels
 
 __all__ = ["DATASETS", "DatasetUnavailableError", "DatasetInfo", "dataset_info", "load_dataset", "check_available",
            "dataset_folder"]
@@ -110,21 +112,22 @@ def dataset_folder(name, data_dir=None) -> Path | None:
 
 
 def load_dataset(name, data_dir=None, *, download=False, arrange=None) -> tuple[np.ndarray, np.ndarray]:
-    """Load a whole dataset as ``(x, y)``: x float32 (N, C, H, W), y int64 (N,).
+    """Load a whole dataset as ``(x, y)``: x float32 values (N, C, H, W) held as uint8 pixels (ScaledPixels: read
+    as float32), y int64 (N,).
 
     ``data_dir`` is the root of torchvision's layout (default ``"data"``, relative to the working directory, i.e.
     the OpenFL workspace); digits ignores it. With ``download=False`` nothing touches the network; missing files
     raise :class:`DatasetUnavailableError`. ``arrange(y) -> indices``: only those samples, in that order, are
-    returned, picked from the files' uint8 pixels before the float32 conversion (the loader keeps every party's sets
-    in one array this way: one float32 copy of the samples used, and no float32 copy of the whole dataset besides).
+    returned, picked from the files' uint8 pixels (the loader keeps every party's sets in one array this way: one copy
+    of the samples used, and no copy of the whole dataset besides).
     """
     key = _check_name(name)
     if key == "digits":
-        x, y = _load_digits()
-        if arrange is None:
-            return x, y
-        order = np.asarray(arrange(y))
-        return x[order], y[order]
+        pixels, y = _load_digits()
+        if arrange is not None:
+            order = np.asarray(arrange(y))
+            pixels, y = pixels[order], y[order]
+        return ScaledPixels(pixels, divide=16.0), y  # sklearn's images hold whole values 0..16
     check_available(key, data_dir, download=download)
     try:
         import torchvision.datasets  # noqa: F401
@@ -141,25 +144,21 @@ def load_dataset(name, data_dir=None, *, download=False, arrange=None) -> tuple[
     _check_arrays(key, data_dir, raw, y)
     if arrange is not None:
         order = np.asarray(arrange(y))
-        raw, y = raw[order], y[order]  # uint8: a quarter of the float32 it becomes
-    x = np.ascontiguousarray(raw.transpose(0, 3, 1, 2), dtype=np.float32)
+        raw, y = raw[order], y[order]
+    pixels = np.ascontiguousarray(raw.transpose(0, 3, 1, 2))
     del raw
     if key in ("cifar10", "cifar100"):
-        # ToTensor() then Normalize(0.5, 0.5): (v / 255 - 0.5) / 0.5 == v * 2/255 - 1; in place.
-        x *= np.float32(2.0 / 255.0)
-        x -= np.float32(1.0)
-    else:
-        x /= np.float32(255.0)  # ToTensor() only, as the Fidel paper's MNIST setting
-    return x, y
+        # ToTensor() then Normalize(0.5, 0.5): (v / 255 - 0.5) / 0.5 == v * 2/255 - 1.
+        return ScaledPixels(pixels, multiply=2.0 / 255.0, subtract=1.0), y
+    return ScaledPixels(pixels, divide=255.0), y  # ToTensor() only, as the Fidel paper's MNIST setting
 
 
 def _load_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as uint8 pixels (N, 1, 8, 8) and int64 labels."""
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
-    x = (bunch.images.astype(np.float32) / np.float32(16.0)).reshape(-1, 1, 8, 8)
-    y = bunch.target.astype(np.int64)
-    return np.ascontiguousarray(x), y
+    return np.ascontiguousarray(bunch.images.reshape(-1, 1, 8, 8).astype(np.uint8)), bunch.target.astype(np.int64)
 
 
 def _check_arrays(key: str, data_dir, raw: np.ndarray, y: np.ndarray) -> None:

@@ -46,6 +46,8 @@ def test_digits_shape_range_dtype(digits):
     x, y = digits
     assert x.shape == (1797, 1, 8, 8) and x.dtype == np.float32
     assert y.shape == (1797,) and y.dtype == np.int64
+    x = np.asarray(x)
+    assert x.dtype == np.float32
     assert x.min() == 0.0 and x.max() == 1.0
     assert set(np.unique(y)) == set(range(10))
 
@@ -259,9 +261,10 @@ def test_loader_train_batches_shuffled_cover_shard_once():
     xs = np.concatenate([b[0] for b in batches])
     assert len(xs) == dl.get_train_data_size()
     assert not np.array_equal(xs, dl.X_train)  # shuffled
+    shard = np.asarray(dl.X_train)
     order = np.lexsort(xs.reshape(len(xs), -1).T)
-    ref = np.lexsort(dl.X_train.reshape(len(xs), -1).T)
-    np.testing.assert_array_equal(xs[order], dl.X_train[ref])  # a permutation of the shard
+    ref = np.lexsort(shard.reshape(len(xs), -1).T)
+    np.testing.assert_array_equal(xs[order], shard[ref])  # a permutation of the shard
     # num_batches beyond one epoch continues with fresh permutations, all batches full
     more = list(dl.get_train_loader(batch_size=100, num_batches=10))
     assert len(more) == 10 and all(len(b[1]) == 100 for b in more)
@@ -351,9 +354,9 @@ def test_loader_caches_dataset_per_process(monkeypatch):
     a = AuditDataLoader(data_path="1")
     b = AuditDataLoader(data_path="2")
     assert len(calls) == 1
-    assert not np.shares_memory(a.X_train, b.X_train)
-    before = b.X_train.copy()
-    a.X_train[0] += 1.0  # the parties' sets are disjoint rows of one array
+    assert not np.shares_memory(a.X_train.pixels, b.X_train.pixels)
+    before = np.asarray(b.X_train)
+    a.X_train.pixels[0] += 1  # the parties' sets are disjoint rows of one array
     np.testing.assert_array_equal(b.X_train, before)
     dl_mod.clear_dataset_cache()
 
@@ -363,8 +366,9 @@ def test_loader_caches_dataset_per_process(monkeypatch):
     dict(collaborator_count=4, dirichlet_alpha=0.5, devices_per_user=2, seed=3),
 ])
 def test_loader_sets_are_views_of_one_array_with_the_split_s_samples(settings):
-    """Every party's train, test and population set are slices of one float32 array (one copy of the samples the
-    split uses, none of the whole dataset), holding exactly the samples split_indices gives, in its order; the
+    """Every party's train, test and population set are row slices of one uint8 pixel array (one copy of the samples
+    the split uses, a quarter of their float32 size, none of the whole dataset), holding exactly the samples
+    split_indices gives, in its order; the
     background is the federation's population set, in pool order."""
     dl_mod.clear_dataset_cache()
     x, y = datasets_mod.load_dataset("digits")
@@ -375,13 +379,13 @@ def test_loader_sets_are_views_of_one_array_with_the_split_s_samples(settings):
                                    dirichlet_alpha=settings.get("dirichlet_alpha"),
                                    devices_per_user=settings.get("devices_per_user", 1))
     loaders = [AuditDataLoader(data_path=str(s), dataset="digits", **settings) for s in range(1, n + 1)]
-    base = loaders[0].X_train.base
+    base = loaders[0].X_train.pixels.base
     used = sum(len(p[s]) for p in parts for s in ("train", "test", "population"))
-    assert base is not None and base.shape == (used, 1, 8, 8) and base.dtype == np.float32
+    assert base is not None and base.shape == (used, 1, 8, 8) and base.dtype == np.uint8
     for loader, part in zip(loaders, parts):
         for arr, lab, name in ((loader.X_train, loader.y_train, "train"), (loader.X_valid, loader.y_valid, "test"),
                                (loader.X_population, loader.y_population, "population")):
-            assert arr.base is base
+            assert arr.pixels.base is base
             np.testing.assert_array_equal(arr, x[part[name]])
             np.testing.assert_array_equal(lab, y[part[name]])
     background = np.sort(np.concatenate([p["population"] for p in parts]))

@@ -28,7 +28,8 @@ LAYER = "classifier.fc1"
 
 @pytest.fixture(scope="module")
 def digits():
-    return load_dataset("digits")
+    x, y = load_dataset("digits")
+    return np.asarray(x), y  # the float32 values (the loader holds uint8 pixels read as these)
 
 
 def sgd_epoch(model, x, y, lr=0.01, batch_size=50):

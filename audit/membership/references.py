@@ -75,7 +75,7 @@ def _membership(subsets: np.ndarray, n_population: int) -> np.ndarray:
 def fine_tuned_references(global_model: torch.nn.Module, population, recipe, *, k: int, size: int,
                           seed: int) -> References:
     """K references fine-tuned from the received global model, one local training each on its population subset."""
-    x, y = np.asarray(population[0]), np.asarray(population[1])
+    x, y = population[0], np.asarray(population[1])  # x as given: samples held as pixels are converted per chunk
     subsets = population_subsets(len(y), size, k, seed)
     start = time.perf_counter()
     copies = train_references(global_model, x, y, recipe, seed=seed, subsets=subsets)  # no K x size copy of x
@@ -89,7 +89,7 @@ def independent_references(store: dict, initial_model: torch.nn.Module, populati
     `store` (the party's, kept across rounds) holds them between rounds: each call trains only the local trainings
     missing since the last one. They are started again (from the initial model) when the population, K or the
     subset size changed."""
-    x, y = np.asarray(population[0]), np.asarray(population[1])
+    x, y = population[0], np.asarray(population[1])  # x as given: samples held as pixels are converted per chunk
     key = (len(y), int(k), int(size))
     if store.get("key") != key:
         subsets = population_subsets(len(y), size, k, seed)

@@ -31,6 +31,7 @@ from torch import nn
 from audit.config.vocabulary import MEMBER_IF_LOWER, SIGNALS
 from audit.membership.gradient_norms import gradient_norms, gradient_parameter_names
 from audit.model_io import chunks, eval_mode, prepare
+from audit.scaled_pixels import read_in_chunks
 
 
 
@@ -95,6 +96,35 @@ def gradient_norm_signal(model: nn.Module, x, y, *, layer: str | None = None, ba
     return gradient_norms(model, x, y, gradient_parameter_names(model, layer), batch_size)[0]
 
 
+#: Rows of samples whose values are computed on read (ScaledPixels) converted at a time: 50 MB of CIFAR images.
+CHUNK_ROWS = 4096
+
+
+def _signals_in_chunks(model, x, y, names, *, layer, batch_size, timings, outputs) -> dict[str, np.ndarray]:
+    """compute_signals over consecutive chunks of whole batches (the same batches, so the same values), each chunk's
+    float32 values converted only for it: no float32 copy of a large set."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    y = np.asarray(y)
+    if y.ndim != 1 or len(y) != len(x):
+        raise ValueError(f"x must have shape (N, ...) and y shape (N,); got {tuple(x.shape)} and {tuple(y.shape)}")
+    rows = max(1, CHUNK_ROWS // batch_size) * batch_size
+    parts, seconds, logits = [], {}, []
+    for start in range(0, len(x), rows):
+        chunk_timings, chunk_outputs = {}, {}
+        parts.append(compute_signals(model, x[start:start + rows], y[start:start + rows], names, layer=layer,
+                                     batch_size=batch_size, timings=chunk_timings, outputs=chunk_outputs))
+        for name, value in chunk_timings.items():
+            seconds[name] = seconds.get(name, 0.0) + value
+        if "logits" in chunk_outputs:
+            logits.append(chunk_outputs["logits"])
+    if timings is not None:
+        timings.update(seconds)
+    if outputs is not None and logits:
+        outputs["logits"] = torch.cat(logits)
+    return {name: np.concatenate([part[name] for part in parts]) for name in names}
+
+
 def compute_signals(
     model: nn.Module, x, y, names: Sequence[str], *, layer: str | None = None, batch_size: int = 256,
     timings: dict | None = None, outputs: dict | None = None,
@@ -111,6 +141,9 @@ def compute_signals(
         names = [names]
     for name in names:
         _check_signal_name(name)
+    if read_in_chunks(x) and len(x) > CHUNK_ROWS:
+        return _signals_in_chunks(model, x, y, names, layer=layer, batch_size=batch_size, timings=timings,
+                                  outputs=outputs)
     x, y = prepare(model, x, y, batch_size)
     want_logits = bool({"loss", "logits"} & set(names))
     seconds = {name: 0.0 for name in names}
