@@ -1,0 +1,80 @@
+"""The aggregator's model files (`last_state_path`, `best_state_path`: OpenFL's ModelProto) written a tensor at a time.
+
+OpenFL's writer, `utils.dump_proto(utils.construct_model_proto(...))`, holds three copies of the model at once: every
+tensor's pipeline bytes, each NamedTensor's own copy of them, and the serialised ModelProto. Protobuf has no
+streaming writer, so the wire format is written here by hand: a ModelProto is the concatenation of its `tensors`
+fields (tag, varint length, serialised NamedTensor), and a NamedTensor is protobuf's serialisation of its fields
+but `data_bytes`, then data_bytes' tag, length and bytes (its highest field number: protobuf writes it last, checked
+below). So at most one tensor's bytes are held beyond the tensor dict; the file is byte-identical to OpenFL's
+(tests/test_model_file.py) and OpenFL's loader (`utils.load_proto`) reads it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from openfl.protocols import base_pb2, utils
+from openfl.utilities import TensorKey
+
+from audit.reporting.atomic_io import atomic_write_stream
+
+_TENSORS = base_pb2.ModelProto.DESCRIPTOR.fields_by_name["tensors"]
+_DATA_BYTES = base_pb2.NamedTensor.DESCRIPTOR.fields_by_name["data_bytes"]
+
+
+def _varint(value: int) -> bytes:
+    """Protobuf's base-128 varint, written here: protobuf's encoder for it is internal (`internal.encoder`)."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _length_delimited(field, length: int) -> bytes:
+    """The tag (field number, wire type 2) and the length of a bytes or message field holding `length` bytes."""
+    return _varint(field.number << 3 | 2) + _varint(length)
+
+
+def _named_tensor(name: str, round_number: int, data: bytes, metadata) -> base_pb2.NamedTensor:
+    # The NamedTensor utils.construct_model_proto makes for each tensor of the model.
+    return utils.construct_named_tensor(TensorKey(name, "agg", round_number, False, ("model",)), data, metadata,
+                                        lossless=True)
+
+
+def _data_bytes_written_last() -> bool:
+    """Whether this protobuf runtime serialises a NamedTensor as its other fields followed by data_bytes (fields in
+    number order, data_bytes the highest): checked on a NamedTensor with every field set, not assumed."""
+    metadata = [{"int_to_float": {1: 0.5}, "int_list": [2, 3], "bool_list": [True]}]
+    whole = _named_tensor("w", 3, b"\x01\x02", metadata).SerializeToString()
+    head = _named_tensor("w", 3, b"", metadata).SerializeToString()
+    return whole == head + _length_delimited(_DATA_BYTES, 2) + b"\x01\x02"
+
+
+# Else each NamedTensor is serialised whole: still one tensor at a time, with two copies of its bytes.
+STREAM_DATA_BYTES = _data_bytes_written_last()
+
+
+def _write_tensor(f, name: str, round_number: int, data: bytes, metadata) -> None:
+    if STREAM_DATA_BYTES:
+        head = _named_tensor(name, round_number, b"", metadata).SerializeToString()
+        if data:  # proto3 writes no empty bytes field
+            head += _length_delimited(_DATA_BYTES, len(data))
+    else:
+        head, data = _named_tensor(name, round_number, data, metadata).SerializeToString(), b""
+    f.write(_length_delimited(_TENSORS, len(head) + len(data)))
+    f.write(head)
+    f.write(data)
+
+
+def write_model_file(path: str | os.PathLike, tensor_dict: dict, round_number: int, pipeline) -> None:
+    """Write the bytes `utils.dump_proto(utils.construct_model_proto(tensor_dict, round_number, pipeline), path)`
+    writes, atomically (a failure leaves the previous file as it was)."""
+    def write(f):
+        for name, array in tensor_dict.items():
+            data, metadata = pipeline.forward(data=array)
+            _write_tensor(f, name, round_number, data, metadata)
+            del data  # before the next tensor's bytes are made
+
+    atomic_write_stream(path, write)
