@@ -11,6 +11,7 @@ below). So at most one tensor's bytes are held beyond the tensor dict; the file 
 
 from __future__ import annotations
 
+import io
 import os
 
 from openfl.protocols import base_pb2, utils
@@ -43,29 +44,38 @@ def _named_tensor(name: str, round_number: int, data: bytes, metadata) -> base_p
                                         lossless=True)
 
 
-def _data_bytes_written_last() -> bool:
-    """Whether this protobuf runtime serialises a NamedTensor as its other fields followed by data_bytes (fields in
-    number order, data_bytes the highest): checked on a NamedTensor with every field set, not assumed."""
-    metadata = [{"int_to_float": {1: 0.5}, "int_list": [2, 3], "bool_list": [True]}]
-    whole = _named_tensor("w", 3, b"\x01\x02", metadata).SerializeToString()
-    head = _named_tensor("w", 3, b"", metadata).SerializeToString()
-    return whole == head + _length_delimited(_DATA_BYTES, 2) + b"\x01\x02"
+def _as_in_model_proto(named_tensor: base_pb2.NamedTensor) -> bytes:
+    """The NamedTensor serialised as the ModelProto holding it serialises it: upb copies a message into a repeated
+    field through its wire format, which reorders map entries (int_to_float) against the message alone."""
+    return base_pb2.ModelProto(tensors=[named_tensor]).tensors[0].SerializeToString()
 
 
-# Else each NamedTensor is serialised whole: still one tensor at a time, with two copies of its bytes.
-STREAM_DATA_BYTES = _data_bytes_written_last()
-
-
-def _write_tensor(f, name: str, round_number: int, data: bytes, metadata) -> None:
-    if STREAM_DATA_BYTES:
-        head = _named_tensor(name, round_number, b"", metadata).SerializeToString()
+def _write_tensor(f, name: str, round_number: int, data: bytes, metadata, stream_data_bytes: bool) -> None:
+    """One `tensors` field of the ModelProto."""
+    if stream_data_bytes:
+        head = _as_in_model_proto(_named_tensor(name, round_number, b"", metadata))
         if data:  # proto3 writes no empty bytes field
             head += _length_delimited(_DATA_BYTES, len(data))
     else:
-        head, data = _named_tensor(name, round_number, data, metadata).SerializeToString(), b""
+        head, data = _as_in_model_proto(_named_tensor(name, round_number, data, metadata)), b""
     f.write(_length_delimited(_TENSORS, len(head) + len(data)))
     f.write(head)
     f.write(data)
+
+
+def _data_bytes_written_last() -> bool:
+    """Whether this protobuf runtime writes a ModelProto's NamedTensor as its other fields followed by data_bytes
+    (fields in number order, data_bytes the highest): checked against protobuf's own serialisation of a tensor
+    with every field set, not assumed."""
+    metadata = [{"int_to_float": {i: i / 3 for i in range(20)}, "int_list": [2, 3]}, {"bool_list": [True, False]}]
+    expected = base_pb2.ModelProto(tensors=[_named_tensor("w", 3, b"\x01\x02", metadata)]).SerializeToString()
+    probe = io.BytesIO()
+    _write_tensor(probe, "w", 3, b"\x01\x02", metadata, stream_data_bytes=True)
+    return probe.getvalue() == expected
+
+
+# Else each NamedTensor is serialised whole: still one tensor at a time, with more copies of its bytes.
+STREAM_DATA_BYTES = _data_bytes_written_last()
 
 
 def write_model_file(path: str | os.PathLike, tensor_dict: dict, round_number: int, pipeline) -> None:
@@ -74,7 +84,7 @@ def write_model_file(path: str | os.PathLike, tensor_dict: dict, round_number: i
     def write(f):
         for name, array in tensor_dict.items():
             data, metadata = pipeline.forward(data=array)
-            _write_tensor(f, name, round_number, data, metadata)
+            _write_tensor(f, name, round_number, data, metadata, STREAM_DATA_BYTES)
             del data  # before the next tensor's bytes are made
 
     atomic_write_stream(path, write)
