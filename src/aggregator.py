@@ -223,7 +223,7 @@ class AuditingAggregator(Aggregator):
         return self._tensor_names
 
     def _write_model(self, tensor_dict: dict, round_number: int, file_path) -> None:
-        # OpenFL's file, written a tensor at a time (OpenFL's writer held three copies of the model at once).
+        # OpenFL's file, written a tensor at a time (OpenFL's writer held about four times the model at once).
         model_file.write_model_file(file_path, tensor_dict, round_number, self.compression_pipeline)
 
     def get_tasks(self, collaborator_name):

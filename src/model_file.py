@@ -1,12 +1,13 @@
 """The aggregator's model files (`last_state_path`, `best_state_path`: OpenFL's ModelProto) written a tensor at a time.
 
-OpenFL's writer, `utils.dump_proto(utils.construct_model_proto(...))`, holds three copies of the model at once: every
-tensor's pipeline bytes, each NamedTensor's own copy of them, and the serialised ModelProto. Protobuf has no
-streaming writer, so the wire format is written here by hand: a ModelProto is the concatenation of its `tensors`
-fields (tag, varint length, serialised NamedTensor), and a NamedTensor is protobuf's serialisation of its fields
-but `data_bytes`, then data_bytes' tag, length and bytes (its highest field number: protobuf writes it last, checked
-below). So at most one tensor's bytes are held beyond the tensor dict; the file is byte-identical to OpenFL's
-(tests/test_model_file.py) and OpenFL's loader (`utils.load_proto`) reads it.
+OpenFL's writer, `utils.dump_proto(utils.construct_model_proto(...))`, holds copies of the whole model at once: every
+tensor's pipeline bytes, each NamedTensor's own copy of them, the serialised ModelProto (a peak of about four times
+the model above its tensors, benchmarks/bench_model_file.py). Protobuf has no streaming writer, so the wire format is
+written here by hand: a ModelProto is the concatenation of its `tensors` fields (tag, varint length, serialised
+NamedTensor), and a NamedTensor is protobuf's serialisation of its fields but `data_bytes`, then data_bytes' tag,
+length and bytes (its highest field number: protobuf writes it last, checked below). So at most one tensor's bytes
+are held beyond the tensor dict; the file is byte-identical to OpenFL's (tests/test_model_file.py) and OpenFL's
+loader (`utils.load_proto`) reads it.
 """
 
 from __future__ import annotations
