@@ -35,7 +35,7 @@ from openfl.component import Aggregator
 from openfl.protocols import utils
 from openfl.utilities import TensorKey
 
-from src import aggregator_server
+from src import aggregator_server, model_file
 from src.aggregation import round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record
 from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
@@ -223,7 +223,8 @@ class AuditingAggregator(Aggregator):
             self._unsaved_best = None
 
     def _write_model(self, tensor_dict: dict, round_number: int, file_path) -> None:
-        utils.dump_proto(utils.construct_model_proto(tensor_dict, round_number, self.compression_pipeline), file_path)
+        # OpenFL's file, written a tensor at a time (OpenFL's writer held about four times the model at once).
+        model_file.write_model_file(file_path, tensor_dict, round_number, self.compression_pipeline)
 
     def get_tasks(self, collaborator_name):
         """OpenFL's answer, but a collaborator with nothing to do (its round's tasks done, the others still working)

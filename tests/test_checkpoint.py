@@ -7,6 +7,7 @@ from openfl.component import Aggregator
 from openfl.protocols import utils
 from openfl.utilities import TensorKey
 
+from src import model_file
 from src.aggregator import AuditingAggregator
 from workspace.in_process import parse_plan, run_in_process, write_run_plan
 
@@ -20,8 +21,9 @@ ROUNDS = 3
 
 def _run(tmp_path, monkeypatch, every_round: bool):
     writes = []
-    real = utils.dump_proto
-    monkeypatch.setattr(utils, "dump_proto", lambda proto, path: writes.append(str(path)) or real(proto, path))
+    real = model_file.write_model_file
+    monkeypatch.setattr(model_file, "write_model_file",
+                        lambda path, *args: writes.append(str(path)) or real(path, *args))
     overrides = {**DIGITS, "aggregator": {"settings": {"save_every_round": every_round}}}
     result = run_in_process(tmp_path, collaborators=2, rounds=ROUNDS, overrides=overrides)
     monkeypatch.undo()

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_savefig", "TEMP_SUFFIX"]
+__all__ = ["atomic_write_stream", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_savefig", "TEMP_SUFFIX"]
 
 #: Suffix of the temp files; a leftover one (after a hard kill) is named ``.<target name>.<random>.tmp``.
 TEMP_SUFFIX = ".tmp"
@@ -58,6 +58,12 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -
         raise
     _fsync_dir(parent)
     return path
+
+
+def atomic_write_stream(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+    """Atomically replace ``path`` with what ``write(f)`` writes to the binary file ``f``, piece by piece (a file
+    too large to build in memory first); returns the path."""
+    return _atomic_write(path, write)
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
