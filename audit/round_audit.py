@@ -20,6 +20,7 @@ import torch
 from audit.config.audit_settings import AuditSettings
 from audit.config.steps import AuditStep, registered
 from audit.scaled_pixels import take_rows
+from audit.spill import ModelSource
 from audit.training import TrainingRecipe
 
 __all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "audit_round", "record_to_json",
@@ -110,8 +111,10 @@ class AuditContext:
     round_num: int
     seed: int | None
     training: LocalTraining | None
-    # The federation's starting point, which every party has without anyone's data (the plan's initial model).
-    initial_model: torch.nn.Module | None = None
+    # The federation's starting point, which every party has without anyone's data (the plan's initial model): the
+    # model or a zero-argument callable giving it (audit.spill.ModelSource), which a step calls only when it needs
+    # the weights (RMIA's independent references when they start), so a caller can keep it out of memory meanwhile.
+    initial_model: ModelSource | None = None
     # The party's own state across rounds and audits (e.g. reference models a step keeps training); each step keeps
     # its entries under its own name. A fresh dict per audit_round call unless the caller keeps one.
     store: dict = field(default_factory=dict)
@@ -157,7 +160,7 @@ def audit_round(
     seed: int | None = None,
     training: LocalTraining | None = None,
     steps: tuple[AuditStep, ...] | None = None,
-    initial_model: torch.nn.Module | None = None,
+    initial_model: ModelSource | None = None,
     store: dict | None = None,
     memo=None,
     mia_sets: AuditSets | None = None,
@@ -165,8 +168,9 @@ def audit_round(
     """Audit one round with every enabled step (default: all registered ones); returns the round record (see
     audit.reporting for its layout). The record's "attacks" hold AttackResult objects; `record_to_json` turns them
     into dicts. `training`: the party's local training, for the steps that train like it (deanonymization, RMIA's
-    references); `initial_model`: the plan's initial model (RMIA's independent references); `store`: the party's
-    state kept across rounds (the same dict every round); `memo`: the round's SignalMemo
+    references); `initial_model`: the plan's initial model (RMIA's independent references start from it), or a
+    zero-argument callable giving it, called only if a step needs it this round (audit.spill.load_model); `store`:
+    the party's state kept across rounds (the same dict every round); `memo`: the round's SignalMemo
     (audit.membership.signal_memo), whose signals are reused on the same weights and sets; `mia_sets`: the
     membership audits' sample of `sets` (default: `sets.sampled(settings.sample_size, sample_seed(seed, party))`;
     a caller with a memo passes the same sample every time, since the memo matches sets by their arrays)."""

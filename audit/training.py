@@ -16,11 +16,7 @@ the same samples in eval mode under vmap, for membership inference against refer
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import warnings
-import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +27,7 @@ from torch.func import functional_call, vmap
 from audit.config.vocabulary import OPTIMIZERS
 from audit.model_io import model_device, model_input, module_mode
 from audit.scaled_pixels import read_in_chunks
+from audit.spill import SpillFolder, weightless_template
 
 __all__ = ["TrainingRecipe", "TrainedCopies", "train_copies", "train_references", "copies_per_chunk"]
 
@@ -235,12 +232,12 @@ def _eval_chunk(model: torch.nn.Module, params: dict, buffers: dict, xb: torch.T
 
 
 class _SpilledCopies:
-    """Stacked copies in files of a private temporary folder, one file per chunk of copies as it was trained
-    (torch.save: the same values when read back); the folder goes with the object."""
+    """Stacked copies in files of a private temporary folder (audit.spill.SpillFolder: the same values when read
+    back, the folder gone with the object), one file per chunk of copies as it was trained."""
 
     def __init__(self):
-        self.folder = tempfile.mkdtemp(prefix="trained_copies_")
-        self._cleanup = weakref.finalize(self, shutil.rmtree, self.folder, True)
+        self._files = SpillFolder("trained_copies_")
+        self.folder = self._files.folder
         self.bounds: list[tuple[int, int]] = []  # (first copy, stop) of each file, in order
 
     def __len__(self) -> int:
@@ -248,7 +245,7 @@ class _SpilledCopies:
 
     def append(self, params: dict, buffers: dict) -> None:
         first = len(self)
-        torch.save({"params": params, "buffers": buffers}, os.path.join(self.folder, f"{len(self.bounds)}.pt"))
+        self._files.save(str(len(self.bounds)), {"params": params, "buffers": buffers})
         self.bounds.append((first, first + next(iter(params.values())).shape[0]))
 
     def read(self, first: int, stop: int) -> tuple[dict, dict]:
@@ -256,7 +253,7 @@ class _SpilledCopies:
         parts = []
         for index, (a, b) in enumerate(self.bounds):
             if a < stop and b > first:
-                saved = torch.load(os.path.join(self.folder, f"{index}.pt"), weights_only=True)
+                saved = self._files.load(str(index))
                 lo, hi = max(first, a) - a, min(stop, b) - a
                 parts.append({kind: {n: t[lo:hi] if (lo, hi) != (0, b - a) else t for n, t in saved[kind].items()}
                               for kind in ("params", "buffers")})
@@ -269,15 +266,18 @@ class _SpilledCopies:
 class TrainedCopies:
     """K trained copies of `model` without K nn.Modules: every parameter and buffer stacked, (K, *shape).
 
-    `model` is the template the copies were trained from (left unchanged); `logits` runs every copy in eval mode.
-    The stacked tensors are in memory, or (`train_references` with copies larger than _SPILL_BYTES) on disk until
-    used, a chunk at a time: `copies(first, stop)` reads a range; `params` / `buffers` all of them."""
+    `model` is the architecture the copies were trained from; `.model` keeps only its structure
+    (audit.spill.weightless_template: a few bytes per tensor), not a whole model's weights as long as the copies live
+    (a party keeps its independent references across rounds: they would pin the plan's initial model, 89 MB for the
+    tutorial's net). `logits` runs every copy in eval mode. The stacked tensors are in memory, or (`train_references`
+    with copies larger than _SPILL_BYTES) on disk until used, a chunk at a time: `copies(first, stop)` reads a range;
+    `params` / `buffers` all of them."""
 
     def __init__(self, model: torch.nn.Module, params: dict | None = None, buffers: dict | None = None, *,
                  spilled: _SpilledCopies | None = None):
         if (params is None) == (spilled is None):
             raise ValueError("TrainedCopies: give the stacked params (and buffers) or the spilled copies, one of them")
-        self.model = model
+        self.model = weightless_template(model)
         self._params, self._buffers, self._spilled = params, buffers or {}, spilled
 
     def __len__(self) -> int:
@@ -356,7 +356,7 @@ def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     fine-tuned from it, or a freshly initialised model of the same architecture for references that never saw the
     party's data. `start`: K copies trained before (e.g. by an earlier call), each continuing from its own weights,
     with a fresh optimiser (as a party's local training restarts its optimiser each round); `model` is then only the
-    architecture. Training memory is one chunk's (`copies_per_chunk`: parameters, gradients, optimiser states); the
+    architecture (`start.model` will do). Training memory is one chunk's (`copies_per_chunk`: parameters, gradients, optimiser states); the
     result holds K copies' parameters and buffers (4 bytes per float32 value per copy), on disk when they exceed
     _SPILL_BYTES (RMIA's references of a large model, kept across rounds): each chunk is written as it is trained
     and read back, the same values, when the copies are used."""

@@ -40,6 +40,7 @@ from audit.membership.signals import compute_signals
 from audit.membership.step import signal_names
 from audit.reporting.party import ReportWriter
 from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json, sample_seed
+from audit.spill import SpilledModel
 from audit.training import TrainingRecipe
 from src.audit_cost import audit_cost_note
 from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
@@ -133,21 +134,21 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.optimizer_name, self.learning_rate, self.momentum = optimizer, float(learning_rate), float(momentum)
 
         data_loader = self.data_loader
-        torch.manual_seed(seed)  # the initial model `fx plan initialize` saves depends only on the seed
+        self._model_spec = (model, tuple(data_loader.get_feature_shape()), data_loader.get_num_classes(),
+                            dict(model_settings or {}))
         try:
-            self.model = build_model(
-                model, tuple(data_loader.get_feature_shape()), data_loader.get_num_classes(), **(model_settings or {})
-            )
+            self.model = self._plan_model()
         except ValueError as err:
             key = "model" if model_settings is None or str(err).startswith("unknown model") else "model_settings"
             raise ValueError(f"{SETTINGS_PREFIX}.{key}: {err}") from None
         self._check_layers(tuple(data_loader.get_feature_shape()))
         self.to(self.device)
         # The plan's initial model (what `fx plan initialize` saves: this model, built with the plan's seed), which
-        # every party has without anyone's data: RMIA's independent references start from it. Replaced by the
-        # weights received in round 0, the federation's actual starting point, when this party takes part in it.
-        # Held in a list: a module attribute of the runner (itself an nn.Module) would join its state_dict.
-        self._initial_model = [copy.deepcopy(self.model)]
+        # every party has without anyone's data: RMIA's independent references start from it, and nothing else
+        # reads it. Not kept in memory (a whole model per runner, 89 MB for the tutorial's net, read once per party):
+        # built again from the seed when needed, and once this party receives round 0's weights (the federation's
+        # actual starting point), those wait on disk (`initial_model`).
+        self._initial_on_disk: SpilledModel | None = None
         self._audit_store: dict = {}  # the audit's state kept across rounds (e.g. RMIA's independent references)
         if torch.device(self.device).type == "cpu":
             _no_triton_on_cpu()  # before the optimizer: its first use imports torch._dynamo
@@ -166,6 +167,24 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         # Called as on_audit_start(collaborator, round) when an audit starts (the demo's progress bar): the audit runs
         # inside the train task, which OpenFL sees only as a whole.
         self.on_audit_start = None
+
+    def _plan_model(self) -> torch.nn.Module:
+        """The plan's model with its initial weights: the initial model `fx plan initialize` saves depends only on
+        the seed. Seeds torch's global generator, as the constructor always did."""
+        name, feature_shape, num_classes, model_settings = self._model_spec
+        torch.manual_seed(self.seed)
+        return build_model(name, feature_shape, num_classes, **model_settings)
+
+    def initial_model(self) -> torch.nn.Module:
+        """The initial model the audit starts RMIA's independent references from (audit_round's `initial_model`,
+        called only when they start), on this runner's device: the round-0 weights this party received, read back
+        from disk, or before them the plan's model built again from the seed (the same values bit for bit: build_model
+        under torch.manual_seed; every other draw of the process goes on as if it had not been built)."""
+        if self._initial_on_disk is not None:
+            return self._initial_on_disk.load(self.device)
+        device = torch.device(self.device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            return self._plan_model().to(device)
 
     def _check_layers(self, feature_shape: tuple) -> None:
         """The audit's layer names must name layers of the model: fail at start-up, not in the first audit."""
@@ -290,7 +309,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         received = dict(input_tensor_dict)
         global_model = self.received_model(round_num, input_tensor_dict) if audit_now else None
         if round_num == 0 and global_model is not None:
-            self._initial_model = [global_model]
+            self._initial_on_disk = SpilledModel(global_model)  # the federation's start, for later rounds' audits
 
         torch.manual_seed(round_seed(self.seed, col_name, round_num))
         start = time.perf_counter()
@@ -419,9 +438,11 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                     ", ".join(self.audit_settings.signals), counts)
         if self.on_audit_start is not None:
             self.on_audit_start(col_name, round_num)
+        # Round 0's received model is the initial model, in memory already; later, loaded only if the audit needs it.
+        initial = global_model if round_num == 0 and global_model is not None else self.initial_model
         return audit_round(
             model, global_model, self.audit_sets(), self.audit_settings, party=col_name, round_num=round_num,
-            seed=self.seed, training=self._training, initial_model=self._initial_model[0],
+            seed=self.seed, training=self._training, initial_model=initial,
             store=self._audit_store.setdefault(col_name, {}), memo=self._signal_memo, mia_sets=mia_sets,
         )
 

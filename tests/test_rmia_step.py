@@ -184,6 +184,29 @@ def test_references_are_trained_once_per_round_and_the_independent_ones_continue
                                                  store=store_before)["metrics"]
 
 
+def test_the_initial_model_may_be_a_callable_called_only_when_the_independent_references_start():
+    """audit_round takes the initial model or a zero-argument callable giving it (a caller that keeps it on disk):
+    the same records, and the callable is called in the audit that starts the references, not in later ones (a
+    second audit of the round, later rounds)."""
+    sets, initial = task(), net(0)
+    received = trained(initial, sets, epochs=3)
+    local = trained(received, sets)
+    audit = settings(references=["independent"], offline_a=0.3, reference_models=2)
+    calls = []
+
+    def source():
+        calls.append(1)
+        return copy.deepcopy(initial)
+
+    lazy, eager = {}, {}
+    for round_num, model in ((0, local), (0, received), (1, local), (3, local)):
+        common = dict(party="p", round_num=round_num, seed=5, training=TRAINING)
+        got = audit_round(model, received, sets, audit, initial_model=source, store=lazy, **common)
+        want = audit_round(model, received, sets, audit, initial_model=initial, store=eager, **common)
+        assert calls == [1] and got["metrics"] == want["metrics"]
+        assert got["extra"]["rmia"]["independent"]["local_trainings"] == round_num + 1
+
+
 def test_missing_inputs_are_named():
     sets, model = task(), net(0)
     with pytest.raises(ValueError, match="pass audit_round the party's LocalTraining"):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from audit.spill import ModelSource, load_model
 from audit.training import TrainedCopies, train_references
 
 __all__ = ["References", "population_subsets", "fine_tuned_references", "independent_references", "reference_seed"]
@@ -82,13 +83,15 @@ def fine_tuned_references(global_model: torch.nn.Module, population, recipe, *, 
     return References("fine_tuned", copies, _membership(subsets, len(y)), 1, time.perf_counter() - start)
 
 
-def independent_references(store: dict, initial_model: torch.nn.Module, population, recipe, *, k: int, size: int,
+def independent_references(store: dict, initial_model: ModelSource, population, recipe, *, k: int, size: int,
                            trainings: int, seed: int) -> References:
     """K references that never saw the party's data, brought to `trainings` local trainings each.
 
     `store` (the party's, kept across rounds) holds them between rounds: each call trains only the local trainings
     missing since the last one. They are started again (from the initial model) when the population, K or the
-    subset size changed."""
+    subset size changed. `initial_model`: the model, or a zero-argument callable giving it (audit.spill.ModelSource),
+    called only when the references start: later calls continue from the stored copies, whose own template gives
+    the architecture, so a caller that keeps the initial model on disk never reads it for them."""
     x, y = population[0], np.asarray(population[1])  # x as given: samples held as pixels are converted per chunk
     key = (len(y), int(k), int(size))
     if store.get("key") != key:
@@ -100,7 +103,8 @@ def independent_references(store: dict, initial_model: torch.nn.Module, populati
     while store["trainings"] < trainings:
         # One local training per step, each with its own shuffles: as the party's model trains once per round.
         step_seed = (seed + 7919 * store["trainings"]) & 0x7FFFFFFF
-        store["copies"] = train_references(initial_model, x, y, recipe, seed=step_seed, start=store["copies"],
+        model = load_model(initial_model) if store["copies"] is None else store["copies"].model
+        store["copies"] = train_references(model, x, y, recipe, seed=step_seed, start=store["copies"],
                                            subsets=subsets)
         store["trainings"] += 1
     return References("independent", store["copies"], _membership(subsets, len(y)), store["trainings"],
