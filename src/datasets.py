@@ -21,7 +21,7 @@ the same md5 sums (src/dataset_download.py).
 
 The files are read here by hand, not with torchvision: its compiled operators tie each torchvision wheel to one
 torch build, so it would pin the project to torch's CUDA build, which loads the CUDA libraries in every process,
-GPU or not (0.3 GB more RSS per process than the CPU build).
+GPU or not (0.27 GB more RSS per process than the CPU build; README, "Memory").
 """
 
 from __future__ import annotations
@@ -170,7 +170,8 @@ def load_dataset(name, data_dir=None, *, download=False, arrange=None) -> tuple[
     try:
         raw, y = (_read_mnist if key in ("mnist", "fashionmnist") else _read_cifar)(key, root / files.folder)
     except (_CorruptFile, OSError) as exc:  # OSError: a file gone or unreadable since check_available
-        raise _unavailable(key, data_dir, f"its files are incomplete or corrupted ({exc})") from exc
+        what = str(exc) if isinstance(exc, _CorruptFile) else f"{type(exc).__name__}: {exc}"
+        raise _unavailable(key, data_dir, f"its files are incomplete or corrupted ({what})") from exc
     _check_arrays(key, data_dir, raw, y)
     # NCHW first (for CIFAR a view of the files' own layout, for MNIST the same bytes), then the samples asked for.
     pixels = raw.transpose(0, 3, 1, 2)
