@@ -57,7 +57,7 @@ def fetch_verified(archive: Archive, dest: Path) -> str:
     URL. Raises DownloadError naming every URL tried and what went wrong there (one line); dest is then absent."""
     failures = []
     for url in archive.urls():
-        print(f"Downloading {url} to {dest.parent}", file=sys.stderr, flush=True)
+        print(f"Downloading {url}", file=sys.stderr, flush=True)
         try:
             md5 = _fetch_one(url, dest)
         except (OSError, ValueError) as exc:  # URLError, HTTPError and timeouts are OSErrors; ValueError: bad URL
