@@ -142,13 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer_type", choices=["SGD", "Adam"], default="SGD", help="local optimiser")
     # This project's flags.
     p.add_argument("--dataset", choices=DATASETS, default="cifar10",
-                   help="the data: digits (bundled with scikit-learn) or torchvision's CIFAR-10, CIFAR-100, MNIST, "
-                        "Fashion-MNIST (read from --data-dir)")
+                   help="the data: digits (bundled with scikit-learn) or CIFAR-10, CIFAR-100, MNIST, Fashion-MNIST "
+                        "(read from --data-dir)")
     p.add_argument("--data-dir", dest="data_dir", default="data",
                    help="root of torchvision's layout: cifar-10-batches-py/, cifar-100-python/, MNIST/raw/, "
                         "FashionMNIST/raw/")
     p.add_argument("--download", type=str2bool, nargs="?", const=True, default=False,
-                   help="download --dataset into --data-dir if it is not there (torchvision; needs the network)")
+                   help="download --dataset into --data-dir if it is not there (the archives torchvision fetches, "
+                        "md5-checked; needs the network)")
     p.add_argument("--collaborators", type=whole_number(1), default=2, help="number of collaborators (data shards)")
     p.add_argument("--model", choices=MODELS, default="cnn",
                    help="cnn, fcnn (the Fidel paper's) or alexnet (the tutorial's Net, ~23.3M parameters)")

@@ -11,7 +11,7 @@ Plan settings (``data_loader.settings``), all optional::
     audit_dataset_ratio: 0.2   # population (audit / reference data)
     dirichlet_alpha: null      # null = IID; a number > 0 = label skew (see src.data)
     seed: 0                    # split shuffle and train-batch order
-    download: false            # torchvision datasets; never downloads unless true
+    download: false            # datasets read from data_dir; never downloads unless true
     devices_per_user: 1        # FL devices (collaborators) per user; divides collaborator_count
 
 ``data_path`` (from ``plan/data.yaml``) is the 1-based shard number "1".."collaborator_count".

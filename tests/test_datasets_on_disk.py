@@ -1,14 +1,18 @@
-"""torchvision's MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 read from small files this test writes in torchvision's
-on-disk layout (never a download): images and labels read back exactly, class counts, the one-line error of a missing
-dataset, the models on their shapes, and a short audited round on each."""
+"""MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 read from small files this test writes in torchvision's on-disk layout
+(never a download): images and labels read back exactly, class counts, the one-line error of a missing dataset or of
+each kind of corrupted file, the models on their shapes, and a short audited round on each."""
 
+
+import pickle
+import re
+import struct
 
 import numpy as np
 import pytest
 
 from src.datasets import (DATASETS, DatasetUnavailableError, check_available, dataset_folder, dataset_info,
                           load_dataset)
-from torchvision_files import CLASSES, write_dataset
+from torchvision_files import CLASSES, python2_batch_pickle, write_dataset
 
 ON_DISK = ("mnist", "fashionmnist", "cifar10", "cifar100")
 
@@ -69,7 +73,7 @@ def test_digits_needs_no_folder(tmp_path):
 def test_corrupt_files_fail_naming_the_dataset(tmp_path, name, no_network):
     write_dataset(tmp_path, name, 20, 10)
     folder = dataset_folder(name, tmp_path)
-    if name == "mnist":  # a label file cut short: torchvision's reader refuses it
+    if name == "mnist":  # a label file cut short
         path = folder / "t10k-labels-idx1-ubyte"
         path.write_bytes(path.read_bytes()[:-3])
         match = "MNIST is not available: its files are incomplete or corrupted"
@@ -84,6 +88,127 @@ def test_corrupt_files_fail_naming_the_dataset(tmp_path, name, no_network):
         match = r"CIFAR-100 is not available: its files are corrupted: labels in \[\d+, 100\], expected \[0, 99\]"
     with pytest.raises(DatasetUnavailableError, match=match):
         load_dataset(name, tmp_path)
+
+
+def _idx(magic: int, dims, payload: bytes) -> bytes:
+    return struct.pack(">I", magic) + b"".join(struct.pack(">I", d) for d in dims) + payload
+
+
+def _rewrite_pickle(path, change):
+    with open(path, "rb") as f:
+        entry = pickle.load(f)
+    change(entry)
+    with open(path, "wb") as f:
+        pickle.dump(entry, f)
+
+
+# Each: (dataset, file to spoil, how, what the message must say about it).
+CORRUPTIONS = [
+    ("mnist", "train-images-idx3-ubyte", lambda b: _idx(2049, [20 * 28 * 28], b[16:]),
+     r"train-images-idx3-ubyte: magic number 2049, expected 2051"),
+    ("mnist", "t10k-labels-idx1-ubyte", lambda b: _idx(2051, [10, 1, 1], b[8:]),
+     r"t10k-labels-idx1-ubyte: magic number 2051, expected 2049"),
+    ("mnist", "train-images-idx3-ubyte", lambda b: _idx(2051, [20, 28, 28], b[16:] + b"\0"),
+     r"train-images-idx3-ubyte: 15681 bytes of data, its header says 20x28x28 = 15680"),
+    ("mnist", "train-images-idx3-ubyte", lambda b: b[:6], r"train-images-idx3-ubyte: 6 bytes, shorter than its header"),
+    ("fashionmnist", "t10k-images-idx3-ubyte", lambda b: _idx(2051, [10, 20, 20], bytes(4000)),
+     r"t10k-images-idx3-ubyte: images of 20x20 pixels, expected 28x28"),
+    ("fashionmnist", "train-labels-idx1-ubyte", lambda b: _idx(2049, [19], b[8:27]),
+     r"train-images-idx3-ubyte holds 20 images, train-labels-idx1-ubyte 19 labels"),
+    ("fashionmnist", "train-labels-idx1-ubyte", lambda b: _idx(2049, [20], b[8:27] + bytes([10])),
+     r"its files are corrupted: labels in \[\d+, 10\], expected \[0, 9\]"),
+    ("cifar10", "data_batch_3", lambda b: b"not a pickle at all",
+     r"data_batch_3: not a CIFAR batch pickle \(UnpicklingError"),
+    ("cifar10", "test_batch", lambda b: b[: len(b) // 2], r"test_batch: not a CIFAR batch pickle"),
+    ("cifar10", "data_batch_1", lambda b: pickle.dumps([1, 2, 3]),
+     r"data_batch_1: expected a dict with 'data' and 'labels', got list"),
+    ("cifar10", "data_batch_2", lambda b: pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "fine_labels": [0, 1]}),
+     r"data_batch_2: expected a dict with 'data' and 'labels', got \['data', 'fine_labels'\]"),
+    ("cifar10", "data_batch_2", lambda b: pickle.dumps({"data": np.zeros((2, 3000), np.uint8), "labels": [0, 1]}),
+     r"data_batch_2: 'data' is uint8 \(2, 3000\), expected uint8 \(n, 3072\)"),
+    ("cifar100", "train", lambda b: pickle.dumps({"data": np.zeros((2, 3072), np.float32), "fine_labels": [0, 1]}),
+     r"train: 'data' is float32 \(2, 3072\), expected uint8"),
+    ("cifar100", "test", lambda b: pickle.dumps({"data": np.zeros((3, 3072), np.uint8), "fine_labels": [0, 1]}),
+     r"test: 'fine_labels' holds \(2,\) int64 values for 3 images, expected 3 whole numbers"),
+    ("cifar100", "test", lambda b: pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "fine_labels": [0.5, 1]}),
+     r"test: 'fine_labels' holds \(2,\) float64 values"),
+]
+
+
+@pytest.mark.parametrize("name,file,spoil,says", CORRUPTIONS,
+                         ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CORRUPTIONS)])
+def test_each_corruption_is_one_line_naming_the_dataset_and_file(tmp_path, name, file, spoil, says, no_network):
+    write_dataset(tmp_path, name, 20, 10)
+    path = dataset_folder(name, tmp_path) / file
+    path.write_bytes(spoil(path.read_bytes()))
+    with pytest.raises(DatasetUnavailableError) as err:
+        load_dataset(name, tmp_path)
+    message = str(err.value)
+    assert "\n" not in message
+    title = {"mnist": "MNIST", "fashionmnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}[name]
+    assert message.startswith(f"{title} is not available: its files are")
+    assert str(dataset_folder(name, tmp_path)) in message
+    assert re.search(says, message), (says, message)
+
+
+@pytest.mark.parametrize("name,label_key", [("cifar10", "labels"), ("cifar100", "fine_labels")])
+def test_official_python2_pickles_read_as_pickle_reads_them(tmp_path, name, label_key, no_network):
+    """The official batches are Python 2 pickles (numpy 1, byte strings as str): read as pickle.load(encoding=
+    "latin1") reads them, which is what torchvision does; the test's own files are numpy 2 pickles."""
+    images, labels = write_dataset(tmp_path, name, 30, 12, seed=5)
+    folder = dataset_folder(name, tmp_path)
+    rows = images.transpose(0, 3, 1, 2).reshape(len(images), -1)
+    files = sorted(p.name for p in folder.iterdir() if p.name not in ("meta", "batches.meta"))
+    files = [f for f in files if f != "test_batch" and f != "test"] + ["test_batch" if name == "cifar10" else "test"]
+    bounds = np.concatenate([np.linspace(0, 30, len(files)).astype(int), [42]])
+    for file, start, stop in zip(files, bounds[:-1], bounds[1:]):
+        blob = python2_batch_pickle(rows[start:stop], labels[start:stop].tolist(), label_key)
+        with pytest.raises(UnicodeDecodeError):
+            pickle.loads(blob)  # Python 2 str holding raw bytes: only latin1 decodes them, as for the real files
+        reference = pickle.loads(blob, encoding="latin1")
+        np.testing.assert_array_equal(reference["data"], rows[start:stop])
+        (folder / file).write_bytes(blob)
+    x, y = load_dataset(name, tmp_path)
+    np.testing.assert_array_equal(y, labels)
+    np.testing.assert_array_equal(np.rint((np.asarray(x) + 1.0) * 127.5).astype(np.uint8),
+                                  images.transpose(0, 3, 1, 2))
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_cifar_pickles_of_any_protocol(tmp_path, protocol, no_network):
+    images, labels = write_dataset(tmp_path, "cifar100", 17, 9, seed=protocol)
+    folder = dataset_folder("cifar100", tmp_path)
+    for file in ("train", "test"):
+        entry = pickle.loads((folder / file).read_bytes())
+        (folder / file).write_bytes(pickle.dumps(entry, protocol=protocol))
+    x, y = load_dataset("cifar100", tmp_path)
+    np.testing.assert_array_equal(y, labels)
+    np.testing.assert_array_equal(np.rint((np.asarray(x) + 1.0) * 127.5).astype(np.uint8),
+                                  images.transpose(0, 3, 1, 2))
+
+
+class _RunsCode:
+    """Pickles as a call of open(marker, "w"): loading it with pickle.load would create the marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_a_pickle_that_would_run_code_is_refused_unrun(tmp_path, no_network):
+    write_dataset(tmp_path, "cifar10", 20, 10)
+    marker = tmp_path / "ran"
+    blob = pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1], "x": _RunsCode(marker)})
+    pickle.loads(blob).clear()  # what plain unpickling does
+    assert marker.exists()
+    marker.unlink()
+    (dataset_folder("cifar10", tmp_path) / "data_batch_4").write_bytes(blob)
+    with pytest.raises(DatasetUnavailableError, match=r"data_batch_4: not a CIFAR batch pickle \(UnpicklingError: "
+                                                      r"refused to load (builtins|io)\.open"):
+        load_dataset("cifar10", tmp_path)
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize("name", ON_DISK)

@@ -66,3 +66,29 @@ def write_dataset(root: Path, name: str, n_train: int, n_test: int, seed: int = 
                                           "data": rows[n_train:]})
     _write_pickle(folder / "batches.meta", {"label_names": [f"class{i}" for i in range(10)]})
     return images, labels
+
+
+def python2_batch_pickle(data: np.ndarray, labels, label_key: str) -> bytes:
+    """A CIFAR batch {"data": uint8 (n, 3072), label_key: [ints]} pickled as the official files are: Python 2's
+    protocol 2, byte strings as str (SHORT_BINSTRING/BINSTRING), numpy 1's ``numpy.core.multiarray._reconstruct``.
+    Written opcode by opcode (pickletools' names) since no Python 2 is at hand; numpy 2 pickles name ``numpy._core``
+    and Python 3 encodes bytes through ``_codecs.encode``, so a numpy 2 pickle would not test this path."""
+    assert data.dtype == np.uint8 and data.ndim == 2
+
+    def short_str(s: str) -> bytes:  # SHORT_BINSTRING: a Python 2 str
+        return b"U" + bytes([len(s)]) + s.encode("latin1")
+
+    def int_op(v: int) -> bytes:  # BININT1 / BININT2 / BININT
+        return b"K" + bytes([v]) if 0 <= v < 256 else b"M" + struct.pack("<H", v) if 0 <= v < 65536 else \
+            b"J" + struct.pack("<i", v)
+
+    dtype = (b"cnumpy\ndtype\n" + short_str("u1") + int_op(0) + int_op(1) + b"\x87R"  # numpy.dtype("u1", 0, 1)
+             + b"(" + int_op(3) + short_str("|") + b"NNN" + int_op(-1) + int_op(-1) + int_op(0) + b"tb")
+    raw = data.tobytes()
+    array = (b"cnumpy.core.multiarray\n_reconstruct\ncnumpy\nndarray\n" + int_op(0) + b"\x85" + short_str("b")
+             + b"\x87R"  # _reconstruct(ndarray, (0,), "b"), then its state:
+             + b"(" + int_op(1) + int_op(data.shape[0]) + int_op(data.shape[1]) + b"\x86" + dtype + b"\x89"
+             + b"T" + struct.pack("<I", len(raw)) + raw + b"tb")
+    label_list = b"](" + b"".join(int_op(int(v)) for v in labels) + b"e"
+    return (b"\x80\x02}(" + short_str("batch_label") + short_str("training batch 1 of 5") + short_str("data") + array
+            + short_str(label_key) + label_list + b"u.")

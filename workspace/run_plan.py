@@ -158,7 +158,7 @@ def check_run_plan(config: Mapping, collaborators: list[str]) -> None:
 
 
 def check_data(config: Mapping) -> None:
-    """A torchvision dataset must be there for the collaborators, each of which runs in its own folder
+    """A dataset read from files must be there for the collaborators, each of which runs in its own folder
     (<run>/collaboratorN/): a relative data_loader.settings.data_dir would be looked up there. Fails before any
     folder is made; a dataset name or download value of the wrong type is the data loader's to name."""
     from src.datasets import DatasetUnavailableError, check_available, dataset_folder
