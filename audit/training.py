@@ -114,6 +114,10 @@ def _train_chunk(model, params, buffers, x, y, recipe: TrainingRecipe, generator
             optimizer.zero_grad(set_to_none=True)
             losses.view(copies, -1).mean(dim=1).sum().backward()
             optimizer.step()
+    # The last step's gradients and the optimizer's state (a chunk's size each) go now, not whenever a garbage
+    # collection reaches the optimizer: the next chunk trains while this one's result is being stored.
+    optimizer.zero_grad(set_to_none=True)
+    optimizer.state.clear()
     return {n: t.detach() for n, t in stacked.items()}, stacked_buffers
 
 
@@ -194,6 +198,7 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
                               RuntimeWarning, stacklevel=3)
                 batched = False
             on_chunk(first, trained, trained_buffers)
+            del trained, trained_buffers  # on_chunk's now: not held while the next chunk trains
 
 
 def train_copies(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, names: list[str], seed: int = 0,

@@ -368,3 +368,34 @@ def test_references_on_subsets_of_one_pool_are_the_stacked_ones_bit_for_bit():
         train_references(model, x, y, recipe, subsets=np.array([[0, len(y)]]))
     with pytest.raises(ValueError, match="start holds 5 copies, the data 2"):
         train_references(model, x, y, recipe, start=pooled, subsets=q[:2])
+
+
+@pytest.mark.parametrize("chunk", [1, 2])
+def test_each_chunk_s_gradients_and_optimizer_state_go_when_it_is_trained(monkeypatch, chunk):
+    """A chunk's last gradients and its optimizer's momentum (a chunk's size each) are freed when the chunk is trained,
+    not left on an optimizer a garbage collection may reach later, while the next chunk trains; the copies are the
+    same."""
+    optimizers = []
+    real = TrainingRecipe.make_optimizer
+
+    def recording(self, tensors):
+        optimizers.append(real(self, tensors))
+        return optimizers[-1]
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(2, 3, kernel_size=3, padding=1), nn.BatchNorm2d(3), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(3 * 4 * 4, 4))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(60, 2, 4, 4)).astype(np.float32)
+    y = rng.integers(0, 4, 60)
+    subsets = np.stack([rng.choice(60, 20, replace=False) for _ in range(4)])
+    recipe = TrainingRecipe("SGD", 0.05, 0.9, 2, 8)
+    plain = train_references(model, x, y, recipe, seed=3, chunk=chunk, subsets=subsets)
+    monkeypatch.setattr(TrainingRecipe, "make_optimizer", recording)
+    watched = train_references(model, x, y, recipe, seed=3, chunk=chunk, subsets=subsets)
+    assert len(optimizers) == 4 // chunk
+    for optimizer in optimizers:
+        assert not optimizer.state
+        assert all(p.grad is None for group in optimizer.param_groups for p in group["params"])
+    for name, value in plain.params.items():
+        assert torch.equal(value, watched.params[name]), name
