@@ -16,7 +16,8 @@ from torch import nn
 
 from audit.scaled_pixels import ScaledPixels
 
-__all__ = ["host_tensor", "model_device", "model_input", "prepare", "module_mode", "eval_mode", "chunks"]
+__all__ = ["check_batch_size", "host_tensor", "model_device", "model_input", "prepare", "module_mode", "eval_mode",
+           "chunks"]
 
 
 def _model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
@@ -51,10 +52,15 @@ def model_input(model: nn.Module, x) -> torch.Tensor:
     return x.to(device)
 
 
-def prepare(model: nn.Module, x, y, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x, y) checked as a labelled sample set for `model`: x on its device and dtype, y as int64 labels."""
+def check_batch_size(batch_size) -> None:
+    """A batch size must be a positive integer (not a bool): one line naming the value otherwise."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+
+
+def prepare(model: nn.Module, x, y, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y) checked as a labelled sample set for `model`: x on its device and dtype, y as int64 labels."""
+    check_batch_size(batch_size)
     x = host_tensor(x)
     y = host_tensor(y)
     if x.ndim == 0 or y.ndim != 1:

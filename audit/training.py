@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, vmap
 
 from audit.config.vocabulary import OPTIMIZERS
-from audit.model_io import model_device, model_input, module_mode
+from audit.model_io import check_batch_size, model_device, model_input, module_mode
 from audit.scaled_pixels import read_in_chunks
 from audit.spill import SpillFolder, weightless_template
 
@@ -314,8 +314,7 @@ class TrainedCopies:
         BatchNorm running statistics), no autograd graph. One vmap'd call per `chunk` copies (default: as many as
         `copies_per_chunk` trains at once) and `batch_size` samples, so memory is bounded by chunk x batch_size
         activations whatever K and N; one copy at a time (with a warning) where vmap cannot batch the forward."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        check_batch_size(batch_size)
         x = model_input(self.model, x)
         if x.ndim == 0 or x.shape[0] == 0:
             raise ValueError(f"TrainedCopies.logits: x must be (N, ...) with N >= 1, got {tuple(x.shape)}")
@@ -361,8 +360,8 @@ def train_references(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     fine-tuned from it, or a freshly initialised model of the same architecture for references that never saw the
     party's data. `start`: K copies trained before (e.g. by an earlier call), each continuing from its own weights,
     with a fresh optimiser (as a party's local training restarts its optimiser each round); `model` is then only the
-    architecture (`start.model` will do). Training memory is one chunk's (`copies_per_chunk`: parameters, gradients, optimiser states); the
-    result holds K copies' parameters and buffers (4 bytes per float32 value per copy), on disk when they exceed
+    architecture (`start.model` will do). Training memory is one chunk's (`copies_per_chunk`: parameters,
+    gradients, optimiser states); the result holds K copies' parameters and buffers (4 bytes per float32 value per copy), on disk when they exceed
     _SPILL_BYTES (RMIA's references of a large model, kept across rounds): each chunk is written as it is trained
     and read back, the same values, when the copies are used."""
     copies = len(y) if subsets is None else len(subsets)

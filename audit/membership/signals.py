@@ -30,7 +30,7 @@ from torch import nn
 
 from audit.config.vocabulary import MEMBER_IF_LOWER, SIGNALS
 from audit.membership.gradient_norms import gradient_norms, gradient_parameter_names
-from audit.model_io import chunks, eval_mode, prepare
+from audit.model_io import check_batch_size, chunks, eval_mode, prepare
 from audit.scaled_pixels import read_in_chunks
 
 
@@ -103,8 +103,7 @@ CHUNK_ROWS = 4096
 def _signals_in_chunks(model, x, y, names, *, layer, batch_size, timings, outputs) -> dict[str, np.ndarray]:
     """compute_signals over consecutive chunks of whole batches (the same batches, so the same values), each chunk's
     float32 values converted only for it: no float32 copy of a large set."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    check_batch_size(batch_size)
     y = np.asarray(y)
     if y.ndim != 1 or len(y) != len(x):
         raise ValueError(f"x must have shape (N, ...) and y shape (N,); got {tuple(x.shape)} and {tuple(y.shape)}")

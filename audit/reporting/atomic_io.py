@@ -13,7 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any, Callable
 
-__all__ = ["atomic_write_stream", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_savefig", "TEMP_SUFFIX"]
+__all__ = ["atomic_write_stream", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_savefig",
+           "TEMP_SUFFIX"]
 
 #: Suffix of the temp files; a leftover one (after a hard kill) is named ``.<target name>.<random>.tmp``.
 TEMP_SUFFIX = ".tmp"
