@@ -59,15 +59,12 @@ class GateArgument(argparse.Action):
         action, *items = values
         if action not in GATE_ACTIONS:
             parser.error(f"{option_string}: unknown action {action!r}; choose one of {', '.join(GATE_ACTIONS)}")
-        if not items:
-            parser.error(f"{option_string} {action}: give at least one METRIC=THRESHOLD, "
-                         f"e.g. {option_string} {action} mia_local_loss_auc=0.6")
         thresholds = {}
         for item in items:
             name, sep, text = item.partition("=")
             name = name.strip()
             if not sep or not name:
-                parser.error(f"{option_string}: {item!r} is not METRIC=THRESHOLD (e.g. mia_local_loss_auc=0.6)")
+                parser.error(f"{option_string}: {item!r} is not METRIC=THRESHOLD (e.g. mia_local_loss_exact_auc=0.6)")
             if name in thresholds:
                 parser.error(f"{option_string}: metric {name!r} is given twice")
             try:
@@ -183,8 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run the Fidel reconstruction audit of each update")
     p.add_argument("--gate", nargs="+", action=GateArgument, default=None, metavar=("ACTION", "METRIC=THRESHOLD"),
                    help="gate leaky updates: ACTION is withhold, dp_retrain or report_only; an update is gated if an "
-                        "audit metric is above its threshold, e.g. --gate withhold mia_local_loss_auc=0.6 "
+                        "audit metric is above its threshold, e.g. --gate withhold mia_local_loss_exact_auc=0.6, or "
+                        "(with --epsilon_budget) if the audit proves more epsilon than the budget "
                         "(task_runner.settings.gate)")
+    p.add_argument("--epsilon_budget", type=float, default=None, metavar="EPSILON",
+                   help="gate an update when the family-wise epsilon lower bound its audit proves (at --epsilon_delta) "
+                        "exceeds this budget (task_runner.settings.gate.epsilon_budget); the action is --gate's, "
+                        "else the plan's"),
     p.add_argument("--gate_bound", choices=BOUND_CHOICES, default=None,
                    help="which value of a metric --gate compares with its threshold: upper (the plan's default: the "
                         "update passes only if its leakage is significantly below), lower (gated only if significantly "
@@ -212,7 +214,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         check_device("--device", args.device)
         if args.gate_bound is not None and args.gate is None:
             raise ValueError("--gate_bound: it says how --gate compares; give --gate ACTION METRIC=THRESHOLD too")
-        if args.gate is not None:
+        if args.gate is not None and not args.gate["thresholds"] and args.epsilon_budget is None:
+            raise ValueError(f"--gate {args.gate['action']}: give at least one METRIC=THRESHOLD (e.g. "
+                             "mia_local_loss_exact_auc=0.6) or --epsilon_budget")
+        if args.gate is not None or args.epsilon_budget is not None:
             gate_policy(args)
     except ValueError as err:
         parser.error(str(err))
@@ -268,12 +273,23 @@ def gate_policy(args):
                  deanon={**(audit.get("deanon") or {}), "enabled": args.deanon},
                  rmia={**(audit.get("rmia") or {}), **flags.pop("rmia")}, **flags)
     settings = AuditSettings.from_mapping(audit, prefix="audit")
-    gate = dict(args.gate) if args.gate_bound is None else {**args.gate, "bound": args.gate_bound}
     try:
-        return GatePolicy.from_mapping(gate, audit_settings=settings, prefix="--gate")
+        return GatePolicy.from_mapping(gate_flags(args), audit_settings=settings, prefix="--gate")
     except SettingsError as err:
-        # "--gate.thresholds.<metric>: ..." -> "--gate: <metric>: ..."
-        raise ValueError(str(err).replace("--gate.thresholds.", "--gate: ", 1)) from None
+        # "--gate.thresholds.<metric>: ..." -> "--gate: <metric>: ..."; the other keys in the words of their flags
+        text = str(err).replace("--gate.thresholds.", "--gate: ", 1).replace("--gate.bound: ", "--gate_bound ")
+        raise ValueError(text.replace("--gate.epsilon_budget", "--epsilon_budget")) from None
+
+
+def gate_flags(args) -> dict:
+    """The plan's gate keys --gate, --gate_bound and --epsilon_budget set (merged into the plan's gate: its dp
+    settings, and its action when only a budget is given, stay)."""
+    gate = {} if args.gate is None else {"action": args.gate["action"], "thresholds": dict(args.gate["thresholds"])}
+    if args.gate_bound is not None:
+        gate["bound"] = args.gate_bound
+    if args.epsilon_budget is not None:
+        gate["epsilon_budget"] = args.epsilon_budget
+    return gate
 
 
 def _workspace_on_path() -> None:
@@ -343,11 +359,8 @@ def overrides_from_args(args) -> dict:
             },
         }},
     }
-    if args.gate is not None:  # merged into the plan's gate: its dp settings stay
-        overrides["task_runner"]["settings"]["gate"] = {"action": args.gate["action"],
-                                                         "thresholds": dict(args.gate["thresholds"])}
-        if args.gate_bound is not None:
-            overrides["task_runner"]["settings"]["gate"]["bound"] = args.gate_bound
+    if args.gate is not None or args.epsilon_budget is not None:  # merged into the plan's gate: its dp settings stay
+        overrides["task_runner"]["settings"]["gate"] = gate_flags(args)
     return overrides
 
 

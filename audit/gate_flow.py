@@ -12,9 +12,12 @@ Order of the flow (each step only when the one before did not decide):
 4. `dp_retrain`: DP-SGD retrains from the received weights, each try re-audited with the noise multiplier doubled,
    until one passes (`dp_retrained`) or the retries run out (`withheld`); `withhold` withholds at once.
 
-Each DP try reports, beside the accountant's epsilon, the empirical epsilon lower bound its audit proves (the largest
-of the attacks' `*_epsilon_lb`): an accountant's epsilon below it would be a bug in the DP training or its
-accounting (tests/test_epsilon_soundness.py checks it never is).
+A watched metric the audit did not produce trips the gate like a value above its limit (audit.config.gate: fail
+closed); the reason is then "missing: <metric>".
+
+Each DP try reports, beside the accountant's epsilon, the empirical epsilon lower bound its audit proves (the leak
+verdict's family-wise bound, audit.verdict.leak): an accountant's epsilon below it would be a bug in the DP training
+or its accounting (tests/test_epsilon_soundness.py checks it never is).
 """
 
 from __future__ import annotations
@@ -25,8 +28,7 @@ from typing import Any, Callable, Mapping
 
 from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
 from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT, NON_FINITE_UPDATE,
-                                        VERDICTS, WITHHELD, threshold_name, tripped_name)
-from audit.config.vocabulary import EPSILON_LB
+                                        VERDICTS, WITHHELD, missing_name, threshold_name, tripped_name)
 
 __all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "Retrained", "DPTry", "GateOutcome",
            "run_gate", "empirical_epsilon"]
@@ -50,18 +52,16 @@ class Retrained:
 
 
 def empirical_epsilon(record: Mapping | None) -> dict | None:
-    """The largest empirical epsilon lower bound of an audit record's attacks (metrics named *_epsilon_lb), which
-    attack gave it, and the delta and confidence it holds at (from the record's settings). Each attack's bound holds
-    at that confidence; the largest of `bounds` of them holds at >= 1 - bounds * (1 - confidence) jointly. None
-    when the record has no such metric."""
-    metrics = (record or {}).get("metrics") or {}
-    found = {name: float(v) for name, v in metrics.items() if name.endswith("_" + EPSILON_LB) and math.isfinite(v)}
-    if not found:
+    """The epsilon lower bound an audit record proves: its leak verdict's family-wise bound (audit.verdict.leak: each
+    attack's bound at a level corrected for their number, the largest kept), which attack gave it, and the delta,
+    confidence and number of attacks it holds over. None when the record has none."""
+    epsilon = ((record or {}).get("leak") or {}).get("epsilon") or {}
+    value = epsilon.get("value")
+    if value is None or not math.isfinite(float(value)):
         return None
-    best = max(found, key=lambda name: (found[name], name))
-    settings = (record or {}).get("settings") or {}
-    return {"value": found[best], "metric": best, "delta": settings.get("epsilon_delta"),
-            "confidence": settings.get("confidence"), "bounds": len(found)}
+    return {"value": float(value), "attack": epsilon.get("attack"), "delta": epsilon.get("delta"),
+            "confidence": epsilon.get("confidence"), "bounds": epsilon.get("sources"),
+            "ceiling": epsilon.get("ceiling")}
 
 
 @dataclass(frozen=True)
@@ -87,7 +87,7 @@ class GateOutcome:
     verdict: str                         # KEPT, DP_RETRAINED or WITHHELD
     gate_verdict: GateVerdict            # the policy's verdict on the trained update (non-finite: always gated)
     record: dict | None                  # the round's audit record; None: not audited and nothing withheld
-    reason: str | None = None            # NON_FINITE_UPDATE, OVER_THRESHOLD, or None when it passed
+    reason: str | None = None            # NON_FINITE_UPDATE, OVER_THRESHOLD, "missing: <metrics>", or None (passed)
     tries: tuple[DPTry, ...] = ()
     epsilon: float = 0.0                 # the round's DP epsilon over every try (0.0 without a DP retrain)
     non_finite_tensors: tuple[str, ...] = ()
@@ -109,7 +109,8 @@ class GateOutcome:
             "action": policy.action,
             "reason": self.reason,
             **self.gate_verdict.to_dict(),
-            "thresholds": dict(policy.thresholds),
+            "thresholds": policy.limits,  # the epsilon budget as the limit of leak_epsilon_lb
+            "epsilon_budget": policy.epsilon_budget,
             "retries": self.retries,
             "epsilon": self.epsilon,
             "delta": policy.dp.delta if self.retries else None,
@@ -128,8 +129,8 @@ class GateOutcome:
         """The scalars the aggregator gets (names: the contract with src.aggregation and its report). `watched`:
         every metric any gate of the plan watches, so every collaborator sends the same names each round (OpenFL's
         aggregator fails when a metric is missing from some collaborators); NON_FINITE_UPDATE always. `thresholds`: this
-        party's gate thresholds, sent per watched metric (NaN for one its gate does not watch) for the aggregator's
-        report."""
+        party's gate limits (GatePolicy.limits), sent per watched metric (NaN for one its gate does not watch) for the
+        aggregator's report; per watched metric also whether this round lacked it (1.0: the gate failed closed)."""
         out = {
             GATE_KEPT: 0.0 if self.verdict == WITHHELD else 1.0,
             GATE_RETRIES: float(self.retries),
@@ -140,6 +141,8 @@ class GateOutcome:
             out[tripped_name(name)] = float(tripped[name][0]) if name in tripped else 0.0
         if thresholds is not None:
             out.update({threshold_name(name): float(thresholds.get(name, math.nan)) for name in watched})
+        missing = set(self.gate_verdict.missing)
+        out.update({missing_name(name): float(name in missing) for name in watched})
         return out
 
 
@@ -171,8 +174,9 @@ def run_gate(
 
     record = audit_trained()
     verdict = policy.decide(record["metrics"])
+    reason = None if verdict.passed else verdict.reason or OVER_THRESHOLD
     if verdict.passed or policy.action == "report_only":
-        return GateOutcome(KEPT, verdict, record, reason=None if verdict.passed else OVER_THRESHOLD)
+        return GateOutcome(KEPT, verdict, record, reason=reason)
     tries: list[DPTry] = []
     if policy.action == "dp_retrain":
         for attempt in range(1, policy.dp.max_retries + 1):
@@ -185,7 +189,7 @@ def run_gate(
                 try_verdict = policy.decide(metrics)
             tries.append(DPTry(attempt, result, try_verdict, metrics, proven))
             if try_verdict.passed:
-                return GateOutcome(DP_RETRAINED, verdict, record, reason=OVER_THRESHOLD, tries=tuple(tries),
+                return GateOutcome(DP_RETRAINED, verdict, record, reason=reason, tries=tuple(tries),
                                    epsilon=result.epsilon, retrained=result)
     epsilon = tries[-1].retrained.epsilon if tries else 0.0
-    return GateOutcome(WITHHELD, verdict, record, reason=OVER_THRESHOLD, tries=tuple(tries), epsilon=epsilon)
+    return GateOutcome(WITHHELD, verdict, record, reason=reason, tries=tuple(tries), epsilon=epsilon)

@@ -3,7 +3,9 @@
 Given the model the party received this round (global) and the model it trained from it (local), each step the plan
 enables runs on the same `AuditContext`: the membership audit (signals on members, non-members and population, the
 population and update attacks), the Fidel reconstruction audit, the deanonymization self-audit, and any registered
-plug-in. Returns a JSON-able round record the report writer stores, with flat scalar metrics that may leave the party.
+plug-in. Then the round's leak verdict (audit.verdict.leak) pools every step's evidence: every membership attack's
+figures tested against chance, any other step's own tests and epsilon bounds, corrected for how many were looked at.
+Returns a JSON-able round record the report writer stores, with flat scalar metrics that may leave the party.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from audit.config.steps import AuditStep, registered
 from audit.scaled_pixels import take_rows
 from audit.spill import ModelSource
 from audit.training import TrainingRecipe
+from audit.config.vocabulary import attack_metric
+from audit.verdict.leak import Evidence, attack_evidence, leak_verdict
 
-__all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "audit_round", "record_to_json",
-           "sample_seed"]
+__all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "audit_round", "attacks_evidence",
+           "record_to_json", "sample_seed"]
 
 SETS = ("members", "nonmembers", "population")
 
@@ -141,6 +145,9 @@ class StepResult:
     timings: dict = field(default_factory=dict)  # merged into record["timings"]
     # Writes the party's private artefacts (e.g. reconstructed images) into its own round folder; never sent.
     write_private: Callable[[Path], None] | None = None
+    # Tests against chance and epsilon bounds for the round's leak verdict beyond those of `attacks` (which are
+    # tested from their scores whatever step returns them).
+    evidence: Evidence | None = None
 
 
 def _runs(audit_step: AuditStep, context: AuditContext) -> bool:
@@ -184,6 +191,7 @@ def audit_round(
     extra: dict = {}
     timings: dict = {}
     private = []
+    evidence = Evidence()
     for audit_step in steps if steps is not None else registered():
         if not _runs(audit_step, context):
             continue
@@ -198,6 +206,11 @@ def audit_round(
         timings.update(result.timings)
         if result.write_private is not None:
             private.append(result.write_private)
+        if result.evidence is not None:
+            evidence += result.evidence
+    verdict = leak_verdict(evidence + attacks_evidence(attacks), confidence=settings.confidence,
+                           delta=settings.epsilon_delta)
+    metrics.update(verdict.metrics)
     timings["audit_s"] = time.perf_counter() - start
 
     return {
@@ -211,9 +224,21 @@ def audit_round(
         "sizes": mia_sets.sizes(),  # what the membership audits used
         "sampling": {"sample_size": settings.sample_size, "sets": mia_sets.sampling()},
         "extra": extra,
+        "leak": verdict.to_dict(),
         # In-memory only (record_to_json drops it): writers of the party's private files for its round folder.
         "_private": private,
     }
+
+
+def attacks_evidence(attacks: Mapping) -> Evidence:
+    """The membership attacks' evidence (model kind -> signal -> AttackResult), each tested from its own scores."""
+    found = Evidence()
+    for kind, per_signal in attacks.items():
+        for signal, result in per_signal.items():
+            found += attack_evidence(f"{kind} / {signal}",
+                                     lambda statistic, kind=kind, signal=signal: attack_metric(kind, signal, statistic),
+                                     result.uncertainty)
+    return found
 
 
 def record_to_json(record: dict) -> dict:

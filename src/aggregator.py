@@ -37,7 +37,7 @@ from openfl.utilities import TensorKey
 
 from src import aggregator_server, model_file
 from src.aggregation import round_decisions
-from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record
+from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record, withheld_warning
 from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
 from src.aggregator_tensordb import IndexedTensorDB
 from src.plan_checks import check_plan, check_tasks, plan_being_built
@@ -92,6 +92,9 @@ class AggregatorReportCallback(Callback):
         from audit.reporting.background import flush
 
         flush()
+        warning = withheld_warning(self.writer.load_rounds())
+        if warning:
+            logger.warning("Warning: %s", warning)
 
 
 def build_callbacks(entries: Any) -> list:

@@ -35,10 +35,12 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_KEPT_NOT_FINITE, GATE_RETRIES,
-                                        GATE_THRESHOLD_PREFIX, GATE_TRIPPED_PREFIX, KEPT, LEFT_OUT_NON_FINITE,
-                                        NO_GATE_METRIC, NON_FINITE_TENSORS, NON_FINITE_UPDATE, STRAGGLER, WITHHELD,
-                                        Decision, decide)
+from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_KEPT_NOT_FINITE,
+                                        GATE_MISSING_PREFIX, GATE_RETRIES, GATE_THRESHOLD_PREFIX, GATE_TRIPPED_PREFIX,
+                                        KEPT, LEFT_OUT_NON_FINITE, NO_GATE_METRIC, NON_FINITE_TENSORS,
+                                        NON_FINITE_UPDATE, STRAGGLER, WITHHELD, Decision, decide)
+from audit.config.steps import is_audit_metric
+from audit.config.vocabulary import LEAK_DETECTED, LEAK_EPSILON_CEILING, LEAK_EPSILON_LB, LEAK_P_VALUE
 from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
 from audit.reporting.background import render_queue
 from audit.reporting.csv_cells import spreadsheet_safe_row
@@ -48,7 +50,6 @@ from audit.reporting.writer import RoundReportWriter
 
 logger = logging.getLogger(__name__)
 
-AUDIT_PREFIX = "mia_"
 # The record's lists of collaborators by status (key -> status); "stragglers" predates the others.
 STATUS_LISTS = {"kept": KEPT, "withheld": WITHHELD, "left_out_non_finite": LEFT_OUT_NON_FINITE,
                 "stragglers": STRAGGLER}
@@ -103,10 +104,13 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
         name[len(GATE_TRIPPED_PREFIX):]: _finite_or_none(value)
         for name, value in sorted(metrics.items()) if name.startswith(GATE_TRIPPED_PREFIX) and value != 0.0
     }
+    missing = sorted(name[len(GATE_MISSING_PREFIX):] for name, value in metrics.items()
+                     if name.startswith(GATE_MISSING_PREFIX) and value == 1.0)
     causes = [
-        "non-finite update (NaN/Inf)" if name == NON_FINITE_UPDATE else f"{name} = {_fmt(value)}"
+        "non-finite update (NaN/Inf)" if name == NON_FINITE_UPDATE else
+        f"missing: {name}" if name in missing else f"{name} = {_fmt(value)}"
         for name, value in tripped.items()
-    ]
+    ] + [f"missing: {name}" for name in missing if name not in tripped]
     retries = _finite_or_none(metrics.get(GATE_RETRIES))
     epsilon = _finite_or_none(metrics.get(GATE_EPSILON))
     thresholds = {name[len(GATE_THRESHOLD_PREFIX):]: _finite_or_none(value) for name, value in sorted(metrics.items())
@@ -131,11 +135,18 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
         "gate_retries": retries,
         "gate_epsilon": epsilon,
         "tripped": tripped,
+        "missing": missing,
         "thresholds": thresholds,
-        "audit_metrics": {k: _finite_or_none(v) for k, v in sorted(metrics.items()) if k.startswith(AUDIT_PREFIX)},
+        # The party's leak verdict (audit.verdict.leak), as its scalars say it: None where it sent none.
+        "leak": {"detected": None if (d := _finite_or_none(metrics.get(LEAK_DETECTED))) is None else d >= 0.5,
+                 "p_value": _finite_or_none(metrics.get(LEAK_P_VALUE)),
+                 "epsilon_lb": _finite_or_none(metrics.get(LEAK_EPSILON_LB)),
+                 "epsilon_ceiling": _finite_or_none(metrics.get(LEAK_EPSILON_CEILING))},
+        # Every audit step's metrics and the leak verdict's, by the registry's prefixes (audit.config.steps).
+        "audit_metrics": {k: _finite_or_none(v) for k, v in sorted(metrics.items()) if is_audit_metric(k)},
         "other_metrics": {
             k: _finite_or_none(v) for k, v in sorted(metrics.items())
-            if not k.startswith(AUDIT_PREFIX) and not k.startswith("gate_")
+            if not is_audit_metric(k) and not k.startswith("gate_")
         },
     }
 
@@ -287,23 +298,27 @@ def _metrics_csv(records: list[dict]) -> str:
 
 
 def gate_metrics(records: list[dict]) -> list[str]:
-    """The metrics the collaborators' gates watch (those they sent thresholds or trip flags for); without a gate,
-    the local model's loss attack's exact AUC (or the first exact AUC sent), so the page still plots a leak figure."""
-    watched = sorted({m for r in records for e in r["collaborators"].values()
-                      for m in (*e.get("thresholds", {}), *e.get("tripped", {})) if m != NON_FINITE_UPDATE})
+    """The metrics the collaborators' gates watch (those they sent limits, trip flags or missing flags for); empty
+    when no gate is set."""
+    return sorted({m for r in records for e in r["collaborators"].values()
+                   for m in (*e.get("thresholds", {}), *e.get("tripped", {}), *e.get("missing", ()))
+                   if m != NON_FINITE_UPDATE})
+
+
+def plotted_metrics(records: list[dict]) -> list[str]:
+    """What the page plots per round: every gate metric, or without a gate the leak verdict's family-wise epsilon
+    lower bound (the headline leakage every audited round has)."""
+    watched = gate_metrics(records)
     if watched:
         return watched
-    sent = sorted({k for r in records for k in r.get("averaged_audit_metrics", {})})
-    preferred = [n for n in sent if n == "mia_local_loss_exact_auc"] or [n for n in sent if n.endswith("_exact_auc")]
-    return preferred[:1]
+    sent = {k for r in records for k in r.get("averaged_audit_metrics", {})}
+    return [LEAK_EPSILON_LB] if LEAK_EPSILON_LB in sent else []
 
 
 def _value_of(entry: Mapping, metric: str) -> float | None:
-    """A collaborator's estimate of a gate metric, as it sent it: one kind of value for every collaborator, so the
-    mean and the worst compare like with like (the interval bound a gate may compare stays with the party; a metric
-    that is itself a bound is only known where it tripped)."""
-    value = entry.get("audit_metrics", {}).get(metric)
-    return value if value is not None else entry.get("tripped", {}).get(metric)
+    """A collaborator's estimate of a metric, as it sent it: one kind of value for every collaborator, so the mean and
+    the worst compare like with like (the interval bound a gate may compare stays with the party)."""
+    return entry.get("audit_metrics", {}).get(metric)
 
 
 def _plot_file(metric: str) -> str:
@@ -316,13 +331,13 @@ def _threshold_of(record: Mapping, metric: str) -> float | None:
 
 
 def write_plots(records: list[dict], root: Path) -> list[tuple[str, str]]:
-    """One plot per gate metric (see gate_metrics): each collaborator, the mean and the worst per round, the
+    """One plot per plotted metric (see plotted_metrics): each collaborator, the mean and the worst per round, the
     threshold; returns (metric, file name) for the page. Stale plots are removed."""
     made = []
     if records:
         rounds = [r["round"] for r in records]
         names = sorted({n for r in records for n in r["collaborators"]})
-        for metric in gate_metrics(records):
+        for metric in plotted_metrics(records):
             values = {n: [_value_of(r["collaborators"][n], metric) if n in r["collaborators"] else None
                           for r in records] for n in names}
             values = {n: [math.nan if v is None else v for v in vs] for n, vs in values.items()}
@@ -344,12 +359,24 @@ def _verdict_text(entry: Mapping, metric: str) -> str:
     value, threshold = _value_of(entry, metric), entry.get("thresholds", {}).get(metric)
     tripped = entry.get("tripped", {})
     text = _fmt(value) if value is not None else "–"
+    if metric in entry.get("missing", ()):
+        return text + "; missing this round: gated (fail closed)"
     if metric in tripped:
         compared = _fmt(tripped[metric]) if tripped[metric] is not None else "not finite"
         return text + f"; compared {compared} > {_fmt(threshold) if threshold is not None else 'its threshold'}"
     if threshold is not None:
         return text + f"; passed (≤ {_fmt(threshold)})"
     return text if value is not None else ""
+
+
+def leak_text(entry: Mapping) -> str:
+    """A collaborator's leak verdict as its scalars say it: "leak detected (p 0.003); ε ≥ 0.42" or "no leak
+    detected; ε ≥ 0"."""
+    leak = entry.get("leak") or {}
+    if leak.get("detected") is None:
+        return "no leak verdict (not audited)"
+    said = f"leak detected (p {_fmt(leak.get('p_value'))})" if leak["detected"] else "no leak detected"
+    return said + (f"; ε ≥ {_fmt(leak['epsilon_lb'])}" if leak.get("epsilon_lb") is not None else "")
 
 
 def _round_row(record: Mapping, names: list[str], metric: str | None) -> str:
@@ -361,25 +388,48 @@ def _round_row(record: Mapping, names: list[str], metric: str | None) -> str:
             cells.append("<td></td>")
             continue
         verdict = entry.get("verdict", entry["status"])
+        leak = entry.get("leak") or {}
+        state = "not_audited" if leak.get("detected") is None else "leak" if leak["detected"] else "no_leak"
         detail = _verdict_text(entry, metric) if metric else ""
-        cells.append(f'<td class="text"><span class="{e(verdict)}">{e(verdict)}</span>'
-                     + (f"<br><span class=\"muted\">{e(detail)}</span>" if detail else "") + "</td>")
+        cells.append(f'<td class="text"><span class="{e(verdict)}">{e(verdict)}</span> · '
+                     f'<span class="{state}">{e(leak_text(entry))}</span>'
+                     + (f"<br><span class=\"muted\">{e(metric)}: {e(detail)}</span>" if detail else "") + "</td>")
     summary = ""
     if metric:
-        values = [v for n in names if n in record["collaborators"]
-                  if (v := _value_of(record["collaborators"][n], metric)) is not None]
-        worst = max(values) if values else None
-        who = [n for n in names if n in record["collaborators"]
-               and _value_of(record["collaborators"][n], metric) == worst and worst is not None]
+        values = {n: v for n in names if n in record["collaborators"]
+                  if (v := _value_of(record["collaborators"][n], metric)) is not None}
+        worst = max(values.values()) if values else None
+        # A worst collaborator is named only where the values differ: with equal values nobody is worse.
+        who = [n for n, v in values.items() if v == worst] if len(set(values.values())) > 1 else []
         threshold = _threshold_of(record, metric)
-        summary = (f"<td>{e(_fmt(sum(values) / len(values)) if values else '')}</td>"
+        summary = (f"<td>{e(_fmt(sum(values.values()) / len(values)) if values else '')}</td>"
                    f"<td>{e(_fmt(worst))}{e(f' ({who[0]})' if who else '')}</td>"
                    f"<td>{e(_fmt(threshold) if threshold is not None else 'none')}</td>")
     return (f'<tr><td><a href="#round-{record["round"]}">{record["round"]}</a></td>' + "".join(cells) + summary
             + f"<td class=\"text\">{e(', '.join(record['kept']) or 'none')}</td></tr>")
 
 
-_VOCABULARY = ("Verdicts, in the collaborators' words: <strong>kept</strong> (averaged as trained), <strong>dp_retrained</strong> (its "
+def withheld_warning(records: list[dict]) -> str | None:
+    """A warning when every update of a collaborator, or of every collaborator, was kept out of the average over the
+    whole run: the global model then never had its data (or never changed at all). None otherwise."""
+    if not records:
+        return None
+    names = sorted({n for r in records for n in r["collaborators"]})
+    never = [n for n in names if not any(r["collaborators"].get(n, {}).get("averaged") for r in records)]
+    rounds = len(records)
+    if never and len(never) == len(names):
+        return (f"every update of every collaborator was kept out of the average in all {rounds} rounds: the global "
+                "model never changed from the initial one")
+    if never:
+        return (f"every update of {', '.join(never)} was kept out of the average in all {rounds} rounds: the global "
+                "model never learnt from its data")
+    return None
+
+
+_VOCABULARY = ("Leak verdicts, each party's own: <strong>leak detected</strong> when one of its attacks beat chance "
+               "after the correction for how many figures it tested (Holm, at the audit's confidence; p: the adjusted "
+               "p-value), else <strong>no leak detected</strong>; ε ≥: the epsilon lower bound its audit proves, "
+               "corrected for its number of attacks. Gate verdicts, in the collaborators' words: <strong>kept</strong> (averaged as trained), <strong>dp_retrained</strong> (its "
                "gate retrained the update with DP; the DP-retrained update was averaged), <strong>withheld</strong> (its gate "
                "kept the update back: not averaged), <strong>left_out_non_finite</strong> (NaN/Inf in what it sent: not "
                "averaged), <strong>straggler</strong> (the round ended without it). Thresholds: each gate's, as the "
@@ -407,10 +457,15 @@ def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool,
         return page("Aggregator report", body)
     names = sorted({n for r in records for n in r["collaborators"]})
     metric = next(iter(gate_metrics(records)), None)
+    warning = withheld_warning(records)
+    if warning:
+        body.append(f'<p class="flag"><strong>Warning:</strong> {e(warning)}.</p>')
     body.append("<h2>Verdict per round</h2>")
     body.append(f'<p class="muted">{_VOCABULARY}</p>')
     if metric:
         body.append(f"<p>Gate metric: <code>{e(metric)}</code>.</p>")
+    else:
+        body.append("<p>No gate is set: every update is averaged as sent; the leak verdicts are the parties' own.</p>")
     body.append('<div class="scroll"><table><tr><th>round</th>' + "".join(f"<th>{e(n)}</th>" for n in names)
                 + ("<th>mean</th><th>worst (max)</th><th>threshold</th>" if metric else "")
                 + "<th>averaged</th></tr>")

@@ -25,7 +25,7 @@ from openfl.utilities import Metric, TensorKey
 
 from audit.config.audit_settings import AuditSettings
 from audit.config.checks import SettingsError, is_int, is_real
-from audit.config.gate import GatePolicy, non_finite_tensors
+from audit.config.gate import GatePolicy, audit_metric_names, non_finite_tensors
 from audit.config.gate_contract import sent_to_aggregator
 from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
 from audit.config.vocabulary import OPTIMIZERS
@@ -126,10 +126,13 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         # OpenFL's aggregator fails at the end of a round when a reported metric is missing from some
         # collaborators: every collaborator parses the same plan, so all send gate_tripped__<name> for
         # every metric any gate in the plan watches (0.0 when not tripped).
-        watched = set(self.gate_policy.thresholds)
+        watched = set(self.gate_policy.limits)
         for col in self.per_collaborator.values():
-            watched |= set(col.gate.thresholds)
+            watched |= set(col.gate.limits)
         self.gate_watched = tuple(sorted(watched))
+        # For the same reason every audited round sends every audit metric the plan's audit declares (NaN where a
+        # round lacks one, e.g. a step that failed): the scalars that may leave the party (gate_contract).
+        self._sent_metrics = tuple(n for n in audit_metric_names(self.audit_settings) if sent_to_aggregator(n))
         self.seed = seed
         self.optimizer_name, self.learning_rate, self.momentum = optimizer, float(learning_rate), float(momentum)
 
@@ -377,10 +380,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                 record["timings"].get("audit_s", 0.0), train_seconds, outcome.verdict,
                 f" (tripped {', '.join(tripped)})" if tripped else "",
             )
-            for name, value in record["metrics"].items():
-                if name != "train_loss" and sent_to_aggregator(name):
-                    global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
-        for name, value in outcome.scalars(self.gate_watched, gate.thresholds).items():
+            for name in self._sent_metrics:
+                value = record["metrics"].get(name, math.nan)
+                global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
+        for name, value in outcome.scalars(self.gate_watched, gate.limits).items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out
 

@@ -53,7 +53,7 @@ def toy_step():
     step = register(AuditStep(
         name="toy", section="toy",
         parse=lambda key, value: from_checks(ToySettings, {"enabled": check_bool, "scale": _scale}, value, key),
-        metric_names=lambda settings, _: ["toy_right_fraction"], run=toy_run,
+        metric_names=lambda settings, _: ["toy_right_fraction"], run=toy_run, metric_prefix="toy_",
     ))
     yield step
     unregister("toy")
@@ -97,8 +97,8 @@ def test_a_registered_step_is_parsed_run_reported_and_gated(toy_step, tmp_path):
     assert float(rows[0]["toy_right_fraction"]) == pytest.approx(expected)
 
     # ... and the gate acts on it.
-    gate = GatePolicy.from_mapping({"action": "withhold", "thresholds": {"toy_right_fraction": expected / 2}},
-                                   audit_settings=settings)
+    gate = GatePolicy.from_mapping({"action": "withhold", "bound": "point",
+                                    "thresholds": {"toy_right_fraction": expected / 2}}, audit_settings=settings)
     outcome = run_gate(gate, {"w": np.zeros(2)}, audited=True, audit_trained=lambda: record,
                        audit_received=lambda: record, empty_record=dict, retrain=None, audit_retrained=None)
     assert outcome.verdict == WITHHELD and "toy_right_fraction" in outcome.gate_verdict.tripped
@@ -123,7 +123,19 @@ def test_without_the_registration_the_section_is_unknown():
 
 def test_a_name_or_section_cannot_be_registered_twice(toy_step):
     with pytest.raises(ValueError, match="taken by 'toy'"):
-        register(AuditStep(name="toy2", section="toy", parse=lambda k, v: v, metric_names=lambda s, a: [], run=toy_run))
+        register(AuditStep(name="toy2", section="toy", parse=lambda k, v: v, metric_names=lambda s, a: [], run=toy_run,
+                           metric_prefix="toy2_"))
+
+
+@pytest.mark.parametrize("prefix, overlaps", [("toy_r", "toy_"), ("t", "toy_"), ("mia_x_", "mia_"), ("leak_", "leak_"),
+                                              ("gate_", "gate_"), ("", None)])
+def test_a_steps_metric_prefix_is_its_own(toy_step, prefix, overlaps):
+    """The aggregator and the readers tell a step's metrics by its prefix: no two steps (nor the leak verdict or the
+    gate's scalars) may share one."""
+    with pytest.raises(ValueError, match="overlaps" if overlaps else "needs a metric_prefix"):
+        register(AuditStep(name="other", section="other", parse=lambda k, v: v, metric_names=lambda s, a: [],
+                           run=toy_run, metric_prefix=prefix))
+    assert "other" not in [s.name for s in registered()]
 
 
 def test_builtin_steps_run_in_order_and_fidel_keys_moved():

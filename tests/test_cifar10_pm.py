@@ -62,8 +62,14 @@ def test_exit_code_and_summary_lines(digits_run):
     assert [line.split(" in ")[0] for line in proc.stderr.splitlines() if line.startswith("round ")] == [
         "round 1/2 done", "round 2/2 done"]
     assert "gate_tripped" not in proc.stdout
-    assert ("summary per round (TPR: the strongest membership attack's at the lowest FPR tolerance every party's "
-            "population resolves, 0.1") in proc.stdout
+    assert "summary per round (per collaborator: its leak verdict" in proc.stdout
+    # every audited round of every party has its leak verdict line, read off its record
+    for r in (0, 1):
+        for col in COLLABORATORS:
+            leak = json.loads((log_dir / col / f"round_{r:04d}" / "audit.json").read_text())["leak"]
+            said = "leak detected (" if leak["detected"] else "no leak detected ("
+            assert f"  {col}: {said}{leak['tests']} tests, Holm-corrected, 95%)" in proc.stdout
+    assert ("no leak detected in any audited round" in proc.stdout) or ("leak detected: " in proc.stdout)
 
 
 @pytest.mark.federation
@@ -182,10 +188,16 @@ def test_fpr_tolerance_errors_name_the_flag(capsys, argv, expected):
 
 
 @pytest.mark.parametrize("argv, gate", [
-    (["--gate", "withhold", "mia_local_loss_auc=0.6"], {"action": "withhold", "thresholds": {"mia_local_loss_auc": 0.6}}),
-    (["--gate", "dp_retrain", "mia_local_loss_tpr_at_fpr_0.1=0.3", "mia_update_loss_reduction_auc=0.7"],
+    (["--gate", "withhold", "mia_local_loss_exact_auc=0.6"],
+     {"action": "withhold", "thresholds": {"mia_local_loss_exact_auc": 0.6}}),
+    (["--gate", "dp_retrain", "mia_local_loss_tpr_at_fpr_0.1=0.3", "mia_update_loss_reduction_exact_auc=0.7"],
      {"action": "dp_retrain",
-      "thresholds": {"mia_local_loss_tpr_at_fpr_0.1": 0.3, "mia_update_loss_reduction_auc": 0.7}}),
+      "thresholds": {"mia_local_loss_tpr_at_fpr_0.1": 0.3, "mia_update_loss_reduction_exact_auc": 0.7}}),
+    (["--gate", "withhold", "mia_local_loss_auc=0.6", "--gate_bound", "point", "--epsilon_budget", "2"],
+     {"action": "withhold", "thresholds": {"mia_local_loss_auc": 0.6}, "bound": "point", "epsilon_budget": 2.0}),
+    (["--epsilon_budget", "1.5"], {"epsilon_budget": 1.5}),  # the plan's action
+    (["--gate", "dp_retrain", "--epsilon_budget", "1.5"], {"action": "dp_retrain", "thresholds": {},
+                                                          "epsilon_budget": 1.5}),
     # metric names follow --fpr_tolerance and --signals, wherever they stand on the line
     (["--gate", "report_only", "mia_global_gradient_norm_tpr_at_fpr_0.01=0", "--fpr_tolerance", "0.01",
       "--signals", "gradient_norm"],
@@ -193,7 +205,7 @@ def test_fpr_tolerance_errors_name_the_flag(capsys, argv, expected):
 ])
 def test_gate_parsing_and_overrides(argv, gate):
     args = cifar10_PM.parse_args(["--dataset", "digits", *argv])
-    assert args.gate == gate
+    assert cifar10_PM.gate_flags(args) == gate
     overrides = cifar10_PM.overrides_from_args(_with_report_dir(args))
     assert overrides["task_runner"]["settings"]["gate"] == gate
     assert "dp" not in overrides["task_runner"]["settings"]["gate"]  # the plan's dp settings are kept
@@ -255,12 +267,16 @@ def _with_report_dir(args):
 
 @pytest.mark.parametrize("argv, expected", [
     (["--gate", "block", "mia_local_loss_auc=0.6"], ["--gate", "'block'", "withhold, dp_retrain, report_only"]),
-    (["--gate", "withhold"], ["--gate withhold", "at least one METRIC=THRESHOLD"]),
+    (["--gate", "withhold"], ["--gate withhold", "at least one METRIC=THRESHOLD", "or --epsilon_budget"]),
+    (["--gate", "withhold", "mia_local_loss_auc=0.6"],  # the grid AUC has no interval to compare under the default
+     ["--gate: mia_local_loss_auc: the audit reports no upper bound for it (--gate_bound upper)", "--gate_bound point"]),
+    (["--epsilon_budget", "-1"], ["--epsilon_budget: expected a number >= 0"]),
     (["--gate", "withhold", "mia_local_loss_auc"], ["--gate", "'mia_local_loss_auc' is not METRIC=THRESHOLD"]),
     (["--gate", "withhold", "=0.5"], ["--gate", "'=0.5' is not METRIC=THRESHOLD"]),
     (["--gate", "withhold", "mia_local_loss_auc=high"], ["--gate", "mia_local_loss_auc", "not a number: 'high'"]),
     (["--gate", "withhold", "mia_local_loss_auc=0.5", "mia_local_loss_auc=0.6"], ["'mia_local_loss_auc' is given twice"]),
-    (["--gate", "withhold", "mia_local_foo_auc=0.6"], ["--gate: mia_local_foo_auc: unknown metric", "mia_local_loss_auc"]),
+    (["--gate", "withhold", "mia_local_foo_auc=0.6"], ["--gate: mia_local_foo_auc: unknown metric; did you mean",
+                                                      "mia_local_loss_auc"]),
     # a real metric name, but not one this audit produces
     (["--signals", "loss", "--gate", "withhold", "mia_local_logits_auc=0.6"], ["--gate: mia_local_logits_auc: unknown metric"]),
     (["--gate", "withhold", "mia_local_loss_tpr_at_fpr_0.01=0.3"], ["--gate: mia_local_loss_tpr_at_fpr_0.01: unknown"]),
@@ -281,7 +297,7 @@ def gated_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pm_gate")
     log_dir = tmp / "logs"
     proc = _run([*DIGITS_RUN, "--comm_round", "2", "--signals", "loss", "--no_progress", "--log_dir", str(log_dir),
-                 "--gate", "withhold", "mia_local_loss_auc=0.0"], tmp)
+                 "--gate", "withhold", "mia_local_loss_auc=0.0", "--gate_bound", "point"], tmp)
     return proc, log_dir
 
 
@@ -332,10 +348,10 @@ def test_gate_summary_lines(gated_run):
 
 
 def test_deanon_gate_metric_needs_deanon(capsys):
-    args = cifar10_PM.parse_args(["--deanon", "--gate", "withhold", "deanon_ap_over_chance=2"])
+    args = cifar10_PM.parse_args(["--deanon", "--gate", "withhold", "deanon_ap_over_chance=2", "--gate_bound", "point"])
     assert args.deanon and args.gate["thresholds"] == {"deanon_ap_over_chance": 2.0}
     with pytest.raises(SystemExit):
-        cifar10_PM.parse_args(["--gate", "withhold", "deanon_ap_over_chance=2"])
+        cifar10_PM.parse_args(["--gate", "withhold", "deanon_ap_over_chance=2", "--gate_bound", "point"])
     assert "deanon_ap_over_chance" in capsys.readouterr().err
 
 

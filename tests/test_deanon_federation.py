@@ -19,7 +19,8 @@ OVERRIDES = {
                   "deanon": {"enabled": True, "crowd_users": 6, "shadows_per_user": 4, "attacks": ["mlp", "knn"]}},
         "per_collaborator": {
             "collaborator1": {"mitigation": {"method": "noise", "sigma": 0.001},
-                              "gate": {"action": "withhold", "thresholds": {"deanon_ap_over_chance": 0.0}}},
+                              "gate": {"action": "withhold", "bound": "point",
+                                                       "thresholds": {"deanon_ap_over_chance": 0.0}}},
             "collaborator2": {"mitigation": {"method": "mm_aug", "alpha": 0.5, "clusters": 5}},
         },
     }},

@@ -15,7 +15,7 @@ OVERRIDES = {
     "task_runner": {"settings": {
         "model": "fcnn", "optimizer": "SGD", "learning_rate": 0.01, "momentum": 0.0,
         "audit": {"fidel": {"enabled": True}},
-        "gate": {"action": "withhold", "thresholds": {"fidel_revealed_fraction": 0.2}},
+        "gate": {"action": "withhold", "bound": "point", "thresholds": {"fidel_revealed_fraction": 0.2}},
     }},
 }
 

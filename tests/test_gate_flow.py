@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from audit.config.gate import GatePolicy
-from audit.config.gate_contract import GATE_EPSILON, GATE_KEPT, GATE_RETRIES, GATE_TRIPPED_PREFIX, NON_FINITE_UPDATE
+from audit.config.gate_contract import (GATE_EPSILON, GATE_KEPT, GATE_MISSING_PREFIX, GATE_RETRIES, GATE_TRIPPED_PREFIX,
+                                        NON_FINITE_UPDATE)
 from audit.gate_flow import (DP_RETRAINED, KEPT, OVER_THRESHOLD, SEND_RECEIVED, SEND_RETRAINED, SEND_TRAINED,
                              WITHHELD, Retrained, run_gate)
 from audit.config.audit_settings import AuditSettings
@@ -19,8 +20,8 @@ METRIC = "mia_local_loss_auc"
 
 
 def policy(action: str, threshold: float = 0.7, retries: int = 3) -> GatePolicy:
-    return GatePolicy.from_mapping({"action": action, "thresholds": {METRIC: threshold}, "dp": {"max_retries": retries}},
-                                   audit_settings=AUDIT)
+    return GatePolicy.from_mapping({"action": action, "bound": "point", "thresholds": {METRIC: threshold},
+                                    "dp": {"max_retries": retries}}, audit_settings=AUDIT)
 
 
 class Round:
@@ -85,7 +86,8 @@ def test_dp_retrain_doubles_the_noise_until_a_try_passes():
     assert entry["delta"] == gate.dp.delta and entry["dp_train_loss"] == 0.5
     # the aggregator hears that it was kept after 2 retrains, and what tripped the first audit
     assert out.scalars((METRIC,)) == {GATE_KEPT: 1.0, GATE_RETRIES: 2.0, GATE_EPSILON: 4.0,
-                                      GATE_TRIPPED_PREFIX + METRIC: 0.8, GATE_TRIPPED_PREFIX + NON_FINITE_UPDATE: 0.0}
+                                      GATE_TRIPPED_PREFIX + METRIC: 0.8, GATE_TRIPPED_PREFIX + NON_FINITE_UPDATE: 0.0,
+                                      GATE_MISSING_PREFIX + METRIC: 0.0}
 
 
 def test_dp_retrain_withholds_when_every_try_fails_and_reports_the_composed_epsilon():
@@ -120,20 +122,64 @@ def test_a_round_off_the_audit_schedule_is_not_gated():
 
 
 def test_each_dp_try_reports_the_empirical_epsilon_its_audit_proves_beside_the_accountants():
-    """The largest of the try's *_epsilon_lb metrics, which attack gave it, and the delta and confidence of the
-    audit's settings; the trained update's own bound at the top."""
+    """The leak verdict's family-wise bound of each try, which attack gave it, and the delta, confidence and number
+    of attacks it holds over; the trained update's own bound at the top."""
     class WithBounds(Round):
         def record(self, auc):
-            return {"attacks": {"local": {}}, "settings": {"epsilon_delta": 1e-5, "confidence": 0.95},
-                    "metrics": {METRIC: auc, "mia_local_loss_epsilon_lb": 3 * (auc - 0.5),
-                                "mia_update_loss_reduction_epsilon_lb": 0.1}}
+            best = 3 * (auc - 0.5)
+            return {"attacks": {"local": {}}, "metrics": {METRIC: auc},
+                    "leak": {"epsilon": {"value": max(best, 0.1), "sources": 2, "delta": 1e-5, "confidence": 0.95,
+                                         "ceiling": 4.0, "attack": "local / loss" if best > 0.1 else "update / x"}}}
 
     gate = policy("dp_retrain")
     out = WithBounds(trained_auc=0.8, retrain_aucs=(0.75, 0.52)).run(gate)
     entry = out.record_entry(gate)
-    assert entry["empirical_epsilon"] == {"value": pytest.approx(0.9), "metric": "mia_local_loss_epsilon_lb",
-                                          "delta": 1e-5, "confidence": 0.95, "bounds": 2}
+    assert entry["empirical_epsilon"] == {"value": pytest.approx(0.9), "attack": "local / loss", "delta": 1e-5,
+                                          "confidence": 0.95, "bounds": 2, "ceiling": 4.0}
     first, second = entry["tries"]
     assert (first["epsilon"], first["empirical_epsilon"]["value"]) == (2.0, pytest.approx(0.75))
-    assert second["empirical_epsilon"]["metric"] == "mia_update_loss_reduction_epsilon_lb"  # 0.1 > 3 * 0.02
+    assert second["empirical_epsilon"]["attack"] == "update / x"  # 0.1 > 3 * 0.02
     assert Round().run(gate).record_entry(gate)["empirical_epsilon"] is None  # an audit without the bound
+
+
+@pytest.mark.parametrize("action, verdict, sends", [("withhold", WITHHELD, SEND_RECEIVED),
+                                                     ("report_only", KEPT, SEND_TRAINED)])
+def test_a_round_without_the_watched_metric_fails_closed(action, verdict, sends):
+    """The audit ran but did not produce the gate's metric (a step skipped, a bound not computed): the update is not
+    sent as if it had passed, the reason names the metric, and the aggregator hears it (gate_missing__, gate_kept)."""
+    class Without(Round):
+        def record(self, auc):
+            return {"attacks": {"local": {}}, "metrics": {"mia_local_loss_exact_auc": 0.5}}
+
+    gate = policy(action)
+    out = Without().run(gate)
+    assert (out.verdict, out.sends, out.reason) == (verdict, sends, f"missing: {METRIC}")
+    assert out.gate_verdict.missing == (METRIC,)
+    scalars = out.scalars((METRIC,), gate.limits)
+    assert scalars[GATE_MISSING_PREFIX + METRIC] == 1.0 and scalars[GATE_KEPT] == (action != "withhold")
+    assert out.record_entry(gate)["reason"] == f"missing: {METRIC}"
+
+
+def test_a_dp_retrain_that_still_lacks_the_metric_is_withheld():
+    class Without(Round):
+        def record(self, auc):
+            return {"attacks": {"local": {}}, "metrics": {}}
+
+    out = Without().run(policy("dp_retrain", retries=2))
+    assert (out.verdict, out.retries, out.reason) == (WITHHELD, 2, f"missing: {METRIC}")
+    assert all(t.verdict.missing == (METRIC,) for t in out.tries)
+
+
+def test_an_epsilon_budget_gates_on_the_family_wise_bound():
+    gate = GatePolicy.from_mapping({"action": "withhold", "epsilon_budget": 0.5}, audit_settings=AUDIT)
+
+    class Proven(Round):
+        def record(self, auc):
+            return {"attacks": {"local": {}}, "metrics": {"leak_epsilon_lb": auc}}
+
+    assert Proven(trained_auc=0.4).run(gate).verdict == KEPT
+    out = Proven(trained_auc=0.8).run(gate)
+    assert (out.verdict, out.reason) == (WITHHELD, OVER_THRESHOLD)
+    assert out.gate_verdict.tripped == {"leak_epsilon_lb": (0.8, 0.5)}
+    entry = out.record_entry(gate)
+    assert entry["epsilon_budget"] == 0.5 and entry["thresholds"] == {"leak_epsilon_lb": 0.5}

@@ -36,7 +36,8 @@ def policy(mapping, audit=AUDIT):
 
 
 def test_update_is_gated_when_any_metric_is_above_its_threshold():
-    gate = policy({"action": "withhold", "thresholds": {"mia_local_loss_auc": 0.7, "mia_update_loss_reduction_auc": 0.6}})
+    gate = policy({"action": "withhold", "bound": "point",
+                   "thresholds": {"mia_local_loss_auc": 0.7, "mia_update_loss_reduction_auc": 0.6}})
     verdict = gate.decide({"mia_local_loss_auc": 0.71, "mia_update_loss_reduction_auc": 0.6, "other": 9.0})
     assert not verdict.passed
     assert verdict.tripped == {"mia_local_loss_auc": (0.71, 0.7)}  # 0.6 is not above 0.6
@@ -44,13 +45,14 @@ def test_update_is_gated_when_any_metric_is_above_its_threshold():
 
 
 def test_update_passes_at_or_below_every_threshold():
-    gate = policy({"thresholds": {"mia_local_loss_auc": 0.7, "mia_local_loss_tpr_at_fpr_0.1": 0.3}})
+    gate = policy({"bound": "point", "thresholds": {"mia_local_loss_auc": 0.7, "mia_local_loss_tpr_at_fpr_0.1": 0.3}})
     verdict = gate.decide({"mia_local_loss_auc": 0.7, "mia_local_loss_tpr_at_fpr_0.1": 0.29})
     assert verdict.passed and verdict.tripped == {}
 
 
 def test_several_tripped_metrics_are_all_reported():
-    gate = policy({"thresholds": {"mia_local_loss_auc": 0.6, "mia_global_logits_tpr_at_fpr_0.01": 0.05}})
+    gate = policy({"bound": "point",
+                   "thresholds": {"mia_local_loss_auc": 0.6, "mia_global_logits_tpr_at_fpr_0.01": 0.05}})
     verdict = gate.decide({"mia_local_loss_auc": 0.65, "mia_global_logits_tpr_at_fpr_0.01": 0.2})
     assert verdict.tripped == {"mia_local_loss_auc": (0.65, 0.6), "mia_global_logits_tpr_at_fpr_0.01": (0.2, 0.05)}
 
@@ -62,15 +64,30 @@ def test_no_thresholds_never_gates():
         assert gate.decide({"mia_local_loss_auc": 1.0}).passed
 
 
-def test_missing_metric_is_listed_and_does_not_trip():
-    gate = policy({"thresholds": {"mia_local_loss_auc": 0.6, "mia_update_loss_reduction_auc": 0.6}})
+def test_a_missing_metric_trips_the_gate_like_a_nan_one():
+    """Fail closed: a watched value the round did not produce cannot pass, and the reason names it."""
+    gate = policy({"bound": "point", "thresholds": {"mia_local_loss_auc": 0.6, "mia_update_loss_reduction_auc": 0.6}})
     verdict = gate.decide({"mia_local_loss_auc": 0.5})
-    assert verdict.passed and verdict.missing == ("mia_update_loss_reduction_auc",)
+    assert not verdict.passed and verdict.missing == ("mia_update_loss_reduction_auc",)
+    assert math.isnan(verdict.tripped["mia_update_loss_reduction_auc"][0])
+    assert verdict.reason == "missing: mia_update_loss_reduction_auc"
+    assert verdict.to_dict()["tripped"]["mia_update_loss_reduction_auc"] == {"value": None, "threshold": 0.6}
     assert gate.decide({}).missing == ("mia_local_loss_auc", "mia_update_loss_reduction_auc")
+    assert gate.decide({"mia_local_loss_auc": 0.7}).reason is None  # over threshold as well: not only missing
+
+
+@pytest.mark.parametrize("bound", ["upper", "lower"])
+def test_a_missing_bound_trips_the_gate_instead_of_falling_back_to_the_estimate(bound):
+    """Under bound: upper the estimate 0.65 is below 0.7, but its upper bound is what the gate compares: absent, the
+    update does not pass (no silent fallback to the point estimate)."""
+    gate = policy({"bound": bound, "thresholds": {"mia_local_loss_exact_auc": 0.7}})
+    verdict = gate.decide({"mia_local_loss_exact_auc": 0.65})
+    assert not verdict.passed and verdict.missing == ("mia_local_loss_exact_auc",)
+    assert verdict.compared == {"mia_local_loss_exact_auc": f"mia_local_loss_exact_auc_{bound}"}
 
 
 def test_non_finite_metric_trips_the_gate():
-    gate = policy({"thresholds": {"mia_local_loss_auc": 0.6}})
+    gate = policy({"bound": "point", "thresholds": {"mia_local_loss_auc": 0.6}})
     verdict = gate.decide({"mia_local_loss_auc": float("nan")})
     assert not verdict.passed and "mia_local_loss_auc" in verdict.tripped
     assert verdict.to_dict()["tripped"]["mia_local_loss_auc"] == {"value": None, "threshold": 0.6}  # strict JSON
@@ -108,7 +125,7 @@ def test_defaults():
 
 def test_plan_values_are_parsed_and_normalised():
     gate = policy({
-        "action": "dp_retrain",
+        "action": "dp_retrain", "bound": "point", "epsilon_budget": 2,
         "thresholds": {"mia_local_loss_tpr_at_fpr_0.1": 0.3, "mia_update_loss_reduction_auc": 1},
         "dp": {"noise_multiplier": 2, "max_grad_norm": 0.5, "max_retries": 3, "delta": 1e-6},
     })
@@ -117,6 +134,8 @@ def test_plan_values_are_parsed_and_normalised():
     assert isinstance(gate.thresholds["mia_update_loss_reduction_auc"], float)
     assert gate.dp.to_dict() == {"noise_multiplier": 2.0, "max_grad_norm": 0.5, "max_retries": 3, "delta": 1e-6}
     assert gate.to_dict()["action"] == "dp_retrain"
+    assert gate.epsilon_budget == 2.0 and isinstance(gate.epsilon_budget, float)
+    assert gate.limits == {**gate.thresholds, "leak_epsilon_lb": 2.0}
     with pytest.raises(TypeError):
         gate.thresholds["x"] = 1.0  # read-only
 
@@ -143,14 +162,30 @@ def test_the_bound_says_which_value_meets_the_threshold(bound, threshold, passes
     assert verdict.to_dict()["bound"] == bound and gate.to_dict()["bound"] == bound
 
 
-def test_metrics_without_an_interval_are_compared_as_they_are_and_bounds_can_be_gated_directly():
-    gate = policy({"action": "withhold", "bound": "upper", "thresholds": {
-        "mia_local_loss_auc": 0.6, "mia_local_loss_epsilon_lb": 0.5, "mia_local_loss_tpr_at_fpr_0.1_lower": 0.1}})
-    verdict = gate.decide(ROUND)
+@pytest.mark.parametrize("bound, metric", [
+    ("upper", "mia_local_loss_auc"), ("lower", "mia_local_loss_auc"),       # the grid AUC has no interval
+    ("upper", "mia_local_loss_epsilon_lb"),                                 # a lower bound has no upper bound
+    ("upper", "mia_local_loss_tpr_at_fpr_0.1_lower"),                       # a bound has no bound of its own
+])
+def test_a_bound_the_audit_does_not_compute_is_refused_naming_both_keys(bound, metric):
+    with pytest.raises(SettingsError) as err:
+        policy({"action": "withhold", "bound": bound, "thresholds": {metric: 0.5}})
+    message = str(err.value)
+    assert message.startswith(f"{PREFIX}.thresholds.{metric}: the audit reports no {bound} bound")
+    assert f"{PREFIX}.bound: {bound}" in message and f"{PREFIX}.bound: point" in message
+
+
+def test_without_an_interval_a_metric_is_compared_under_point_and_an_epsilon_lower_bound_under_lower():
+    point = policy({"action": "withhold", "bound": "point", "thresholds": {
+        "mia_local_loss_auc": 0.6, "mia_local_loss_tpr_at_fpr_0.1_lower": 0.1}})
+    verdict = point.decide(ROUND)
     assert verdict.compared == {"mia_local_loss_auc": "mia_local_loss_auc",
-                                "mia_local_loss_epsilon_lb": "mia_local_loss_epsilon_lb",
                                 "mia_local_loss_tpr_at_fpr_0.1_lower": "mia_local_loss_tpr_at_fpr_0.1_lower"}
     assert verdict.tripped == {"mia_local_loss_auc": (0.61, 0.6), "mia_local_loss_tpr_at_fpr_0.1_lower": (0.12, 0.1)}
+    lower = policy({"action": "withhold", "bound": "lower", "thresholds": {"mia_local_loss_epsilon_lb": 0.3}})
+    verdict = lower.decide(ROUND)  # a lower confidence bound itself: 0.4 proven > 0.3
+    assert verdict.compared == {"mia_local_loss_epsilon_lb": "mia_local_loss_epsilon_lb"}
+    assert verdict.tripped == {"mia_local_loss_epsilon_lb": (0.4, 0.3)}
 
 
 def test_a_collaborators_bound_is_merged_key_by_key():
@@ -181,6 +216,10 @@ def test_noise_doubles_on_each_try():
         ({"thresholds": {"mia_local_loss_auc": True}}, f"{PREFIX}.thresholds.mia_local_loss_auc", "expected a number"),
         ({"thresholds": {"mia_local_loss_auc": float("nan")}}, f"{PREFIX}.thresholds.mia_local_loss_auc",
          "expected a number"),
+        ({"thresholds": {"leak_epsilon_lb": 1.0}}, f"{PREFIX}.thresholds.leak_epsilon_lb", "epsilon_budget"),
+        ({"epsilon_budget": -1}, f"{PREFIX}.epsilon_budget", "expected a number >= 0"),
+        ({"epsilon_budget": float("inf")}, f"{PREFIX}.epsilon_budget", "expected a number >= 0"),
+        ({"epsilon_budget": "1"}, f"{PREFIX}.epsilon_budget", "expected a number >= 0"),
         ({"thresholds": [0.5]}, f"{PREFIX}.thresholds", "expected a mapping"),
         ({"dp": {"noise_multiplier": 0}}, f"{PREFIX}.dp.noise_multiplier", "> 0"),
         ({"dp": {"max_grad_norm": float("inf")}}, f"{PREFIX}.dp.max_grad_norm", "finite"),
@@ -208,23 +247,25 @@ def test_bad_values_name_the_dotted_key(mapping, key, words):
     assert words in message
 
 
-def test_unknown_metric_message_lists_what_the_audit_produces():
+def test_unknown_metric_message_suggests_the_nearest_names_in_one_short_line():
     audit = AuditSettings(signals=("loss",), fpr_tolerance=(0.1,), audit_global=False, sections={"rmia": {"enabled": False}})
     with pytest.raises(SettingsError) as err:
-        policy({"thresholds": {"mia_global_loss_auc": 0.6}}, audit)
-    statistics = ["advantage", "advantage_lower", "advantage_upper", "auc", "epsilon_lb", "exact_auc",
-                  "exact_auc_lower", "exact_auc_upper", "tpr_at_fpr_0.1", "tpr_at_fpr_0.1_lower", "tpr_at_fpr_0.1_upper"]
-    assert str(err.value) == (
-        f"{PREFIX}.thresholds.mia_global_loss_auc: unknown metric; the audit produces: "
-        + ", ".join([f"mia_local_loss_{s}" for s in statistics] + [f"mia_update_loss_reduction_{s}" for s in statistics])
-    )
+        policy({"bound": "point", "thresholds": {"mia_global_loss_auc": 0.6}}, audit)
+    assert str(err.value).startswith(f"{PREFIX}.thresholds.mia_global_loss_auc: unknown metric; did you mean "
+                                     "mia_local_loss_auc")
+    with pytest.raises(SettingsError) as err:  # the default audit produces hundreds of names: never all of them
+        policy({"thresholds": {"mia_lcoal_loss_exact_auc": 0.6}})
+    assert "did you mean mia_local_loss_exact_auc" in str(err.value) and len(str(err.value)) < 300
+    with pytest.raises(SettingsError) as err:
+        policy({"thresholds": {"zzz": 0.6}})
+    assert "the audit's metrics start with" in str(err.value) and len(str(err.value)) < 300
 
 
 def test_exact_auc_is_gateable():
     """The members-vs-non-members AUC over every threshold (audit.membership.population_attack, exact_auc) is a gate metric
     with the AUC range."""
-    gate = policy({"action": "withhold", "thresholds": {"mia_local_loss_exact_auc": 0.7,
-                                                        "mia_update_loss_reduction_exact_auc": 0.6}})
+    gate = policy({"action": "withhold", "bound": "point",
+                   "thresholds": {"mia_local_loss_exact_auc": 0.7, "mia_update_loss_reduction_exact_auc": 0.6}})
     verdict = gate.decide({"mia_local_loss_exact_auc": 0.75, "mia_local_loss_auc": 0.65,
                            "mia_update_loss_reduction_exact_auc": 0.55})
     assert verdict.tripped == {"mia_local_loss_exact_auc": (0.75, 0.7)}
@@ -235,6 +276,8 @@ def test_exact_auc_is_gateable():
 def test_thresholds_need_an_enabled_audit():
     with pytest.raises(SettingsError, match=r"audit\.enabled is false"):
         policy({"thresholds": {"mia_local_loss_auc": 0.6}}, AuditSettings(enabled=False))
+    with pytest.raises(SettingsError, match=r"^task_runner\.settings\.gate\.epsilon_budget: .*audit\.enabled is false"):
+        policy({"epsilon_budget": 1.0}, AuditSettings(enabled=False))
     assert not policy({"action": "withhold"}, AuditSettings(enabled=False)).enabled
 
 
@@ -276,16 +319,16 @@ def test_audit_metric_names_are_what_a_real_audit_reports(audit):
 
 def test_a_steps_metrics_can_be_gated_only_when_its_section_is_enabled():
     both = AuditSettings.from_mapping({"fidel": {"enabled": True}, "deanon": {"enabled": True}})
-    gate = policy({"thresholds": {"fidel_revealed_fraction": 0.1, "deanon_ap_over_chance": 3.0}}, both)
+    gate = policy({"bound": "point", "thresholds": {"fidel_revealed_fraction": 0.1, "deanon_ap_over_chance": 3.0}}, both)
     assert gate.decide({"fidel_revealed_fraction": 0.2, "deanon_ap_over_chance": 2.0}).tripped == {
         "fidel_revealed_fraction": (0.2, 0.1)
     }
     with pytest.raises(SettingsError, match=r"thresholds\.fidel_revealed_fraction: 1\.2 is out of range"):
-        policy({"thresholds": {"fidel_revealed_fraction": 1.2}}, both)
+        policy({"bound": "point", "thresholds": {"fidel_revealed_fraction": 1.2}}, both)
     with pytest.raises(SettingsError, match=r"thresholds\.deanon_ap_over_chance: -1 is out of range; allowed: >= 0"):
-        policy({"thresholds": {"deanon_ap_over_chance": -1}}, both)
+        policy({"bound": "point", "thresholds": {"deanon_ap_over_chance": -1}}, both)
     with pytest.raises(SettingsError, match="unknown metric"):
-        policy({"thresholds": {"fidel_revealed_fraction": 0.1}})  # the default audit runs no Fidel
+        policy({"bound": "point", "thresholds": {"fidel_revealed_fraction": 0.1}})  # the default audit runs no Fidel
 
 
 def test_metric_ranges_by_suffix():
@@ -300,9 +343,11 @@ def test_metric_ranges_by_suffix():
 
 
 def test_per_collaborator_gate_is_merged_into_the_plan_wide_one():
-    plan_gate = {"action": "withhold", "thresholds": {"mia_local_loss_auc": 0.7}, "dp": {"max_retries": 3}}
+    plan_gate = {"action": "withhold", "bound": "point", "thresholds": {"mia_local_loss_auc": 0.7},
+                 "dp": {"max_retries": 3}}
     assert merge_gate(plan_gate, {"dp": {"delta": 1e-6}}) == {
-        "action": "withhold", "thresholds": {"mia_local_loss_auc": 0.7}, "dp": {"max_retries": 3, "delta": 1e-6},
+        "action": "withhold", "bound": "point", "thresholds": {"mia_local_loss_auc": 0.7},
+        "dp": {"max_retries": 3, "delta": 1e-6},
     }
     default, cols = parse_per_collaborator(
         {"collaborator2": {"epochs": 20, "learning_rate": 0.01,

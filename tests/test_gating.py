@@ -35,7 +35,8 @@ def overrides(gate: dict, per_collaborator: dict | None = None, *, epochs: int =
         "task_runner": {"settings": {
             "seed": 0,
             "audit": {"fpr_tolerance": [0.1], "signals": ["loss"], **settings.pop("audit", {})},
-            "gate": gate,
+            # the grid AUC has no interval: its estimate is what the gate compares
+            "gate": {"bound": "point", **gate},
             "per_collaborator": per_collaborator or {},
             **settings,
         }},
@@ -235,10 +236,12 @@ def test_dp_epsilon_is_the_accountants_at_the_plans_delta(retrained):
     assert metric(retrained, "collaborator3", "gate_epsilon") == pytest.approx(epsilon, rel=1e-9)
     assert gate["epsilon"] == pytest.approx(epsilon, rel=1e-9) and gate["delta"] == 1e-5
     assert attempt["steps"] == 40 * math.ceil(members / 32)
-    # Beside it, the largest epsilon lower bound the try's audit proves (every attack, RMIA's too), never above it.
+    # Beside it, the family-wise epsilon lower bound the try's audit proves (every attack, RMIA's too, each at a level
+    # corrected for their number): never above the largest single bound, nor above the accountant's epsilon.
     proven = attempt["empirical_epsilon"]
-    bounds = {k: v for k, v in attempt["metrics"].items() if k.endswith("_epsilon_lb")}
-    assert proven["value"] == max(bounds.values()) and proven["bounds"] == len(bounds) == 5  # 3 + 2 RMIA
+    bounds = {k: v for k, v in attempt["metrics"].items() if k.endswith("_epsilon_lb") and not k.startswith("leak_")}
+    assert proven["value"] == attempt["metrics"]["leak_epsilon_lb"] <= max(bounds.values())
+    assert proven["bounds"] == len(bounds) == 5  # 3 + 2 RMIA
     assert proven["delta"] == 1e-5 and proven["confidence"] == 0.95 and 0 <= proven["value"] <= epsilon
     assert gate["empirical_epsilon"]["value"] >= 0  # and the plain update's, at the top
 

@@ -128,11 +128,15 @@ def test_a_withheld_round_leads_with_its_verdict(run):
     for r in range(ROUNDS):
         start = next(i for i, (tag, a) in enumerate(parsed.events) if isinstance(a, dict) and a.get("id") == f"round_{r:04d}")
         section = [t for tag, t in parsed.events[start:start + 20] if tag == "#text"]
-        assert section[0] == f"Round {r}" and section[1] == "Verdict:" and section[2] == "withheld", section
+        assert section[0] == f"Round {r}" and section[1] == "Leak verdict:", section
+        assert re.match(r"(no )?leak detected \(\d+ tests, Holm-corrected, 95%\)", section[2]), section
+        assert section[3] == "Proven:" and section[4].startswith("ε ≥ "), section
+        assert section[5] == "Gate:" and section[6] == "withheld", section
         assert "above threshold: withheld" in " ".join(section)
     assert NO_DP in texts and not any(re.search(r"ε = 0(\.0)?\b", t) for t in texts)
     other = " ".join(t for tag, t in _parse(run / "collaborator2" / "index.html").events if tag == "#text")
-    assert "no gate configured: TPR at the lowest resolvable FPR" in other
+    assert re.search(r"(no )?leak detected \(\d+ tests, Holm-corrected, 95%\)", other)
+    assert "no gate set: sent as trained" in other
     agg_text = (run / "aggregator" / "index.html").read_text()
     assert "withheld" in agg_text and "gated" not in agg_text.lower()
 
@@ -203,14 +207,49 @@ def test_epsilon_is_the_accountants_when_dp_ran_and_never_zero_without_it():
     assert reports.status == "above threshold: kept (the gate's action is report_only: it only reports)"
 
 
-def test_without_a_gate_the_status_is_the_strongest_tpr_at_the_lowest_resolvable_fpr():
-    attacks = {"local": {"loss": _attack(0.6, (0.3, 0.2, 0.4)), "logits": _attack(0.62, (0.36, 0.25, 0.48))},
-               "global": {"loss": _attack(0.55, (0.9, 0.8, 0.95), resolvable=False)}}
-    for gate in (None, {"verdict": "kept", "action": "withhold", "thresholds": {}, "retries": 0, "epsilon": 0.0}):
-        v = round_verdict(_record(gate, attacks=attacks))
-        # the unresolvable attack's 0.9 is not read: its threshold flags none of the population
-        assert v.status == "no gate configured: TPR at the lowest resolvable FPR (0.01) is 0.36 [0.25, 0.48] (local / logits)"
-        assert v.epsilon == NO_DP
+LEAK = {"detected": True, "confidence": 0.95, "tests": 12, "significant": [{}, {}],
+        "headline": {"attack": "rmia / independent", "statistic": "exact_auc", "estimate": 0.676, "chance": 0.5,
+                     "p_adjusted": 0.0009, "interval": [0.61, 0.74], "corrected_interval": [0.58, 0.77]},
+        "floor": {"members": 89, "nonmembers": 89, "exact_auc": 0.66, "tpr_at_fpr": {"0.01": 0.11, "0.1": None}},
+        "epsilon": {"value": 0.31, "attack": "rmia / independent", "sources": 3, "confidence": 0.95, "delta": 1e-5,
+                    "ceiling": 3.3}}
+
+
+def test_the_leak_status_names_the_headline_its_intervals_chance_and_the_correction():
+    record = {**_record(), "leak": LEAK}
+    v = round_verdict(record)
+    assert v.leak == "leak" and v.status == v.leak_text
+    assert v.leak_text == ("leak detected (12 tests, Holm-corrected, 95%): rmia / independent exact AUC 0.676 "
+                           "[0.61, 0.74] (corrected: [0.58, 0.77]), chance 0.5, p = 0.0009 adjusted; 1 more figure beat "
+                           "chance")
+    assert v.proven == ("ε ≥ 0.31 at δ = 1e-05 (95%, corrected for 3 attacks, rmia / independent; these counts prove "
+                        "at most 3.3)")
+    gated = round_verdict({**record, "extra": {"gate": {"verdict": "kept", "action": "withhold", "thresholds": {},
+                                                        "epsilon_budget": 0.5, "retries": 0, "epsilon": 0.0}}})
+    assert gated.proven.endswith("against a budget of 0.5")
+
+
+def test_no_leak_detected_says_what_the_counts_could_have_detected():
+    record = {**_record(), "leak": {**LEAK, "detected": False, "significant": []}}
+    v = round_verdict(record)
+    assert v.leak == "no_leak"
+    assert v.leak_text == ("no leak detected (12 tests, Holm-corrected, 95%); strongest: rmia / independent exact AUC "
+                           "0.676 [0.61, 0.74] (corrected: [0.58, 0.77]), chance 0.5, p = 0.0009 adjusted; these counts "
+                           "(89 members, 89 non-members) could only have shown exact AUC ≥ 0.66, TPR ≥ 0.11 at FPR "
+                           "0.01, nothing at FPR 0.1; an ε lower bound of at most 3.3")
+    assert round_verdict(_record()).leak == "not_audited"  # a record without a leak verdict
+    assert round_verdict({**record, "leak": {**LEAK, "detected": None}}).leak == "not_audited"
+
+
+def test_a_gate_that_failed_closed_says_which_metric_was_missing():
+    gate = {"verdict": "withheld", "action": "withhold", "bound": "upper", "retries": 0, "epsilon": 0.0,
+            "thresholds": {"rmia_global_exact_auc": 0.6}, "compared": {"rmia_global_exact_auc": "rmia_global_exact_auc_upper"},
+            "tripped": {"rmia_global_exact_auc": {"value": None, "threshold": 0.6}},
+            "missing": ["rmia_global_exact_auc"], "reason": "missing: rmia_global_exact_auc"}
+    v = round_verdict(_record(gate))
+    assert v.status.startswith("withheld: missing: rmia_global_exact_auc (fail closed")
+    (check,) = v.checks
+    assert check.missing and check.text().startswith("rmia_global_exact_auc: missing")
 
 
 def test_an_auc_below_half_is_flagged_on_the_page_and_in_the_plot(tmp_path):
@@ -273,8 +312,8 @@ def test_a_multi_process_run_index_links_every_page_and_each_page_links_back_to_
     reports = report_locations(layout)
     settings = AuditSettings.from_mapping({"signals": ["loss"], "fpr_tolerance": [0.1], "rmia": {"enabled": False}},
                                           prefix="task_runner.settings.audit")
-    policy = GatePolicy.from_mapping({"action": "withhold", "thresholds": {"mia_local_loss_exact_auc": 0.0}},
-                                     audit_settings=settings)
+    policy = GatePolicy.from_mapping({"action": "withhold", "thresholds": {"mia_local_loss_exact_auc": 0.0},
+                                      "epsilon_budget": 2.0}, audit_settings=settings)
     rng = np.random.default_rng(5)
     torch.manual_seed(5)
     latest = {}
@@ -290,7 +329,7 @@ def test_a_multi_process_run_index_links_every_page_and_each_page_links_back_to_
                                    audit_received=lambda: record, empty_record=dict, retrain=None,
                                    audit_retrained=None)
                 record["extra"]["gate"] = outcome.record_entry(policy)
-                scalars = outcome.scalars(("mia_local_loss_exact_auc",), policy.thresholds)
+                scalars = outcome.scalars(("leak_epsilon_lb", "mia_local_loss_exact_auc"), policy.limits)
             latest[name] = record_to_json(record)
             ReportWriter(reports[name].parent, name).write_round(latest[name])
             sent[name] = {**record["metrics"], **scalars}
@@ -307,11 +346,16 @@ def test_a_multi_process_run_index_links_every_page_and_each_page_links_back_to_
         back = (page.parent / "../index.html").resolve()
         assert "../index.html" in {v for _, k, v in _parse(page).links}, page
         assert pages <= {(back.parent / unquote(v)).resolve() for _, k, v in _parse(back).links}, back
-    # each party's latest verdict and leak status, as its page reads them off its latest record
-    rows = index.read_text()
+    # each party's leak verdict of each round, coloured, with the gate's verdict, as its page reads them off its records
+    rows = index.read_text().replace("&#x27;", "'")
     for name in names:
         v = round_verdict(latest[name])
-        assert f'<td class="text">{v.status}</td>' in rows.replace("&#x27;", "'"), (name, v.status)
-    assert round_verdict(latest["collaborator1"]).verdict == "withheld" and '<td class="text withheld">withheld</td>' in rows
-    assert '<td class="text muted">no gate</td>' in rows
+        assert f'<td class="text cell-{v.leak}" title="{v.leak_text}">' in rows, (name, v.leak_text)
+    assert round_verdict(latest["collaborator1"]).verdict == "withheld" and '<span class="withheld">withheld</span>' in rows
+    assert '<span class="kept">sent (no gate)</span>' in rows
     assert "withheld: collaborator1" in rows and "kept: collaborator2" in rows  # the aggregator's latest round
+    # the aggregator's page: each collaborator's leak verdict beside its gate's, and the warning that every update of
+    # collaborator1 stayed out of the average
+    aggregator = (reports["aggregator"] / "index.html").read_text()
+    assert "every update of collaborator1 was kept out of the average in all 2 rounds" in aggregator
+    assert aggregator.count("leak detected") + aggregator.count("no leak detected") >= 2 * ROUNDS

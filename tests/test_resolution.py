@@ -102,6 +102,14 @@ def test_the_party_page_marks_unresolvable_figures_and_says_why(tmp_path):
     assert "*" not in (tmp_path / "alice" / "metrics.csv").read_text()
 
 
+def test_rmias_unresolvable_figures_are_marked_under_their_own_names():
+    rng = np.random.default_rng(2)
+    result = population_attack(rng.normal(1, 1, 150), rng.normal(0, 1, 150), rng.normal(0, 1, 4), TOLERANCES,
+                               member_if_lower=False, attack="rmia", signal="independent")
+    record = {"attacks": {"rmia": {"independent": result.to_dict()}}}
+    assert unresolvable_metrics(record) == {"rmia_independent_tpr_at_fpr_0.01", "rmia_independent_tpr_at_fpr_0.1"}
+
+
 def test_old_records_without_the_flags_are_not_marked():
     assert resolvable_at({"tpr_at_fpr": {"0.1": 0.3}}, 0.1) is True
     assert unresolvable_metrics({"attacks": {"local": {"loss": {"tpr_at_fpr": {"0.1": 0.3}}}}}) == set()

@@ -264,7 +264,7 @@ def audited_federation(tmp_path_factory):
         "task_runner": {"settings": {"audit": {"signals": ["loss", "gradient_norm"], "fpr_tolerance": [0.05, 0.2],
                                                "fidel": {"enabled": True}},
                                      "per_collaborator": {"collaborator2": {"gate": {
-                                         "action": "withhold", "thresholds": {"mia_local_loss_auc": 0.0}}}}}},
+                                         "action": "withhold", "bound": "point", "thresholds": {"mia_local_loss_auc": 0.0}}}}}},
     }
     handler = logging.Handler()
     handler.records = []
@@ -336,9 +336,15 @@ def test_the_summary_of_a_real_run(audited_federation, capsys):
         assert verdicts.endswith("| averaged: collaborator1")
         for name in names:
             record = json.loads((result.report_dir / name / f"round_{r:04d}" / "audit.json").read_text())
-            best = max(v for k, v in record["metrics"].items() if k.endswith("_tpr_at_fpr_0.05"))
-            detail = next(line for line in lines[lines.index(verdicts):] if line.startswith(f"  {name}: "))
-            assert detail.startswith(f"  {name}: TPR at FPR 0.05 {best:.3f} [")  # with its interval
+            start = lines.index(verdicts)
+            at = next(i for i in range(start, len(lines)) if lines[i].startswith(f"  {name}: "))
+            # its leak verdict, read off its record, then the epsilon it proves and the other audits' figures
+            said = "leak detected (" if record["leak"]["detected"] else "no leak detected ("
+            assert lines[at].startswith(f"  {name}: {said}{record['leak']['tests']} tests, Holm-corrected, 95%)")
+            head = record["leak"]["headline"]
+            assert f"{head['attack']} " in lines[at] and f"p = {head['p_adjusted']:.2g}" in lines[at]
+            detail = lines[at + 1]
+            assert detail.startswith(f"    ε ≥ {record['leak']['epsilon']['value']:.3g} at δ = 1e-05")
             assert f"Fidel revealed {record['metrics']['fidel_revealed_fraction']:.2f}" in detail
     # the demo's closing lines never list the gate's tripped values
     print_summary(result)

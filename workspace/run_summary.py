@@ -2,11 +2,11 @@
 
 Read from the reports on disk, each party's own folder (`round_NNNN/audit.json`) and the aggregator's
 (`round_NNNN.json`, `deanon/round_NNNN.json`): per round, each collaborator's gate verdict (kept, dp_retrained,
-withheld, with the metric that tripped) and what the aggregator averaged, then per collaborator its strongest
-membership attack's TPR at the lowest FPR tolerance the populations resolve (with its confidence interval where the
-record has one), Fidel's revealed fraction and the deanonymization self-audit's AP over chance when they ran, and
-the aggregator's own deanonymization audit. Only metric names are printed as metrics: the gate's `gate_tripped__*` scalars (a
-tripped value or 0.0) are not AUCs.
+withheld, with the metric that tripped) and what the aggregator averaged, then per collaborator its leak verdict
+(audit.verdict.leak: the strongest figure that beat chance after the family-wise correction, or what the counts could
+have detected) with the epsilon lower bound the audit proves, Fidel's revealed fraction and the deanonymization
+self-audit's AP over chance when they ran, and the aggregator's own deanonymization audit. A closing warning says
+when every update of a collaborator, or of all of them, was kept out of the average.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from typing import Callable, Iterable, Mapping
 
 from audit.config.gate_contract import GATE_WITHHELD
 from audit.reporting.readings import float_or_nan, resolvable_at, tolerances_of, tpr_at, tpr_band_at
-from audit.reporting.records import load_round_records, round_file_name
+from audit.reporting.records import load_round_files, load_round_records, round_file_name
+from audit.reporting.verdicts import epsilon_status, leak_status
 
 __all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines",
            "lowest_resolvable_tolerance", "summary_lines", "print_run_summary"]
@@ -43,8 +44,10 @@ def verdict_text(name: str, verdict: Mapping | None) -> str:
         return f"{name} kept (not audited)"
     text = f"{name} {verdict['verdict']}"
     tripped = verdict.get("tripped") or {}
+    missing = set(verdict.get("missing") or ())
     if tripped:
         text += " (" + ", ".join(
+            f"missing: {metric}" if metric in missing else
             f"{metric} = {'nan' if t['value'] is None else format(t['value'], '.4f')} > {t['threshold']:g}"
             for metric, t in tripped.items()) + ")"
     if verdict.get("retries"):
@@ -155,9 +158,13 @@ def round_lines(round_num: int, records: Mapping[str, Mapping | None], aggregato
     for name, record in records.items():
         if record is None:
             continue
-        parts = [p for p in [tpr_reading(record, tol) if tol is not None else None, *_other_audits(record)] if p]
+        lines.append(f"  {name}: {leak_status(record)}")
+        proven = [epsilon_status(record)] if (record.get("leak") or {}).get("epsilon") else []
+        if not record.get("leak") and tol is not None:  # a record without a leak verdict: its strongest TPR
+            proven.append(tpr_reading(record, tol) or "")
+        parts = [p for p in [*proven, *_other_audits(record)] if p]
         if parts:
-            lines.append(f"  {name}: " + "; ".join(parts))
+            lines.append("    " + "; ".join(parts))
     server = _server_deanon(aggregator_dir, round_num)
     if server:
         lines.append(f"  {server}")
@@ -181,15 +188,31 @@ def summary_lines(parties: Mapping[str, Path], aggregator_dir: Path | None, roun
     per_party = {name: read_party_records(path) for name, path in parties.items()}
     every = [record for records in per_party.values() for record in records.values()]
     tol = lowest_resolvable_tolerance(every)
-    lines = ["", "summary per round" + (f" (TPR: the strongest membership attack's at the lowest FPR tolerance every "
-                                        f"party's population resolves, {tol:g}, with its interval where recorded)"
-                                        if tol is not None else "") + ":"]
+    lines = ["", "summary per round (per collaborator: its leak verdict, every attack's figures tested against chance "
+                 "with Holm's family-wise correction, and the epsilon lower bound its audit proves):"]
     header = _gate_header(every, parties)
     if header:
         lines.append(header)
     for r in range(rounds):
         lines += round_lines(r, {name: records.get(r) for name, records in per_party.items()}, aggregator_dir, tol)
+    leaked = {name: [r for r, rec in records.items() if (rec.get("leak") or {}).get("detected")]
+              for name, records in per_party.items()}
+    said = "; ".join(f"{name} in round{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+                     for name, rs in leaked.items() if rs)
+    lines.append(f"leak detected: {said}" if said else "no leak detected in any audited round")
+    warning = _withheld_warning(aggregator_dir)
+    if warning:
+        lines.append(f"WARNING: {warning}")
     return lines
+
+
+def _withheld_warning(aggregator_dir: Path | None) -> str | None:
+    """The aggregator report's warning when every update of a collaborator, or of all, was kept out of the average."""
+    if aggregator_dir is None or not Path(aggregator_dir).is_dir():
+        return None
+    from src.aggregator_report import withheld_warning  # its one definition, beside the page that shows it too
+
+    return withheld_warning(load_round_files(Path(aggregator_dir), "aggregator round"))
 
 
 def print_run_summary(parties: Mapping[str, Path], aggregator_dir: Path | None, rounds: int,

@@ -11,7 +11,7 @@ from audit.config.deanon_settings import deanon_settings
 from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
 from audit.config.rmia_settings import rmia_settings
 from audit.config.steps import AuditStep, register
-from audit.config.vocabulary import attack_statistics, mia_metric
+from audit.config.vocabulary import MIA_PREFIX, RMIA, attack_statistics, mia_metric
 
 __all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "membership_series"]
 
@@ -35,18 +35,18 @@ def _membership_metric_names(settings, _audit_settings) -> list[str]:
 
 MEMBERSHIP = register(AuditStep(
     name="membership", section=None, parse=None, metric_names=_membership_metric_names,
-    run="audit.membership.step:run", needs_global=False,
+    run="audit.membership.step:run", needs_global=False, metric_prefix=MIA_PREFIX,
 ))
 RMIA = register(AuditStep(
     name="rmia", section="rmia", parse=rmia_settings,
     metric_names=lambda settings, audit_settings: settings.metric_names(audit_settings.fpr_tolerance),
-    run="audit.membership.rmia_step:run",
+    run="audit.membership.rmia_step:run", metric_prefix=RMIA + "_",
 ))
 FIDEL = register(AuditStep(
     name="fidel", section="fidel", parse=fidel_settings, metric_names=lambda settings, _: list(FIDEL_METRICS),
-    run="audit.fidel.step:run",
+    run="audit.fidel.step:run", metric_prefix="fidel_",
 ))
 DEANON = register(AuditStep(
     name="deanon", section="deanon", parse=deanon_settings, metric_names=lambda settings, _: settings.metric_names(),
-    run="audit.deanon.step:run",
+    run="audit.deanon.step:run", metric_prefix="deanon_",
 ))

@@ -1,24 +1,28 @@
 """Gating of leaky updates: the policy a plan sets (`task_runner.settings.gate`) and its decision.
 
-A gate compares a round's audit metrics with the plan's thresholds (metric name -> highest allowed value);
-an update is gated if any metric is above its threshold. Which value of a metric is compared is the policy's
-`bound`: `point` the estimate; `upper` (the default) its confidence interval's upper bound, so an update passes
-only when its leakage is significantly below the threshold; `lower` the lower bound, so it is gated only when its
-leakage is significantly above. A metric the audit reports without an interval (the grid AUC, the epsilon lower
-bound, Fidel's and the deanonymization audit's figures) is compared as it is whatever the bound. What then happens to the update (withhold it,
-retrain it with DP-SGD, or only report) is audit.gate_flow's; this module imports neither OpenFL nor torch (a test
-checks it: tests/test_audit_steps.py).
+A gate compares a round's audit metrics with the plan's limits, and an update is gated if any is exceeded:
+- `thresholds`: metric name -> highest allowed value. Which value of a metric is compared is the policy's `bound`:
+  `point` the estimate; `upper` (the default) its confidence interval's upper bound, so an update passes only when
+  its leakage is significantly below the threshold; `lower` the lower bound, so it is gated only when its leakage is
+  significantly above. An epsilon lower bound (`*_epsilon_lb`) is itself a lower confidence bound: compared as it
+  is under `lower` and `point`. A metric without the bound the policy compares is refused when the plan is read.
+- `epsilon_budget`: the highest allowed family-wise epsilon lower bound of the round's attacks (the leak verdict's
+  `leak_epsilon_lb`, audit.verdict.leak, at the audit's epsilon_delta and confidence): the update is gated when the
+  audit proves more leakage than the budget allows.
+What then happens to the update (withhold it, retrain it with DP-SGD, or only report) is audit.gate_flow's; this
+module imports neither OpenFL nor torch (a test checks it: tests/test_audit_steps.py).
 
-Every error is a SettingsError whose message starts with the dotted key of the offending setting.
-
-Rounds without an audit (audit disabled, or skipped by `audit.interval`) are not gated: there is nothing to
-compare. A threshold whose metric is missing from an audited round's metrics is reported in
-`GateVerdict.missing` and does not trip the gate; a metric whose value is NaN/Inf trips it (fail closed).
-Non-finite *updates* are gated whatever the policy (see `non_finite_tensors`).
+Fail closed: a watched metric that an audited round did not produce, or whose value is NaN/Inf, trips the gate with
+the reason `missing: <metric>` (GateVerdict.missing) or its value. A plan under which a watched metric cannot exist
+in every audited round (a step with an `interval` above 1, a bound the audit does not compute) is refused when the
+plan is read, naming both keys. Every error is a SettingsError whose message starts with the dotted key of the
+offending setting. Rounds without an audit (audit disabled, or skipped by `audit.interval`) are not gated: nothing
+was measured. Non-finite *updates* are gated whatever the policy (see `non_finite_tensors`).
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -29,8 +33,9 @@ import numpy as np
 from audit.config.audit_settings import AuditSettings
 from audit.config.checks import SettingsError, is_int, is_real
 from audit.config.gate_contract import NON_FINITE_UPDATE
-from audit.config.steps import registered
-from audit.config.vocabulary import BOUNDS, GATE_ACTIONS, bounded
+from audit.config.steps import metric_prefixes, producer_of, registered
+from audit.config.vocabulary import (BOUNDS, EPSILON_LB, GATE_ACTIONS, LEAK_EPSILON_LB, LEAK_METRICS, LOWER,
+                                     bounded)
 
 __all__ = [
     "NON_FINITE_UPDATE",
@@ -39,12 +44,17 @@ __all__ = [
     "DPSettings",
     "GatePolicy",
     "GateVerdict",
+    "MISSING",
     "audit_metric_names",
+    "intermittent",
     "metric_range",
     "non_finite_tensors",
 ]
 
 GATE_PREFIX = "task_runner.settings.gate"
+AUDIT_PREFIX = "task_runner.settings.audit"
+# The reason of a round gated because a watched metric is missing: "missing: <metric>, ...".
+MISSING = "missing: "
 
 # Allowed threshold ranges by metric-name suffix: rates, APs, AUCs and advantages (and their bounds) are fractions,
 # "AP over chance" and an epsilon are >= 0, a rank starts at 1. A step's own `metric_ranges` (audit.config.steps) come first.
@@ -86,12 +96,36 @@ def metric_range(name: str) -> tuple[float, float] | None:
 
 def audit_metric_names(settings: AuditSettings) -> tuple[str, ...]:
     """The scalar metric names `audit.round_audit.audit_round` reports under these settings (sorted): the union of
-    the enabled steps' names (audit.config.steps), never a list kept by hand."""
-    names = []
+    the enabled steps' names (audit.config.steps) and the leak verdict's, never a list kept by hand."""
+    if not settings.enabled:
+        return ()
+    names = list(LEAK_METRICS)
     for audit_step in registered():
         if audit_step.enabled(settings):
             names += audit_step.metric_names(audit_step.settings_of(settings), settings)
     return tuple(sorted(names))
+
+
+def intermittent(name: str, settings: AuditSettings, horizon: int = 10_000) -> tuple[str, int] | None:
+    """Why metric `name` can be missing from an audited round although the audit produces it: its step's own
+    schedule skips audited rounds. Returns (the step's section, the first audited round it skips) or None. Read off
+    the schedules themselves over the first `horizon` rounds (they are periodic, with periods far below that)."""
+    producer = producer_of(name)
+    if producer is None or producer.section is None:
+        return None
+    for round_num in range(horizon):
+        if settings.due(round_num) and not producer.due(settings, round_num):
+            return producer.section, round_num
+    return None
+
+
+def _did_you_mean(name: str, known) -> str:
+    """A short hint for an unknown metric name: the nearest known names, never the whole list (hundreds of names)."""
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    if close:
+        return f"did you mean {' or '.join(close)}?"
+    families = sorted({next((p for p in metric_prefixes() if k.startswith(p)), k) for k in known})
+    return f"the audit's metrics start with {', '.join(families)} ({len(known)} in all)"
 
 
 def non_finite_tensors(tensors: Mapping[str, object]) -> list[str]:
@@ -163,10 +197,10 @@ class DPSettings:
 class GateVerdict:
     """The gate's decision on one set of metrics.
 
-    `tripped` maps each metric above its threshold to (value, threshold), the value being the one compared;
-    `compared` names, per thresholded metric, the metric whose value was compared (itself, or its `_upper` /
-    `_lower` bound); `missing` lists thresholded metrics absent from the metrics (not evaluated, so they did not
-    trip the gate).
+    `tripped` maps each limit exceeded to (value, limit), the value being the one compared (NaN when it is missing or
+    not finite); `compared` names, per watched metric, the metric whose value is compared (itself, or its `_upper` /
+    `_lower` bound); `missing` lists the watched metrics the round did not produce: they trip the gate too (fail
+    closed).
     """
 
     passed: bool
@@ -180,10 +214,18 @@ class GateVerdict:
         """The verdict for an update holding NaN/Inf: gated, whatever the thresholds."""
         return cls(passed=False, tripped={NON_FINITE_UPDATE: (1.0, 0.0)})
 
+    @property
+    def reason(self) -> str | None:
+        """Why it did not pass: "missing: <metrics>" when every limit it exceeded lacks its value, else None (the
+        caller names the over-threshold or non-finite reason)."""
+        if self.tripped and self.missing and set(self.tripped) <= set(self.missing):
+            return MISSING + ", ".join(self.missing)
+        return None
+
     def to_dict(self) -> dict:
         return {
             "passed": self.passed,
-            # JSON has no NaN: a non-finite metric value (which trips the gate) is stored as None.
+            # JSON has no NaN: a missing or non-finite metric value (which trips the gate) is stored as None.
             "tripped": {
                 k: {"value": v if math.isfinite(v) else None, "threshold": t} for k, (v, t) in self.tripped.items()
             },
@@ -193,14 +235,67 @@ class GateVerdict:
         }
 
 
+def _parse_thresholds(mapping, produced, audit_settings: AuditSettings, bound: str, prefix: str,
+                      audit_prefix: str) -> dict[str, float]:
+    thresholds = {}
+    for name, value in _mapping(f"{prefix}.thresholds", mapping).items():
+        key = f"{prefix}.thresholds.{name}"
+        if name in LEAK_METRICS:
+            raise SettingsError(f"{key}: the leak verdict's figures are not thresholds; set {prefix}.epsilon_budget "
+                                "to gate on the family-wise epsilon lower bound")
+        if name not in produced:
+            hint = _did_you_mean(name, produced) if produced else "the audit produces nothing (audit.enabled is false)"
+            raise SettingsError(f"{key}: unknown metric; {hint}")
+        low, high = metric_range(name) or (-math.inf, math.inf)
+        if not is_real(value) or math.isnan(value):
+            raise SettingsError(f"{key}: expected a number, got {value!r}")
+        if not low <= value <= high:
+            allowed = f"[{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
+            raise SettingsError(f"{key}: {value!r} is out of range; allowed: {allowed}")
+        if bound != POINT and not _is_lower_bound(name, bound) and bounded(name, bound) not in produced:
+            raise SettingsError(
+                f"{key}: the audit reports no {bound} bound for it ({prefix}.bound: {bound}), so the gate could not "
+                f"compare one; gate a metric with an interval (e.g. a *_exact_auc or *_tpr_at_fpr_* one) or set "
+                f"{prefix}.bound: point")
+        skipped = intermittent(name, audit_settings)
+        if skipped is not None:
+            section, round_num = skipped
+            step_key = f"{audit_prefix}.{section}"
+            interval = getattr(audit_settings.sections[section], "interval", None)
+            said = f"{step_key}.interval: {interval}" if interval is not None else f"{step_key}'s schedule"
+            raise SettingsError(
+                f"{key}: the audit does not produce it in every audited round ({said} skips round {round_num}), and a "
+                f"gated round without it withholds the update; set {step_key}.interval to 1 (or a divisor of "
+                f"{audit_prefix}.interval) or gate a metric every audited round has")
+        thresholds[name] = float(value)
+    return thresholds
+
+
+def _is_lower_bound(name: str, bound: str) -> bool:
+    """An epsilon lower bound is itself a lower confidence bound: under `lower` its value is the one to compare."""
+    return bound == LOWER and name.endswith("_" + EPSILON_LB)
+
+
+def _epsilon_budget(key: str, value, audit_settings: AuditSettings) -> float | None:
+    if value is None:
+        return None
+    if not is_real(value) or not math.isfinite(value) or value < 0:
+        raise SettingsError(f"{key}: expected a number >= 0 (epsilon at the audit's epsilon_delta) or null, "
+                            f"got {value!r}")
+    if not audit_settings.enabled:
+        raise SettingsError(f"{key}: the audit is off (audit.enabled is false), so nothing proves an epsilon")
+    return float(value)
+
+
 @dataclass(frozen=True)
 class GatePolicy:
-    """What a plan's `gate:` block says; `decide` applies its thresholds to a round's metrics."""
+    """What a plan's `gate:` block says; `decide` applies its limits to a round's metrics."""
 
     action: str = "report_only"
     thresholds: Mapping[str, float] = field(default_factory=dict)
     dp: DPSettings = field(default_factory=DPSettings)
     bound: str = DEFAULT_BOUND
+    epsilon_budget: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "thresholds", MappingProxyType(dict(self.thresholds)))
@@ -210,62 +305,64 @@ class GatePolicy:
 
     @property
     def enabled(self) -> bool:
-        """False without thresholds: no update is ever gated for its metrics (non-finite ones still are)."""
-        return bool(self.thresholds)
+        """False without thresholds or a budget: no update is ever gated for its metrics (non-finite ones still are)."""
+        return bool(self.limits)
+
+    @property
+    def limits(self) -> dict[str, float]:
+        """Every watched metric -> the highest value allowed: the thresholds, and the epsilon budget as the limit of
+        the leak verdict's family-wise epsilon lower bound."""
+        out = dict(self.thresholds)
+        if self.epsilon_budget is not None:
+            out[LEAK_EPSILON_LB] = self.epsilon_budget
+        return out
 
     @classmethod
-    def from_mapping(cls, mapping, *, audit_settings: AuditSettings, prefix: str = GATE_PREFIX) -> "GatePolicy":
-        """Parse and validate a plan's `gate:` mapping (None or {} -> report_only without thresholds).
+    def from_mapping(cls, mapping, *, audit_settings: AuditSettings, prefix: str = GATE_PREFIX,
+                     audit_prefix: str = AUDIT_PREFIX) -> "GatePolicy":
+        """Parse and validate a plan's `gate:` mapping (None or {} -> report_only without limits).
 
-        Threshold names must be metrics the configured audit produces (see `audit_metric_names`).
-        """
+        Threshold names must be metrics the configured audit produces in every audited round (see
+        `audit_metric_names`, `intermittent`), with the bound the policy compares; `audit_prefix` is the audit
+        section's dotted key, for the errors that name both."""
         mapping = _mapping(prefix, mapping)
-        _unknown_keys(prefix, mapping, ("action", "thresholds", "bound", "dp"))
+        _unknown_keys(prefix, mapping, ("action", "thresholds", "bound", "epsilon_budget", "dp"))
         action = mapping.get("action", "report_only")
         if action not in GATE_ACTIONS:
             raise SettingsError(f"{prefix}.action: unknown action {action!r}; choose one of {', '.join(GATE_ACTIONS)}")
-        produced = audit_metric_names(audit_settings)
-        thresholds = {}
-        for name, value in _mapping(f"{prefix}.thresholds", mapping.get("thresholds")).items():
-            key = f"{prefix}.thresholds.{name}"
-            if name not in produced:
-                known = ", ".join(produced) if produced else "nothing (audit.enabled is false)"
-                raise SettingsError(f"{key}: unknown metric; the audit produces: {known}")
-            low, high = metric_range(name) or (-math.inf, math.inf)
-            if not is_real(value) or math.isnan(value):
-                raise SettingsError(f"{key}: expected a number, got {value!r}")
-            if not low <= value <= high:
-                allowed = f"[{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
-                raise SettingsError(f"{key}: {value!r} is out of range; allowed: {allowed}")
-            thresholds[name] = float(value)
         bound = mapping.get("bound", DEFAULT_BOUND)
         if bound not in BOUND_CHOICES:
             raise SettingsError(f"{prefix}.bound: unknown bound {bound!r}; choose one of {', '.join(BOUND_CHOICES)}")
+        produced = audit_metric_names(audit_settings)
+        thresholds = _parse_thresholds(mapping.get("thresholds"), produced, audit_settings, bound, prefix,
+                                       audit_prefix)
+        budget = _epsilon_budget(f"{prefix}.epsilon_budget", mapping.get("epsilon_budget"), audit_settings)
         dp = DPSettings.from_mapping(mapping.get("dp"), prefix=f"{prefix}.dp")
-        return cls(action=action, thresholds=thresholds, dp=dp, bound=bound)
+        return cls(action=action, thresholds=thresholds, dp=dp, bound=bound, epsilon_budget=budget)
 
-    def compared_name(self, name: str, metrics: Mapping[str, float]) -> str:
-        """The metric whose value is compared with `name`'s threshold: its `bound` when the audit reports one
-        beside it (<name>_upper, <name>_lower), else `name` itself."""
-        if self.bound == POINT:
+    def compared_name(self, name: str) -> str:
+        """The metric whose value is compared with `name`'s limit: its `bound` (<name>_upper, <name>_lower), or
+        `name` itself under `point`, for an epsilon lower bound under `lower` and for the epsilon budget's metric
+        (the plan was refused where that bound does not exist)."""
+        if self.bound == POINT or name == LEAK_EPSILON_LB or _is_lower_bound(name, self.bound):
             return name
-        candidate = bounded(name, self.bound)
-        return candidate if candidate in metrics else name
+        return bounded(name, self.bound)
 
     def decide(self, metrics: Mapping[str, float]) -> GateVerdict:
-        """Gated if any thresholded metric (the value `bound` says) is above its threshold (or NaN/Inf)."""
+        """Gated if any watched value (the one `compared_name` says) is above its limit, NaN/Inf, or missing."""
         tripped, missing, compared = {}, [], {}
-        for name, threshold in self.thresholds.items():
-            if name not in metrics:
+        for name, limit in self.limits.items():
+            compared[name] = self.compared_name(name)
+            if compared[name] not in metrics:
                 missing.append(name)
+                tripped[name] = (math.nan, limit)
                 continue
-            compared[name] = self.compared_name(name, metrics)
             value = float(metrics[compared[name]])
-            if not math.isfinite(value) or value > threshold:
-                tripped[name] = (value, threshold)
+            if not math.isfinite(value) or value > limit:
+                tripped[name] = (value, limit)
         return GateVerdict(passed=not tripped, tripped=tripped, missing=tuple(missing), bound=self.bound,
                            compared=compared)
 
     def to_dict(self) -> dict:
         return {"action": self.action, "thresholds": dict(self.thresholds), "bound": self.bound,
-                "dp": self.dp.to_dict()}
+                "epsilon_budget": self.epsilon_budget, "dp": self.dp.to_dict()}

@@ -9,6 +9,8 @@ The collaborator's `train` task (src/taskrunner.py) sends, with its update, thes
                              (OpenFL averages a task's metrics by the names the first reporter sent, so every
                              collaborator sends every watched name each round); gate_tripped__non_finite_update
                              is 1.0 for an update with NaN/Inf
+    gate_threshold__<metric> the limit its gate holds the metric to (NaN: its gate does not watch it)
+    gate_missing__<metric>   1.0 if the round did not produce the watched metric (the gate failed closed), else 0.0
 
 and its audit metrics, each a scalar, except the confidence bounds of its figures (`sent_to_aggregator`).
 
@@ -24,7 +26,8 @@ from dataclasses import dataclass
 from audit.config.vocabulary import LOWER, UPPER
 
 __all__ = [
-    "GATE_KEPT", "GATE_RETRIES", "GATE_EPSILON", "GATE_TRIPPED_PREFIX", "GATE_THRESHOLD_PREFIX", "NON_FINITE_UPDATE",
+    "GATE_KEPT", "GATE_RETRIES", "GATE_EPSILON", "GATE_TRIPPED_PREFIX", "GATE_THRESHOLD_PREFIX",
+    "GATE_MISSING_PREFIX", "NON_FINITE_UPDATE", "missing_name",
     "KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "LEFT_OUT_NON_FINITE", "STRAGGLER", "STATUSES",
     "PASSED", "NO_GATE_METRIC", "GATE_WITHHELD", "GATE_KEPT_NOT_FINITE", "NON_FINITE_TENSORS",
     "Decision", "decide", "tripped_name", "threshold_name", "sent_to_aggregator",
@@ -37,6 +40,7 @@ GATE_TRIPPED_PREFIX = "gate_tripped__"
 # The threshold a collaborator's gate holds a watched metric to (NaN: its gate does not watch it), so the aggregator's
 # report can show each verdict beside its threshold.
 GATE_THRESHOLD_PREFIX = "gate_threshold__"
+GATE_MISSING_PREFIX = "gate_missing__"  # 1.0 where a watched metric was missing from the party's round
 NON_FINITE_UPDATE = "non_finite_update"  # the gate's reason, and the tripped name, for a NaN/Inf update
 
 # A collaborator's gate verdict on its own update (audit.gate_flow): sent as trained, sent after a DP retrain, or
@@ -73,6 +77,11 @@ def sent_to_aggregator(metric: str) -> bool:
 def tripped_name(metric: str) -> str:
     """The metric a collaborator sends for a watched `metric` (e.g. gate_tripped__mia_local_loss_auc)."""
     return GATE_TRIPPED_PREFIX + metric
+
+
+def missing_name(metric: str) -> str:
+    """The metric a collaborator sends for whether a watched `metric` was missing (gate_missing__<metric>)."""
+    return GATE_MISSING_PREFIX + metric
 
 
 def threshold_name(metric: str) -> str:

@@ -16,7 +16,14 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-__all__ = ["AuditStep", "register", "unregister", "registered", "step"]
+from audit.config.vocabulary import LEAK_PREFIX
+
+__all__ = ["AuditStep", "register", "unregister", "registered", "step", "metric_prefixes", "is_audit_metric",
+           "producer_of"]
+
+# Scalar names that are not a step's: the round's leak verdict's (audit.verdict.leak) and the gate's contract with
+# the aggregator (audit.config.gate_contract). No step's prefix may overlap them.
+RESERVED_PREFIXES = (LEAK_PREFIX, "gate_")
 
 
 @dataclass(frozen=True)
@@ -27,7 +34,10 @@ class AuditStep:
         settings are the audit section's own keys (signals, fpr_tolerance, ...): it gets the AuditSettings itself.
     parse(dotted_key, value): its settings from the plan's value (None -> defaults); errors name the dotted key. The
         result has an `enabled` attribute and may have `due(round)` (its own schedule within the audited rounds).
-    metric_names(step_settings, audit_settings): the scalars it reports under these settings.
+    metric_names(step_settings, audit_settings): the scalars it reports under these settings, each starting with
+        `metric_prefix`.
+    metric_prefix: what every one of its metric names starts with ("mia_", "rmia_", "fidel_", ...): how the
+        aggregator and the readers, which do not know each party's settings, tell its metrics from others.
     run: `run(context, step_settings) -> StepResult`, or "module:function" to import on first use (keeps torch out of
         plan reading).
     metric_ranges: allowed gate thresholds for names its suffix does not imply (see audit.gate.metric_range).
@@ -39,6 +49,7 @@ class AuditStep:
     parse: Callable[[str, Any], Any] | None
     metric_names: Callable[[Any, Any], Iterable[str]]
     run: str | Callable
+    metric_prefix: str = ""
     metric_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     needs_global: bool = True
 
@@ -71,6 +82,13 @@ def register(new: AuditStep) -> AuditStep:
             raise ValueError(f"audit step {new.name!r}: name or section {new.section!r} is taken by {other.name!r}")
     if new.section is not None and new.parse is None:
         raise ValueError(f"audit step {new.name!r}: a step with a plan section needs a settings parser")
+    if not new.metric_prefix:
+        raise ValueError(f"audit step {new.name!r}: needs a metric_prefix (what each of its metric names starts with)")
+    for taken, owner in [*((p, "reserved") for p in RESERVED_PREFIXES),
+                         *((o.metric_prefix, repr(o.name)) for o in _REGISTRY.values())]:
+        if taken.startswith(new.metric_prefix) or new.metric_prefix.startswith(taken):
+            raise ValueError(f"audit step {new.name!r}: metric_prefix {new.metric_prefix!r} overlaps {taken!r} "
+                             f"({owner})")
     _REGISTRY[new.name] = new
     return new
 
@@ -79,10 +97,33 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
+def _with_builtins() -> dict[str, AuditStep]:
+    """The registry, with the built-in steps in it whoever asks first (they register on import of
+    audit.config.builtin_steps, which imports this module: imported here on first use, not at the top)."""
+    import audit.config.builtin_steps  # noqa: F401
+
+    return _REGISTRY
+
+
 def registered() -> tuple[AuditStep, ...]:
-    """Every step, in registration (= run) order. The built-in families register on import of audit.config."""
-    return tuple(_REGISTRY.values())
+    """Every step, in registration (= run) order: the built-in ones first."""
+    return tuple(_with_builtins().values())
 
 
 def step(name: str) -> AuditStep:
-    return _REGISTRY[name]
+    return _with_builtins()[name]
+
+
+def metric_prefixes() -> tuple[str, ...]:
+    """What every audit metric starts with: each registered step's prefix, and the leak verdict's."""
+    return (*(s.metric_prefix for s in registered()), LEAK_PREFIX)
+
+
+def is_audit_metric(name: str) -> bool:
+    """Whether a scalar a collaborator sends is an audit metric (a step's or the leak verdict's)."""
+    return name.startswith(metric_prefixes())
+
+
+def producer_of(name: str) -> AuditStep | None:
+    """The step whose metrics `name` belongs to (by its prefix); None for the leak verdict's and unknown names."""
+    return next((s for s in registered() if name.startswith(s.metric_prefix)), None)

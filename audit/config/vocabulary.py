@@ -9,8 +9,9 @@ from __future__ import annotations
 __all__ = [
     "SIGNALS", "MEMBER_IF_LOWER", "THRESHOLD_FUNCTIONS", "LOSS_ONLY_FUNCTIONS", "OPTIMIZERS", "MODELS",
     "GATE_ACTIONS", "MODEL_KINDS", "AUC", "EXACT_AUC", "EPSILON_LB", "ADVANTAGE", "LOWER", "UPPER", "BOUNDS",
-    "tolerance_name", "tolerance_name_clash", "mia_metric", "tpr_statistic", "bounded", "attack_statistics",
-    "RMIA", "rmia_metric",
+    "tolerance_name", "tolerance_name_clash", "MIA_PREFIX", "mia_metric", "tpr_statistic", "bounded", "attack_statistics",
+    "RMIA", "rmia_metric", "attack_metric", "LEAK_PREFIX", "LEAK_DETECTED", "LEAK_P_VALUE", "LEAK_EPSILON_LB",
+    "LEAK_EPSILON_CEILING", "LEAK_METRICS",
 ]
 
 # Per-sample membership signals (audit.membership.signals computes them) and their direction: members tend to have a
@@ -57,9 +58,12 @@ def tolerance_name_clash(tolerances) -> str | None:
     return None
 
 
+MIA_PREFIX = "mia_"  # the membership step's metrics
+
+
 def mia_metric(model: str, signal: str, statistic: str) -> str:
     """mia_<model>_<signal>_<statistic>, e.g. mia_local_loss_auc, mia_update_loss_reduction_tpr_at_fpr_0.1."""
-    return f"mia_{model}_{signal}_{statistic}"
+    return f"{MIA_PREFIX}{model}_{signal}_{statistic}"
 
 
 def tpr_statistic(tolerance: float) -> str:
@@ -101,3 +105,18 @@ RMIA = "rmia"
 def rmia_metric(references: str, statistic: str) -> str:
     """rmia_<references>_<statistic>, e.g. rmia_global_exact_auc, rmia_fine_tuned_tpr_at_fpr_0.01_upper."""
     return f"{RMIA}_{references}_{statistic}"
+
+
+def attack_metric(model: str, signal: str, statistic: str) -> str:
+    """The metric name of one membership attack's statistic as the round record keys its attacks (model kind ->
+    signal): rmia_<references>_<statistic> for RMIA (model kind RMIA), mia_<model>_<signal>_<statistic> otherwise."""
+    return rmia_metric(signal, statistic) if model == RMIA else mia_metric(model, signal, statistic)
+
+
+# The round's leak verdict (audit.verdict.leak), computed from every step's evidence in every audited round:
+LEAK_PREFIX = "leak_"
+LEAK_DETECTED = "leak_detected"                # 1 when an attack beats chance after the family-wise correction
+LEAK_P_VALUE = "leak_p_value"                  # the headline figure's Holm-adjusted p-value
+LEAK_EPSILON_LB = "leak_epsilon_lb"            # the family-wise epsilon lower bound (what an epsilon budget meets)
+LEAK_EPSILON_CEILING = "leak_epsilon_ceiling"  # the largest epsilon lower bound this round's counts could prove
+LEAK_METRICS = (LEAK_DETECTED, LEAK_P_VALUE, LEAK_EPSILON_LB, LEAK_EPSILON_CEILING)

@@ -110,17 +110,17 @@ def run(context: AuditContext, settings: RMIASettings) -> StepResult:
             refs = _references(kind, context, settings, context.round_num)
             logits = {name: refs.copies.logits(getattr(sets, name)[0], batch_size=batch) for name in SETS}
             # A reference whose training diverged (the party's own recipe can: its update is then withheld as
-            # non-finite) has no probabilities: left out. With none left, Pr_OUT is a model that knows nothing,
-            # 1 / classes for every sample, and RMIA ranks samples as the loss attack does.
+            # non-finite) has no probabilities: left out. With none left there is no RMIA of this kind this round: its
+            # metrics are missing, and a gate watching them fails closed (audit.config.gate).
             usable = np.all([np.isfinite(v).all(axis=(1, 2)) for v in logits.values()], axis=0)
+            if not usable.any():
+                details[kind] = {"skipped": f"every one of the {len(usable)} references diverged (non-finite "
+                                 "outputs): no RMIA of this kind this round", "reference_models": len(usable)}
+                seconds[kind] = time.perf_counter() - start
+                continue
             trained_on = refs.population_in[usable]
-            if usable.any():
-                probs = {name: true_class_probability(logits[name][usable], np.asarray(getattr(sets, name)[1]),
-                                                      settings.temperature) for name in SETS}
-            else:
-                classes = logits["members"].shape[2]
-                probs = {name: np.full((1, len(target[name])), 1.0 / classes) for name in SETS}
-                trained_on = np.zeros((1, len(target["population"])), dtype=bool)
+            probs = {name: true_class_probability(logits[name][usable], np.asarray(getattr(sets, name)[1]),
+                                                  settings.temperature) for name in SETS}
             # Population samples every reference trained on have no Pr(z) (none occur with K >= 2).
             keep = (~trained_on).any(axis=0)
             signals = {"members": Signals(target["members"], probs["members"]),
@@ -133,8 +133,7 @@ def run(context: AuditContext, settings: RMIASettings) -> StepResult:
                 a, tuning = tuned_a(probs["population"], trained_on, settings.gamma)
             else:
                 a, tuning = GLOBAL_A, {"tuned": False, "why": "fewer than two usable references: tuning needs two"}
-            accuracy = (float(np.mean(logits["nonmembers"][usable].argmax(axis=2) == np.asarray(sets.nonmembers[1])))
-                        if usable.any() else None)
+            accuracy = float(np.mean(logits["nonmembers"][usable].argmax(axis=2) == np.asarray(sets.nonmembers[1])))
             info = {"reference_models": len(refs.copies), "usable_references": int(usable.sum()), "offline_a": a,
                     "a_tuning": tuning, "local_trainings": refs.trainings, "training_s": refs.seconds,
                     "population_used": int(keep.sum()), "reference_accuracy_nonmembers": accuracy,

@@ -28,7 +28,7 @@ the Clopper-Pearson bounds and the sweep over thresholds, and read as one statis
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.stats import beta, bootstrap, norm, rankdata
@@ -481,6 +481,9 @@ class AttackUncertainty:
     advantage: Advantage
     confidence: float
     delta: float
+    # The scores it rests on (members, non-members; higher = member), kept in memory only: the round's leak verdict
+    # (audit.verdict.leak) tests them against chance and recomputes the epsilon bound at a corrected level.
+    scores: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         """JSON-able (non-finite numbers as None); tolerance keys named as in metric names."""
@@ -532,4 +535,5 @@ def attack_uncertainty(pos_scores, neg_scores, population_scores, thresholds, *,
         auc=_auc_interval_or_nothing_known(pos, neg, confidence), at_fpr=at_fpr,
         epsilon=epsilon_lower_bound(pos, neg, delta=delta, confidence=confidence),
         advantage=attacker_advantage(pos, neg, confidence), confidence=confidence, delta=float(delta),
+        scores=(pos, neg),
     )

@@ -20,10 +20,12 @@ from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.readings import (advantage_of, auc_of, confidence_of, csv_cell, epsilon_lb_of, exact_auc_band,
                                       exact_auc_of, float_or_nan, fmt, fmt_interval, ordered_models, rates_at, resolvable_at, tpr_at,
                                       unresolvable_metrics)
-from audit.reporting.records import FIDEL_GRID_FILE, HISTOGRAMS_FILE, ROUND_DIR_RE, round_dir_name
-from audit.reporting.verdicts import inverted_attacks, round_verdict
+from audit.reporting.records import (FIDEL_GRID_FILE, HISTOGRAMS_FILE, load_cached_round_records,
+                                     round_dir_name)
+from audit.reporting.verdicts import LEAK, NO_LEAK, inverted_attacks, round_verdict
 
-__all__ = ["page", "party_page", "write_index", "escape", "href", "now", "verdict_cell", "AGGREGATOR_MARKER"]
+__all__ = ["page", "party_page", "write_index", "escape", "href", "now", "verdict_cell", "verdict_grid", "grid_cell",
+           "AGGREGATOR_MARKER"]
 
 # A folder of the run's report root holding this file is the aggregator's report (src.aggregator_report), not a party's.
 AGGREGATOR_MARKER = "decisions.csv"
@@ -89,9 +91,11 @@ def verdict_block(record: Mapping) -> list[str]:
     and the leak status in plain words; AUCs below 0.5 flagged."""
     v = round_verdict(record)
     cls = escape(v.verdict or "none")
-    out = [f'<div class="verdict v-{cls}"><p><strong>Verdict: <span class="{cls}">{escape(v.verdict or "no gate")}</span>'
-           f"</strong>{escape(f' (gate action: {v.action})' if v.action else '')} · <strong>leak status:</strong> {escape(v.status)}"
-           f" · <strong>DP:</strong> {escape(v.epsilon)}</p>"]
+    out = [f'<div class="verdict v-{cls}"><p><strong>Leak verdict: <span class="{escape(v.leak)}">'
+           f'{escape(v.leak_text)}</span></strong></p><p><strong>Proven:</strong> {escape(v.proven)}</p>'
+           f'<p><strong>Gate: <span class="{cls}">{escape(v.verdict or "no gate")}</span>'
+           f"</strong>{escape(f' (action: {v.action})' if v.action else '')}"
+           + (f" · {escape(v.status)}" if v.verdict else "") + f" · <strong>DP:</strong> {escape(v.epsilon)}</p>"]
     if v.checks:
         out.append("<ul>" + "".join(
             f'<li class="{"tripped" if c.tripped else ""}">{"<strong>decided it</strong>: " if c in v.deciding else ""}'
@@ -238,15 +242,20 @@ def verdict_table(records: list[dict]) -> list[str]:
         flag = (f'<br><span class="flag">{len(low)} attack{"s" if len(low) != 1 else ""} with AUC below 0.5 '
                 "(signal direction wrong, not safer)</span>") if low else ""
         rows.append(f'<tr><td><a href="#{escape(round_dir_name(r["round"]))}">{escape(r["round"])}</a></td>'
+                    f'<td class="text cell-{escape(v.leak)}">{escape(v.leak_text)}{flag}</td>'
+                    f'<td class="text">{escape(v.proven)}</td>'
                     f"{verdict_cell(v.verdict)}<td class=\"text\">{escape(decided)}</td><td class=\"text\">"
-                    f"{escape(v.epsilon)}</td><td class=\"text\">{escape(v.status)}{flag}</td></tr>")
+                    f"{escape(v.epsilon)}</td></tr>")
     return ["<h2>Verdict per round</h2>",
-            '<p class="muted">The gate\'s verdict on the update this party sent (kept, dp_retrained: a DP-retrained '
-            "update was sent, withheld: the received model was sent back), the metric and threshold that decided it "
-            "(the value compared: the estimate, or its interval's upper or lower bound, as the gate's bound says), the "
-            "epsilon DP training spent, and the leak status.</p>",
-            '<div class="scroll"><table><tr><th>round</th><th>verdict</th><th>decided by</th><th>DP ε spent</th>'
-            "<th>leak status</th></tr>", *rows, "</table></div>"]
+            '<p class="muted">Leak verdict: whether any attack beat chance after the correction for how many figures '
+            "were tested (Holm, at the audit's confidence), with the strongest figure, its interval and the interval "
+            "corrected for the number of tests; when none did, what this round's counts could have detected at all "
+            "(\"not detected\" is not \"safe\"). Proven: the epsilon lower bound of the strongest attack, corrected "
+            "for the number of attacks. Gate: its verdict on the update this party sent (kept, dp_retrained: a "
+            "DP-retrained update was sent, withheld: the received model was sent back), the metric and limit that "
+            "decided it, and the epsilon DP training spent.</p>",
+            '<div class="scroll"><table><tr><th>round</th><th>leak verdict</th><th>proven</th><th>gate</th>'
+            "<th>decided by</th><th>DP ε spent</th></tr>", *rows, "</table></div>"]
 
 
 def party_page(party: str, records: list[dict], tols: list[float], tpr_files: list[str], log_scale: bool,
@@ -339,6 +348,69 @@ def _scan_reports(root: Path) -> tuple[dict[str, Path], dict[str, Path]]:
     return aggregators, parties
 
 
+# Parsed round records of the parties, kept across index writes (the index is rewritten every round; a record is
+# parsed again only when its file changed: audit.reporting.records.load_cached_round_records).
+_RECORD_CACHE: dict = {}
+
+
+def _party_records(folder: Path) -> dict[int, dict]:
+    """Round -> the party's readable round record."""
+    return {r["round"]: r for r in load_cached_round_records(folder, _RECORD_CACHE)}
+
+
+def _short_figure(finding: Mapping) -> str:
+    statistic = str(finding.get("statistic", ""))
+    name = "AUC" if statistic == "exact_auc" else statistic.replace("tpr_at_fpr_", "TPR@")
+    return f"{finding.get('attack')}: {name} {fmt(finding.get('estimate'), 2)}"
+
+
+def grid_cell(record: Mapping | None) -> str:
+    """One party's round on the run index: coloured by the leak verdict, the headline figure (or the floor), and
+    the gate's verdict where it did not keep the update."""
+    if record is None:
+        return '<td class="text cell-not_audited muted">not audited</td>'
+    v = round_verdict(record)
+    leak = record.get("leak") or {}
+    if v.leak == LEAK:
+        head = leak.get("headline") or {}
+        text = f"<strong>leak</strong><br>{escape(_short_figure(head))}<br>p {escape(fmt(head.get('p_adjusted'), 2))}"
+    elif v.leak == NO_LEAK:
+        floor = leak.get("floor") or {}
+        text = ("no leak<br><span class=\"muted\">could detect AUC ≥ "
+                f"{escape(fmt(floor.get('exact_auc'), 2))}</span>")
+    else:
+        text = "no verdict"
+    epsilon = (leak.get("epsilon") or {}).get("value")
+    if epsilon is not None:
+        text += f"<br>ε ≥ {escape(fmt(epsilon, 2))}"
+    gate = v.verdict or "kept"  # without a gate the update is sent as trained
+    text += f'<br><span class="{escape(gate)}">{escape(gate if v.verdict else "sent (no gate)")}</span>'
+    return f'<td class="text cell-{escape(v.leak)}" title="{escape(v.leak_text)}">{text}</td>'
+
+
+def verdict_grid(parties: Mapping[str, Mapping[int, dict]], labels: Mapping[str, str]) -> list[str]:
+    """The run index's picture: a party x round table of leak verdicts (red: leak detected, green: none detected,
+    grey: not audited), so the worst party and round stand out at a glance."""
+    rounds = sorted({r for records in parties.values() for r in records})
+    if not rounds:
+        return ["<p>No audited rounds yet.</p>"]
+    leaking = {name: [r for r, rec in records.items() if (rec.get("leak") or {}).get("detected")]
+               for name, records in parties.items()}
+    said = "; ".join(f"{name} in round{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+                     for name, rs in leaking.items() if rs)
+    out = [f'<p class="{"flag" if said else "muted"}">' + (f"Leak detected: {escape(said)}." if said else
+           "No leak detected in any audited round (see each cell for what its counts could have detected).") + "</p>",
+           '<div class="scroll"><table><tr><th>party</th>' + "".join(f"<th>round {r}</th>" for r in rounds) + "</tr>"]
+    for name, records in parties.items():
+        out.append(f"<tr>{labels[name]}" + "".join(grid_cell(records.get(r)) for r in rounds) + "</tr>")
+    out.append("</table></div>")
+    out.append('<p class="muted">Each cell: whether an attack on that party\'s update beat chance after the '
+               "correction for the number of figures tested (its strongest figure and adjusted p-value), or the "
+               "smallest AUC its counts could have detected; the epsilon lower bound the audit proves; the gate's "
+               "verdict where the update was not sent as trained.</p>")
+    return out
+
+
 def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | None = None,
                 parties: Mapping[str, Path] | None = None) -> Path:
     """Write ``root/index.html``, the run index: the aggregator's report and every party report, each with its latest
@@ -357,6 +429,12 @@ def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | No
         return f'<td>{escape(name)} <span class="muted">(no report written)</span></td>'
 
     body = ["<h1>Privacy audit: run index</h1>"]
+    body.append("<h2>Leak verdict per party and round</h2>")
+    if parties:
+        body += verdict_grid({name: _party_records(Path(folder)) for name, folder in parties.items()},
+                             {name: name_cell(name, Path(folder)) for name, folder in parties.items()})
+    else:
+        body.append("<p>No party reports yet.</p>")
     if aggregators:
         body.append('<h2>Aggregator</h2><p class="muted">Which updates were averaged each round, each collaborator\'s '
                     "gate metric beside its threshold, the mean and the worst collaborator.</p>")
@@ -371,24 +449,4 @@ def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | No
             body.append(f"<tr>{name_cell(name, folder)}<td>{len(files)}</td>"
                         f'<td>{escape(latest.get("round", "–"))}</td><td class="text">{escape(counts or "–")}</td></tr>')
         body.append("</table></div>")
-    body.append("<h2>Parties</h2>")
-    if parties:
-        body.append('<div class="scroll"><table><tr><th>party</th><th>audited rounds</th><th>latest round</th>'
-                    "<th>latest verdict</th><th>leak status</th></tr>")
-        for name, folder in parties.items():
-            folder = Path(folder)
-            rounds = sorted(
-                int(m.group(1)) for c in (folder.iterdir() if folder.is_dir() else [])
-                if (m := ROUND_DIR_RE.match(c.name)) and (c / "audit.json").is_file()
-            )
-            latest = str(rounds[-1]) if rounds else "–"
-            record = _latest_json([folder / round_dir_name(r) / "audit.json" for r in rounds])
-            v = round_verdict(record) if record is not None and isinstance(record.get("attacks"), dict) else None
-            body.append(f"<tr>{name_cell(name, folder)}"
-                        f"<td>{len(rounds)}</td><td>{escape(latest)}</td>"
-                        + (verdict_cell(v.verdict) + f'<td class="text">{escape(v.status)}</td>' if v else
-                           "<td></td><td></td>") + "</tr>")
-        body.append("</table></div>")
-    else:
-        body.append("<p>No party reports yet.</p>")
     return atomic_write_text(root / "index.html", page("Privacy audit: run index", body))

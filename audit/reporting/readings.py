@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from audit.config.checks import is_int
-from audit.config.vocabulary import mia_metric, tpr_statistic
+from audit.config.vocabulary import attack_metric, tpr_statistic
 from audit.reporting.csv_cells import spreadsheet_safe
 
 __all__ = ["MODEL_ORDER", "ordered_models", "float_or_nan", "curve", "auc_of", "exact_auc_of", "tpr_at",
@@ -103,7 +103,7 @@ def unresolvable_metrics(record: Mapping) -> set[str]:
                 continue
             for key, ok in table.items():
                 if ok is False:
-                    names.add(mia_metric(model, signal, tpr_statistic(float_or_nan(key))))
+                    names.add(attack_metric(model, signal, tpr_statistic(float_or_nan(key))))
     return names
 
 

@@ -1,7 +1,9 @@
-"""What a party's round came to, in plain words: the gate's verdict, the metric and threshold that decided it, the
-epsilon spent and the leak status, read off the round record (its `extra.gate`, audit.gate_flow.record_entry).
+"""What a party's round came to, in plain words: the leak verdict (does any attack beat chance, family-wise; what
+these counts could have detected when none does), the epsilon the audit proves against the budget, the gate's
+verdict, the metric and threshold that decided it, and the epsilon DP spent; read off the round record (its `leak`,
+audit.verdict.leak, and `extra.gate`, audit.gate_flow.record_entry).
 
-The pages lead with this (audit.reporting.html); nothing here is computed anew, it is the gate's own decision.
+The pages and the end-of-run summary lead with this; nothing here is computed anew.
 """
 
 from __future__ import annotations
@@ -10,12 +12,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
+from audit.config.gate import MISSING
 from audit.config.gate_contract import DP_RETRAINED, KEPT, NON_FINITE_UPDATE, WITHHELD
 from audit.config.vocabulary import LOWER, UPPER, bounded
 from audit.reporting.readings import (exact_auc_band, exact_auc_of, float_or_nan, fmt, fmt_interval, ordered_models,
                                       rates_at, resolvable_at, tolerances_of)
 
-__all__ = ["Check", "RoundVerdict", "round_verdict", "inverted_attacks", "strongest_tpr", "NO_DP"]
+__all__ = ["Check", "RoundVerdict", "round_verdict", "inverted_attacks", "strongest_tpr", "NO_DP", "leak_status",
+           "leak_state", "epsilon_status", "floor_text", "LEAK", "NO_LEAK", "NOT_AUDITED"]
+
+# The leak verdict's three states, as the pages colour them.
+LEAK, NO_LEAK, NOT_AUDITED = "leak", "no_leak", "not_audited"
 
 NO_DP = "no DP"
 
@@ -33,8 +40,12 @@ class Check:
     lower: float = math.nan
     upper: float = math.nan
     tripped: bool = False
+    missing: bool = False
 
     def text(self) -> str:
+        if self.missing:
+            return (f"{self.metric}: missing (this round did not produce it; the gate fails closed) - limit "
+                    f"{fmt(self.threshold)}")
         interval = fmt_interval(self.estimate, self.lower, self.upper)
         said = "value" if self.bound == "point" else f"{self.bound} bound"
         where = f" (estimate {interval})" if self.bound != "point" else (
@@ -49,7 +60,10 @@ class RoundVerdict:
     action: str | None           # the gate's action (withhold, dp_retrain, report_only)
     checks: list[Check] = field(default_factory=list)  # every thresholded metric; the deciding ones have tripped
     epsilon: str = NO_DP         # the accountant's epsilon spent on DP this round, or "no DP"
-    status: str = ""             # the plain-language leak status
+    status: str = ""             # the gate's outcome in plain words (the leak verdict's where no gate is set)
+    leak: str = NOT_AUDITED      # LEAK, NO_LEAK or NOT_AUDITED (leak_state)
+    leak_text: str = ""          # leak_status: the leak verdict in one sentence
+    proven: str = ""             # epsilon_status: the epsilon the audit proves, against the budget
 
     @property
     def deciding(self) -> list[Check]:
@@ -70,6 +84,7 @@ def _bound_of(metric: str, compared: str) -> str:
 def _checks(gate: Mapping, metrics: Mapping) -> list[Check]:
     tripped = gate.get("tripped") or {}
     compared = gate.get("compared") or {}
+    missing = set(gate.get("missing") or ())
     out = []
     for metric, threshold in sorted((gate.get("thresholds") or {}).items()):
         name = compared.get(metric, metric)
@@ -81,7 +96,7 @@ def _checks(gate: Mapping, metrics: Mapping) -> list[Check]:
                          estimate=float_or_nan(metrics.get(metric)),
                          lower=float_or_nan(metrics.get(bounded(metric, LOWER))),
                          upper=float_or_nan(metrics.get(bounded(metric, UPPER))),
-                         tripped=metric in tripped))
+                         tripped=metric in tripped, missing=metric in missing))
     return out
 
 
@@ -119,28 +134,89 @@ def inverted_attacks(record: Mapping) -> list[tuple[str, float, float, float]]:
             for m in ordered_models(attacks) for s in sorted(attacks[m]) if exact_auc_of(attacks[m][s]) < 0.5]
 
 
-def _no_gate_status(record: Mapping) -> str:
-    found = strongest_tpr(record)
-    if found is None:
-        return "no gate configured; no FPR tolerance is resolvable with this population"
-    name, tol, rates = found
-    tpr = rates.get("tpr") or {}
-    return (f"no gate configured: TPR at the lowest resolvable FPR ({tol:g}) is "
-            f"{fmt_interval(tpr.get('rate'), tpr.get('lower'), tpr.get('upper'))} ({name})")
+def leak_state(record: Mapping | None) -> str:
+    """LEAK, NO_LEAK or NOT_AUDITED (no record, or a record without a leak verdict or without any test)."""
+    leak = (record or {}).get("leak")
+    if not isinstance(leak, Mapping) or leak.get("detected") is None:
+        return NOT_AUDITED
+    return LEAK if leak["detected"] else NO_LEAK
+
+
+def _figure(finding: Mapping) -> str:
+    """"rmia / independent exact AUC 0.676 [0.61, 0.74], corrected for 36 tests [0.59, 0.76], chance 0.5"."""
+    lo, hi = finding.get("interval") or (None, None)
+    clo, chi = finding.get("corrected_interval") or (None, None)
+    statistic = str(finding.get("statistic", "")).replace("_", " ").replace("tpr at fpr ", "TPR at FPR ")
+    statistic = statistic.replace("exact auc", "exact AUC")
+    return (f"{finding.get('attack')} {statistic} {fmt_interval(finding.get('estimate'), lo, hi, 3)}"
+            f" (corrected: [{fmt(clo, 2)}, {fmt(chi, 2)}]), chance {fmt(finding.get('chance'), 3)}")
+
+
+def floor_text(leak: Mapping) -> str:
+    """What the round's counts could have detected: "AUC >= 0.66, TPR >= 0.11 at FPR 0.01, ...; eps >= 4.2 at most"."""
+    floor = leak.get("floor") or {}
+    parts = []
+    if floor.get("exact_auc") is not None:
+        parts.append(f"exact AUC ≥ {fmt(floor['exact_auc'], 3)}")
+    for tol, tpr in (floor.get("tpr_at_fpr") or {}).items():
+        parts.append(f"TPR ≥ {fmt(tpr, 2)} at FPR {tol}" if tpr is not None else f"nothing at FPR {tol}")
+    ceiling = (leak.get("epsilon") or {}).get("ceiling")
+    counts = f"{fmt(floor.get('members'))} members, {fmt(floor.get('nonmembers'))} non-members"
+    text = f"these counts ({counts}) could only have shown " + ", ".join(parts) if parts else "nothing testable"
+    return text + (f"; an ε lower bound of at most {fmt(ceiling, 3)}" if ceiling is not None else "")
+
+
+def leak_status(record: Mapping | None) -> str:
+    """The leak verdict in one sentence: what was detected (the headline with its interval, the corrected interval,
+    chance and the Holm-adjusted p-value), or that nothing was and what could have been."""
+    state = leak_state(record)
+    if state == NOT_AUDITED:
+        return "not audited" if not record else "no leak verdict in this record"
+    leak = record["leak"]
+    tests, level = leak.get("tests"), leak.get("confidence")
+    family = f"{tests} tests, Holm-corrected, {fmt(100 * float_or_nan(level), 3)}%"
+    headline = leak.get("headline") or {}
+    if state == LEAK:
+        others = len(leak.get("significant") or []) - 1
+        more = f"; {others} more figure{'s' if others != 1 else ''} beat chance" if others > 0 else ""
+        return (f"leak detected ({family}): {_figure(headline)}, p = {fmt(headline.get('p_adjusted'), 2)} "
+                f"adjusted{more}")
+    strongest = (f"; strongest: {_figure(headline)}, p = {fmt(headline.get('p_adjusted'), 2)} adjusted"
+                 if headline else "")
+    return f"no leak detected ({family}){strongest}; {floor_text(leak)}"
+
+
+def epsilon_status(record: Mapping | None) -> str:
+    """"ε ≥ 0.42 (95%, corrected for 9 attacks; these counts prove at most 4.2) against a budget of 1"."""
+    leak = (record or {}).get("leak") or {}
+    epsilon = leak.get("epsilon") or {}
+    if epsilon.get("value") is None:
+        return "no ε lower bound"
+    gate = (record.get("extra") or {}).get("gate") or {}
+    budget = gate.get("epsilon_budget")
+    source = f", {epsilon['attack']}" if epsilon.get("attack") else ""
+    text = (f"ε ≥ {fmt(epsilon['value'], 3)} at δ = {fmt(epsilon.get('delta'))} ({fmt(100 * float_or_nan(epsilon.get('confidence')), 3)}%, "
+            f"corrected for {fmt(epsilon.get('sources'))} attacks{source}; these counts prove at most "
+            f"{fmt(epsilon.get('ceiling'), 3)})")
+    return text + (f" against a budget of {fmt(budget)}" if budget is not None else "")
 
 
 def round_verdict(record: Mapping) -> RoundVerdict:
     gate = (record.get("extra") or {}).get("gate")
+    leak = dict(leak=leak_state(record), leak_text=leak_status(record), proven=epsilon_status(record))
     if not isinstance(gate, Mapping):
-        return RoundVerdict(None, None, status=_no_gate_status(record))
+        return RoundVerdict(None, None, status=leak["leak_text"], **leak)
     verdict, action = gate.get("verdict"), gate.get("action")
     checks = _checks(gate, record.get("metrics") or {})
     epsilon = _epsilon(gate)
     tripped = [c for c in checks if c.tripped]
-    if NON_FINITE_UPDATE in (gate.get("tripped") or {}) or gate.get("reason") == NON_FINITE_UPDATE:
+    reason = str(gate.get("reason") or "")
+    if NON_FINITE_UPDATE in (gate.get("tripped") or {}) or reason == NON_FINITE_UPDATE:
         status = "withheld: the trained update holds NaN/Inf"
+    elif reason.startswith(MISSING):
+        status = f"{verdict}: {reason} (fail closed: what the round did not measure cannot pass)"
     elif not checks:
-        status = _no_gate_status(record)
+        status = "no gate set: sent as trained"
     elif verdict == WITHHELD:
         tried = " after DP retraining did not bring it below" if float_or_nan(gate.get("retries")) > 0 else ""
         status = "above threshold: withheld" + tried
@@ -152,4 +228,4 @@ def round_verdict(record: Mapping) -> RoundVerdict:
         status = "below every threshold"
     else:
         status = f"gate verdict {verdict!r}"
-    return RoundVerdict(verdict, action, checks, epsilon, status)
+    return RoundVerdict(verdict, action, checks, epsilon, status, **leak)
