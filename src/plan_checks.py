@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 import sys
 
 from audit.config.checks import SettingsError, check_bool, check_positive_int
+from audit.config.plugins import check_plugins
 from src.openfl_sections import check_openfl_sections
 
 __all__ = ["TASK_RUNNER_TEMPLATE", "TASK_FUNCTIONS", "check_tasks", "check_collaborator_names", "check_plan",
@@ -109,6 +110,9 @@ def check_plan(config: Mapping, collaborators: Sequence[str] | None = None) -> N
         return
     check_tasks(config.get("tasks") or {})
     settings = runner.get("settings")
+    audit = settings.get("audit") if isinstance(settings, Mapping) else None
+    if isinstance(audit, Mapping):  # the plug-in steps register before anyone reads their sections or metrics
+        check_plugins("task_runner.settings.audit.plugins", audit.get("plugins"))
     if collaborators is not None and isinstance(settings, Mapping):
         check_collaborator_names(settings.get("per_collaborator") or {}, list(collaborators))
 

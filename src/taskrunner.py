@@ -27,13 +27,11 @@ from audit.config.audit_settings import AuditSettings
 from audit.config.checks import SettingsError, is_int, is_real
 from audit.config.gate import GatePolicy, audit_metric_names, non_finite_tensors
 from audit.config.gate_contract import sent_to_aggregator
+from audit.config.steps import registered
 from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
 from audit.config.vocabulary import OPTIMIZERS
 from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
-from audit.deanon.representation import layer_tensor_names
-from audit.fidel.layers import find_first_dense_layer
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
-from audit.membership.gradient_norms import gradient_parameter_names
 from audit.membership.resolution import resolution_warning
 from audit.membership.signal_memo import SignalMemo
 from audit.membership.signals import compute_signals
@@ -190,23 +188,14 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             return self._plan_model().to(device)
 
     def _check_layers(self, feature_shape: tuple) -> None:
-        """The audit's layer names must name layers of the model: fail at start-up, not in the first audit."""
+        """Each audit step checks the plan's model against its settings (audit.config.steps `check_model`: e.g. the
+        layers the settings name): fail at start-up, not in the first audit."""
         settings = self.audit_settings
-        if settings.gradient_layer is not None:
-            try:
-                gradient_parameter_names(self.model, settings.gradient_layer)
-            except ValueError as err:
-                raise SettingsError(f"{SETTINGS_PREFIX}.audit.gradient_layer: {err}") from None
-        if settings.fidel.enabled or settings.fidel.layer is not None:
-            try:  # without a layer named, the first dense layer a forward pass of one sample reaches
-                find_first_dense_layer(self.model, torch.zeros((1, *feature_shape)), layer=settings.fidel.layer)
-            except ValueError as err:
-                raise SettingsError(f"{SETTINGS_PREFIX}.audit.fidel.layer: {err}") from None
-        if settings.deanon.layer is not None:
-            try:
-                layer_tensor_names([name for name, _ in self.model.named_parameters()], settings.deanon.layer)
-            except ValueError as err:
-                raise SettingsError(f"{SETTINGS_PREFIX}.audit.deanon.layer: {err}") from None
+        for audit_step in registered():
+            check = audit_step.load("check_model")
+            if check is not None:
+                key = f"{SETTINGS_PREFIX}.audit" + (f".{audit_step.section}" if audit_step.section else "")
+                check(self.model, feature_shape, audit_step.settings_of(settings), key)
 
     def make_optimizer(self, model: torch.nn.Module, learning_rate: float | None = None) -> torch.optim.Optimizer:
         """The plan's optimizer for `model` (the DP retrain uses the same recipe)."""

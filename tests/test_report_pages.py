@@ -15,7 +15,7 @@ from audit.config.audit_settings import AuditSettings
 from audit.config.gate import GatePolicy
 from audit.gate_flow import run_gate
 from audit.reporting.html import party_page
-from audit.reporting.party import ReportWriter
+from audit.reporting.party import ReportWriter, histogram_panels
 from audit.reporting.plots import plot_signal_histograms
 from audit.reporting.verdicts import NO_DP, round_verdict
 from audit.round_audit import AuditSets, audit_round, record_to_json
@@ -259,9 +259,14 @@ def test_an_auc_below_half_is_flagged_on_the_page_and_in_the_plot(tmp_path):
     assert "local / loss 0.31 [0.26, 0.36]" in page
     # tabular-like data, members scoring higher than non-members on a lower-is-member signal: AUC < 0.5
     rng = np.random.default_rng(0)
-    scores = {"local_loss_members": rng.normal(2.0, 1.0, 50), "local_loss_nonmembers": rng.normal(0.0, 1.0, 50)}
-    assert plot_signal_histograms(record, scores, tmp_path / "h.png") and (tmp_path / "h.png").stat().st_size > 0
-    assert not plot_signal_histograms(record, {}, tmp_path / "none.png") and not (tmp_path / "none.png").exists()
+    round_dir = tmp_path / "round_0000"
+    round_dir.mkdir()
+    np.savez(round_dir / "signals.npz", local_loss_members=rng.normal(2.0, 1.0, 50),
+             local_loss_nonmembers=rng.normal(0.0, 1.0, 50))
+    panels = histogram_panels(record, round_dir)  # the membership step's, read from its private file
+    assert [(p.title, p.auc) for p in panels] == [("local model / loss", 0.31)]
+    assert plot_signal_histograms(record, panels, tmp_path / "h.png") and (tmp_path / "h.png").stat().st_size > 0
+    assert not plot_signal_histograms(record, [], tmp_path / "none.png") and not (tmp_path / "none.png").exists()
 
 
 def test_the_aggregator_reports_mean_worst_threshold_and_dp_retrained(tmp_path):

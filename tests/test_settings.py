@@ -29,6 +29,7 @@ DEFAULTS = {
     "report_dir": "reports",
     "confidence": 0.95,
     "epsilon_delta": 1e-5,
+    "plugins": [],
     "rmia": {"enabled": True, "interval": 1, "references": ["global", "independent"],
              "reference_models": 4, "temperature": 2.0, "offline_a": "tune", "gamma": 1.0},
     "fidel": {"enabled": False, "layer": None, "threshold": 0.98, "decoder": False},

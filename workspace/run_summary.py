@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 from audit.config.gate_contract import GATE_WITHHELD
+from audit.config.steps import METRICS, registered
 from audit.reporting.readings import float_or_nan, resolvable_at, tolerances_of, tpr_at, tpr_band_at
 from audit.reporting.records import load_round_files, load_round_records, round_file_name
 from audit.reporting.verdicts import epsilon_status, leak_status
@@ -86,27 +87,20 @@ def tpr_reading(record: Mapping, tol: float) -> str | None:
     return f"TPR at FPR {tol:g} {value:.3f}{band} ({model} {signal}{unresolved})"
 
 
-def _deanon_ceiling(record: Mapping) -> str:
-    crowd = (record.get("extra") or {}).get("deanon", {}).get("crowd_users")
-    if not isinstance(crowd, int) or crowd < 1:
-        return ""
-    from audit.deanon.attacks import random_ranking_ap  # torch and sklearn: only when a record has a self-audit
-
-    users = crowd + 1  # the collaborator and its crowd
-    # the ceiling of AP over chance: a perfect AP (1) over one positive's chance AP among `users` (H_n / n)
-    return f", at most {1.0 / random_ranking_ap(1, users):.2f} with {users} users"
-
-
 def _other_audits(record: Mapping) -> list[str]:
+    """Each registered step's part of the line (audit.config.steps `summary`): its own words, or its metrics."""
     metrics = record.get("metrics") or {}
     out = []
-    if "fidel_revealed_fraction" in metrics:
-        out.append(f"Fidel revealed {float_or_nan(metrics['fidel_revealed_fraction']):.2f} of its samples "
-                   f"({float_or_nan(metrics.get('fidel_revealed_fraction_ica')):.2f} with ICA)")
-    if "deanon_ap_over_chance" in metrics:
-        out.append(f"deanonymization AP {float_or_nan(metrics['deanon_ap_over_chance']):.2f}x chance"
-                   + _deanon_ceiling(record))
-    return out
+    for audit_step in registered():
+        said = audit_step.load("summary")
+        if said is not None:
+            out.append(said(record))
+        elif audit_step.summary == METRICS:
+            mine = sorted((k, v) for k, v in metrics.items() if k.startswith(audit_step.metric_prefix))
+            if mine:
+                out.append(", ".join(f"{k} {float_or_nan(v):.3g}" for k, v in mine[:6])
+                           + (f" (+{len(mine) - 6} more)" if len(mine) > 6 else ""))
+    return [line for line in out if line]
 
 
 def _server_deanon(aggregator_dir: Path | None, round_num: int) -> str | None:

@@ -18,6 +18,7 @@ from types import MappingProxyType
 import audit.config.builtin_steps  # noqa: F401  (registers the built-in steps and their sections)
 from audit.config.checks import (SettingsError, check_bool, check_fpr_tolerances, check_optional_module,
                                  check_positive_int, is_int, is_real)
+from audit.config.plugins import check_plugins
 from audit.config.steps import registered
 from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, SIGNALS, THRESHOLD_FUNCTIONS
 
@@ -50,6 +51,8 @@ class AuditSettings:
     # (members, non-members, population): a random sample per party, the same every round; None = every sample.
     # Their intervals are over the sampled counts, so they cover the sampling (README "Audit sampling").
     sample_size: int | None = DEFAULT_SAMPLE_SIZE
+    # Modules or .py files that register plug-in audit steps (audit.config.plugins), imported before the sections.
+    plugins: tuple[str, ...] = ()
     # Every registered step's section (audit.config.steps): name -> its settings; a plan mapping or None is parsed by
     # the step, missing sections get the step's defaults. Read them as attributes: settings.fidel, settings.deanon.
     sections: Mapping[str, object] = field(default_factory=dict)
@@ -75,6 +78,8 @@ class AuditSettings:
             return cls()
         if not isinstance(mapping, Mapping):
             raise SettingsError(f"{prefix}: expected a mapping of settings, got {type(mapping).__name__}")
+        # The plug-ins first: they register the sections the rest of the mapping may name.
+        check_plugins(f"{prefix}.plugins", mapping.get("plugins"))
         core_names = [f.name for f in fields(cls) if f.name != "sections"]
         section_names = [s.section for s in registered() if s.section is not None]
         core, sections = {}, {}
@@ -193,6 +198,7 @@ _CHECKS = {
     "confidence": _confidence,
     "epsilon_delta": _delta,
     "sample_size": _sample_size,
+    "plugins": check_plugins,
 }
 
 

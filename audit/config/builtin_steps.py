@@ -11,7 +11,7 @@ from audit.config.deanon_settings import deanon_settings
 from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
 from audit.config.rmia_settings import rmia_settings
 from audit.config.steps import AuditStep, register
-from audit.config.vocabulary import MIA_PREFIX, RMIA, attack_statistics, mia_metric
+from audit.config.vocabulary import FIDEL_GRID_FILE, MIA_PREFIX, RMIA_SCORES_FILE, SIGNALS_FILE, RMIA, attack_statistics, mia_metric
 
 __all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "membership_series"]
 
@@ -36,17 +36,24 @@ def _membership_metric_names(settings, _audit_settings) -> list[str]:
 MEMBERSHIP = register(AuditStep(
     name="membership", section=None, parse=None, metric_names=_membership_metric_names,
     run="audit.membership.step:run", needs_global=False, metric_prefix=MIA_PREFIX,
+    check_model="audit.membership.views:check_gradient_layer", histograms="audit.membership.views:membership_histograms",
+    private_files=(SIGNALS_FILE,), summary=None,
 ))
 RMIA = register(AuditStep(
     name="rmia", section="rmia", parse=rmia_settings,
     metric_names=lambda settings, audit_settings: settings.metric_names(audit_settings.fpr_tolerance),
     run="audit.membership.rmia_step:run", metric_prefix=RMIA + "_",
+    histograms="audit.membership.views:rmia_histograms", private_files=(RMIA_SCORES_FILE,), summary=None,
 ))
 FIDEL = register(AuditStep(
     name="fidel", section="fidel", parse=fidel_settings, metric_names=lambda settings, _: list(FIDEL_METRICS),
     run="audit.fidel.step:run", metric_prefix="fidel_",
+    check_model="audit.fidel.views:check_layer", page_section="audit.fidel.views:page_section",
+    private_files=(FIDEL_GRID_FILE,), summary="audit.fidel.views:summary_line",
 ))
 DEANON = register(AuditStep(
     name="deanon", section="deanon", parse=deanon_settings, metric_names=lambda settings, _: settings.metric_names(),
     run="audit.deanon.step:run", metric_prefix="deanon_",
+    check_model="audit.deanon.views:check_layer", page_section="audit.deanon.views:page_section",
+    summary="audit.deanon.views:summary_line",
 ))

@@ -5,9 +5,13 @@ its `run` is imported on first use. `audit.round_audit.audit_round` runs the ena
 registered, and the gate's list of metrics is the union of the enabled steps' `metric_names`.
 
 To add an audit: write its `run(context, settings) -> StepResult` (audit.round_audit) in its own module, then call
-`register(AuditStep(...))` with its section name, its settings parser and its metric names, in its package's
-`__init__` for a built-in family or anywhere before the plan is read for a plug-in. Nothing else changes: the plan
-accepts `task_runner.settings.audit.<section>`, the gate accepts its metrics, the reports show them.
+`register(AuditStep(...))` with its section name, its settings parser, its metric names and their prefix; the
+built-in families are declared in audit.config.builtin_steps, a plug-in in its own module that the plan names under
+`task_runner.settings.audit.plugins` (audit.config.plugins imports it before the audit section is read, on every
+entry point). Nothing else changes: the plan accepts `task_runner.settings.audit.<section>`, the gate accepts its
+metrics, the party's and the aggregator's reports and metrics.csv show them. A step may also declare how it checks
+the model at start (`check_model`), the histograms and the page section it adds to the party's report
+(`histograms`, `page_section`) and the private files it writes (`private_files`).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any, Callable, Iterable, Mapping
 from audit.config.vocabulary import LEAK_PREFIX
 
 __all__ = ["AuditStep", "register", "unregister", "registered", "step", "metric_prefixes", "is_audit_metric",
-           "producer_of"]
+           "producer_of", "private_file_names"]
 
 # Scalar names that are not a step's: the round's leak verdict's (audit.verdict.leak) and the gate's contract with
 # the aggregator (audit.config.gate_contract). No step's prefix may overlap them.
@@ -42,6 +46,18 @@ class AuditStep:
         plan reading).
     metric_ranges: allowed gate thresholds for names its suffix does not imply (see audit.gate.metric_range).
     needs_global: runs only in rounds where the received global model is known (it audits an update).
+    check_model: `check_model(model, feature_shape, step_settings, key)` raises SettingsError naming `key` (its plan
+        section's dotted key) when the plan's model cannot be audited under these settings; run once at start.
+    histograms: `histograms(record, round_dir) -> [HistogramPanel]`: members' and non-members' per-sample values
+        from the private files it wrote, for the party's histogram figure.
+    page_section: `page_section(record, round_dir_name, files) -> [html]`: its part of a round's section on the
+        party's page (files: the names in the round's folder).
+    private_files: the names of the files its `write_private` writes into the party's round folder (per-sample
+        data: readable by the party's user only).
+    summary: its part of a collaborator's line in the end-of-run summary: `summary(record) -> str | None`; the
+        default, METRICS, lists its metrics of the round; None says nothing (the membership attacks are in the leak
+        verdict's line).
+    Each callable may be given as "module:function", imported on first use (keeps torch out of plan reading).
     """
 
     name: str
@@ -50,14 +66,22 @@ class AuditStep:
     metric_names: Callable[[Any, Any], Iterable[str]]
     run: str | Callable
     metric_prefix: str = ""
+    check_model: str | Callable | None = None
+    histograms: str | Callable | None = None
+    page_section: str | Callable | None = None
+    private_files: tuple[str, ...] = ()
+    summary: str | Callable | None = "metrics"
     metric_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     needs_global: bool = True
 
     def load_run(self) -> Callable:
-        if callable(self.run):
-            return self.run
-        module, _, function = self.run.partition(":")
-        return getattr(importlib.import_module(module), function)
+        return _load(self.run)
+
+    def load(self, name: str) -> Callable | None:
+        """One of its optional callables (check_model, histograms, page_section, summary), imported if given by
+        name; None when it declares none (and for summary's METRICS default)."""
+        found = getattr(self, name)
+        return None if found is None or found == METRICS else _load(found)
 
     def settings_of(self, audit_settings) -> Any:
         """This step's settings within the audit's settings."""
@@ -70,6 +94,17 @@ class AuditStep:
         settings = self.settings_of(audit_settings)
         due = getattr(settings, "due", None) if self.section is not None else None
         return self.enabled(audit_settings) and (due(round_num) if due is not None else True)
+
+
+# A step's `summary` default: the end-of-run summary lists the step's metrics of the round.
+METRICS = "metrics"
+
+
+def _load(target: str | Callable) -> Callable:
+    if callable(target):
+        return target
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
 
 
 _REGISTRY: dict[str, AuditStep] = {}
@@ -127,3 +162,8 @@ def is_audit_metric(name: str) -> bool:
 def producer_of(name: str) -> AuditStep | None:
     """The step whose metrics `name` belongs to (by its prefix); None for the leak verdict's and unknown names."""
     return next((s for s in registered() if name.startswith(s.metric_prefix)), None)
+
+
+def private_file_names() -> frozenset[str]:
+    """Every file name a registered step writes with per-sample data into a party's round folder."""
+    return frozenset(name for s in registered() for name in s.private_files)

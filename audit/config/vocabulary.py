@@ -11,7 +11,7 @@ __all__ = [
     "GATE_ACTIONS", "MODEL_KINDS", "AUC", "EXACT_AUC", "EPSILON_LB", "ADVANTAGE", "LOWER", "UPPER", "BOUNDS",
     "tolerance_name", "tolerance_name_clash", "MIA_PREFIX", "mia_metric", "tpr_statistic", "bounded", "attack_statistics",
     "RMIA", "rmia_metric", "attack_metric", "LEAK_PREFIX", "LEAK_DETECTED", "LEAK_P_VALUE", "LEAK_EPSILON_LB",
-    "LEAK_EPSILON_CEILING", "LEAK_METRICS",
+    "LEAK_EPSILON_CEILING", "LEAK_METRICS", "SIGNALS_FILE", "RMIA_SCORES_FILE", "FIDEL_GRID_FILE",
 ]
 
 # Per-sample membership signals (audit.membership.signals computes them) and their direction: members tend to have a
@@ -112,6 +112,12 @@ def attack_metric(model: str, signal: str, statistic: str) -> str:
     signal): rmia_<references>_<statistic> for RMIA (model kind RMIA), mia_<model>_<signal>_<statistic> otherwise."""
     return rmia_metric(signal, statistic) if model == RMIA else mia_metric(model, signal, statistic)
 
+
+# The built-in steps' private files in a party's round folder (per-sample data; the steps declare them,
+# audit.config.steps `private_files`):
+SIGNALS_FILE = "signals.npz"          # per-sample signals, `<model>_<signal>_<set>` (members, nonmembers, population)
+RMIA_SCORES_FILE = "rmia_scores.npz"  # per-sample RMIA scores, `<reference kind>_<set>`
+FIDEL_GRID_FILE = "fidel_grid.png"    # Fidel's reconstructions beside the members they reveal
 
 # The round's leak verdict (audit.verdict.leak), computed from every step's evidence in every audited round:
 LEAK_PREFIX = "leak_"

@@ -20,7 +20,8 @@ from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.readings import (advantage_of, auc_of, confidence_of, csv_cell, epsilon_lb_of, exact_auc_band,
                                       exact_auc_of, float_or_nan, fmt, fmt_interval, ordered_models, rates_at, resolvable_at, tpr_at,
                                       unresolvable_metrics)
-from audit.reporting.records import (FIDEL_GRID_FILE, HISTOGRAMS_FILE, load_cached_round_records,
+from audit.config.steps import registered
+from audit.reporting.records import (HISTOGRAMS_FILE, load_cached_round_records,
                                      round_dir_name)
 from audit.reporting.verdicts import LEAK, NO_LEAK, inverted_attacks, round_verdict
 
@@ -108,49 +109,23 @@ def verdict_block(record: Mapping) -> list[str]:
     return out
 
 
-_FIDEL_NOTE = ("Fidel's reconstructions from this round's update: top row, members the update reveals; bottom row, "
-               "their reconstructions; r is their correlation (revealed when r ≥ the threshold). Any revealed sample "
-               "is a training sample an honest-but-curious server could see.")
 _HIST_NOTE = ("Members' (blue) and non-members' (grey) per-sample values of each attack's signal: the more the two "
               "differ, the better a threshold tells them apart (the exact AUC above each panel). Panels in red have "
               "an AUC below 0.5.")
-_DEANON_NOTE = ("Could a server tell this party's updates from a crowd of users'? AP "
-                "over chance is the attack's average precision divided by a random ranking's; its ceiling, n/H_n for "
-                "n candidate users, is reached when the attack ranks this party first every time (shown as the "
-                "maximum it is). 1 = no better than chance.")
 
 
 def _private_views(record: Mapping, d: str, files: set[str]) -> list[str]:
-    """Links to the round's views of the party's private files (histograms, Fidel's grid) and the deanonymization
-    self-audit's table, each with a sentence on how to read it."""
+    """The round's histograms of the party's per-sample values, then each registered step's own section (Fidel's
+    grid, the deanonymization self-audit's table, a plug-in's view: audit.config.steps `page_section`)."""
     out = []
     if HISTOGRAMS_FILE in files:
         link = href(d, HISTOGRAMS_FILE)
         out.append(f'<h4>Signal histograms</h4><p>{escape(_HIST_NOTE)}</p><p><a href="{link}"><img src="{link}" '
                    f'alt="{escape("signal histograms, round " + str(record["round"]))}" loading="lazy"></a></p>')
-    fidel = (record.get("extra") or {}).get("fidel")
-    if FIDEL_GRID_FILE in files:
-        summary = ""
-        if isinstance(fidel, Mapping):
-            summary = (f" {fmt(fidel.get('revealed_union', fidel.get('revealed')))} of {fmt(fidel.get('n_samples'))} "
-                       f"members revealed (r ≥ {fmt(fidel.get('threshold'))}, layer {fidel.get('layer')}).")
-        out.append(f"<h4>Fidel</h4><p>{escape(summary.strip())} {escape(_FIDEL_NOTE)} The grid: "
-                   f'<a href="{href(d, FIDEL_GRID_FILE)}">{escape(FIDEL_GRID_FILE)}</a> (private: it shows the members).</p>')
-    deanon = (record.get("extra") or {}).get("deanon")
-    if isinstance(deanon, Mapping) and isinstance(deanon.get("attacks"), Mapping):
-        rows = []
-        for name, a in sorted(deanon["attacks"].items()):
-            if not isinstance(a, Mapping):
-                continue
-            chance = float_or_nan(a.get("chance_ap"))
-            ceiling = 1.0 / chance if chance > 0 else math.nan
-            rows.append(f"<tr><td>{escape(name)}</td><td>{escape(fmt(a.get('ap_over_chance'), 3))}</td>"
-                        f"<td>{escape(fmt(ceiling, 3))}</td><td>{escape(fmt(a.get('mean_ap', a.get('ap')), 3))}</td>"
-                        f"<td>{escape(fmt(a.get('top1'), 3))}</td></tr>")
-        out.append(f'<h4 id="{escape(d)}-deanon">Deanonymization self-audit</h4><p>{escape(_DEANON_NOTE)} (Crowd of '
-                   f"{escape(fmt(deanon.get('crowd_users')))} users, layer {escape(deanon.get('layer'))}.)</p>")
-        out.append('<div class="scroll"><table><tr><th>attack</th><th>AP over chance</th><th>ceiling: the maximum '
-                   "(1 / chance AP; n/H_n for n users)</th><th>AP</th><th>top-1</th></tr>" + "".join(rows) + "</table></div>")
+    for audit_step in registered():
+        section = audit_step.load("page_section")
+        if section is not None:
+            out += section(record, d, files)
     return out
 
 

@@ -39,20 +39,18 @@ import io
 import os
 import logging
 import re
-import zipfile
 from pathlib import Path
 from typing import Callable, Iterable
 
-import numpy as np
-
+from audit.config.steps import registered
 from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
 from audit.reporting.background import render_queue
 from audit.reporting.html import party_page, write_index
 from audit.reporting.plots import plot_per_round, plot_roc, plot_signal_histograms
 from audit.reporting.readings import (csv_cell, exact_auc_band, exact_auc_of, tolerances_of, tpr_at, tpr_band_at,
                                       unresolvable)
-from audit.reporting.records import (HISTOGRAMS_FILE, RMIA_SCORES_FILE, SIGNALS_FILE, load_cached_round_records, load_round_records, round_dir_name, validate_party_name,
-                                     validate_record)
+from audit.reporting.records import (HISTOGRAMS_FILE, load_cached_round_records, load_round_records, round_dir_name,
+                                     validate_party_name, validate_record)
 from audit.reporting.writer import RoundReportWriter
 
 __all__ = [
@@ -72,20 +70,15 @@ def _file_names(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
 
 
-def _stored_scores(round_dir: Path) -> dict[str, np.ndarray]:
-    """The round's per-sample values the party keeps (SIGNALS_FILE, RMIA_SCORES_FILE); an unreadable file is
-    skipped with a warning (its histograms are then missing, the rest of the report is not)."""
-    scores: dict[str, np.ndarray] = {}
-    for name in (SIGNALS_FILE, RMIA_SCORES_FILE):
-        path = round_dir / name
-        if not path.is_file():
-            continue
-        try:
-            with np.load(path, allow_pickle=False) as stored:
-                scores.update({key: stored[key] for key in stored.files})
-        except (OSError, ValueError, zipfile.BadZipFile) as err:
-            logger.warning("%s: unreadable (%s); its histograms are left out", path, err)
-    return scores
+def histogram_panels(record: dict, round_dir: Path) -> list:
+    """Every registered step's histogram panels of the round, from the private files it wrote (audit.config.steps
+    `histograms`), in the steps' order."""
+    panels = []
+    for audit_step in registered():
+        draw = audit_step.load("histograms")
+        if draw is not None:
+            panels += draw(record, round_dir)
+    return panels
 
 
 
@@ -125,8 +118,7 @@ class ReportWriter(RoundReportWriter):
         self._plot_histograms(record, round_dir)
 
     def _plot_histograms(self, record: dict, round_dir: Path) -> None:
-        scores = _stored_scores(round_dir)
-        if not plot_signal_histograms(record, scores, round_dir / HISTOGRAMS_FILE):
+        if not plot_signal_histograms(record, histogram_panels(record, round_dir), round_dir / HISTOGRAMS_FILE):
             (round_dir / HISTOGRAMS_FILE).unlink(missing_ok=True)
 
     def write_round(self, record: dict, private: Iterable[Callable[[Path], None]] = ()) -> Path:

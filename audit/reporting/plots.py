@@ -238,24 +238,11 @@ def plot_per_round(
 
 
 
-def _histogram_panels(record: Mapping, scores: Mapping[str, np.ndarray]) -> list[tuple[str, str, np.ndarray, np.ndarray]]:
-    """(model, signal, members, non-members) for every attack of the record whose per-sample values are stored:
-    signals.npz holds `<model>_<signal>_<set>`, rmia_scores.npz `<kind>_<set>` (its model is "rmia")."""
-    panels = []
-    for model in ordered_models(record["attacks"]):
-        for signal in sorted(record["attacks"][model]):
-            key = signal if model == "rmia" else f"{model}_{signal}"
-            members, nonmembers = scores.get(f"{key}_members"), scores.get(f"{key}_nonmembers")
-            if members is not None and nonmembers is not None:
-                panels.append((model, signal, np.asarray(members, dtype=float), np.asarray(nonmembers, dtype=float)))
-    return panels
-
-
-def plot_signal_histograms(record: Mapping, scores: Mapping[str, np.ndarray], path: Path) -> bool:
-    """Members' and non-members' per-sample values, one panel per attack of the round (same bins for both sets,
-    each normalised to its own size so that sets of different sizes compare); the panel's exact AUC in its title,
-    flagged when below 0.5. Returns False (nothing written) when no attack has stored values."""
-    panels = _histogram_panels(record, scores)
+def plot_signal_histograms(record: Mapping, panels: list, path: Path) -> bool:
+    """Members' and non-members' per-sample values, one panel per attack (audit.reporting.panels.HistogramPanel, as
+    the steps read them from their private files; same bins for both sets, each normalised to its own size so that
+    sets of different sizes compare); the panel's exact AUC in its title, flagged when below 0.5. Returns False
+    (nothing written) without panels."""
     if not panels:
         return False
     cols = min(3, len(panels))
@@ -267,7 +254,8 @@ def plot_signal_histograms(record: Mapping, scores: Mapping[str, np.ndarray], pa
     fig.subplots_adjust(left=0.6 / width, right=1 - 0.15 / width, bottom=0.55 / height, top=1 - 0.75 / height,
                         wspace=0.28, hspace=0.75)
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
-    for ax, (model, signal, members, nonmembers) in zip(axes, panels):
+    for ax, panel in zip(axes, panels):
+        members, nonmembers = panel.members, panel.nonmembers
         both = np.concatenate([members, nonmembers])
         both = both[np.isfinite(both)]
         if both.size == 0:
@@ -284,14 +272,13 @@ def plot_signal_histograms(record: Mapping, scores: Mapping[str, np.ndarray], pa
             # one artist per set (ax.hist draws a patch per bin)
             ax.stairs(counts / max(values.size, 1), bins, fill=True, alpha=0.45, color=color,
                       label=f"{label} ({values.size})")
-        auc = exact_auc_of(record["attacks"][model][signal])
-        title = f"{_MODEL_TITLES.get(model, model)} / {signal}\nexact AUC {fmt(auc, 3)}"
+        auc = panel.auc
+        title = f"{panel.title}\nexact AUC {fmt(auc, 3)}"
         inverted = auc < 0.5
         if inverted:
             title += f" < 0.5: {INVERTED_NOTE}"
         ax.set_title(title, fontsize=8.5, color="tab:red" if inverted else "black")
-        ax.set_xlabel("per-sample value (clipped to its 0.5-99.5% range)" if model != "rmia" else "RMIA score",
-                      fontsize=8)
+        ax.set_xlabel(panel.xlabel, fontsize=8)
         ax.set_ylabel("share of the set", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.xaxis.set_major_locator(MaxNLocator(5))  # few ticks: the axes' ticks are most of the drawing time

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from audit.config.checks import is_int
+from audit.config.vocabulary import FIDEL_GRID_FILE, RMIA_SCORES_FILE, SIGNALS_FILE  # noqa: F401 (re-exported)
 
 __all__ = ["validate_party_name", "round_dir_name", "validate_record", "validate_structure", "load_round_records",
            "load_cached_round_records", "round_file_name", "load_round_files", "ROUND_DIR_RE", "SIGNALS_FILE",
@@ -28,10 +29,6 @@ logger = logging.getLogger(__name__)
 
 _SAFE_PARTY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._@+-]{0,127}$")
 ROUND_DIR_RE = re.compile(r"^round_(\d+)$")
-# A party's private files in its round folder, written by the audit steps, read by its report's page and plots:
-SIGNALS_FILE = "signals.npz"          # per-sample signals, `<model>_<signal>_<set>` (members, nonmembers, population)
-RMIA_SCORES_FILE = "rmia_scores.npz"  # per-sample RMIA scores, `<reference kind>_<set>`
-FIDEL_GRID_FILE = "fidel_grid.png"    # Fidel's reconstructions beside the members they reveal
 HISTOGRAMS_FILE = "signals.png"       # the members' and non-members' signal histograms (audit.reporting.plots)
 _TPR_PLOT_RE = re.compile(r"^tpr_at_.+\.png$")
 
