@@ -71,13 +71,14 @@ class DPTry:
     verdict: GateVerdict
     metrics: Mapping[str, float]
     empirical_epsilon: Mapping | None = None  # `empirical_epsilon` of this try's audit
+    leak: Mapping | None = None               # this try's leak verdict (audit.verdict.leak), as its record holds it
 
     def to_dict(self) -> dict:
         loss = self.retrained.train_loss
         return {"attempt": self.attempt, "noise_multiplier": self.retrained.noise_multiplier,
                 "steps": self.retrained.steps, "train_loss": loss if math.isfinite(loss) else None,
                 "epsilon": self.retrained.epsilon, "empirical_epsilon": self.empirical_epsilon,
-                **self.verdict.to_dict(), "metrics": dict(self.metrics)}
+                **self.verdict.to_dict(), "metrics": dict(self.metrics), "leak": self.leak}
 
 
 @dataclass(frozen=True)
@@ -182,12 +183,12 @@ def run_gate(
         for attempt in range(1, policy.dp.max_retries + 1):
             result = retrain(attempt, policy.dp.noise_for_try(attempt))
             if result.non_finite:
-                try_verdict, metrics, proven = GateVerdict.non_finite(), {}, None
+                try_verdict, metrics, proven, leak = GateVerdict.non_finite(), {}, None, None
             else:
                 try_record = audit_retrained(result)
-                metrics, proven = try_record["metrics"], empirical_epsilon(try_record)
+                metrics, proven, leak = try_record["metrics"], empirical_epsilon(try_record), try_record.get("leak")
                 try_verdict = policy.decide(metrics)
-            tries.append(DPTry(attempt, result, try_verdict, metrics, proven))
+            tries.append(DPTry(attempt, result, try_verdict, metrics, proven, leak))
             if try_verdict.passed:
                 return GateOutcome(DP_RETRAINED, verdict, record, reason=reason, tries=tuple(tries),
                                    epsilon=result.epsilon, retrained=result)

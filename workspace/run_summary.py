@@ -20,7 +20,7 @@ from audit.config.gate_contract import GATE_WITHHELD
 from audit.config.steps import METRICS, registered
 from audit.reporting.readings import float_or_nan, resolvable_at, tolerances_of, tpr_at, tpr_band_at
 from audit.reporting.records import load_round_files, load_round_records, round_file_name
-from audit.reporting.verdicts import epsilon_status, leak_status
+from audit.reporting.verdicts import epsilon_status, leak_status, sent_leak_status
 
 __all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines",
            "lowest_resolvable_tolerance", "summary_lines", "print_run_summary"]
@@ -159,6 +159,9 @@ def round_lines(round_num: int, records: Mapping[str, Mapping | None], aggregato
         parts = [p for p in [*proven, *_other_audits(record)] if p]
         if parts:
             lines.append("    " + "; ".join(parts))
+        sent = sent_leak_status(record)
+        if sent:
+            lines.append(f"    {sent}")
     server = _server_deanon(aggregator_dir, round_num)
     if server:
         lines.append(f"  {server}")

@@ -94,7 +94,8 @@ def verdict_block(record: Mapping) -> list[str]:
     cls = escape(v.verdict or "none")
     out = [f'<div class="verdict v-{cls}"><p><strong>Leak verdict: <span class="{escape(v.leak)}">'
            f'{escape(v.leak_text)}</span></strong></p><p><strong>Proven:</strong> {escape(v.proven)}</p>'
-           f'<p><strong>Gate: <span class="{cls}">{escape(v.verdict or "no gate")}</span>'
+           + (f"<p><strong>What was sent:</strong> {escape(v.sent)}</p>" if v.sent else "")
+           + f'<p><strong>Gate: <span class="{cls}">{escape(v.verdict or "no gate")}</span>'
            f"</strong>{escape(f' (action: {v.action})' if v.action else '')}"
            + (f" · {escape(v.status)}" if v.verdict else "") + f" · <strong>DP:</strong> {escape(v.epsilon)}</p>"]
     if v.checks:

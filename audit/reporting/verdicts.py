@@ -19,6 +19,7 @@ from audit.reporting.readings import (exact_auc_band, exact_auc_of, float_or_nan
                                       rates_at, resolvable_at, tolerances_of)
 
 __all__ = ["Check", "RoundVerdict", "round_verdict", "inverted_attacks", "strongest_tpr", "NO_DP", "leak_status",
+           "sent_leak_status",
            "leak_state", "epsilon_status", "floor_text", "LEAK", "NO_LEAK", "NOT_AUDITED"]
 
 # The leak verdict's three states, as the pages colour them.
@@ -62,6 +63,7 @@ class RoundVerdict:
     epsilon: str = NO_DP         # the accountant's epsilon spent on DP this round, or "no DP"
     status: str = ""             # the gate's outcome in plain words (the leak verdict's where no gate is set)
     leak: str = NOT_AUDITED      # LEAK, NO_LEAK or NOT_AUDITED (leak_state)
+    sent: str | None = None      # sent_leak_status: the verdict of the DP retrain that was sent, if one was
     leak_text: str = ""          # leak_status: the leak verdict in one sentence
     proven: str = ""             # epsilon_status: the epsilon the audit proves, against the budget
 
@@ -201,9 +203,25 @@ def epsilon_status(record: Mapping | None) -> str:
     return text + (f" against a budget of {fmt(budget)}" if budget is not None else "")
 
 
+def sent_leak_status(record: Mapping) -> str | None:
+    """For a round whose gate sent a DP retrain: that update's leak verdict and proven epsilon beside the accountant's
+    epsilon (the round's own verdict is the trained update's, which was not sent); None otherwise."""
+    gate = (record.get("extra") or {}).get("gate") or {}
+    tries = gate.get("tries") or []
+    if gate.get("verdict") != DP_RETRAINED or not tries or not isinstance(tries[-1], Mapping):
+        return None
+    sent = tries[-1]
+    leak = sent.get("leak")
+    said = leak_status({"leak": leak}) if isinstance(leak, Mapping) else "no leak verdict"
+    proven = (sent.get("empirical_epsilon") or {}).get("value")
+    return (f"sent: the DP retrain (accountant ε = {fmt(sent.get('epsilon'), 3)}): {said}"
+            + (f"; ε ≥ {fmt(proven, 3)} proven" if proven is not None else ""))
+
+
 def round_verdict(record: Mapping) -> RoundVerdict:
     gate = (record.get("extra") or {}).get("gate")
-    leak = dict(leak=leak_state(record), leak_text=leak_status(record), proven=epsilon_status(record))
+    leak = dict(leak=leak_state(record), leak_text=leak_status(record), proven=epsilon_status(record),
+                sent=sent_leak_status(record))
     if not isinstance(gate, Mapping):
         return RoundVerdict(None, None, status=leak["leak_text"], **leak)
     verdict, action = gate.get("verdict"), gate.get("action")
