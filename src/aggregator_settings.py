@@ -6,66 +6,35 @@ plan before it spends a minute on certificates, and `fx aggregator start` fails 
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Any, Mapping
 
-from audit.config.deanon_settings import ATTACKS, check_attacks  # reading a plan imports neither torch nor sklearn
-from audit.config.checks import check_bool, from_checks, is_int
+from audit.config.deanon_settings import ATTACK_CHOICES, ATTACKS  # reading a plan imports neither torch nor sklearn
+from audit.config.fields import (boolean, integer, module_name, optional, parse, path, reject_unknown, setting,
+                                 subsection, to_dict)
 
 PREFIX = "aggregator.settings"
 DEANON_PREFIX = f"{PREFIX}.deanon"
 DEFAULT_POLL_INTERVAL_S = 1
 DEFAULT_REPORT_DIR = "reports/aggregator"
+REPORT_DIR = path("folder")  # aggregator.settings.report_dir (also checked by the callbacks that write there)
 
 
 @dataclass(frozen=True)
 class DeanonServerSettings:
     """`aggregator.settings.deanon`: the aggregator-side deanonymization audit (src/deanon_callback.py)."""
 
-    enabled: bool = False
-    layer: str | None = None            # module whose update is attacked; None = the module of the model's last tensor
-    attacks: tuple[str, ...] = ATTACKS  # mlp, svm, knn (re-identification), siamese (matching)
-    min_history_rounds: int = 2         # earlier rounds the attacks train on before a round is evaluated
-    seed: int = 0
+    enabled: bool = setting(False, boolean(), "run the aggregator-side deanonymization audit on the real updates")
+    layer: str | None = setting(None, optional(module_name("classifier.out"), "the model's last layer"),
+                                "the module whose update is attacked")
+    attacks: tuple[str, ...] = setting(ATTACKS, ATTACK_CHOICES, "re-identification (mlp, svm, knn) and matching "
+                                                                "(siamese) attacks")
+    min_history_rounds: int = setting(2, integer(min=1, note="earlier rounds to train the attacks on"),
+                                      "earlier rounds the attacks train on before a round is evaluated")
+    seed: int = setting(0, integer(min=0), "seed of the attacks' training")
 
     def to_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["attacks"] = list(self.attacks)
-        return out
-
-    @classmethod
-    def from_mapping(cls, value: Any, prefix: str = DEANON_PREFIX) -> "DeanonServerSettings":
-        """Checked settings (None -> defaults); unknown keys and bad values fail naming `<prefix>.<key>`."""
-        return from_checks(cls, _DEANON_CHECKS, value, prefix)
-
-
-def _deanon_layer(key: str, value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value.strip()):
-        raise ValueError(f"{key}: expected a module name (e.g. classifier.out) or null (the model's last layer), "
-                         f"got {value!r}")
-    return None if value is None else value.strip()
-
-
-def _deanon_min_history(key: str, value: Any) -> int:
-    if not is_int(value) or value < 1:
-        raise ValueError(f"{key}: expected an integer >= 1 (earlier rounds to train the attacks on), got {value!r}")
-    return int(value)
-
-
-def _deanon_seed(key: str, value: Any) -> int:
-    if not is_int(value) or value < 0:
-        raise ValueError(f"{key}: expected an integer >= 0, got {value!r}")
-    return int(value)
-
-
-_DEANON_CHECKS = {
-    "enabled": check_bool,
-    "layer": _deanon_layer,
-    "attacks": check_attacks,
-    "min_history_rounds": _deanon_min_history,
-    "seed": _deanon_seed,
-}
+        return to_dict(self)
 
 
 # The keys of `aggregator.settings` OpenFL's Aggregator takes from a plan (its __init__ parameters but those Plan fills
@@ -77,54 +46,30 @@ OPENFL_KEYS = ("init_state_path", "best_state_path", "last_state_path", "use_del
                "save_native_model", "persist_checkpoint", "persistent_db_path", "secure_aggregation")
 OPENFL_FILLED = ("aggregator_uuid", "federation_uuid", "authorized_cols", "assigner", "connector",
                  "straggler_handling_policy", "compression_pipeline", "initial_tensor_dict")
-# This workspace's own keys (src.aggregator.AuditingAggregator).
+# This workspace's own keys (src.aggregator.AuditingAggregator); `callbacks` is checked where they are built.
 OWN_KEYS = ("poll_interval_s", "report_dir", "deanon", "callbacks", "save_every_round")
 
 
 @dataclass(frozen=True)
 class AggregatorSettings:
-    poll_interval_s: int = DEFAULT_POLL_INTERVAL_S
-    report_dir: str = DEFAULT_REPORT_DIR
-    deanon: DeanonServerSettings = field(default_factory=DeanonServerSettings)
-    save_every_round: bool = False  # OpenFL's model files (last/best_state_path) each round, not only at the end
+    """The keys of `aggregator.settings` this workspace owns (OpenFL's own keys are passed on to it)."""
+
+    # The value travels to the collaborators in GetTasksResponse.sleep_time, an int32: a fraction would be truncated
+    # (0.5 -> 0, a busy loop), so only whole seconds are accepted; more than an hour would idle the collaborators.
+    poll_interval_s: int = setting(DEFAULT_POLL_INTERVAL_S,
+                                   integer(min=1, max=3600, noun="a whole number of seconds",
+                                           note="OpenFL sends it as an int32"),
+                                   "whole seconds the request of a collaborator with nothing to do is held open")
+    report_dir: str = setting(DEFAULT_REPORT_DIR, REPORT_DIR, "where the aggregator's report goes")
+    deanon: DeanonServerSettings = subsection(DeanonServerSettings, "the aggregator-side deanonymization audit")
+    save_every_round: bool = setting(False, boolean(), "write OpenFL's model files (last/best_state_path) every "
+                                                       "round, not only at the end")
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any] | None) -> "AggregatorSettings":
         """Check the keys this workspace owns in `aggregator.settings`, and that every other key is one OpenFL's
         Aggregator takes (their values are OpenFL's to check)."""
         settings = dict(settings or {})
-        for key in settings:
-            if key not in OWN_KEYS and key not in OPENFL_KEYS and key not in OPENFL_FILLED:
-                raise ValueError(f"{PREFIX}.{key}: unknown setting; known: {', '.join(OWN_KEYS + OPENFL_KEYS)}")
-        return cls(
-            poll_interval_s=check_poll_interval(settings.get("poll_interval_s", DEFAULT_POLL_INTERVAL_S)),
-            report_dir=check_report_dir(settings.get("report_dir", DEFAULT_REPORT_DIR)),
-            deanon=DeanonServerSettings.from_mapping(settings.get("deanon")),
-            save_every_round=check_bool(f"{PREFIX}.save_every_round", settings.get("save_every_round", False)),
-        )
-
-
-def check_poll_interval(value: Any) -> int:
-    # The value travels to the collaborators in GetTasksResponse.sleep_time, an int32: a fraction would be
-    # truncated (0.5 -> 0, a busy loop), so only whole seconds are accepted.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(
-            f"{PREFIX}.poll_interval_s: expected a whole number of seconds (OpenFL sends it as an int32), "
-            f"got {value!r}"
-        )
-    if value < 1:
-        raise ValueError(f"{PREFIX}.poll_interval_s: must be >= 1 second, got {value!r}")
-    if value > 3600:
-        raise ValueError(f"{PREFIX}.poll_interval_s: {value} s is more than an hour; collaborators would idle that long")
-    return value
-
-
-def check_report_dir(value: Any) -> str:
-    if not isinstance(value, (str, os.PathLike)):
-        raise ValueError(f"{PREFIX}.report_dir: expected a folder path (string), got {type(value).__name__} {value!r}")
-    text = os.fspath(value)
-    if not text.strip():
-        raise ValueError(f"{PREFIX}.report_dir: must not be empty")
-    if "\0" in text:
-        raise ValueError(f"{PREFIX}.report_dir: contains a NUL character: {text!r}")
-    return text
+        reject_unknown(PREFIX, {k: v for k, v in settings.items() if k not in OPENFL_FILLED}, OWN_KEYS + OPENFL_KEYS)
+        own = {k: v for k, v in settings.items() if k in OWN_KEYS and k != "callbacks"}
+        return parse(cls, own, PREFIX)

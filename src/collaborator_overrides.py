@@ -15,18 +15,35 @@ before any work: src.plan_checks.check_collaborator_names (`python -m workspace`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from numbers import Integral, Real
 
-from audit.config.mitigation_settings import Mitigation
-from audit.config.gate import GATE_PREFIX, GatePolicy, SettingsError
 from audit.config.audit_settings import AuditSettings
+from audit.config.fields import integer, mapping, optional, parse, real, section, setting
+from audit.config.gate import GATE_PREFIX, GatePolicy
+from audit.config.mitigation_settings import Mitigation
 
 PREFIX = "task_runner.settings.per_collaborator"
-KEYS = ("epochs", "learning_rate", "gate", "mitigation")
 MITIGATION_PREFIX = "task_runner.settings.mitigation"
+
+
+@dataclass(frozen=True)
+class CollaboratorOverrides:
+    """One collaborator's entry of `task_runner.settings.per_collaborator`, as the plan gives it."""
+
+    epochs: int | None = setting(None, optional(integer(min=1), "the train task's epochs"),
+                                 "local epochs of this collaborator's train task")
+    learning_rate: float | None = setting(None, optional(real(gt=0), "task_runner.settings.learning_rate"),
+                                          "this collaborator's learning rate")
+    gate: Mapping | None = setting(None, section(GatePolicy, later=True),
+                                   "merged into task_runner.settings.gate key by key (dp too; thresholds replaced as "
+                                   "a whole)")
+    mitigation: Mapping | None = setting(None, section(Mitigation, later=True),
+                                         "replaces task_runner.settings.mitigation as a whole")
+
+
+#: `task_runner.settings.per_collaborator`: collaborator name -> its overrides.
+PER_COLLABORATOR = mapping(section(CollaboratorOverrides), key_name="<collaborator>")
 
 
 @dataclass(frozen=True)
@@ -52,48 +69,21 @@ def merge_gate(base: Mapping | None, override: Mapping | None) -> dict:
 
 
 def parse_per_collaborator(
-    mapping, *, gate: Mapping | None, audit_settings: AuditSettings, mitigation: Mapping | None = None
+    per_collaborator, *, gate: Mapping | None, audit_settings: AuditSettings, mitigation=None
 ) -> tuple[CollaboratorSettings, dict[str, CollaboratorSettings]]:
     """The plan-wide settings and each listed collaborator's; errors name the dotted key."""
     default_gate = GatePolicy.from_mapping(gate, audit_settings=audit_settings, prefix=GATE_PREFIX)
-    default_mitigation = Mitigation.from_mapping(mitigation, prefix=MITIGATION_PREFIX)
+    default_mitigation = parse(Mitigation, mitigation, MITIGATION_PREFIX)
     default = CollaboratorSettings(gate=default_gate, mitigation=default_mitigation)
-    if mapping is None:
-        return default, {}
-    if not isinstance(mapping, Mapping):
-        raise SettingsError(f"{PREFIX}: expected a mapping of collaborator name -> settings, got {mapping!r}")
     out = {}
-    for name, entry in mapping.items():
-        key = f"{PREFIX}.{name}"
-        if not isinstance(name, str) or not name.strip():
-            raise SettingsError(f"{PREFIX}: collaborator names must be non-empty strings, got {name!r}")
-        if entry is None:
-            entry = {}
-        if not isinstance(entry, Mapping):
-            raise SettingsError(f"{key}: expected a mapping of settings, got {entry!r}")
-        for setting in entry:
-            if setting not in KEYS:
-                raise SettingsError(f"{key}.{setting}: unknown setting; known: {', '.join(KEYS)}")
-        epochs = entry.get("epochs")
-        if epochs is not None and (isinstance(epochs, bool) or not isinstance(epochs, Integral) or epochs < 1):
-            raise SettingsError(f"{key}.epochs: expected an integer >= 1, got {epochs!r}")
-        lr = entry.get("learning_rate")
-        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, Real) or not math.isfinite(lr) or lr <= 0):
-            raise SettingsError(f"{key}.learning_rate: expected a finite number > 0, got {lr!r}")
+    for name, entry in PER_COLLABORATOR(PREFIX, per_collaborator).items():
         col_gate = default_gate
-        if entry.get("gate") is not None:
-            if not isinstance(entry["gate"], Mapping):
-                raise SettingsError(f"{key}.gate: expected a mapping, got {entry['gate']!r}")
-            col_gate = GatePolicy.from_mapping(
-                merge_gate(gate, entry["gate"]), audit_settings=audit_settings, prefix=f"{key}.gate"
-            )
+        if entry.gate is not None:
+            col_gate = GatePolicy.from_mapping(merge_gate(gate, entry.gate), audit_settings=audit_settings,
+                                               prefix=f"{PREFIX}.{name}.gate")
         col_mitigation = default_mitigation
-        if entry.get("mitigation") is not None:
-            col_mitigation = Mitigation.from_mapping(entry["mitigation"], prefix=f"{key}.mitigation")
-        out[name] = CollaboratorSettings(
-            gate=col_gate,
-            epochs=None if epochs is None else int(epochs),
-            learning_rate=None if lr is None else float(lr),
-            mitigation=col_mitigation,
-        )
+        if entry.mitigation is not None:
+            col_mitigation = parse(Mitigation, entry.mitigation, f"{PREFIX}.{name}.mitigation")
+        out[name] = CollaboratorSettings(gate=col_gate, epochs=entry.epochs, learning_rate=entry.learning_rate,
+                                         mitigation=col_mitigation)
     return default, out

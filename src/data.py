@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from audit.config.checks import is_int, is_real
+from audit.config.fields import SettingsError, integer, optional, real
 
 __all__ = [
     "PartyData",
@@ -65,10 +65,16 @@ class PartyData:
     population_y: np.ndarray
 
 
+#: What the split's settings take (data_loader.settings declares its fields with them: src.loader_settings).
+RATIO = real(gt=0)
+COUNT = integer(min=1)
+ALPHA = optional(real(gt=0), "IID")
+
+
 def validate_split_settings(
     train_ratio, test_ratio, audit_ratio, n_parties, dirichlet_alpha=None, *, prefix="", devices_per_user=1
 ) -> None:
-    """Raise ValueError naming the offending setting (plan names, with ``prefix``).
+    """Raise SettingsError (a ValueError) naming the offending setting (plan names, with ``prefix``).
 
     ``n_parties`` must be a multiple of ``devices_per_user`` (an integer >= 1).
     """
@@ -78,36 +84,26 @@ def validate_split_settings(
         "audit_dataset_ratio": audit_ratio,
     }
     for key, value in ratios.items():
-        if not is_real(value) or not math.isfinite(value) or not value > 0:
-            raise ValueError(f"{prefix}{key}: must be a number > 0, got {value!r}")
+        RATIO(f"{prefix}{key}", value)
     total = float(sum(ratios.values()))
     if total > 1.0 + 1e-9:
-        raise ValueError(
-            f"{prefix}train_dataset_ratio + {prefix}test_dataset_ratio + "
+        raise SettingsError(
+            f"{prefix}train_dataset_ratio: {prefix}train_dataset_ratio + {prefix}test_dataset_ratio + "
             f"{prefix}audit_dataset_ratio must be <= 1, got "
             f"{train_ratio} + {test_ratio} + {audit_ratio} = {total:g}"
         )
     parties_name = f"{prefix}collaborator_count" if prefix else "n_parties"
-    if not is_int(n_parties) or n_parties < 1:
-        raise ValueError(f"{parties_name}: must be an integer >= 1, got {n_parties!r}")
+    COUNT(parties_name, n_parties)
     devices_name = f"{prefix}devices_per_user"
-    if not is_int(devices_per_user) or devices_per_user < 1:
-        raise ValueError(f"{devices_name}: must be an integer >= 1, got {devices_per_user!r}")
+    COUNT(devices_name, devices_per_user)
     if n_parties % devices_per_user:
-        raise ValueError(
+        raise SettingsError(
             f"{devices_name}: the collaborator count ({parties_name}={n_parties}) must be a "
             f"multiple of {devices_name}={devices_per_user} (every user owns "
             f"{devices_per_user} devices); use a collaborator count such as "
             f"{max(1, n_parties // devices_per_user) * devices_per_user} or another {devices_name}"
         )
-    if dirichlet_alpha is not None and (
-        not is_real(dirichlet_alpha)
-        or not math.isfinite(dirichlet_alpha)
-        or not dirichlet_alpha > 0
-    ):
-        raise ValueError(
-            f"{prefix}dirichlet_alpha: must be a number > 0 or null (IID), got {dirichlet_alpha!r}"
-        )
+    ALPHA(f"{prefix}dirichlet_alpha", dirichlet_alpha)
 
 
 def _largest_remainder(totals: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -129,10 +125,8 @@ def user_of_party(party_index, devices_per_user=1) -> tuple[int, int]:
 
     Party p is device ``p % devices_per_user`` of user ``p // devices_per_user`` (both 0-based).
     """
-    if not is_int(party_index) or party_index < 0:
-        raise ValueError(f"party_index: must be an integer >= 0, got {party_index!r}")
-    if not is_int(devices_per_user) or devices_per_user < 1:
-        raise ValueError(f"devices_per_user: must be an integer >= 1, got {devices_per_user!r}")
+    integer(min=0)("party_index", party_index)
+    COUNT("devices_per_user", devices_per_user)
     user, device = divmod(int(party_index), int(devices_per_user))
     return user, device
 

@@ -1,6 +1,6 @@
 """OpenFL data loader for the audited federation (``data_loader.template: src.dataloader.AuditDataLoader``).
 
-Plan settings (``data_loader.settings``), all optional::
+Plan settings (``data_loader.settings``, declared in :mod:`src.loader_settings`), all optional::
 
     batch_size: 32
     dataset: digits            # digits | cifar10 | cifar100 | mnist | fashionmnist (src.datasets)
@@ -29,7 +29,7 @@ dealt to its devices (see :func:`src.data.split_indices`).  Shard s (1-based) is
 ``loader.device``; ``loader.dirichlet_alpha`` tells how skewed the partition is.  d = 1
 (default) is the plain split.
 
-Unknown settings raise ValueError (a typo such as ``dirichlet_alph`` would otherwise
+Unknown settings raise SettingsError naming the key (a typo such as ``dirichlet_alph`` would otherwise
 silently change the experiment).
 """
 
@@ -38,21 +38,20 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-import os
 import threading
 from pathlib import Path
 
 import numpy as np
 from openfl.federated import PyTorchDataLoader
 
-from src.data import SPLIT_SETS, PartyData, split_indices, user_of_party, validate_split_settings
-from src.datasets import DATASETS, dataset_info, load_dataset
+from audit.config.fields import integer, parse
+from src.data import COUNT, SPLIT_SETS, PartyData, split_indices, user_of_party
+from src.datasets import dataset_info, load_dataset
+from src.loader_settings import PREFIX, DataLoaderSettings
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["AuditDataLoader", "NumpyBatches", "clear_dataset_cache"]
-
-_PREFIX = "data_loader.settings."
 
 # (dataset name, resolved data dir or None, split settings) -> _Arranged; shared by all loaders of a process.
 _DATASET_CACHE: dict[tuple, "_Arranged"] = {}
@@ -119,12 +118,6 @@ class NumpyBatches:
             yield self._x[sel], self._y[sel]
 
 
-def _check_int(name, value, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{_PREFIX}{name}: must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 class AuditDataLoader(PyTorchDataLoader):
     """Per-collaborator member / non-member / population shards for OpenFL's PyTorch task runner.
 
@@ -135,63 +128,22 @@ class AuditDataLoader(PyTorchDataLoader):
     user of the shard and its device number within that user; None in init mode).
     """
 
-    def __init__(
-        self,
-        data_path=None,
-        batch_size=32,
-        dataset="digits",
-        data_dir=None,
-        collaborator_count=2,
-        train_dataset_ratio=0.4,
-        test_dataset_ratio=0.4,
-        audit_dataset_ratio=0.2,
-        dirichlet_alpha=None,
-        seed=0,
-        download=False,
-        devices_per_user=1,
-        **kwargs,
-    ):
-        if kwargs:
-            known = (
-                "batch_size, dataset, data_dir, collaborator_count, train_dataset_ratio, "
-                "test_dataset_ratio, audit_dataset_ratio, dirichlet_alpha, seed, download, devices_per_user"
-            )
-            raise ValueError(
-                f"{_PREFIX}{sorted(kwargs)[0]}: unknown setting (unknown: {', '.join(sorted(kwargs))}); "
-                f"known settings: {known}"
-            )
-        batch_size = _check_int("batch_size", batch_size, 1)
-        if not isinstance(dataset, str) or dataset.strip().lower() not in DATASETS:
-            raise ValueError(f"{_PREFIX}dataset: unknown dataset {dataset!r}; choose one of {', '.join(DATASETS)}")
-        dataset = dataset.strip().lower()
-        if data_dir is not None and not isinstance(data_dir, (str, os.PathLike)):
-            raise ValueError(f"{_PREFIX}data_dir: must be a path or null, got {data_dir!r}")
-        collaborator_count = _check_int("collaborator_count", collaborator_count, 1)
-        devices_per_user = _check_int("devices_per_user", devices_per_user, 1)
-        seed = _check_int("seed", seed, 0)
-        if not isinstance(download, (bool, np.bool_)):
-            raise ValueError(f"{_PREFIX}download: must be true or false, got {download!r}")
-        validate_split_settings(
-            train_dataset_ratio,
-            test_dataset_ratio,
-            audit_dataset_ratio,
-            collaborator_count,
-            dirichlet_alpha,
-            prefix=_PREFIX,
-            devices_per_user=devices_per_user,
-        )
+    def __init__(self, data_path=None, **settings):
+        parsed = parse(DataLoaderSettings, settings, PREFIX)  # data_loader.settings, each key checked by name
+        batch_size, dataset, data_dir, seed = parsed.batch_size, parsed.dataset, parsed.data_dir, parsed.seed
+        collaborator_count, devices_per_user = parsed.collaborator_count, parsed.devices_per_user
 
         super().__init__(batch_size, random_seed=seed)
         self.dataset = dataset
         self.info = dataset_info(dataset)
         self.data_dir = data_dir
         self.collaborator_count = collaborator_count
-        self.train_dataset_ratio = float(train_dataset_ratio)
-        self.test_dataset_ratio = float(test_dataset_ratio)
-        self.audit_dataset_ratio = float(audit_dataset_ratio)
-        self.dirichlet_alpha = None if dirichlet_alpha is None else float(dirichlet_alpha)
+        self.train_dataset_ratio = parsed.train_dataset_ratio
+        self.test_dataset_ratio = parsed.test_dataset_ratio
+        self.audit_dataset_ratio = parsed.audit_dataset_ratio
+        self.dirichlet_alpha = parsed.dirichlet_alpha
         self.seed = seed
-        self.download = bool(download)
+        self.download = parsed.download
         self.devices_per_user = devices_per_user
         self.feature_shape = list(self.info.input_shape)
         self.num_classes = self.info.num_classes
@@ -280,13 +232,13 @@ class AuditDataLoader(PyTorchDataLoader):
         ``num_batches`` beyond one epoch continues with further permutations.
         """
         self._require_shard("get_train_loader")
-        batch_size = self.batch_size if batch_size is None else _check_int("batch_size", batch_size, 1)
+        batch_size = self.batch_size if batch_size is None else COUNT(f"{PREFIX}.batch_size", batch_size)
         n = len(self.y_train)
         if num_batches is None:
             num_batches = math.ceil(n / batch_size)
             idxs = self._train_rng.permutation(n)
         else:
-            num_batches = _check_int("num_batches", num_batches, 0)
+            num_batches = integer(min=0)(f"{PREFIX}.num_batches", num_batches)
             epochs = max(1, math.ceil(num_batches * batch_size / n))
             idxs = np.concatenate([self._train_rng.permutation(n) for _ in range(epochs)])
         return NumpyBatches(self.X_train, self.y_train, idxs, batch_size, num_batches)
@@ -294,7 +246,7 @@ class AuditDataLoader(PyTorchDataLoader):
     def get_valid_loader(self, batch_size=None):
         """The party's test (non-member) shard, in order."""
         self._require_shard("get_valid_loader")
-        batch_size = self.batch_size if batch_size is None else _check_int("batch_size", batch_size, 1)
+        batch_size = self.batch_size if batch_size is None else COUNT(f"{PREFIX}.batch_size", batch_size)
         n = len(self.y_valid)
         return NumpyBatches(self.X_valid, self.y_valid, np.arange(n), batch_size, math.ceil(n / batch_size))
 

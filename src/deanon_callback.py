@@ -47,8 +47,8 @@ from openfl.callbacks import Callback
 
 from audit.deanon.server import UpdateHistory, evaluate_round
 from audit.deanon.server_report import DeanonReportWriter
-from audit.config.deanon_settings import ATTACKS
-from src.aggregator_settings import DeanonServerSettings, check_report_dir
+from audit.config.fields import parse
+from src.aggregator_settings import DEANON_PREFIX, PREFIX, REPORT_DIR, DeanonServerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -101,13 +101,11 @@ def resolve_layer(names: Iterable[str], layer: str) -> tuple[str, list[str]]:
 class DeanonymizationCallback(Callback):
     """Aggregator-side deanonymization audit of the real updates, one record per round (module docstring)."""
 
-    def __init__(self, report_dir, layer: str | None = None, attacks: Iterable[str] = ATTACKS,
-                 min_history_rounds: int = 2, seed: int = 0, enabled: bool = True):
+    def __init__(self, report_dir, **settings):
+        """`settings`: those of `aggregator.settings.deanon` (DeanonServerSettings; enabled: the callback is on)."""
         super().__init__()
-        self.settings = DeanonServerSettings.from_mapping({
-            "enabled": enabled, "layer": layer, "attacks": list(attacks) if not isinstance(attacks, str) else attacks,
-            "min_history_rounds": min_history_rounds, "seed": seed})
-        self.writer = DeanonReportWriter(Path(check_report_dir(report_dir)) / "deanon")
+        self.settings = parse(DeanonServerSettings, {"enabled": True, **settings}, DEANON_PREFIX)
+        self.writer = DeanonReportWriter(Path(REPORT_DIR(f"{PREFIX}.report_dir", report_dir)) / "deanon")
         self.history = UpdateHistory()
         self.aggregator = None
         self.module: str | None = None        # the resolved layer, fixed at the first round

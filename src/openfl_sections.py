@@ -14,64 +14,33 @@ SettingsError whose message starts with the dotted plan key.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
-from audit.config.checks import SettingsError, check_bool, check_positive_int, is_int, is_real
+from audit.config.fields import (SettingsError, anything, boolean, choice, did_you_mean, either, integer, literal,
+                                 optional, real, text)
 
 __all__ = ["NETWORK_KEYS", "NETWORK_FILLED", "COLLABORATOR_KEYS", "COLLABORATOR_FILLED", "STRAGGLER_POLICIES",
            "SECTIONS", "check_sections", "check_network", "check_collaborator", "check_straggler_policy",
            "check_openfl_sections"]
 
-
-def _port(key: str, value):
-    if value == "auto" or (is_int(value) and 1 <= value <= 65535):
-        return value
-    raise SettingsError(f"{key}: expected a TCP port, a whole number in 1..65535, or auto, got {value!r}")
-
-
-def _text(key: str, value):
-    if not isinstance(value, str) or not value.strip():
-        raise SettingsError(f"{key}: expected a non-empty string, got {value!r}")
-    return value
-
-
-def _optional_text(key: str, value):
-    return None if value is None else _text(key, value)
-
-
-def _seconds(key: str, value):
-    if not is_real(value) or not (math.isfinite(value) and value > 0):
-        raise SettingsError(f"{key}: expected a number of seconds > 0, got {value!r}")
-    return value
-
-
-def _one_of(*allowed: str):
-    def check(key: str, value):
-        if value not in allowed:
-            raise SettingsError(f"{key}: expected one of {', '.join(allowed)}, got {value!r}")
-        return value
-    return check
-
-
-def _anything(_key: str, value):
-    return value
+_SECONDS = real(gt=0, noun="a number of seconds")
+_MINIMUM_REPORTING = integer(min=1)
 
 
 # `network.settings`: the keys of OpenFL's plan/defaults/network.yaml and of AggregatorGRPCClient's and
 # AggregatorGRPCServer's constructors that a plan sets, each with its check.
 NETWORK_KEYS = {
-    "agg_addr": _text,
-    "agg_port": _port,
-    "hash_salt": _anything,               # read by OpenFL's Plan when it hashes the plan
-    "use_tls": check_bool,
-    "require_client_auth": check_bool,
-    "client_reconnect_interval": _seconds,
-    "cert_folder": _text,
-    "enable_atomic_connections": check_bool,
-    "resend_data_on_reconnection": check_bool,
-    "single_col_cert_common_name": _optional_text,
-    "transport_protocol": _one_of("grpc", "rest"),
+    "agg_addr": text(),
+    "agg_port": either(integer(min=1, max=65535, noun="a TCP port"), literal("auto")),
+    "hash_salt": anything(),              # read by OpenFL's Plan when it hashes the plan
+    "use_tls": boolean(),
+    "require_client_auth": boolean(),
+    "client_reconnect_interval": _SECONDS,
+    "cert_folder": text(),
+    "enable_atomic_connections": boolean(),
+    "resend_data_on_reconnection": boolean(),
+    "single_col_cert_common_name": optional(text()),
+    "transport_protocol": choice(("grpc", "rest")),
 }
 # Filled in by OpenFL's Plan (get_client_args / get_server_args) or given in code, not by a plan.
 NETWORK_FILLED = ("aggregator_uuid", "federation_uuid", "collaborator_name", "root_certificate", "certificate",
@@ -81,39 +50,27 @@ NETWORK_FILLED = ("aggregator_uuid", "federation_uuid", "collaborator_name", "ro
 # COLLABORATOR_FILLED; `secure_aggregation` comes from aggregator.settings).
 COLLABORATOR_TEMPLATE = "openfl.component.Collaborator"
 COLLABORATOR_KEYS = {
-    "opt_treatment": _one_of("RESET", "CONTINUE_LOCAL", "CONTINUE_GLOBAL"),
-    "device_assignment_policy": _one_of("CPU_ONLY", "CUDA_PREFERRED"),  # deprecated by OpenFL, still accepted
-    "use_delta_updates": check_bool,
-    "db_store_rounds": check_positive_int,
-    "log_memory_usage": check_bool,
-    "write_logs": check_bool,
-    "callbacks": _anything,               # OpenFL's Callback objects, given in code (in-process runs)
-    "interop_mode": check_bool,
+    "opt_treatment": choice(("RESET", "CONTINUE_LOCAL", "CONTINUE_GLOBAL")),
+    "device_assignment_policy": choice(("CPU_ONLY", "CUDA_PREFERRED")),  # deprecated by OpenFL, still accepted
+    "use_delta_updates": boolean(),
+    "db_store_rounds": integer(min=1),
+    "log_memory_usage": boolean(),
+    "write_logs": boolean(),
+    "callbacks": anything(),              # OpenFL's Callback objects, given in code (in-process runs)
+    "interop_mode": boolean(),
 }
 COLLABORATOR_FILLED = ("collaborator_name", "aggregator_uuid", "federation_uuid", "client", "task_runner",
                        "task_config", "compression_pipeline", "secure_aggregation")
 
 # `straggler_handling_policy`: OpenFL's policies by template, each with the settings its constructor reads.
 STRAGGLER_MODULE = "openfl.component.aggregator.straggler_handling"
-_MINIMUM_REPORTING = check_positive_int
-
-
-def _cutoff(key: str, value):
-    # .inf (YAML) turns the cutoff off, as OpenFL's default does
-    if not is_real(value) or not value > 0:
-        raise SettingsError(f"{key}: expected a number of seconds > 0 (.inf: no cutoff), got {value!r}")
-    return value
-
-
-def _share(key: str, value):
-    if not is_real(value) or not 0 < value <= 1:
-        raise SettingsError(f"{key}: expected a fraction of the collaborators in (0, 1], got {value!r}")
-    return value
-
+# .inf (YAML) turns the cutoff off, as OpenFL's default does
+_CUTOFF = real(gt=0, finite=False, noun="a number of seconds", note=".inf: no cutoff")
+_SHARE = real(gt=0, le=1, noun="a fraction of the collaborators")
 
 STRAGGLER_POLICIES = {
-    "CutoffTimePolicy": {"straggler_cutoff_time": _cutoff, "minimum_reporting": _MINIMUM_REPORTING},
-    "PercentagePolicy": {"percent_collaborators_needed": _share, "minimum_reporting": _MINIMUM_REPORTING},
+    "CutoffTimePolicy": {"straggler_cutoff_time": _CUTOFF, "minimum_reporting": _MINIMUM_REPORTING},
+    "PercentagePolicy": {"percent_collaborators_needed": _SHARE, "minimum_reporting": _MINIMUM_REPORTING},
     "WaitForAllPolicy": {},
 }
 
@@ -128,7 +85,7 @@ def _check_keys(prefix: str, settings, checks: Mapping, filled=()) -> None:
             continue
         if key not in checks:
             raise SettingsError(f"{prefix}.{key}: unknown setting (it would be ignored or fail later); known: "
-                                f"{', '.join(checks) or 'none'}")
+                                f"{', '.join(checks) or 'none'}{did_you_mean(key, checks)}")
         checks[key](f"{prefix}.{key}", value)
 
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 
 import sys
 
-from audit.config.checks import SettingsError, check_bool, check_positive_int
+from audit.config.fields import Mismatch, SettingsError, boolean, custom, did_you_mean, integer
 from audit.config.plugins import check_plugins
 from src.openfl_sections import check_openfl_sections
 
@@ -31,27 +31,29 @@ TASK_KEYS = ("function", "kwargs", "aggregation_type")
 NOT_TASKS = ("defaults", "settings")
 
 
-def _metric_names(key: str, value) -> list:
+def _metric_names(_key: str, value) -> list:
     # OpenFL's workspace templates list a task's metrics; PyTorchTaskRunner reports its loss and accuracy whatever
     # the list says. Kept for plans written from those templates, checked for shape only.
     if not isinstance(value, Sequence) or isinstance(value, str) or not all(isinstance(v, str) for v in value):
-        raise SettingsError(f"{key}: expected a list of metric names, got {value!r}")
+        raise Mismatch
     return list(value)
 
 
-def _apply(key: str, value) -> str:
+def _apply(_key: str, value) -> str:
     if value not in ("local", "global"):
-        raise SettingsError(f"{key}: expected local (the locally trained model) or global (the received one), "
-                            f"got {value!r}")
+        raise Mismatch
     return value
 
+
+_METRICS = custom("a list of metric names", _metric_names)
+_APPLY = custom("local (the locally trained model) or global (the received one)", _apply)
 
 # The keyword arguments each task function of AuditedTaskRunner takes from a plan (OpenFL's PyTorchTaskRunner's
 # train_task(epochs, use_tqdm) and validate_task(apply, use_tqdm)), each with its check; tests/test_settings_at_start
 # checks the names against the functions' signatures. Written out so that the tooling needs no torch.
 TASK_FUNCTIONS: Mapping[str, Mapping] = {
-    "train_task": {"epochs": check_positive_int, "use_tqdm": check_bool, "metrics": _metric_names},
-    "validate_task": {"apply": _apply, "use_tqdm": check_bool, "metrics": _metric_names},
+    "train_task": {"epochs": integer(min=1), "use_tqdm": boolean(), "metrics": _METRICS},
+    "validate_task": {"apply": _APPLY, "use_tqdm": boolean(), "metrics": _METRICS},
 }
 REQUIRED_KWARGS = {"validate_task": ("apply",)}  # PyTorchTaskRunner.validate_task reads kwargs["apply"]
 
@@ -82,7 +84,7 @@ def check_tasks(tasks, prefix: str = "tasks") -> None:
         for key, value in kwargs.items():
             if key not in allowed:
                 raise SettingsError(f"{where}.kwargs.{key}: not an argument of {function} (it would be ignored); "
-                                    f"allowed: {', '.join(allowed)}")
+                                    f"allowed: {', '.join(allowed)}{did_you_mean(key, allowed)}")
             allowed[key](f"{where}.kwargs.{key}", value)
         for key in REQUIRED_KWARGS.get(function, ()):
             if key not in kwargs:

@@ -10,7 +10,6 @@ the gate's verdict, stays in its own report folder.
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 import math
 import sys
@@ -24,12 +23,11 @@ from openfl.federated import PyTorchTaskRunner
 from openfl.utilities import Metric, TensorKey
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.checks import SettingsError, is_int, is_real
+from audit.config.fields import SettingsError, parse
 from audit.config.gate import GatePolicy, audit_metric_names, non_finite_tensors
 from audit.config.gate_contract import sent_to_aggregator
 from audit.config.steps import registered
 from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
-from audit.config.vocabulary import OPTIMIZERS
 from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
 from audit.membership.resolution import resolution_warning
@@ -42,14 +40,13 @@ from audit.spill import SpilledModel
 from audit.training import TrainingRecipe
 from src.audit_cost import audit_cost_note
 from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
-from src.devices import check_device
 from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
 from src.plan_checks import check_plan, plan_being_built
+from src.runner_settings import PREFIX as SETTINGS_PREFIX, RunnerSettings
 
 logger = logging.getLogger(__name__)
 
-SETTINGS_PREFIX = "task_runner.settings"
 # What OpenFL itself passes a task runner besides the plan's task_runner.settings (Plan.get_task_runner, TaskRunner).
 OPENFL_ARGUMENTS = ("data_loader", "tensor_dict_split_fn_kwargs")
 
@@ -72,54 +69,23 @@ def round_seed(seed: int, party: str, round_num: int) -> int:
     return zlib.crc32(f"{seed}/{party}/{round_num}".encode()) & 0x7FFFFFFF
 
 
-def _check_number(name: str, value, *, minimum=None, exclusive=False, integer=False):
-    if not (is_int(value) if integer else is_real(value)):
-        raise ValueError(f"{SETTINGS_PREFIX}.{name}: expected a {'integer' if integer else 'number'}, got {value!r}")
-    if minimum is not None and (value <= minimum if exclusive else value < minimum):
-        raise ValueError(f"{SETTINGS_PREFIX}.{name}: must be {'>' if exclusive else '>='} {minimum}, got {value!r}")
-
-
 class AuditedTaskRunner(PyTorchTaskRunner):
     """PyTorch task runner that audits each update for membership leakage before sending it."""
 
-    def __init__(
-        self,
-        device: str = "cpu",
-        model: str = "cnn",
-        model_settings: dict | None = None,
-        optimizer: str = "SGD",
-        learning_rate: float = 0.05,
-        momentum: float = 0.9,
-        seed: int = 0,
-        audit: dict | None = None,
-        gate: dict | None = None,
-        mitigation: dict | None = None,
-        per_collaborator: dict | None = None,
-        **kwargs,
-    ):
-        # Anything else in task_runner.settings would pass through **kwargs and do nothing (`learnig_rate`).
-        unknown = sorted(k for k in kwargs if k not in OPENFL_ARGUMENTS)
-        if unknown:
-            known = [p for p in inspect.signature(AuditedTaskRunner.__init__).parameters if p not in ("self", "kwargs")]
-            raise SettingsError(f"{SETTINGS_PREFIX}.{unknown[0]}: unknown setting; known: {', '.join(known)}")
-        device = check_device(f"{SETTINGS_PREFIX}.device", device)
+    def __init__(self, **kwargs):
+        openfl_arguments = {k: kwargs.pop(k) for k in OPENFL_ARGUMENTS if k in kwargs}
+        # task_runner.settings, each key checked by name (`learnig_rate` would pass through **kwargs and do nothing).
+        settings = parse(RunnerSettings, kwargs, SETTINGS_PREFIX)
         # Built by OpenFL's Plan (`fx plan initialize`, before any certificate; `fx collaborator start`): the rest of
         # the plan too, which no constructor sees whole (tasks, network, collaborator, straggler policy).
         plan = plan_being_built()
         if plan is not None:
             check_plan(plan)
-        super().__init__(device=device, **kwargs)
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"{SETTINGS_PREFIX}.optimizer: unknown optimizer {optimizer!r}; choose one of {list(OPTIMIZERS)}")
-        _check_number("learning_rate", learning_rate, minimum=0, exclusive=True)
-        _check_number("momentum", momentum, minimum=0)
-        _check_number("seed", seed, minimum=0, integer=True)
-        if model_settings is not None and not isinstance(model_settings, dict):
-            raise ValueError(f"{SETTINGS_PREFIX}.model_settings: expected a mapping, got {model_settings!r}")
-        self.audit_settings = AuditSettings.from_mapping(audit, prefix=f"{SETTINGS_PREFIX}.audit")
+        super().__init__(device=None if settings.device is None else torch.device(settings.device), **openfl_arguments)
+        self.audit_settings = AuditSettings.from_mapping(settings.audit, prefix=f"{SETTINGS_PREFIX}.audit")
         self.default_settings, self.per_collaborator = parse_per_collaborator(
-            per_collaborator, gate=gate, audit_settings=self.audit_settings, mitigation=mitigation
-        )
+            settings.per_collaborator, gate=settings.gate, audit_settings=self.audit_settings,
+            mitigation=settings.mitigation)
         self.gate_policy = self.default_settings.gate
         # OpenFL's aggregator fails at the end of a round when a reported metric is missing from some
         # collaborators: every collaborator parses the same plan, so all send gate_tripped__<name> for
@@ -131,17 +97,17 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         # For the same reason every audited round sends every audit metric the plan's audit declares (NaN where a
         # round lacks one, e.g. a step that failed): the scalars that may leave the party (gate_contract).
         self._sent_metrics = tuple(n for n in audit_metric_names(self.audit_settings) if sent_to_aggregator(n))
-        self.seed = seed
-        self.optimizer_name, self.learning_rate, self.momentum = optimizer, float(learning_rate), float(momentum)
+        self.seed = settings.seed
+        self.optimizer_name, self.learning_rate, self.momentum = (settings.optimizer, settings.learning_rate,
+                                                                  settings.momentum)
 
         data_loader = self.data_loader
-        self._model_spec = (model, tuple(data_loader.get_feature_shape()), data_loader.get_num_classes(),
-                            dict(model_settings or {}))
+        self._model_spec = (settings.model, tuple(data_loader.get_feature_shape()), data_loader.get_num_classes(),
+                            dict(settings.model_settings))
         try:
             self.model = self._plan_model()
-        except ValueError as err:
-            key = "model" if model_settings is None or str(err).startswith("unknown model") else "model_settings"
-            raise ValueError(f"{SETTINGS_PREFIX}.{key}: {err}") from None
+        except ValueError as err:  # the model's keyword arguments are the model's to check
+            raise SettingsError(f"{SETTINGS_PREFIX}.model_settings: {err}") from None
         self._check_layers(tuple(data_loader.get_feature_shape()))
         self.to(self.device)
         # The plan's initial model (what `fx plan initialize` saves: this model, built with the plan's seed), which

@@ -15,7 +15,7 @@ from sklearn.datasets import make_classification
 from torch import nn
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.checks import SettingsError
+from audit.config.fields import SettingsError
 from audit.membership.references import population_subsets
 from audit.membership.uncertainty import auc, auc_interval, tpr_at_population_fpr
 from audit.reporting.html import sampling_note

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.checks import SettingsError, check_bool, from_checks, is_real
+from audit.config.fields import SettingsError, boolean, parse, real, setting, to_dict
 from audit.config.gate import GatePolicy, audit_metric_names
 from audit.config.steps import AuditStep, register, registered, unregister
 from audit.gate_flow import WITHHELD, run_gate
@@ -26,17 +26,11 @@ from audit.round_audit import AuditSets, StepResult, audit_round, record_to_json
 class ToySettings:
     """A plug-in's settings section: task_runner.settings.audit.toy."""
 
-    enabled: bool = False
-    scale: float = 1.0
+    enabled: bool = setting(False, boolean(), "run the toy step")
+    scale: float = setting(1.0, real(gt=0), "what the toy metric is scaled by")
 
     def to_dict(self):
-        return {"enabled": self.enabled, "scale": self.scale}
-
-
-def _scale(key, value):
-    if not is_real(value) or value <= 0:
-        raise SettingsError(f"{key}: expected a number > 0, got {value!r}")
-    return float(value)
+        return to_dict(self)
 
 
 def toy_run(context, settings: ToySettings) -> StepResult:
@@ -52,7 +46,7 @@ def toy_run(context, settings: ToySettings) -> StepResult:
 def toy_step():
     step = register(AuditStep(
         name="toy", section="toy",
-        parse=lambda key, value: from_checks(ToySettings, {"enabled": check_bool, "scale": _scale}, value, key),
+        parse=lambda key, value: parse(ToySettings, value, key),
         metric_names=lambda settings, _: ["toy_right_fraction"], run=toy_run, metric_prefix="toy_",
     ))
     yield step
@@ -105,7 +99,7 @@ def test_a_registered_step_is_parsed_run_reported_and_gated(toy_step, tmp_path):
 
 
 def test_a_registered_steps_section_is_checked_by_its_dotted_key(toy_step):
-    with pytest.raises(SettingsError, match=r"^task_runner\.settings\.audit\.toy\.scale: expected a number > 0"):
+    with pytest.raises(SettingsError, match=r"^task_runner\.settings\.audit\.toy\.scale: expected a finite number > 0"):
         AuditSettings.from_mapping({"toy": {"scale": -1}}, prefix="task_runner.settings.audit")
     with pytest.raises(SettingsError, match=r"^task_runner\.settings\.audit\.toy\.colour: unknown setting"):
         AuditSettings.from_mapping({"toy": {"colour": 1}}, prefix="task_runner.settings.audit")

@@ -270,7 +270,7 @@ def _with_report_dir(args):
     (["--gate", "withhold"], ["--gate withhold", "at least one METRIC=THRESHOLD", "or --epsilon_budget"]),
     (["--gate", "withhold", "mia_local_loss_auc=0.6"],  # the grid AUC has no interval to compare under the default
      ["--gate: mia_local_loss_auc: the audit reports no upper bound for it (--gate_bound upper)", "--gate_bound point"]),
-    (["--epsilon_budget", "-1"], ["--epsilon_budget: expected a number >= 0"]),
+    (["--epsilon_budget", "-1"], ["--epsilon_budget: expected a finite number >= 0"]),
     (["--gate", "withhold", "mia_local_loss_auc"], ["--gate", "'mia_local_loss_auc' is not METRIC=THRESHOLD"]),
     (["--gate", "withhold", "=0.5"], ["--gate", "'=0.5' is not METRIC=THRESHOLD"]),
     (["--gate", "withhold", "mia_local_loss_auc=high"], ["--gate", "mia_local_loss_auc", "not a number: 'high'"]),

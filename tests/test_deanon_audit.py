@@ -12,7 +12,7 @@ from audit.deanon.self_audit import SELF, deanon_self_audit
 from audit.deanon.crowd import draw_crowd, label_mixes
 from audit.deanon.representation import last_layer, layer_tensor_names, normalise_rows, update_vector
 from audit.config.deanon_settings import DeanonSettings, deanon_settings
-from audit.config.checks import SettingsError
+from audit.config.fields import SettingsError
 from audit.training import TrainingRecipe, train_copies
 from src.data import split_federation
 from src.datasets import load_dataset

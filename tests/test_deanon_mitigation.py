@@ -10,10 +10,15 @@ import pytest
 from sklearn.cluster import KMeans
 
 from audit.deanon import mitigation as dm
+from audit.config.fields import parse
 from audit.config.mitigation_settings import UPDATE_MITIGATIONS, Mitigation
 from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
 
 PREFIX = "task_runner.settings.mitigation"
+
+
+def mitigation(mapping):
+    return parse(Mitigation, mapping, "mitigation")
 
 
 # ---------------------------------------------------------------- settings
@@ -21,20 +26,20 @@ PREFIX = "task_runner.settings.mitigation"
 
 @pytest.mark.parametrize("mapping", [None, {}])
 def test_defaults(mapping):
-    m = Mitigation.from_mapping(mapping)
+    m = mitigation(mapping)
     assert m == Mitigation()
     assert m.to_dict() == {"method": "none", "alpha": 0.0, "sigma": 0.0, "clip": 50.0, "clusters": 10}
     assert not m.active
 
 
 def test_good_values_round_trip():
-    m = Mitigation.from_mapping({"method": "mm_aug", "alpha": 2, "clusters": 100}, prefix=PREFIX)
+    m = parse(Mitigation, {"method": "mm_aug", "alpha": 2, "clusters": 100}, PREFIX)
     assert (m.method, m.alpha, m.clusters) == ("mm_aug", 2.0, 100)
     assert isinstance(m.alpha, float)
     assert m.active
-    assert Mitigation.from_mapping(json.loads(json.dumps(m.to_dict()))) == m
-    assert Mitigation.from_mapping({"method": "bkg_repl", "alpha": 1.0}).alpha == 1.0
-    assert Mitigation.from_mapping({"method": "dp_fedavg", "sigma": 1e-3, "clip": 50}).clip == 50.0
+    assert mitigation(json.loads(json.dumps(m.to_dict()))) == m
+    assert mitigation({"method": "bkg_repl", "alpha": 1.0}).alpha == 1.0
+    assert mitigation({"method": "dp_fedavg", "sigma": 1e-3, "clip": 50}).clip == 50.0
 
 
 @pytest.mark.parametrize(
@@ -76,13 +81,13 @@ def test_active(mitigation, active):
 )
 def test_bad_values_name_their_key(mapping, key):
     with pytest.raises(ValueError) as err:
-        Mitigation.from_mapping(mapping, prefix=PREFIX)
+        parse(Mitigation, mapping, PREFIX)
     assert str(err.value).startswith(f"{PREFIX}.{key}: ")
 
 
 def test_not_a_mapping_and_direct_construction():
     with pytest.raises(ValueError, match=rf"^{PREFIX}: "):
-        Mitigation.from_mapping(["noise"], prefix=PREFIX)
+        parse(Mitigation, ["noise"], PREFIX)
     with pytest.raises(ValueError, match=r"^mitigation\.alpha: "):
         Mitigation("rand_aug", alpha=-1)
 

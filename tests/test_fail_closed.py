@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.checks import SettingsError
+from audit.config.fields import SettingsError
 from audit.config.gate import GatePolicy
 from audit.config.steps import AuditStep, register, unregister
 from audit.gate_flow import WITHHELD, run_gate

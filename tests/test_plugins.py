@@ -12,7 +12,7 @@ import pytest
 
 from audit.config import plugins
 from audit.config.audit_settings import AuditSettings
-from audit.config.checks import SettingsError
+from audit.config.fields import SettingsError
 from audit.config.steps import registered, unregister
 from audit.reporting.party import histogram_panels
 from workspace.in_process import run_in_process
@@ -27,7 +27,8 @@ PLUGIN = textwrap.dedent('''
     import torch
     import torch.nn.functional as F
 
-    from audit.config.checks import SettingsError, check_bool, from_checks
+    from audit.config.fields import SettingsError, boolean, optional, setting, text, to_dict
+    from audit.config.fields import parse as parse_settings
     from audit.config.steps import AuditStep, register
     from audit.reporting.atomic_io import atomic_write_bytes
     from audit.reporting.panels import HistogramPanel, read_npz
@@ -38,21 +39,17 @@ PLUGIN = textwrap.dedent('''
 
     @dataclass(frozen=True)
     class Settings:
-        enabled: bool = False
-        layer: str = ""
+        """The loss-gap attack."""
+
+        enabled: bool = setting(False, boolean(), "run the loss-gap attack")
+        layer: str | None = setting(None, optional(text("a module name")), "a module the model must have")
 
         def to_dict(self):
-            return {"enabled": self.enabled, "layer": self.layer}
-
-
-    def _layer(key, value):
-        if not isinstance(value, str):
-            raise SettingsError(f"{key}: expected a module name, got {value!r}")
-        return value
+            return to_dict(self)
 
 
     def parse(key, value):
-        return from_checks(Settings, {"enabled": check_bool, "layer": _layer}, value, key)
+        return parse_settings(Settings, value, key)
 
 
     def check_model(model, feature_shape, settings, key):

@@ -19,7 +19,7 @@ from sklearn.datasets import make_classification
 from torch import nn
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.checks import SettingsError
+from audit.config.fields import SettingsError
 from audit.config.gate import GatePolicy, audit_metric_names
 from audit.config.rmia_settings import GLOBAL_A, RMIASettings
 from audit.gate_flow import WITHHELD, run_gate

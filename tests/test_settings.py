@@ -120,7 +120,7 @@ BAD = [
     ({"signals": []}, "signals", "empty"),
     ({"signals": ["loss", "entropy"]}, "signals", "entropy"),
     ({"signals": ["loss", "loss"]}, "signals", "twice"),
-    ({"signals": [1]}, "signals", "not a signal name"),
+    ({"signals": [1]}, "signals", "unknown signal 1"),
     ({"signals": {"loss": True}}, "signals", "list"),
     ({"signals": "Loss"}, "signals", "unknown signal"),
     ({"fpr_tolerance": []}, "fpr_tolerance", "empty"),

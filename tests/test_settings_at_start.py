@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import cifar10_PM
-from audit.config.checks import SettingsError
+from audit.config.fields import SettingsError
 from src.aggregator_settings import OPENFL_FILLED, OPENFL_KEYS, OWN_KEYS
 from src.plan_checks import TASK_FUNCTIONS
 from workspace.in_process import check_settings, parse_plan, run_in_process, run_plan_config, write_run_plan
@@ -113,7 +113,7 @@ def train_kwargs(**kwargs) -> dict:
 @pytest.mark.parametrize("overrides, message", [
     # misspelt: trained the plan's 5 epochs
     (train_kwargs(epoch=1), "tasks.train.kwargs.epoch: not an argument of train_task (it would be ignored); "
-                            "allowed: epochs, use_tqdm, metrics"),
+                            "allowed: epochs, use_tqdm, metrics; did you mean epochs?"),
     (train_kwargs(lr=0.1), "tasks.train.kwargs.lr: not an argument of train_task (it would be ignored); "
                            "allowed: epochs, use_tqdm, metrics"),
     # failed in round 0 (ValueError from the training recipe, TypeError from range())
@@ -231,24 +231,24 @@ NETWORK_KNOWN = ("known: agg_addr, agg_port, hash_salt, use_tls, require_client_
     # swallowed by the gRPC client's and server's **kwargs: the interval stayed 1 s
     ({"network": {"settings": {"client_reconect_interval": 5}}},
      "network.settings.client_reconect_interval: unknown setting (it would be ignored or fail later); "
-     + NETWORK_KNOWN),
+     + NETWORK_KNOWN + "; did you mean client_reconnect_interval?"),
     ({"network": {"settings": {"client_reconnect_interval": -1}}},
      "network.settings.client_reconnect_interval: expected a number of seconds > 0, got -1"),
     ({"network": {"settings": {"transport_protocol": "http"}}},
      "network.settings.transport_protocol: expected one of grpc, rest, got 'http'"),
     ({"network": {"settings": {"agg_port": 70000}}},
-     "network.settings.agg_port: expected a TCP port, a whole number in 1..65535, or auto, got 70000"),
+     "network.settings.agg_port: expected a TCP port in [1, 65535] or 'auto', got 70000"),
     # a TypeError from Collaborator.__init__ at `fx collaborator start`; an AttributeError for the treatment
     ({"collaborator": {"settings": {"db_store_round": 2}}},
      "collaborator.settings.db_store_round: unknown setting (it would be ignored or fail later); known: "
      "opt_treatment, device_assignment_policy, use_delta_updates, db_store_rounds, log_memory_usage, write_logs, "
-     "callbacks, interop_mode"),
+     "callbacks, interop_mode; did you mean db_store_rounds?"),
     ({"collaborator": {"settings": {"opt_treatment": "FOO"}}},
      "collaborator.settings.opt_treatment: expected one of RESET, CONTINUE_LOCAL, CONTINUE_GLOBAL, got 'FOO'"),
     # swallowed by CutoffTimePolicy's **kwargs: the cutoff stayed 3600 s
     ({"straggler_handling_policy": {"settings": {"straggler_cutof_time": 60}}},
      "straggler_handling_policy.settings.straggler_cutof_time: unknown setting (it would be ignored or fail later); "
-     "known: straggler_cutoff_time, minimum_reporting"),
+     "known: straggler_cutoff_time, minimum_reporting; did you mean straggler_cutoff_time?"),
     # a TypeError in the policy's timer thread in round 0; a ValueError naming no key in round 0
     ({"straggler_handling_policy": {"settings": {"straggler_cutoff_time": "60"}}},
      "straggler_handling_policy.settings.straggler_cutoff_time: expected a number of seconds > 0 (.inf: no cutoff), "
@@ -355,8 +355,8 @@ def demo(argv, capsys) -> tuple[int, str]:
     (["--fpr_tolerance", "0.1", "2"], "--fpr_tolerance: 2.0 is outside (0, 1)"),
     (["--train_dataset_ratio", "0.9"], "--train_dataset_ratio + --test_dataset_ratio + --audit_dataset_ratio must "
                                        "be <= 1, got 0.9 + 0.4 + 0.2 = 1.5"),
-    (["--audit_dataset_ratio", "0"], "--audit_dataset_ratio: must be a number > 0, got 0.0"),
-    (["--dirichlet_alpha", "-1"], "--dirichlet_alpha: must be a number > 0"),
+    (["--audit_dataset_ratio", "0"], "--audit_dataset_ratio: expected a finite number > 0, got 0.0"),
+    (["--dirichlet_alpha", "-1"], "--dirichlet_alpha: expected a finite number > 0 or null (IID), got -1.0"),
     (["--device", "cuda:63"], "--device: 'cuda:63' is not available on this machine; available here: cpu"),
     (["--local_epochs", "0"], "argument --local_epochs: expected a whole number >= 1, got '0'"),
     (["--comm_round", "0"], "argument --comm_round: expected a whole number >= 1, got '0'"),

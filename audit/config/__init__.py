@@ -1,10 +1,11 @@
 """Everything the plan, the gate and the aggregator share, and nothing that needs torch.
 
 - `vocabulary`: the shared words (signals, optimisers, models, gate actions, metric names): one definition each.
-- `checks`: the one `SettingsError` (its message starts with the dotted plan key) and the checks settings reuse.
+- `fields`: the one settings idiom: each field's default, check and doc declared once, `parse`, and the one
+  `SettingsError` (its message starts with the dotted plan key).
 - `steps`: the registry of audit steps; `builtin_steps` declares membership, Fidel and deanonymization.
 - `audit_settings`, `fidel_settings`, `deanon_settings`, `mitigation_settings`: the plan's audit sections.
 - `gate`: the gate's policy and verdict; `gate_contract`: the scalar names collaborators send the aggregator.
-To add a setting to an audit, add it to that audit's settings class and its checks table; to add an audit, see
-`steps`.
+To add a setting to an audit, declare it in that audit's settings class (README.md here says how); to add an audit,
+see `steps`.
 """

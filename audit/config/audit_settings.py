@@ -8,21 +8,22 @@ Every error is a SettingsError whose message starts with the full dotted key of 
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from numbers import Integral
 from types import MappingProxyType
 
 import audit.config.builtin_steps  # noqa: F401  (registers the built-in steps and their sections)
-from audit.config.checks import (SettingsError, check_bool, check_fpr_tolerances, check_optional_module,
-                                 check_positive_int, is_int, is_real)
+from audit.config.fields import (Mismatch, SettingsError, boolean, check_fields, choice, choices, custom, declared,
+                                 integer, is_real, module_name, optional, parse, path, real, reject_unknown, setting,
+                                 to_dict)
 from audit.config.plugins import check_plugins
 from audit.config.steps import registered
-from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, SIGNALS, THRESHOLD_FUNCTIONS
+from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, SIGNALS, THRESHOLD_FUNCTIONS, tolerance_name_clash
 
-__all__ = ["AuditSettings", "DEFAULT_SAMPLE_SIZE"]
+__all__ = ["AuditSettings", "DEFAULT_SAMPLE_SIZE", "FPR_TOLERANCES"]
 
 # Samples per set the membership audits use by default: their cost stays a fraction of a local epoch however large
 # the sets (README "Audit sampling" has the cost and the interval widths it gives).
@@ -32,37 +33,81 @@ DEFAULT_SAMPLE_SIZE = 1000
 _MOVED = {"fidel_layer": "fidel.layer", "fidel_threshold": "fidel.threshold", "fidel_decoder": "fidel.decoder"}
 
 
+def _fpr_tolerances(key: str, value) -> tuple[float, ...]:
+    items = [value] if is_real(value) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise Mismatch
+    out = []
+    for i, item in enumerate(items):
+        if not is_real(item):
+            raise SettingsError(f"{key}: item {i} is not a number: {item!r}")
+        item = float(item)
+        if not (math.isfinite(item) and 0.0 < item < 1.0):
+            raise SettingsError(f"{key}: {item!r} is outside (0, 1) (FPR tolerances are fractions)")
+        out.append(item)
+    clash = tolerance_name_clash(out)
+    if clash:
+        raise SettingsError(f"{key}: {clash}")
+    return tuple(out)
+
+
+#: FPR tolerances: one number or a non-empty list of numbers in (0, 1), no two with one metric name.
+FPR_TOLERANCES = custom("a non-empty list of numbers in (0, 1) (or one number alone), no two with one metric name",
+                        _fpr_tolerances)
+
+
 @dataclass(frozen=True)
 class AuditSettings:
-    enabled: bool = True
-    signals: tuple[str, ...] = ("loss", "logits", "gradient_norm")
-    fpr_tolerance: tuple[float, ...] = (0.001, 0.01, 0.1, 0.5)
-    interval: int = 1  # audit rounds where round_num % interval == 0
-    gradient_layer: str | None = None  # module name for the gradient-norm signal; None = all parameters
-    threshold_function: str = "linear_itp"
-    batch_size: int = 256
-    audit_global: bool = True  # also audit the received global model
-    update_attack: bool = True  # run the update-based attack
-    log_scale: bool = True  # ROC plots with log-log axes (the low-FPR region), TPR plots with a log axis
-    confidence: float = 0.95  # of every interval (AUC, TPR, FPR, advantage) and of the epsilon lower bound
-    epsilon_delta: float = 1e-5  # delta of the empirical epsilon lower bound
-    report_dir: str = "reports"
+    """The membership audit's settings, and every registered audit step's section (`rmia`, `fidel`, `deanon`, ...)."""
+
+    enabled: bool = setting(True, boolean(), "audit at all")
+    signals: tuple[str, ...] = setting(("loss", "logits", "gradient_norm"), choices(SIGNALS, "signal", one_ok=True),
+                                       "per-sample membership signals")
+    fpr_tolerance: tuple[float, ...] = setting((0.001, 0.01, 0.1, 0.5), FPR_TOLERANCES,
+                                               "TPR is reported at each FPR tolerance")
+    interval: int = setting(1, integer(min=1), "audit rounds where round % interval == 0")
+    gradient_layer: str | None = setting(None, optional(module_name(), "all parameters"),
+                                         "module whose parameters the gradient-norm signal is taken over")
+    threshold_function: str = setting("linear_itp", choice(THRESHOLD_FUNCTIONS, "threshold function"),
+                                      "Privacy Meter's threshold function: the ROC's thresholds")
+    batch_size: int = setting(256, integer(min=1), "batch size for computing signals")
+    audit_global: bool = setting(True, boolean(), "also audit the received global model")
+    update_attack: bool = setting(True, boolean(), "run the update-based attack")
+    log_scale: bool = setting(True, boolean(), "log-log ROC axes and log-scaled TPR plots (the low-FPR region)")
+    confidence: float = setting(0.95, real(ge=0.5, lt=1),
+                                "level of every interval (AUC, TPR, FPR, advantage) and of the epsilon lower bounds")
+    epsilon_delta: float = setting(1e-5, real(ge=0, lt=1), "delta of the empirical epsilon lower bounds")
+    report_dir: str = setting("reports", path("directory"), "where the collaborator's reports go")
     # The membership audits (signals, population, update and RMIA attacks) on at most this many samples of each set
     # (members, non-members, population): a random sample per party, the same every round; None = every sample.
     # Their intervals are over the sampled counts, so they cover the sampling (README "Audit sampling").
-    sample_size: int | None = DEFAULT_SAMPLE_SIZE
+    sample_size: int | None = setting(DEFAULT_SAMPLE_SIZE,
+                                      optional(integer(min=2, note="samples per set"), "every sample"),
+                                      "samples per set (members, non-members, population) the membership audits "
+                                      "use at most, a random sample per party")
     # Modules or .py files that register plug-in audit steps (audit.config.plugins), imported before the sections.
-    plugins: tuple[str, ...] = ()
+    plugins: tuple[str, ...] = setting((), custom("a list of module names or .py paths", check_plugins),
+                                       "modules or .py files that register plug-in audit steps, imported before "
+                                       "the audit's sections are read")
     # Every registered step's section (audit.config.steps): name -> its settings; a plan mapping or None is parsed by
     # the step, missing sections get the step's defaults. Read them as attributes: settings.fidel, settings.deanon.
     sections: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self):
         # Direct construction is validated too; values are normalised (lists -> tuples, ints -> floats).
-        core = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "sections"}
-        for name, value in _validate(core, "audit").items():
-            object.__setattr__(self, name, value)
+        self.validate(check_fields(self, "audit"), "audit")
         object.__setattr__(self, "sections", MappingProxyType(_parse_sections(self.sections, "audit")))
+
+    @staticmethod
+    def validate(values: Mapping, key: str, given=frozenset()) -> None:
+        """The threshold functions that fit a loss-like signal cannot take the logits signal."""
+        function = values["threshold_function"]
+        if function in LOSS_ONLY_FUNCTIONS and "logits" in values["signals"]:
+            raise SettingsError(
+                f"{key}.threshold_function: {function!r} assumes a non-negative loss-like signal where members are "
+                f"lower, so it cannot be used with the 'logits' signal (remove 'logits' from {key}.signals or use "
+                f"linear_itp / gaussian)"
+            )
 
     def __getattr__(self, name: str):
         # Only called for names that are not fields: a step's section, e.g. settings.deanon.
@@ -72,37 +117,30 @@ class AuditSettings:
         raise AttributeError(f"{type(self).__name__!r} has no setting or section {name!r}")
 
     @classmethod
+    def plan_sections(cls) -> dict[str, type]:
+        """Every registered step's section name -> its settings class (the type of its defaults)."""
+        return {s.section: type(s.parse(s.section, None)) for s in registered() if s.section is not None}
+
+    @classmethod
     def from_mapping(cls, mapping: Mapping | None, *, prefix: str = "audit") -> "AuditSettings":
         """Settings from a plan's mapping (None or {} -> defaults); unknown keys and bad values are errors."""
-        if mapping is None:
-            return cls()
-        if not isinstance(mapping, Mapping):
+        if not isinstance(mapping, Mapping) and mapping is not None:
             raise SettingsError(f"{prefix}: expected a mapping of settings, got {type(mapping).__name__}")
+        mapping = mapping or {}
         # The plug-ins first: they register the sections the rest of the mapping may name.
         check_plugins(f"{prefix}.plugins", mapping.get("plugins"))
-        core_names = [f.name for f in fields(cls) if f.name != "sections"]
-        section_names = [s.section for s in registered() if s.section is not None]
-        core, sections = {}, {}
-        for key, value in mapping.items():
+        for key in mapping:
             if key in _MOVED:
                 raise SettingsError(f"{prefix}.{key}: moved to {prefix}.{_MOVED[key]}")
-            if key in core_names:
-                core[key] = value
-            elif key in section_names:
-                sections[key] = value
-            else:
-                raise SettingsError(f"{prefix}.{key}: unknown setting; known: {', '.join(core_names + section_names)}")
-        core = {**{f.name: f.default for f in fields(cls) if f.name != "sections"}, **core}
-        return cls(**_validate(core, prefix), sections=_parse_sections(sections, prefix))
+        section_names = [s.section for s in registered() if s.section is not None]
+        reject_unknown(prefix, mapping, [f.name for f in declared(cls)] + section_names)
+        core = parse(cls, {k: v for k, v in mapping.items() if k not in section_names}, prefix)
+        sections = {k: v for k, v in mapping.items() if k in section_names}
+        return dataclasses.replace(core, sections=_parse_sections(sections, prefix))
 
     def to_dict(self) -> dict:
         """JSON-able dict; from_mapping(to_dict()) gives back equal settings."""
-        out = {}
-        for f in fields(self):
-            if f.name == "sections":
-                continue
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
+        out = to_dict(self)
         for name, value in self.sections.items():
             out[name] = value.to_dict()
         return out
@@ -129,85 +167,3 @@ def _parse_sections(values: Mapping, prefix: str) -> dict:
     if unknown:
         raise SettingsError(f"{prefix}.{unknown[0]}: unknown section; known: {', '.join(known)}")
     return {name: step.parse(f"{prefix}.{name}", values.get(name)) for name, step in known.items()}
-
-
-def _signals(key: str, value) -> tuple[str, ...]:
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, (list, tuple)):
-        raise SettingsError(f"{key}: expected a list of signal names, got {value!r}")
-    if not items:
-        raise SettingsError(f"{key}: empty; choose from {', '.join(SIGNALS)}")
-    seen = []
-    for i, item in enumerate(items):
-        if not isinstance(item, str):
-            raise SettingsError(f"{key}: item {i} is not a signal name: {item!r}")
-        if item not in SIGNALS:
-            raise SettingsError(f"{key}: unknown signal {item!r}; known: {', '.join(SIGNALS)}")
-        if item in seen:
-            raise SettingsError(f"{key}: signal {item!r} is listed twice")
-        seen.append(item)
-    return tuple(seen)
-
-
-def _threshold_function(key: str, value) -> str:
-    if not isinstance(value, str) or value not in THRESHOLD_FUNCTIONS:
-        raise SettingsError(f"{key}: unknown threshold function {value!r}; known: {', '.join(THRESHOLD_FUNCTIONS)}")
-    return value
-
-
-def _directory(key: str, value) -> str:
-    if isinstance(value, os.PathLike):
-        value = os.fspath(value)
-    if not isinstance(value, str) or not value.strip():
-        raise SettingsError(f"{key}: expected a directory path, got {value!r}")
-    return value
-
-
-def _sample_size(key: str, value) -> int | None:
-    if value is None:
-        return None
-    if not is_int(value) or value < 2:
-        raise SettingsError(f"{key}: expected an integer >= 2 (samples per set) or null (every sample), got {value!r}")
-    return int(value)
-
-
-def _confidence(key: str, value) -> float:
-    if not is_real(value) or not 0.5 <= value < 1:
-        raise SettingsError(f"{key}: expected a number in [0.5, 1), e.g. 0.95, got {value!r}")
-    return float(value)
-
-
-def _delta(key: str, value) -> float:
-    if not is_real(value) or not (math.isfinite(value) and 0 <= value < 1):
-        raise SettingsError(f"{key}: expected a number in [0, 1), e.g. 1e-5, got {value!r}")
-    return float(value)
-
-
-_CHECKS = {
-    "enabled": check_bool,
-    "signals": _signals,
-    "fpr_tolerance": check_fpr_tolerances,
-    "interval": check_positive_int,
-    "gradient_layer": check_optional_module,
-    "threshold_function": _threshold_function,
-    "batch_size": check_positive_int,
-    "audit_global": check_bool,
-    "update_attack": check_bool,
-    "log_scale": check_bool,
-    "report_dir": _directory,
-    "confidence": _confidence,
-    "epsilon_delta": _delta,
-    "sample_size": _sample_size,
-    "plugins": check_plugins,
-}
-
-
-def _validate(values: dict, prefix: str) -> dict:
-    out = {name: _CHECKS[name](f"{prefix}.{name}", value) for name, value in values.items()}
-    if out["threshold_function"] in LOSS_ONLY_FUNCTIONS and "logits" in out["signals"]:
-        raise SettingsError(
-            f"{prefix}.threshold_function: {out['threshold_function']!r} assumes a non-negative loss-like signal "
-            f"where members are lower, so it cannot be used with the 'logits' signal "
-            f"(remove 'logits' from {prefix}.signals or use linear_itp / gaussian)"
-        )
-    return out

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from audit.config.checks import SettingsError, check_bool, check_optional_module, from_checks, is_real
+from audit.config.fields import SettingsError, boolean, module_name, optional, parse, real, setting, to_dict
 
 __all__ = ["FidelSettings", "fidel_settings", "FIDEL_METRICS", "DEFAULT_THRESHOLD"]
 
@@ -15,26 +15,21 @@ DEFAULT_THRESHOLD = 0.98
 
 @dataclass(frozen=True)
 class FidelSettings:
-    enabled: bool = False              # off by default
-    layer: str | None = None           # the dense layer to attack; None = the first nn.Linear in forward order
-    threshold: float = DEFAULT_THRESHOLD  # Pearson r of a full reveal
-    decoder: bool = False              # CNNs: also score decoded (pixel-level) reconstructions
+    """Fidel first-dense-layer reconstruction audit of the update (README "Reconstruction")."""
+
+    enabled: bool = setting(False, boolean(), "run the Fidel reconstruction audit")
+    layer: str | None = setting(None, optional(module_name(), "the first nn.Linear in forward order"),
+                                "the dense layer to attack")
+    threshold: float = setting(DEFAULT_THRESHOLD, real(gt=0, le=1),
+                               "Pearson r at which a training sample counts as fully revealed")
+    decoder: bool = setting(False, boolean(), "CNNs: also score reconstructions decoded to pixels")
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-def _fraction(key: str, value) -> float:
-    if not is_real(value) or not 0 < value <= 1:
-        raise SettingsError(f"{key}: expected a number in (0, 1], got {value!r}")
-    return float(value)
-
-
-_CHECKS = {"enabled": check_bool, "layer": check_optional_module, "threshold": _fraction, "decoder": check_bool}
+        return to_dict(self)
 
 
 def fidel_settings(key: str, value) -> FidelSettings:
     """FidelSettings from a plan mapping (None -> defaults); errors name the dotted key."""
     if isinstance(value, bool):  # earlier plans had `fidel: true` where the section now is
         raise SettingsError(f"{key}: is a section now; write {key}.enabled: {str(value).lower()}")
-    return from_checks(FidelSettings, _CHECKS, value, key)
+    return parse(FidelSettings, value, key)

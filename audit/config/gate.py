@@ -22,16 +22,18 @@ was measured. Non-finite *updates* are gated whatever the policy (see `non_finit
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 import numpy as np
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.checks import SettingsError, is_int, is_real
+from audit.config.fields import (SettingsError, check_fields, choice, integer, mapping, optional, parse, real, setting,
+                                 subsection, to_dict)
 from audit.config.gate_contract import NON_FINITE_UPDATE
 from audit.config.steps import metric_prefixes, producer_of, registered
 from audit.config.vocabulary import (BOUNDS, EPSILON_LB, GATE_ACTIONS, LEAK_EPSILON_LB, LEAK_METRICS, LOWER,
@@ -142,55 +144,22 @@ def non_finite_tensors(tensors: Mapping[str, object]) -> list[str]:
 # settings
 
 
-def _mapping(key: str, value) -> Mapping:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise SettingsError(f"{key}: expected a mapping, got {value!r}")
-    return value
-
-
-def _unknown_keys(key: str, mapping: Mapping, known) -> None:
-    for name in mapping:
-        if name not in known:
-            raise SettingsError(f"{key}.{name}: unknown setting; known: {', '.join(known)}")
-
-
 @dataclass(frozen=True)
 class DPSettings:
     """DP-SGD settings for `action: dp_retrain`."""
 
-    noise_multiplier: float = 1.0  # of the first retrain; doubled on each further try
-    max_grad_norm: float = 1.0  # per-sample clipping norm
-    max_retries: int = 2  # DP retrains before the update is withheld
-    delta: float = 1e-5  # the accountant's delta for the reported epsilon
-
-    @classmethod
-    def from_mapping(cls, mapping, *, prefix: str) -> "DPSettings":
-        mapping = _mapping(prefix, mapping)
-        known = [f.name for f in fields(cls)]
-        _unknown_keys(prefix, mapping, known)
-        values = {**{f.name: f.default for f in fields(cls)}, **mapping}
-        for name in ("noise_multiplier", "max_grad_norm"):
-            value = values[name]
-            if not is_real(value) or not math.isfinite(value) or value <= 0:
-                raise SettingsError(f"{prefix}.{name}: expected a finite number > 0, got {value!r}")
-            values[name] = float(value)
-        if not is_int(values["max_retries"]) or values["max_retries"] < 1:
-            raise SettingsError(f"{prefix}.max_retries: expected an integer >= 1, got {values['max_retries']!r}")
-        values["max_retries"] = int(values["max_retries"])
-        delta = values["delta"]
-        if not is_real(delta) or not 0.0 < delta < 1.0:
-            raise SettingsError(f"{prefix}.delta: expected a number in (0, 1), got {delta!r}")
-        values["delta"] = float(delta)
-        return cls(**values)
+    noise_multiplier: float = setting(1.0, real(gt=0), "noise multiplier of the first DP retrain; doubled on each "
+                                                       "further try")
+    max_grad_norm: float = setting(1.0, real(gt=0), "per-sample clipping norm")
+    max_retries: int = setting(2, integer(min=1), "DP retrains before the update is withheld")
+    delta: float = setting(1e-5, real(gt=0, lt=1), "the accountant's delta for the reported epsilon")
 
     def noise_for_try(self, attempt: int) -> float:
         """Noise multiplier of DP retrain number `attempt` (1-based): doubled each time."""
         return self.noise_multiplier * 2.0 ** (attempt - 1)
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return to_dict(self)
 
 
 @dataclass(frozen=True)
@@ -238,7 +207,7 @@ class GateVerdict:
 def _parse_thresholds(mapping, produced, audit_settings: AuditSettings, bound: str, prefix: str,
                       audit_prefix: str) -> dict[str, float]:
     thresholds = {}
-    for name, value in _mapping(f"{prefix}.thresholds", mapping).items():
+    for name, value in mapping.items():
         key = f"{prefix}.thresholds.{name}"
         if name in LEAK_METRICS:
             raise SettingsError(f"{key}: the leak verdict's figures are not thresholds; set {prefix}.epsilon_budget "
@@ -247,11 +216,9 @@ def _parse_thresholds(mapping, produced, audit_settings: AuditSettings, bound: s
             hint = _did_you_mean(name, produced) if produced else "the audit produces nothing (audit.enabled is false)"
             raise SettingsError(f"{key}: unknown metric; {hint}")
         low, high = metric_range(name) or (-math.inf, math.inf)
-        if not is_real(value) or math.isnan(value):
-            raise SettingsError(f"{key}: expected a number, got {value!r}")
         if not low <= value <= high:
             allowed = f"[{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
-            raise SettingsError(f"{key}: {value!r} is out of range; allowed: {allowed}")
+            raise SettingsError(f"{key}: {value:g} is out of range; allowed: {allowed}")
         if bound != POINT and not _is_lower_bound(name, bound) and bounded(name, bound) not in produced:
             raise SettingsError(
                 f"{key}: the audit reports no {bound} bound for it ({prefix}.bound: {bound}), so the gate could not "
@@ -276,32 +243,27 @@ def _is_lower_bound(name: str, bound: str) -> bool:
     return bound == LOWER and name.endswith("_" + EPSILON_LB)
 
 
-def _epsilon_budget(key: str, value, audit_settings: AuditSettings) -> float | None:
-    if value is None:
-        return None
-    if not is_real(value) or not math.isfinite(value) or value < 0:
-        raise SettingsError(f"{key}: expected a number >= 0 (epsilon at the audit's epsilon_delta) or null, "
-                            f"got {value!r}")
-    if not audit_settings.enabled:
-        raise SettingsError(f"{key}: the audit is off (audit.enabled is false), so nothing proves an epsilon")
-    return float(value)
-
-
 @dataclass(frozen=True)
 class GatePolicy:
     """What a plan's `gate:` block says; `decide` applies its limits to a round's metrics."""
 
-    action: str = "report_only"
-    thresholds: Mapping[str, float] = field(default_factory=dict)
-    dp: DPSettings = field(default_factory=DPSettings)
-    bound: str = DEFAULT_BOUND
-    epsilon_budget: float | None = None
+    action: str = setting("report_only", choice(GATE_ACTIONS, "action"),
+                          "what happens to an update over a limit: withheld (the received weights are sent), "
+                          "retrained with DP-SGD and audited again, or only reported")
+    bound: str = setting(DEFAULT_BOUND, choice(BOUND_CHOICES, "bound"),
+                         "the value a threshold meets: the upper or lower bound of the metric's confidence interval, "
+                         "or its point estimate")
+    thresholds: Mapping[str, float] = setting(
+        {}, mapping(real(finite=False), key_name="<metric>"),
+        "audit metric -> highest allowed value (within the metric's range: [0, 1] for rates, AUCs and advantages, "
+        ">= 0 for epsilons and AP over chance); the metric must exist in every audited round")
+    epsilon_budget: float | None = setting(None, optional(real(ge=0, note="epsilon at the audit's epsilon_delta")),
+                                           "gate when the audit proves a family-wise epsilon above this")
+    dp: DPSettings = subsection(DPSettings, "DP-SGD retraining for action: dp_retrain")
 
     def __post_init__(self):
+        check_fields(self, GATE_PREFIX)
         object.__setattr__(self, "thresholds", MappingProxyType(dict(self.thresholds)))
-        if self.bound not in BOUND_CHOICES:
-            raise SettingsError(f"{GATE_PREFIX}.bound: unknown bound {self.bound!r}; choose one of "
-                                f"{', '.join(BOUND_CHOICES)}")
 
     @property
     def enabled(self) -> bool:
@@ -325,20 +287,14 @@ class GatePolicy:
         Threshold names must be metrics the configured audit produces in every audited round (see
         `audit_metric_names`, `intermittent`), with the bound the policy compares; `audit_prefix` is the audit
         section's dotted key, for the errors that name both."""
-        mapping = _mapping(prefix, mapping)
-        _unknown_keys(prefix, mapping, ("action", "thresholds", "bound", "epsilon_budget", "dp"))
-        action = mapping.get("action", "report_only")
-        if action not in GATE_ACTIONS:
-            raise SettingsError(f"{prefix}.action: unknown action {action!r}; choose one of {', '.join(GATE_ACTIONS)}")
-        bound = mapping.get("bound", DEFAULT_BOUND)
-        if bound not in BOUND_CHOICES:
-            raise SettingsError(f"{prefix}.bound: unknown bound {bound!r}; choose one of {', '.join(BOUND_CHOICES)}")
+        policy = parse(cls, mapping, prefix)
         produced = audit_metric_names(audit_settings)
-        thresholds = _parse_thresholds(mapping.get("thresholds"), produced, audit_settings, bound, prefix,
+        thresholds = _parse_thresholds(policy.thresholds, produced, audit_settings, policy.bound, prefix,
                                        audit_prefix)
-        budget = _epsilon_budget(f"{prefix}.epsilon_budget", mapping.get("epsilon_budget"), audit_settings)
-        dp = DPSettings.from_mapping(mapping.get("dp"), prefix=f"{prefix}.dp")
-        return cls(action=action, thresholds=thresholds, dp=dp, bound=bound, epsilon_budget=budget)
+        if policy.epsilon_budget is not None and not audit_settings.enabled:
+            raise SettingsError(f"{prefix}.epsilon_budget: the audit is off (audit.enabled is false), so nothing "
+                                "proves an epsilon")
+        return dataclasses.replace(policy, thresholds=thresholds)
 
     def compared_name(self, name: str) -> str:
         """The metric whose value is compared with `name`'s limit: its `bound` (<name>_upper, <name>_lower), or
@@ -364,5 +320,4 @@ class GatePolicy:
                            compared=compared)
 
     def to_dict(self) -> dict:
-        return {"action": self.action, "thresholds": dict(self.thresholds), "bound": self.bound,
-                "epsilon_budget": self.epsilon_budget, "dp": self.dp.to_dict()}
+        return to_dict(self)

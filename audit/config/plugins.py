@@ -23,7 +23,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from audit.config.checks import SettingsError
+from audit.config.fields import SettingsError
 
 __all__ = ["load_plugins", "check_plugins"]
 

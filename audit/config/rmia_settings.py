@@ -21,10 +21,9 @@ Kinds of reference (what a party has without anyone's private data but its own; 
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
-from audit.config.checks import SettingsError, check_bool, check_positive_int, from_checks, is_real
+from audit.config.fields import boolean, choices, either, integer, literal, parse, real, setting, to_dict
 from audit.config.vocabulary import attack_statistics, rmia_metric
 
 __all__ = ["RMIASettings", "rmia_settings", "REFERENCE_KINDS", "TRAINED_KINDS", "GLOBAL", "FINE_TUNED", "INDEPENDENT",
@@ -41,20 +40,24 @@ GLOBAL_A = 0.3
 
 @dataclass(frozen=True)
 class RMIASettings:
-    enabled: bool = True
-    interval: int = 1
+    """RMIA on the local model, one attack per kind of reference model (README "RMIA")."""
+
+    enabled: bool = setting(True, boolean(), "run RMIA on the local model")
+    interval: int = setting(1, integer(min=1), "RMIA in audited rounds where round % interval == 0")
     # The strongest attack at its cost (benchmarks/bench_attacks.py, README "RMIA"): the free global reference and 4
     # that never saw the party's data, 4 local trainings a round; fine_tuned (4 more) answers a narrower question.
-    references: tuple[str, ...] = (GLOBAL, INDEPENDENT)
-    reference_models: int = 4
-    temperature: float = 2.0
-    offline_a: float | str = TUNE
-    gamma: float = 1.0
+    references: tuple[str, ...] = setting((GLOBAL, INDEPENDENT), choices(REFERENCE_KINDS, "kind of reference"),
+                                          "one attack per kind of reference model")
+    reference_models: int = setting(4, integer(min=1), "K reference models per trained kind (fine_tuned, "
+                                                       "independent); each costs about one local training a round")
+    temperature: float = setting(2.0, real(gt=0), "Pr(x | model) = softmax(logits / temperature)[label]")
+    offline_a: float | str = setting(TUNE, either(real(ge=0, le=1), literal(TUNE)),
+                                     "the offline approximation's a, or tune (Privacy Meter v2's tuning on the "
+                                     "party's own references)")
+    gamma: float = setting(1.0, real(gt=0), "a population sample z counts against x when LR(x, z) >= gamma")
 
     def to_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["references"] = list(self.references)
-        return out
+        return to_dict(self)
 
     def due(self, round_num: int) -> bool:
         return self.enabled and round_num % self.interval == 0
@@ -65,42 +68,6 @@ class RMIASettings:
         return [rmia_metric(kind, statistic) for kind in self.references for statistic in statistics]
 
 
-def _references(key, value) -> tuple[str, ...]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
-        raise SettingsError(f"{key}: expected a non-empty list from {', '.join(REFERENCE_KINDS)}, got {value!r}")
-    for item in value:
-        if item not in REFERENCE_KINDS:
-            raise SettingsError(f"{key}: unknown kind of reference {item!r}; known: {', '.join(REFERENCE_KINDS)}")
-    if len(set(value)) != len(value):
-        raise SettingsError(f"{key}: a kind is listed twice: {list(value)}")
-    return tuple(value)
-
-
-def _positive(key, value) -> float:
-    if not is_real(value) or not (math.isfinite(value) and value > 0):
-        raise SettingsError(f"{key}: expected a finite number > 0, got {value!r}")
-    return float(value)
-
-
-def _offline_a(key, value) -> float | str:
-    if value == TUNE:
-        return TUNE
-    if not is_real(value) or not 0 <= value <= 1:
-        raise SettingsError(f"{key}: expected a number in [0, 1] or {TUNE!r}, got {value!r}")
-    return float(value)
-
-
-_CHECKS = {
-    "enabled": check_bool,
-    "interval": check_positive_int,
-    "references": _references,
-    "reference_models": check_positive_int,
-    "temperature": _positive,
-    "offline_a": _offline_a,
-    "gamma": _positive,
-}
-
-
 def rmia_settings(key: str, value) -> RMIASettings:
     """RMIASettings from a plan mapping (None -> defaults); unknown keys and bad values name their dotted key."""
-    return from_checks(RMIASettings, _CHECKS, value, key)
+    return parse(RMIASettings, value, key)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from audit.config.checks import SettingsError
+from audit.config.fields import SettingsError
 from audit.reporting.readings import float_or_nan, fmt
 
 __all__ = ["page_section", "check_layer", "summary_line"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from audit.config.checks import SettingsError
+from audit.config.fields import SettingsError
 from audit.reporting.readings import float_or_nan, fmt
 from audit.reporting.records import FIDEL_GRID_FILE
 

@@ -52,7 +52,7 @@ from privacy_meter.hypothesis_test import (
 from privacy_meter.metric_result import CombinedMetricResult
 from sklearn.metrics import roc_auc_score
 
-from audit.config.checks import check_fpr_tolerances
+from audit.config.audit_settings import FPR_TOLERANCES
 from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, THRESHOLD_FUNCTIONS as THRESHOLD_FUNCTION_NAMES
 from audit.config.vocabulary import tolerance_name
 from audit.membership.resolution import largest_count, resolvable
@@ -176,7 +176,7 @@ def _as_signal(values, name: str) -> np.ndarray:
 
 
 def _as_tolerances(fpr_tolerance) -> tuple[float, ...]:
-    return check_fpr_tolerances("fpr_tolerance", fpr_tolerance)
+    return FPR_TOLERANCES("fpr_tolerance", fpr_tolerance)
 
 
 def _as_alphas(alphas) -> np.ndarray:

@@ -9,7 +9,7 @@ from typing import Mapping
 
 import numpy as np
 
-from audit.config.checks import SettingsError
+from audit.config.fields import SettingsError
 from audit.config.vocabulary import RMIA
 from audit.reporting.panels import HistogramPanel, read_npz
 from audit.reporting.readings import exact_auc_of, ordered_models

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import quote
 
-from audit.config.checks import is_int
+from audit.config.fields import is_int
 from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.readings import (advantage_of, auc_of, confidence_of, csv_cell, epsilon_lb_of, exact_auc_band,
                                       exact_auc_of, float_or_nan, fmt, fmt_interval, ordered_models, rates_at, resolvable_at, tpr_at,

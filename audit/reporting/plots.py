@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure  # no pyplot: figures are never registered globally, so none leak
 from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
-from audit.config.checks import is_int
+from audit.config.fields import is_int
 from audit.reporting.atomic_io import atomic_savefig
 from audit.reporting.readings import (auc_of, curve, exact_auc_of, float_or_nan, fmt, ordered_models, rates_at,
                                       series_keys)

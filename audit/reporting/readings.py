@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from audit.config.checks import is_int
+from audit.config.fields import is_int
 from audit.config.vocabulary import attack_metric, tpr_statistic
 from audit.reporting.csv_cells import spreadsheet_safe
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from audit.config.checks import is_int
+from audit.config.fields import is_int
 from audit.config.vocabulary import FIDEL_GRID_FILE, RMIA_SCORES_FILE, SIGNALS_FILE  # noqa: F401 (re-exported)
 
 __all__ = ["validate_party_name", "round_dir_name", "validate_record", "validate_structure", "load_round_records",
