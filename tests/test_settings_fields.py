@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from audit.config.fields import (Mismatch, SettingsError, boolean, check_fields, choice, choices, custom, either,
-                                 integer, literal, mapping, module_name, optional, parse, path, real,
-                                 reference_rows, section, setting, subsection, to_dict, yaml_text)
+                                 integer, literal, mapping, module_name, optional, parse, path, real, section,
+                                 setting, subsection, to_dict)
+from audit.config.reference import reference_rows, yaml_text
 
 KEY = "plan.thing"
 

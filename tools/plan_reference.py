@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from audit.config.fields import reference_rows
+from audit.config.reference import reference_rows
 from src.aggregator_settings import OPENFL_FILLED, OPENFL_KEYS, AggregatorSettings
 from src.loader_settings import DataLoaderSettings
 from src.plan_checks import TASK_FUNCTIONS

@@ -2,7 +2,8 @@
 
 - `vocabulary`: the shared words (signals, optimisers, models, gate actions, metric names): one definition each.
 - `fields`: the one settings idiom: each field's default, check and doc declared once, `parse`, and the one
-  `SettingsError` (its message starts with the dotted plan key).
+  `SettingsError` (its message starts with the dotted plan key); `reference`: the plan reference's rows, read off
+  the declarations.
 - `steps`: the registry of audit steps; `builtin_steps` declares membership, Fidel and deanonymization.
 - `audit_settings`, `fidel_settings`, `deanon_settings`, `mitigation_settings`: the plan's audit sections.
 - `gate`: the gate's policy and verdict; `gate_contract`: the scalar names collaborators send the aggregator.

@@ -14,7 +14,7 @@ instance is built. Every error is a `SettingsError` (a ValueError)
 whose message starts with the full dotted key, e.g. "task_runner.settings.audit.toy.scale: expected a finite
 number > 0, got -1". A check is built from the builders below, composes (`optional(integer(min=2))`), is callable as
 `check(key, value)` on its own (a table of checks, a function argument), and describes itself ("an integer >= 2 or
-null"): the plan reference (docs/plan-reference.md, tools/plan_reference.py) prints those descriptions, so it is
+null"): the plan reference (audit.config.reference, docs/plan-reference.md) prints those descriptions, so it is
 generated from the declarations themselves. Torch-free.
 """
 
@@ -30,7 +30,7 @@ from numbers import Integral, Real
 from typing import Any, Callable, Iterable
 
 __all__ = ["SettingsError", "Mismatch", "Check", "is_int", "is_real", "setting", "subsection", "declared", "parse",
-           "check_fields", "to_dict", "reject_unknown", "did_you_mean", "reference_rows", "yaml_text",
+           "check_fields", "to_dict", "reject_unknown", "did_you_mean", "default_of",
            "boolean", "integer", "real", "choice", "choices", "optional", "either", "literal", "text", "module_name",
            "path", "mapping", "section", "anything", "custom"]
 
@@ -315,7 +315,8 @@ def declared(cls) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(cls) if "check" in f.metadata]
 
 
-def _default(f: dataclasses.Field):
+def default_of(f: dataclasses.Field):
+    """A declared field's default value."""
     return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
@@ -346,7 +347,7 @@ def parse(cls, value, key: str, *, also: Iterable[str] = ()):
     given = {f.name: f.metadata["check"](f"{key}.{f.name}", value[f.name]) for f in fields if f.name in value}
     validate = getattr(cls, "validate", None)
     if validate is not None:
-        validate({**{f.name: _default(f) for f in fields if f.name not in given}, **given}, key, frozenset(given))
+        validate({**{f.name: default_of(f) for f in fields if f.name not in given}, **given}, key, frozenset(given))
     return cls(**given)
 
 
@@ -375,63 +376,3 @@ def to_dict(instance) -> dict:
     """The declared fields as a plan would give them (JSON-able: tuples as lists, sections as dicts);
     parse(cls, to_dict(x), key) == x."""
     return {f.name: _plain(getattr(instance, f.name)) for f in declared(type(instance))}
-
-
-# ------------------------------------------------------------------------------------------------ reference
-
-
-def yaml_text(value) -> str:
-    """A default as a plan writes it (YAML flow style)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return yaml_text(to_dict(value))
-    if isinstance(value, (tuple, list)):
-        return "[" + ", ".join(yaml_text(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{k}: {yaml_text(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, str):
-        return value if value.strip() else repr(value)
-    text = repr(value)
-    if isinstance(value, float) and "e" in text and "." not in text.split("e")[0]:
-        text = text.replace("e", ".0e", 1)  # YAML reads 1e-05 as a string, 1.0e-05 as a number
-    return text
-
-
-def reference_rows(cls, key: str, seen: dict | None = None) -> list[tuple[str, str, str, str]]:
-    """(dotted key, what it takes, default, doc) of every declared field of `cls` under `key`, with the fields of
-    its sections (and of a mapping's section values, under "<key>.<name>") after each section's own row; a section
-    class met before is referred to, not listed again. A class's `plan_sections()` (name -> settings class) adds
-    sections that are not fields (the audit steps')."""
-    seen = {} if seen is None else seen
-    rows = []
-
-    def add_section(dotted: str, section_class: type, doc: str) -> None:
-        if not dataclasses.is_dataclass(section_class):  # a plug-in's settings of another kind: no fields to list
-            rows.append((dotted, "a section", "", doc))
-            return
-        if section_class in seen:
-            rows.append((dotted, f"a section: the keys of {seen[section_class]}", "", doc))
-            return
-        seen[section_class] = dotted
-        rows.append((dotted, "a section", "", doc))
-        rows.extend(reference_rows(section_class, dotted, seen))
-
-    for f in declared(cls):
-        check, doc = f.metadata["check"], f.metadata["doc"]
-        dotted = f"{key}.{f.name}"
-        if check.section_class is not None:
-            add_section(dotted, check.section_class, doc)
-        elif check.values is not None and check.values.section_class is not None:
-            rows.append((dotted, f"a mapping of {check.key_name} -> a section", yaml_text(_default(f)), doc))
-            entry = f"one {check.key_name.strip('<>')}'s entry"
-            add_section(f"{dotted}.{check.key_name}", check.values.section_class, entry)
-        else:
-            rows.append((dotted, check.describe(), yaml_text(_default(f)), doc))
-    extra = getattr(cls, "plan_sections", None)
-    for name, section_class in (extra() if extra is not None else {}).items():
-        summary = (section_class.__doc__ or "").strip().split("\n\n")[0]  # its docstring's first paragraph
-        add_section(f"{key}.{name}", section_class, " ".join(summary.split()).rstrip("."))
-    return rows
