@@ -99,7 +99,7 @@ def test_the_auc_interval_covers_each_side_over_the_grid(grid):
 
 def test_delongs_wald_interval_fails_the_check_near_auc_1(grid):
     """The check above can fail: DeLong's Wald interval, on the same draws, has the truth below its lower bound in
-    far more than 2.5% of draws at AUC 0.99 with 20 members and 20 non-members (measured 39% to 77% across the
+    far more than 2.5% of draws at AUC 0.99 with 20 members and 20 non-members (measured 34% to 71% across the
     families), and that side is where it fails."""
     cell = cells().index((0.99, 20, 20))
     for family, (truth, estimate, pos_var, neg_var, m, n, _, _) in grid.items():
@@ -110,14 +110,12 @@ def test_delongs_wald_interval_fails_the_check_near_auc_1(grid):
 
 def test_the_interval_is_delongs_where_delong_holds(grid):
     """Not wide for safety where it need not be: with 1,000 and 10,000 a class and AUC up to 0.9, its mean width is
-    within 7% of DeLong's Wald interval's (measured at most 1.05x), and with 10,000 a class each side misses about as
-    often as its level allows (pooled over those cells, 1.5% to 3.5%)."""
+    within 5% of DeLong's Wald interval's (measured 1.02x), and with 10,000 a class each side misses about as often
+    as its level allows (pooled over those cells, measured 2.0% to 2.7%)."""
     for family, (truth, estimate, pos_var, neg_var, m, n, lower, upper) in grid.items():
         old_lower, old_upper = wald(estimate, pos_var, neg_var, m, n)
         large = (np.minimum(m, n) >= 1000) & (truth <= 0.9 + 1e-9)
-        if family == "rounded":  # 5 levels: all-but-exact ties, where the effective sample is small
-            continue
-        assert np.mean((upper - lower)[large]) <= 1.07 * np.mean((old_upper - old_lower)[large]), family
+        assert np.mean((upper - lower)[large]) <= 1.05 * np.mean((old_upper - old_lower)[large]), family
         largest = (np.minimum(m, n) == 10000) & (truth <= 0.9 + 1e-9)
         for side in (np.mean((truth < lower)[largest]), np.mean((truth > upper)[largest])):
             assert 0.015 <= side <= 0.035, (family, side)

@@ -3,7 +3,8 @@
 The AUC estimate is the mean of the members' placements (each member's share of non-members ranked below it, ties
 half) and equally the mean of the non-members' placements (each one's share of members ranked above it). DeLong's
 interval, estimate +- z * SE, leaves the truth below its lower bound far more often than (1 - c) / 2 near AUC 1 at
-small sizes (58% of the time at AUC 0.99 with 20 members and 20 non-members on exponential scores): the placements
+small sizes (at AUC 0.99 with 20 members and 20 non-members: 38% of draws on Gaussian scores, up to 81% on others;
+benchmarks/README.md): the placements
 are skewed, and a sample that missed the few badly ranked members both overestimates the AUC and underestimates its
 variance. No estimate of the variance from such a sample can see what it missed. A rank-based interval cannot tell a
 perfectly separated sample of well-behaved scores from one drawn where a share 1 - AUC of the members ranks below
@@ -19,21 +20,23 @@ measure based on the Mann-Whitney statistic. Part 2: asymptotic methods and eval
   (for `a` below the estimate: members below every non-member, or non-members above every member; above it, the
   reverse), as large as moves the AUC from the estimate to `a`. Of all one-point additions to the observed
   placements that move their mean to `a`, the one at the far end gives them the largest variance; the other class's
-  placements shrink with it. V(a) is the larger of the two classes' versions, never below DeLong's variance (the
-  sample's own), plus the bound (a(1 - a) - both classes' parts) / (mn) on the U-statistic's remaining term, and
-  never above a(1 - a) / min(m, n), the largest variance any pair of distributions with AUC `a` gives (Birnbaum &
-  Klose 1957, "Bounds for the variance of the Mann-Whitney statistic", Annals of Mathematical Statistics 28).
-- The test: V(a) as an effective number of binomial trials, n(a) = a(1 - a) / V(a) >= min(m, n), and `a` rejected
-  when the estimate falls in the (1 - c) / 2 tail of a binomial proportion of n(a) trials at `a` (Clopper-Pearson,
-  with the regularized incomplete beta for fractional counts; Korn & Graubard (1998, Survey Methodology 24: 193-201)
-  invert Clopper-Pearson at an effective sample size the same way for proportions from complex samples).
+  placements shrink with it. V(a) is the larger of the two classes' versions plus the bound
+  (a(1 - a) - both classes' parts) / (mn) on the U-statistic's remaining term.
+- V(a) as an effective number of binomial trials, n(a) = a(1 - a) / V(a): never more than the sample's own,
+  estimate(1 - estimate) / DeLong's variance, and never fewer than min(m, n), since a(1 - a) / min(m, n) is the
+  largest variance any pair of distributions with AUC `a` gives (Birnbaum & Klose 1957, "Bounds for the variance of
+  the Mann-Whitney statistic", Annals of Mathematical Statistics 28).
+- The test: `a` is rejected when the estimate falls in the (1 - c) / 2 tail of a binomial proportion of n(a) trials
+  at `a` (Clopper-Pearson, with the regularized incomplete beta for fractional counts; Korn & Graubard (1998, Survey
+  Methodology 24: 193-201) invert Clopper-Pearson at an effective sample size the same way for proportions from
+  complex samples).
 
 What it gives: where one class's scores are all equal the estimate is a binomial proportion and the interval is
 exactly Clopper-Pearson's, each side at most (1 - c) / 2 for every AUC. At perfect separation the lower bound is
-((1 - c) / 2)^(1/k), the largest the argument above allows (0.832 at 20 a class). All scores tied: 0.5 with about
-[0.37, 0.63] at 20 a class. Away from the boundary and with large samples it is DeLong's interval (widths within a
+((1 - c) / 2)^(1/k), the largest the argument above allows (0.832 at 20 a class). All scores tied: 0.5 with
+[0.39, 0.61] at 20 a class. Away from the boundary and with large samples it is DeLong's interval (widths within a
 few per cent at 1,000 a class and AUC <= 0.9). Near AUC 1 at small sizes it is as wide as the binomial argument
-requires (AUC 0.99 with 20 a class: about [0.83, 1]). Coverage by simulation over AUC 0.5-0.995, 20-10,000 a class,
+requires (AUC 0.99 with 20 a class: lower bounds near 0.8). Coverage by simulation over AUC 0.5-0.995, 20-10,000 a class,
 unequal classes, and score distributions with heavy tails, ties and point masses: benchmarks/bench_interval_coverage.py.
 
 Every function works on arrays, so that many samples are bounded at once (the coverage tests and benchmark do).
@@ -54,26 +57,26 @@ _TOLERANCE = 1e-10
 
 
 def _variance(a, estimate, pos_var, neg_var, m, n):
-    """The variance of the AUC estimate if the AUC were `a`, under the least favourable unseen share (module
-    docstring); pos_var / neg_var: the placements' sample variances (ddof 1, DeLong's)."""
+    """The variance of the AUC estimate if the AUC were `a` (module docstring); pos_var / neg_var: the placements'
+    sample variances (ddof 1, DeLong's)."""
     below = a <= estimate
     with np.errstate(divide="ignore", invalid="ignore"):
         keep = np.where(below, a / estimate, (1 - a) / (1 - estimate))  # share of the observed class kept
+        # DeLong's variance per unit of a binomial proportion's: the sample's own effective trials, inverted
+        per_trial = np.nan_to_num((pos_var / m + neg_var / n) / (estimate * (1 - estimate)), nan=0.0, posinf=0.0)
     keep = np.clip(np.nan_to_num(keep, nan=1.0, posinf=1.0), 0.0, 1.0)
     between = np.where(below, a * (estimate - a), (a - estimate) * (1 - a))  # the added share against the rest
     mixed_pos, mixed_neg = keep * pos_var + between, keep * neg_var + between
     scaled_pos, scaled_neg = keep**2 * pos_var, keep**2 * neg_var
     members_missed = mixed_pos / m + scaled_neg / n
     nonmembers_missed = scaled_pos / m + mixed_neg / n
-    delong = pos_var / m + neg_var / n
     first = members_missed >= nonmembers_missed
     part_pos = np.where(first, mixed_pos, scaled_pos)
     part_neg = np.where(first, scaled_neg, mixed_neg)
-    use_delong = delong > np.maximum(members_missed, nonmembers_missed)
-    part_pos = np.where(use_delong, pos_var, part_pos)
-    part_neg = np.where(use_delong, neg_var, part_neg)
     remainder = np.maximum(a * (1 - a) - part_pos - part_neg, 0.0) / (m * n)
-    return np.minimum(part_pos / m + part_neg / n + remainder, a * (1 - a) / np.minimum(m, n))
+    binomial = a * (1 - a)
+    least_favourable = np.maximum(part_pos / m + part_neg / n + remainder, binomial * per_trial)
+    return np.minimum(least_favourable, binomial / np.minimum(m, n))
 
 
 def _log_tail(a, side, estimate, pos_var, neg_var, m, n):
