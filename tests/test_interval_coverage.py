@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from scipy.stats import binom, norm
 
-from audit.membership.auc_bounds import METHOD, auc_bounds
+from audit.membership.auc_bounds import METHOD, _rejected, auc_bounds
 from audit.membership.uncertainty import (attack_uncertainty, attacker_advantage, auc_interval, clopper_pearson,
                                           epsilon_lower_bound)
 from tests.score_families import FAMILIES, binned_statistics, exact_auc, level_statistics, rounded_loss
@@ -138,6 +138,31 @@ def test_binned_draws_are_what_the_audit_computes_from_raw_scores():
         assert interval.std_error**2 == pytest.approx(pos_var / m + neg_var / n, rel=1e-9, abs=1e-15)
         assert (interval.lower, interval.upper) == pytest.approx((float(lower), float(upper)), abs=1e-9)
         assert interval.method == METHOD
+
+
+def test_each_bound_is_the_outermost_candidate_the_test_accepts():
+    """The bounds come from a coarse scan and a root finder: on samples of every shape (tiny, unbalanced, tied,
+    separated) they equal the outermost accepted candidate on a grid of 4,001 AUCs, and every candidate between them
+    is accepted (the interval has no holes, and nothing accepted lies outside it)."""
+    rng = np.random.default_rng(9)
+    rows = []
+    for family, auc in (("exponential", 0.8), ("memorised", 0.97), ("cauchy", 0.5), ("rounded", 0.9)):
+        for m, n in ((2, 3), (20, 20), (300, 7), (7, 300), (1000, 2)):
+            p_members, p_nonmembers = level_probabilities(family, auc) if family == "rounded" else \
+                FAMILIES[family].binned(auc, 50)
+            rows += zip(*binned_statistics(rng, p_members, p_nonmembers, m, n, 3), [m] * 3, [n] * 3)
+    estimate, pos_var, neg_var, m, n = (np.array(column) for column in zip(*rows))
+    lower, upper = auc_bounds(estimate, pos_var, neg_var, m, n, CONFIDENCE)
+    candidates = np.linspace(0, 1, 4001)
+    for i in range(len(estimate)):
+        data = (estimate[i], pos_var[i], neg_var[i], m[i], n[i], SIDE)
+        below, above = candidates[candidates <= estimate[i]], candidates[candidates >= estimate[i]]
+        accepted_below = below[~_rejected(below, -1, *data)]
+        accepted_above = above[~_rejected(above, +1, *data)]
+        assert lower[i] <= accepted_below.min() < lower[i] + 1 / 4000
+        assert upper[i] - 1 / 4000 < accepted_above.max() <= upper[i]
+        assert accepted_below.size == ((below >= lower[i]) & (below <= estimate[i])).sum()
+        assert accepted_above.size == ((above <= upper[i]) & (above >= estimate[i])).sum()
 
 
 # ------------------------------------------------------------------------------------------ degenerate samples
