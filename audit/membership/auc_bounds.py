@@ -4,12 +4,12 @@ The AUC estimate is the mean of the members' placements (each member's share of 
 half) and equally the mean of the non-members' placements (each one's share of members ranked above it). DeLong's
 interval, estimate +- z * SE, leaves the truth below its lower bound far more often than (1 - c) / 2 near AUC 1 at
 small sizes (at AUC 0.99 with 20 members and 20 non-members: 38% of draws on Gaussian scores, up to 81% on others;
-benchmarks/README.md): the placements
-are skewed, and a sample that missed the few badly ranked members both overestimates the AUC and underestimates its
-variance. No estimate of the variance from such a sample can see what it missed. A rank-based interval cannot tell a
-perfectly separated sample of well-behaved scores from one drawn where a share 1 - AUC of the members ranks below
-every non-member, where perfect separation has probability AUC^k (k = min(m, n)): so no lower bound that holds for
-every score distribution exceeds ((1 - c) / 2)^(1/k) at perfect separation (0.832 at 20 a class, 95%).
+benchmarks/README.md): the placements are skewed, and a sample that missed the few badly ranked members both
+overestimates the AUC and underestimates its variance. No estimate of the variance from such a sample can see what
+it missed. A rank-based interval cannot tell a perfectly separated sample of well-behaved scores from one drawn where
+a share 1 - AUC of the smaller class (k = min(m, n) samples) ranks beyond every sample of the other class, where
+perfect separation has probability AUC^k: so no lower bound that holds for every score distribution exceeds
+((1 - c) / 2)^(1/k) at perfect separation (0.832 at 20 a class, 95%).
 
 `auc_bounds` inverts a test of each candidate AUC `a`, as Newcombe (2006, "Confidence intervals for an effect size
 measure based on the Mann-Whitney statistic. Part 2: asymptotic methods and evaluation", Statistics in Medicine 25:
@@ -36,8 +36,9 @@ exactly Clopper-Pearson's, each side at most (1 - c) / 2 for every AUC. At perfe
 ((1 - c) / 2)^(1/k), the largest the argument above allows (0.832 at 20 a class). All scores tied: 0.5 with
 [0.39, 0.61] at 20 a class. Away from the boundary and with large samples it is DeLong's interval (widths within a
 few per cent at 1,000 a class and AUC <= 0.9). Near AUC 1 at small sizes it is as wide as the binomial argument
-requires (AUC 0.99 with 20 a class: lower bounds near 0.8). Coverage by simulation over AUC 0.5-0.995, 20-10,000 a class,
-unequal classes, and score distributions with heavy tails, ties and point masses: benchmarks/bench_interval_coverage.py.
+requires (AUC 0.99 with 20 a class: lower bounds near 0.8). Coverage by simulation over AUC 0.5-0.995, 20-10,000
+a class, unequal classes, and score distributions with heavy tails, ties and point masses:
+benchmarks/bench_interval_coverage.py.
 
 Every function works on arrays, so that many samples are bounded at once (the coverage tests and benchmark do).
 """
@@ -126,8 +127,8 @@ def _bound(side, estimate, pos_var, neg_var, m, n, alpha):
     log_alpha = np.log(alpha)
     found_root = elementwise.find_root(lambda a, *d: _log_tail(a, side, *d) - log_alpha, (lo_in, hi_in), args=args,
                                        tolerances={"xatol": _TOLERANCE, "xrtol": 0.0})
+    # where the root finder fails, the bracket's rejected end: wider, never narrower
     root = np.where(np.isfinite(found_root.x), found_root.x, np.where(side < 0, lo_in, hi_in))
-    # the side of the root that is inside the interval: never claim more than the bracket's accepted end
     out = accepted.copy()
     out[refine] = root
     return out
