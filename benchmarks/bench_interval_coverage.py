@@ -101,7 +101,7 @@ def main() -> None:
         start = time.perf_counter()
         for auc in args.aucs:
             for m, n in sizes:
-                rng = np.random.default_rng([args.seed, m, n, int(auc * 1000)])
+                rng = np.random.default_rng([args.seed, known.index(family), m, n, int(auc * 1000)])
                 (estimate, pos_var, neg_var), truth = statistics(family, auc, m, n, args.draws, args.levels, rng)
                 row = []
                 widths = []
