@@ -66,7 +66,7 @@ class AuditSets:
         stream of `seed`; indices sorted, so the samples keep the data's order); itself when no set is larger.
 
         A simple random sample of a finite set: an interval computed from the sample's counts (Clopper-Pearson,
-        DeLong) covers the whole set's value at least as often as its level says (sampling without replacement only
+        the AUC's) covers the whole set's value at least as often as its level says (sampling without replacement only
         narrows the spread)."""
         sizes = self.sizes()
         if size is None or all(n <= size for n in sizes.values()):

@@ -85,7 +85,7 @@ def test_a_bad_sample_size_is_named_by_its_key(value, words):
 
 def test_intervals_on_a_sample_cover_the_whole_sets_values_as_often_as_they_say():
     """A finite set of 20,000 members' and 20,000 non-members' scores (members shifted by 0.6) and 20,000 population
-    scores; 400 samples of 300 each (AuditSets.sampled, seeds 0..399). The DeLong interval of each sample's AUC must
+    scores; 400 samples of 300 each (AuditSets.sampled, seeds 0..399). The interval of each sample's AUC must
     cover the whole sets' exact AUC, and the Clopper-Pearson interval of each sample's TPR (at the threshold its
     sampled population sets for FPR 0.1) the share of ALL members above that threshold, in at least 92% of the
     samples (nominal 95%; 400 draws put the observed rate within +-2.2 points of it at 2 standard deviations)."""

@@ -665,8 +665,9 @@ def test_update_attack_validation():
                                                                 ("linear_itp", False), ("min_linear_logit", True)])
 def test_every_figure_carries_the_interval_of_what_the_attack_counted(threshold_function, member_if_lower):
     """The uncertainty rests on exactly the counts the attack reports, whatever the threshold function (a Gaussian
-    fit sets other thresholds than the empirical quantile) and the signal's direction; the AUC interval is DeLong's
-    around the exact AUC, the epsilon bound and the advantage are those of the scores (higher = member)."""
+    fit sets other thresholds than the empirical quantile) and the signal's direction; the AUC interval is
+    auc_interval's around the exact AUC, the epsilon bound and the advantage are those of the scores (higher =
+    member)."""
     from audit.membership.uncertainty import attacker_advantage, auc_interval, clopper_pearson, epsilon_lower_bound
 
     rng = np.random.default_rng(3)
@@ -688,8 +689,8 @@ def test_every_figure_carries_the_interval_of_what_the_attack_counted(threshold_
         assert rates.resolvable == (t >= 1 / 250)
     scores = (-sign * members, -sign * nonmembers)
     assert u.auc.estimate == pytest.approx(result.exact_auc, abs=1e-12)
-    delong = auc_interval(*scores, 0.9)
-    assert (u.auc.lower, u.auc.upper) == pytest.approx((delong.lower, delong.upper), abs=1e-12)
+    expected_auc = auc_interval(*scores, 0.9)
+    assert (u.auc.lower, u.auc.upper) == pytest.approx((expected_auc.lower, expected_auc.upper), abs=1e-12)
     assert u.epsilon == epsilon_lower_bound(*scores, delta=1e-3, confidence=0.9)
     assert u.advantage == attacker_advantage(*scores, 0.9)
     assert (u.confidence, u.delta) == (0.9, 1e-3)
@@ -698,7 +699,7 @@ def test_every_figure_carries_the_interval_of_what_the_attack_counted(threshold_
 
 
 def test_one_member_gets_an_auc_interval_of_everything():
-    """DeLong's variance needs two samples per class; with one member nothing is known beyond the estimate."""
+    """A variance needs two samples per class; with one member nothing is known beyond the estimate."""
     result = population_attack([0.1], [0.5, 0.9, 0.3], [0.2, 0.4, 0.6, 0.8], (0.5,))
     assert (result.uncertainty.auc.lower, result.uncertainty.auc.upper) == (0.0, 1.0)
     assert result.uncertainty.auc.estimate == result.exact_auc == 1.0

@@ -432,7 +432,7 @@ def test_both_aucs_shown_and_named_with_twenty_population_samples(tmp_path, save
             in head)
     row = page[page.index("<tr><td>local / loss</td>"):]
     cells = row[:row.index("</tr>")].split("</td>")
-    interval = auc_interval(-members, -nonmembers)  # DeLong's, on scores where higher = member
+    interval = auc_interval(-members, -nonmembers)  # on scores where higher = member
     assert cells[1] == f"<td>0.7559 [{interval.lower:.3g}, {interval.upper:.3g}]" and cells[2] == "<td>0.6813"
     assert f"{result.exact_auc:.4g}" == "0.7559" and f"{result.auc:.4g}" == "0.6813"
     assert "Grid AUC: Privacy Meter" in page and "<code>_exact_auc</code>" in page
@@ -489,7 +489,7 @@ def test_intervals_counts_and_unresolvable_tolerances_are_reported(tmp_path, sav
     assert at["0.01"]["tpr"]["k"] == flagged and at["0.01"]["fpr"]["k"] == flagged_non
     assert at["0.001"]["population_fpr"] == 0.0 and at["0.01"]["population_fpr"] == 4 / 404
 
-    # The plots show the intervals as error bars: the AUC's spans DeLong's interval, the TPR's Clopper-Pearson's.
+    # The plots show the intervals as error bars: the AUC's spans its interval, the TPR's Clopper-Pearson's.
     for name, (low, high) in (("auc.png", (interval.lower, interval.upper)), ("tpr_at_0.01.png", (tpr.lower, tpr.upper))):
         (bars,) = saved_figures[name].axes[0].collections
         (segment,) = bars.get_segments()

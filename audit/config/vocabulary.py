@@ -72,7 +72,7 @@ def tpr_statistic(tolerance: float) -> str:
 
 # What each membership attack reports, per model and signal (the suffix of mia_<model>_<signal>_<statistic>):
 AUC = "auc"                # Privacy Meter's grid AUC
-EXACT_AUC = "exact_auc"    # members vs non-members over every threshold, with its DeLong interval
+EXACT_AUC = "exact_auc"    # members vs non-members over every threshold, with its interval (auc_bounds)
 EPSILON_LB = "epsilon_lb"  # the empirical epsilon lower bound (a lower confidence bound itself: no interval)
 ADVANTAGE = "advantage"    # max |TPR - FPR|, with its DKW interval
 # A statistic's confidence bounds are reported beside it as <statistic>_lower and <statistic>_upper.

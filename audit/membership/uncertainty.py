@@ -4,7 +4,9 @@ Everything here works on per-sample attack scores with one convention: a higher 
 (members are the positives). Negate a loss or a gradient norm before passing it.
 
 - `clopper_pearson(k, n)`: the exact (Clopper-Pearson) interval of a rate k/n, e.g. a TPR or an FPR.
-- `auc_interval(pos, neg)`: the ROC AUC with a DeLong interval (or a stratified bootstrap), and the counts.
+- `auc_interval(pos, neg)`: the ROC AUC with an interval that holds on each side near AUC 1 and at 20 samples a class
+  (audit.membership.auc_bounds), DeLong's standard error, and the counts. `delong(pos, neg)`: the AUC and DeLong's
+  variance.
 - `population_threshold(population, fpr)` and `rates_at_threshold(pos, neg, threshold)`: the TPR (and FPR) of the
   decision "score > threshold", the threshold set on a separate population so that at most a share `fpr` of it is
   flagged, each with its Clopper-Pearson interval and counts. `tpr_at_population_fpr` does both.
@@ -31,9 +33,10 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.stats import beta, bootstrap, norm, rankdata
+from scipy.stats import beta, rankdata
 
 from audit.config.vocabulary import tolerance_name
+from audit.membership.auc_bounds import METHOD as AUC_METHOD, auc_bounds
 from audit.membership.resolution import largest_count, resolvable
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "clopper_pearson",
     "auc",
     "delong",
+    "placements",
     "auc_interval",
     "population_threshold",
     "rates_at_threshold",
@@ -132,6 +136,9 @@ def clopper_pearson(k: int, n: int, confidence: float = CONFIDENCE) -> RateInter
 
 @dataclass(frozen=True)
 class AUCInterval:
+    """The AUC, its two-sided interval at `confidence` (each side at (1 - confidence) / 2, `method` says how),
+    DeLong's standard error and the class sizes."""
+
     estimate: float
     lower: float
     upper: float
@@ -150,85 +157,46 @@ def auc(pos_scores, neg_scores) -> float:
     return delong(pos_scores, neg_scores, variance=False)[0]
 
 
-def delong(pos_scores, neg_scores, *, variance: bool = True) -> tuple[float, float]:
-    """(AUC, DeLong's variance of it), by the midrank algorithm of Sun & Xu (2014), "Fast Implementation of DeLong's
-    Algorithm for Comparing the Areas Under Correlated Receiver Operating Characteristic Curves", IEEE Signal
-    Processing Letters 21(11): O((m + n) log(m + n)) instead of DeLong's m * n placement values.
+def placements(pos: np.ndarray, neg: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each member's share of non-members ranked below it and each non-member's share of members ranked above it
+    (ties half), by the midrank algorithm of Sun & Xu (2014), "Fast Implementation of DeLong's Algorithm for
+    Comparing the Areas Under Correlated Receiver Operating Characteristic Curves", IEEE Signal Processing Letters
+    21(11): O((m + n) log(m + n)) instead of m * n comparisons. With ranks in the pooled sample (Tz), within the
+    members (Tx) and within the non-members (Ty): V10_i = (Tz_i - Tx_i) / n, V01_j = 1 - (Tz_j - Ty_j) / m. Both
+    average to the AUC."""
+    m, n = pos.size, neg.size
+    tz = rankdata(np.concatenate([pos, neg]))  # midranks: ties count half
+    return (tz[:m] - rankdata(pos)) / n, 1.0 - (tz[m:] - rankdata(neg)) / m
 
-    Written here (scikit-learn has the AUC but no variance): with ranks in the pooled sample (Tz), within the
-    positives (Tx) and within the negatives (Ty), positive i's placement is V10_i = (Tz_i - Tx_i) / n (its share of
-    negatives below it, ties half) and negative j's is V01_j = 1 - (Tz_j - Ty_j) / m; AUC = mean(V10) and
-    Var = var(V10) / m + var(V01) / n (sample variances)."""
+
+def delong(pos_scores, neg_scores, *, variance: bool = True) -> tuple[float, float]:
+    """(AUC, DeLong's variance of it): Var = var(V10) / m + var(V01) / n (sample variances of the `placements`).
+
+    Written here (scikit-learn has the AUC but no variance)."""
     pos = _scores(pos_scores, "positives (members)", min_size=2 if variance else 1)
     neg = _scores(neg_scores, "negatives (non-members)", min_size=2 if variance else 1)
     m, n = pos.size, neg.size
-    tz = rankdata(np.concatenate([pos, neg]))  # midranks: ties count half
-    area = (tz[:m].sum() - m * (m + 1) / 2) / (m * n)
     if not variance:
-        return float(area), float("nan")
-    v10 = (tz[:m] - rankdata(pos)) / n
-    v01 = 1.0 - (tz[m:] - rankdata(neg)) / m
-    return float(area), float(v10.var(ddof=1) / m + v01.var(ddof=1) / n)
+        tz = rankdata(np.concatenate([pos, neg]))
+        return float((tz[:m].sum() - m * (m + 1) / 2) / (m * n)), float("nan")
+    v10, v01 = placements(pos, neg)
+    return float(v10.mean()), float(v10.var(ddof=1) / m + v01.var(ddof=1) / n)
 
 
-def _resampled_auc(pos: np.ndarray, neg: np.ndarray):
-    """statistic(i, j) for scipy.stats.bootstrap: the AUC of pos[i] against neg[j], per row of the index arrays.
-
-    A resample is read as multiplicities (how often each member and non-member is drawn); its AUC is
-    sum_i w_i * (weighted count of negatives below pos_i, ties half) / (m n), off a cumulative sum over the sorted
-    negatives: O(m + n) per resample after one sort, no re-ranking."""
-    m, n = pos.size, neg.size
-    order = np.argsort(neg, kind="stable")
-    below = np.searchsorted(neg[order], pos, side="left")
-    not_above = np.searchsorted(neg[order], pos, side="right")
-
-    def multiplicities(idx: np.ndarray, size: int) -> np.ndarray:
-        rows = np.arange(idx.shape[0])[:, None] * size
-        return np.bincount((rows + idx).ravel(), minlength=idx.shape[0] * size).reshape(idx.shape[0], size)
-
-    def statistic(i, j, axis=-1):
-        i, j = np.asarray(i), np.asarray(j)
-        lead = np.broadcast_shapes(i.shape[:-1], j.shape[:-1])
-        i = np.broadcast_to(i, lead + i.shape[-1:]).reshape(-1, i.shape[-1])
-        j = np.broadcast_to(j, lead + j.shape[-1:]).reshape(-1, j.shape[-1])
-        w, v = multiplicities(i, m), multiplicities(j, n)[:, order]
-        cum = np.concatenate([np.zeros((len(v), 1)), np.cumsum(v, axis=1)], axis=1)
-        aucs = (w * (cum[:, below] + cum[:, not_above]) / 2).sum(axis=1) / (i.shape[-1] * j.shape[-1])
-        return aucs.reshape(lead)
-
-    return statistic
-
-
-def auc_interval(pos_scores, neg_scores, confidence: float = CONFIDENCE, *, method: str = "delong",
-                 n_bootstrap: int = 2000, seed: int = 0) -> AUCInterval:
-    """The AUC with a two-sided interval at `confidence`.
-
-    method "delong": estimate +- z * DeLong's standard error, clipped to [0, 1] (Wald interval: its coverage is close
-    to nominal for AUCs away from 0 and 1 and tens of samples per class or more; it falls short near AUC 1).
-    method "bootstrap": percentile interval of `n_bootstrap` stratified resamples (scipy.stats.bootstrap, seeded;
-    std_error is the resamples')."""
+def auc_interval(pos_scores, neg_scores, confidence: float = CONFIDENCE) -> AUCInterval:
+    """The AUC with its two-sided interval at `confidence` (audit.membership.auc_bounds: a score interval with the
+    variance of the least favourable sample the data allow, each side at (1 - confidence) / 2 for AUCs up to 0.995
+    and 20 to 10,000 samples a class; at perfect separation [k / (k + t^2), 1], k = min(m, n)) and DeLong's
+    standard error. Needs 2 members and 2 non-members."""
     confidence = _confidence(confidence)
-    if method not in ("delong", "bootstrap"):
-        raise ValueError(f"method: {method!r}; choose 'delong' or 'bootstrap'")
-    if method == "bootstrap" and (isinstance(n_bootstrap, bool) or not isinstance(n_bootstrap, int)
-                                  or n_bootstrap < 100):
-        raise ValueError(f"n_bootstrap: {n_bootstrap!r} must be an integer >= 100")
     pos = _scores(pos_scores, "positives (members)", min_size=2)
     neg = _scores(neg_scores, "negatives (non-members)", min_size=2)
-    alpha = 1 - confidence
-    if method == "delong":
-        area, var = delong(pos, neg)
-        se = math.sqrt(max(var, 0.0))
-        half = float(norm.ppf(1 - alpha / 2)) * se
-        lower, upper = max(0.0, area - half), min(1.0, area + half)
-    else:  # members and non-members resampled separately (paired=False): the class sizes stay fixed
-        area = auc(pos, neg)
-        boot = bootstrap((np.arange(pos.size), np.arange(neg.size)), _resampled_auc(pos, neg), paired=False,
-                         vectorized=True, n_resamples=n_bootstrap, batch=max(1, 2**20 // (pos.size + neg.size)),
-                         confidence_level=confidence, method="percentile", rng=np.random.default_rng(seed))
-        se = float(boot.standard_error)
-        lower, upper = float(boot.confidence_interval.low), float(boot.confidence_interval.high)
-    return AUCInterval(area, lower, upper, se, pos.size, neg.size, confidence, method)
+    v10, v01 = placements(pos, neg)
+    pos_var, neg_var = v10.var(ddof=1), v01.var(ddof=1)
+    area = float(v10.mean())
+    lower, upper = auc_bounds(area, pos_var, neg_var, pos.size, neg.size, confidence)
+    se = math.sqrt(max(pos_var / pos.size + neg_var / neg.size, 0.0))
+    return AUCInterval(area, float(lower), float(upper), se, pos.size, neg.size, confidence, AUC_METHOD)
 
 
 # ------------------------------------------------------------------------------------------ TPR at an FPR
@@ -471,7 +439,7 @@ def attacker_advantage(pos_scores, neg_scores, confidence: float = CONFIDENCE) -
 
 @dataclass(frozen=True)
 class AttackUncertainty:
-    """Every figure of one attack with its uncertainty and the counts it rests on: the exact AUC (DeLong), the
+    """Every figure of one attack with its uncertainty and the counts it rests on: the exact AUC (`auc_interval`), the
     rates at each FPR tolerance's population threshold (Clopper-Pearson), the epsilon lower bound and the advantage.
     `confidence` is every interval's; `delta` the epsilon bound's."""
 
@@ -505,11 +473,11 @@ def _json_ready(value):
 
 
 def _auc_interval_or_nothing_known(pos: np.ndarray, neg: np.ndarray, confidence: float) -> AUCInterval:
-    """DeLong's interval; with fewer than two samples in a class its variance is undefined and the interval is
+    """`auc_interval`; with fewer than two samples in a class no variance can be estimated and the interval is
     the whole of [0, 1] (nothing is known beyond the estimate)."""
     if pos.size >= 2 and neg.size >= 2:
         return auc_interval(pos, neg, confidence)
-    return AUCInterval(auc(pos, neg), 0.0, 1.0, float("nan"), pos.size, neg.size, confidence, "delong")
+    return AUCInterval(auc(pos, neg), 0.0, 1.0, float("nan"), pos.size, neg.size, confidence, "none")
 
 
 def attack_uncertainty(pos_scores, neg_scores, population_scores, thresholds, *, confidence: float = CONFIDENCE,

@@ -56,9 +56,10 @@ def now() -> str:
 
 
 _AUC_NOTE = (
-    '<p class="muted">Exact AUC: members against non-members over every threshold (ties count half), with its DeLong '
-    "interval. Grid AUC: Privacy Meter's, the area under the curve in the ROC image, whose thresholds are population "
-    "quantiles; it stops at the population's range, so it reads low on a small population. TPR @ FPR ≤ t: the "
+    '<p class="muted">Exact AUC: members against non-members over every threshold (ties count half), with its '
+    "interval (each side holds at its level, near AUC 1 and at small sizes too). Grid AUC: Privacy Meter's, the area "
+    "under the curve in the ROC image, whose thresholds are population quantiles; it stops at the population's "
+    "range, so it reads low on a small population. TPR @ FPR ≤ t: the "
     "threshold flags at most a share t of the population (ties are flagged whole or not at all); its Clopper-Pearson "
     "interval, and the members and non-members it flags. ε ≥: the empirical epsilon lower bound (TensorFlow "
     "Privacy's definition, Bonferroni-corrected over every threshold; 0 = nothing proven). Advantage: max |TPR − FPR| "
@@ -250,7 +251,7 @@ def party_page(party: str, records: list[dict], tols: list[float], tpr_files: li
     )
     body += verdict_table(records)
     body += ["<h2>Membership-inference AUC per round (exact AUC)</h2>",
-             '<p class="muted">Members against non-members over every threshold; bars: its DeLong confidence '
+             '<p class="muted">Members against non-members over every threshold; bars: its confidence '
              "interval. Privacy Meter's grid AUC is in the tables: metrics ending in <code>_auc</code> are the grid "
              "AUC, those ending in <code>_exact_auc</code> the exact one (<code>_lower</code>, <code>_upper</code>: "
              "its interval's bounds).</p>",
