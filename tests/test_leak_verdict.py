@@ -56,7 +56,10 @@ def test_each_test_is_valid_at_small_levels_on_tied_scores(n):
     rng = np.random.default_rng(11)
     draws, level = 4000, 0.01
     scores = rng.integers(0, 6, size=(draws, 2 * n)).astype(float)  # six distinct values
-    auc_hits = sum(auc_p_value(s[:n], s[n:]) <= level for s in scores)
+    # auc_p_value is scipy's one-sided Mann-Whitney test (checked above): its vectorised form here, for speed
+    auc_hits = np.sum(mannwhitneyu(scores[:, :n], scores[:, n:], alternative="greater", axis=1).pvalue <= level)
+    assert auc_p_value(scores[0, :n], scores[0, n:]) == pytest.approx(
+        mannwhitneyu(scores[:1, :n], scores[:1, n:], alternative="greater", axis=1).pvalue[0])
     flagged = scores >= 5  # a fixed threshold set elsewhere
     tpr_hits = np.sum(tpr_p_value(flagged[:, :n].sum(1), n, flagged[:, n:].sum(1), n) <= level)
     allowance = level + 3 * math.sqrt(level * (1 - level) / draws)
