@@ -252,7 +252,7 @@ def test_a_pickle_that_would_run_code_is_refused_unrun(tmp_path, no_network, mon
 
 
 @pytest.mark.parametrize("name", ON_DISK)
-@pytest.mark.parametrize("model", ["cnn", "fcnn", "alexnet"])
+@pytest.mark.parametrize("model", ["cnn", "fcnn", "alexnet", "resnet18"])
 def test_models_take_each_datasets_shape(name, model):
     import torch
 
