@@ -1,8 +1,8 @@
 """`download=True` (`--download`): torchvision's download (its URLs, its md5 check of the archives, its layout), with
 what src.datasets adds: one line naming the dataset and the URLs on a failure, nothing left behind by a failed
 download, an interrupted one never read as complete, parties sharing a folder one at a time. No network: synthetic
-archives are served from a local http.server thread (torchvision's download reads no file:// URL), torchvision's tables of URLs and md5 sums
-patched for the test (the class attributes its download reads)."""
+archives are served from a local http.server thread (torchvision's download reads no file:// URL), torchvision's
+tables of URLs and md5 sums patched for the test (the class attributes its download reads)."""
 
 from __future__ import annotations
 

@@ -116,7 +116,8 @@ CORRUPTIONS = [
     ("mnist", "train-images-idx3-ubyte", lambda b: _idx(2051, [20, 28, 28], b[16:] + b"\0"),
      r"train-images-idx3-ubyte: not an idx file torchvision reads \(RuntimeError: shape '\[20, 28, 28\]' is "
      r"invalid for input of size 15681"),
-    ("mnist", "train-images-idx3-ubyte", lambda b: b[:6], r"train-images-idx3-ubyte: not an idx file torchvision reads"),
+    ("mnist", "train-images-idx3-ubyte", lambda b: b[:6],
+     r"train-images-idx3-ubyte: not an idx file torchvision reads"),
     ("fashionmnist", "t10k-images-idx3-ubyte", lambda b: _idx(2051, [10, 20, 20], bytes(4000)),
      r"t10k-images-idx3-ubyte: images of 20x20 pixels, expected 28x28"),
     ("fashionmnist", "train-labels-idx1-ubyte", lambda b: _idx(2049, [19], b[8:27]),

@@ -108,8 +108,8 @@ def md5_tables(root: Path, name: str) -> dict:
     def md5(file: str) -> str:
         return hashlib.md5((folder / file).read_bytes()).hexdigest()
 
-    return {"train_list": [[f, md5(f)] for f, _ in cls.train_list], "test_list": [[f, md5(f)] for f, _ in cls.test_list],
-            "meta": {**cls.meta, "md5": md5(cls.meta["filename"])}}
+    return {"train_list": [[f, md5(f)] for f, _ in cls.train_list],
+            "test_list": [[f, md5(f)] for f, _ in cls.test_list], "meta": {**cls.meta, "md5": md5(cls.meta["filename"])}}
 
 
 def trust_files(monkeypatch, root: Path, name: str) -> None:
