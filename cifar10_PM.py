@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by the tests
     sys.path.insert(0, str(ROOT))
 
-from audit.config.audit_settings import AuditSettings  # noqa: E402  (torch-free: --help stays light)
+import src  # noqa: E402,F401  (first: on a machine without a GPU it keeps triton out, see src/__init__.py)
+from audit.config.audit_settings import AuditSettings  # noqa: E402  (torch-free)
 from audit.config.gate import BOUND_CHOICES  # noqa: E402
 from audit.config.rmia_settings import REFERENCE_KINDS, RMIASettings  # noqa: E402
 from audit.config.vocabulary import GATE_ACTIONS, MODELS, SIGNALS  # noqa: E402

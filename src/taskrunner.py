@@ -61,14 +61,6 @@ def cross_entropy(output, target):
     return F.cross_entropy(output, target)
 
 
-def _no_triton_on_cpu() -> None:
-    """torch.optim imports torch._dynamo on first use, and torch._dynamo imports triton (a GPU kernel compiler) when it
-    is installed: 70 MB of library pages in every CPU collaborator process (digits, fx collaborators: peak RSS during
-    the rounds 0.97 -> 0.90 GB). A None in sys.modules makes that import fail as for a missing package, which torch
-    handles (no triton: no GPU kernels compiled by it); nothing on the CPU uses it. Left alone if already loaded."""
-    sys.modules.setdefault("triton", None)
-
-
 def round_seed(seed: int, party: str, round_num: int) -> int:
     """A seed per (plan seed, party, round): runs are reproducible whatever order parties run in."""
     return zlib.crc32(f"{seed}/{party}/{round_num}".encode()) & 0x7FFFFFFF
@@ -150,8 +142,6 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         # actual starting point), those wait on disk (`initial_model`).
         self._initial_on_disk: SpilledModel | None = None
         self._audit_store: dict = {}  # the audit's state kept across rounds (e.g. RMIA's independent references)
-        if torch.device(self.device).type == "cpu":
-            _no_triton_on_cpu()  # before the optimizer: its first use imports torch._dynamo
         self.optimizer = self.make_optimizer(self.model)
         self.loss_fn = cross_entropy
         self._audit_sets: AuditSets | None = None

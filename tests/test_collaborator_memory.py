@@ -1,4 +1,5 @@
-"""A CPU collaborator process does not load triton (src.taskrunner._no_triton_on_cpu), and that changes no answer."""
+"""A collaborator process on a machine without a GPU does not load triton (src/__init__.py), and that changes no
+answer."""
 
 import json
 import subprocess
