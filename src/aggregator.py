@@ -36,6 +36,7 @@ from openfl.protocols import utils
 from openfl.utilities import TensorKey
 
 from src import aggregator_server, model_file
+from src.cuda_pages import release_cuda_library_pages
 from src.aggregation import round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record
 from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
@@ -172,6 +173,7 @@ class AuditingAggregator(Aggregator):
         # Always a fresh list: Aggregator.__init__ appends its own callbacks to the list it gets, and its default
         # (`callbacks=[]`) is one list shared by every Aggregator built without callbacks.
         super().__init__(callbacks=list(own), **kwargs)
+        release_cuda_library_pages()  # OpenFL has loaded torch: without a GPU its CUDA libraries' pages are dead weight
         # OpenFL's pandas TensorDB was most of the end of a round (src/aggregator_tensordb.py): the same rows and
         # answers, indexed. Converted in place: the callbacks already hold this object.
         IndexedTensorDB.convert(self.tensor_db)

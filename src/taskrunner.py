@@ -44,6 +44,7 @@ from audit.spill import SpilledModel
 from audit.training import TrainingRecipe
 from src.audit_cost import audit_cost_note
 from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
+from src.cuda_pages import release_cuda_library_pages
 from src.devices import check_device
 from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
@@ -134,6 +135,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             key = "model" if model_settings is None or str(err).startswith("unknown model") else "model_settings"
             raise ValueError(f"{SETTINGS_PREFIX}.{key}: {err}") from None
         self._check_layers(tuple(data_loader.get_feature_shape()))
+        release_cuda_library_pages()  # torch and torchvision are loaded: without a GPU their CUDA pages are dead weight
         self.to(self.device)
         # The plan's initial model (what `fx plan initialize` saves: this model, built with the plan's seed), which
         # every party has without anyone's data: RMIA's independent references start from it, and nothing else
