@@ -135,6 +135,9 @@ class AuditingAggregator(Aggregator):
     def __init__(self, *, poll_interval_s: int = DEFAULT_POLL_INTERVAL_S, report_dir: str = DEFAULT_REPORT_DIR,
                  deanon: dict | None = None, callbacks: Iterable | None = None, save_every_round: bool = False,
                  **kwargs):
+        # OpenFL has loaded torch: without a GPU its CUDA libraries' pages are dead weight (before the initial model
+        # and the TensorDB are loaded, the process's peak otherwise).
+        release_cuda_library_pages()
         # Every key of aggregator.settings arrives here (OpenFL's among the kwargs): an unknown one is named, not a
         # TypeError from Aggregator.__init__.
         settings = AggregatorSettings.from_mapping({**kwargs, "poll_interval_s": poll_interval_s,
@@ -173,7 +176,6 @@ class AuditingAggregator(Aggregator):
         # Always a fresh list: Aggregator.__init__ appends its own callbacks to the list it gets, and its default
         # (`callbacks=[]`) is one list shared by every Aggregator built without callbacks.
         super().__init__(callbacks=list(own), **kwargs)
-        release_cuda_library_pages()  # OpenFL has loaded torch: without a GPU its CUDA libraries' pages are dead weight
         # OpenFL's pandas TensorDB was most of the end of a round (src/aggregator_tensordb.py): the same rows and
         # answers, indexed. Converted in place: the callbacks already hold this object.
         IndexedTensorDB.convert(self.tensor_db)
