@@ -295,7 +295,10 @@ def feature_layer(model_name: str, dataset: str, layer_number: int | None) -> st
     from src.models import build_model, feature_layers
 
     info = dataset_info(dataset)
-    children = feature_layers(build_model(model_name, info.input_shape, info.num_classes))
+    try:
+        children = feature_layers(build_model(model_name, info.input_shape, info.num_classes))
+    except ValueError as err:  # a model that cannot take the dataset's images
+        raise ValueError(f"--model: {err} (--dataset {dataset})") from None
     with_params = [i for i, (_, m) in enumerate(children) if any(True for _ in m.parameters())]
     if layer_number is None:
         return children[with_params[0]][0] if with_params else None

@@ -275,3 +275,17 @@ def test_cifar10_pm_trains_and_audits_resnet18_on_files_in_torchvisions_layout(t
             assert record["settings"]["gradient_layer"] == "conv1"  # --is_features: the first layer with parameters
         assert (log_dir / col / "index.html").is_file()
     assert (log_dir / "index.html").is_file() and (log_dir / "aggregator" / "index.html").is_file()
+
+
+def test_the_demo_refuses_a_model_that_cannot_take_the_datasets_images(tmp_path, capsys):
+    """One line naming the flags before anything is written (ResNet-18 on digits' 8x8 images)."""
+    import cifar10_PM
+
+    log_dir = tmp_path / "logs"
+    try:
+        code = cifar10_PM.main(["--dataset", "digits", "--model", "resnet18", "--log_dir", str(log_dir)])
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and not log_dir.exists()
+    assert err.startswith("error: --model: model 'resnet18' cannot take inputs of shape 1x8x8: ") and "--dataset digits" in err
