@@ -288,4 +288,5 @@ def test_the_demo_refuses_a_model_that_cannot_take_the_datasets_images(tmp_path,
         code = exit_.code
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2 and not log_dir.exists()
-    assert err.startswith("error: --model: model 'resnet18' cannot take inputs of shape 1x8x8: ") and "--dataset digits" in err
+    assert err.startswith("error: --model: model 'resnet18' cannot take inputs of shape 1x8x8: ")
+    assert "--dataset digits" in err
