@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parent
 if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by the tests
     sys.path.insert(0, str(ROOT))
 
-from audit.config.audit_settings import AuditSettings  # noqa: E402  (torch-free: --help stays light)
+import src  # noqa: E402,F401  (first: on a machine without a GPU it keeps triton out, see src/__init__.py)
+from audit.config.audit_settings import AuditSettings  # noqa: E402  (torch-free)
 from audit.config.gate import BOUND_CHOICES  # noqa: E402
 from audit.config.rmia_settings import REFERENCE_KINDS, RMIASettings  # noqa: E402
 from audit.config.vocabulary import GATE_ACTIONS, MODELS, SIGNALS  # noqa: E402
@@ -148,8 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="download --dataset into --data-dir if it is not there (the archives torchvision fetches, "
                         "md5-checked; needs the network)")
     p.add_argument("--collaborators", type=whole_number(1), default=2, help="number of collaborators (data shards)")
-    p.add_argument("--model", choices=MODELS, default="cnn",
-                   help="cnn, fcnn (the Fidel paper's) or alexnet (the tutorial's Net, ~23.3M parameters)")
+    p.add_argument("--model", choices=MODELS, default="cnn", metavar="MODEL",
+                   help="cnn, fcnn (the Fidel paper's), alexnet (the tutorial's Net, ~23.3M parameters) or a "
+                        f"torchvision classifier, untrained, fitted to the dataset's images: {', '.join(MODELS[3:])}")
     p.add_argument("--learning_rate", type=positive_number, default=None,
                    help="local learning rate (none: 0.005 for SGD, 0.001 for Adam)")
     p.add_argument("--local_epochs", type=whole_number(1), default=1, help="local epochs per round (the tutorial: 1)")
@@ -301,21 +303,26 @@ def _workspace_on_path() -> None:
 def feature_layer(model_name: str, dataset: str, layer_number: int | None) -> str | None:
     """The module name of `features[layer_number]` (the tutorial's --layer_number), or None for all parameters.
 
-    Without a number: the first layer of `features` that has parameters, if any.
+    `features` is the model's feature extractor (src.models.feature_layers: its `features` block, or for a model
+    without one, such as torchvision's ResNets, its top-level layers). Without a number: its first layer that has
+    parameters, if any.
     """
     from src.datasets import dataset_info
-    from src.models import build_model
+    from src.models import build_model, feature_layers
 
     info = dataset_info(dataset)
-    children = list(build_model(model_name, info.input_shape, info.num_classes).features.named_children())
+    try:
+        children = feature_layers(build_model(model_name, info.input_shape, info.num_classes))
+    except ValueError as err:  # a model that cannot take the dataset's images
+        raise ValueError(f"--model: {err} (--dataset {dataset})") from None
     with_params = [i for i, (_, m) in enumerate(children) if any(True for _ in m.parameters())]
     if layer_number is None:
-        return f"features.{children[with_params[0]][0]}" if with_params else None
+        return children[with_params[0]][0] if with_params else None
     if not 0 <= layer_number < len(children) or layer_number not in with_params:
         described = ", ".join(f"{i}={name}" for i, (name, _) in enumerate(children))
         raise ValueError(f"--layer_number: features[{layer_number}] of model {model_name!r} is not a layer with "
                          f"parameters; its layers: {described}; layers with parameters: {with_params}")
-    return f"features.{children[layer_number][0]}"
+    return children[layer_number][0]
 
 
 def overrides_from_args(args) -> dict:

@@ -7,10 +7,19 @@ workspace holds a real src/shipped/audit/. In a workspace without a top-level au
 `fx workspace import`), src/shipped goes first on sys.path before anything imports `audit`: every OpenFL
 entry point reaches it through a `src.*` template, which runs this file first. Where audit/ is at the top
 (the repository, an aggregator's clone), nothing changes.
+
+On a machine without an NVIDIA driver, importing this package keeps triton out of the process: torch._dynamo,
+which torchvision imports and torch.optim imports on first use, imports triton (a compiler of GPU kernels that
+torch's CUDA build brings along) when it is installed: 70 MB of library pages in every process, and nothing without
+a GPU can run what it compiles. A None in sys.modules makes that import fail as for a missing package, which torch
+handles. A process that loaded triton already keeps it.
 """
 
 import sys
 from pathlib import Path
+
+if not Path("/proc/driver/nvidia/version").exists():  # the NVIDIA driver's, present wherever a CUDA GPU can be used
+    sys.modules.setdefault("triton", None)
 
 _WORKSPACE = Path(__file__).resolve().parent.parent
 _SHIPPED = Path(__file__).resolve().parent / "shipped"

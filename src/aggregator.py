@@ -36,6 +36,7 @@ from openfl.protocols import utils
 from openfl.utilities import TensorKey
 
 from src import aggregator_server, model_file
+from src.cuda_pages import release_cuda_library_pages
 from src.aggregation import round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record, withheld_warning
 from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
@@ -137,6 +138,9 @@ class AuditingAggregator(Aggregator):
     def __init__(self, *, poll_interval_s: int = DEFAULT_POLL_INTERVAL_S, report_dir: str = DEFAULT_REPORT_DIR,
                  deanon: dict | None = None, callbacks: Iterable | None = None, save_every_round: bool = False,
                  **kwargs):
+        # OpenFL has loaded torch: without a GPU its CUDA libraries' pages are dead weight (before the initial model
+        # and the TensorDB are loaded, the process's peak otherwise).
+        release_cuda_library_pages()
         # Every key of aggregator.settings arrives here (OpenFL's among the kwargs): an unknown one is named, not a
         # TypeError from Aggregator.__init__.
         settings = AggregatorSettings.from_mapping({**kwargs, "poll_interval_s": poll_interval_s,

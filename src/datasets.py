@@ -5,37 +5,45 @@ Datasets
 ``digits``
     scikit-learn's bundled 8x8 digits (1,797 images, no download), scaled to [0, 1].
 ``mnist``, ``fashionmnist``
-    MNIST and Fashion-MNIST (1x28x28, 10 classes), train + test concatenated (70,000 images), scaled to [0, 1]
-    (``ToTensor()``; the Fidel paper's MNIST setting). Read from ``<data_dir>/MNIST/raw`` and
-    ``<data_dir>/FashionMNIST/raw`` (the uncompressed idx files torchvision keeps there).
+    torchvision's MNIST and FashionMNIST (1x28x28, 10 classes), train + test concatenated (70,000 images), scaled
+    to [0, 1] (``ToTensor()``; the Fidel paper's MNIST setting).
 ``cifar10``, ``cifar100``
-    CIFAR-10 and CIFAR-100 (3x32x32; 10 classes, and CIFAR-100's 100 fine labels), train + test concatenated
-    (60,000 images, as the OpenFL Privacy Meter tutorial does), scaled to [0, 1] then normalised with mean = std =
-    0.5 per channel (the tutorial's ``Normalize((0.5,)*3, (0.5,)*3)``). Read from ``<data_dir>/cifar-10-batches-py``
-    and ``<data_dir>/cifar-100-python`` (the python pickles of the official archives).
+    torchvision's CIFAR10 and CIFAR100 (3x32x32; 10 classes, and CIFAR-100's 100 fine labels), train + test
+    concatenated (60,000 images, as the OpenFL Privacy Meter tutorial does), scaled to [0, 1] then normalised with
+    mean = std = 0.5 per channel (the tutorial's ``Normalize((0.5,)*3, (0.5,)*3)``).
 
-Every such dataset is read from ``data_dir`` in torchvision's on-disk layout (so folders torchvision made keep
-working) and never downloaded unless ``download=True`` is asked for explicitly (``--download``,
-``data_loader.settings.download: true``); a download fetches the archives torchvision fetches, checked against
-the same md5 sums (src/dataset_download.py).
+torchvision's dataset classes read the files (from ``data_dir``, torchvision's ``root``, in its on-disk layout) and
+download them, only when ``download=True`` is asked for (``--download``, ``data_loader.settings.download: true``),
+from its URLs, checked against its md5 sums. What is added around them:
 
-The files are read here by hand, not with torchvision: its compiled operators tie each torchvision wheel to one
-torch build, so it would pin the project to torch's CUDA build, which loads the CUDA libraries in every process,
-GPU or not (0.27 GB more RSS per process than the CPU build; README, "Memory").
+- Before anything reads a CIFAR file, every file torchvision would read is compared with torchvision's md5 table
+  (the official archive's files; a changed file fails naming it) and then passed through ``_ArrayUnpickler``, which
+  refuses any pickle naming an object other than numpy's arrays: torchvision's CIFAR classes ``pickle.load`` them,
+  and a pickle can run any code it names.
+- A missing or corrupted dataset fails in one line (``DatasetUnavailableError``) naming the file, the folder, the
+  flag and the plan key, and how to get it; torchvision's own messages name neither the file nor the folder.
+- Parties that share ``data_dir`` download one at a time (a lock on the folder): torchvision writes the archive
+  under its final name, so two at once would write one file.
+- The arrays are checked (shape, label range) and kept as uint8 pixels (``ScaledPixels``), a quarter of the float32
+  values' memory; only the samples ``arrange`` picks are kept.
+
+torchvision is imported on first use: ``DATASETS`` and ``dataset_info`` (the demo's ``--help``) need no torch.
 """
 
 from __future__ import annotations
 
 import codecs
+import contextlib
+import fcntl
 import os
 import pickle
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from audit.scaled_pixels import ScaledPixels
-from src.dataset_download import Archive, DownloadError, install_archives
 
 __all__ = ["DATASETS", "DatasetUnavailableError", "DatasetInfo", "dataset_info", "load_dataset", "check_available",
            "dataset_folder"]
@@ -46,7 +54,7 @@ _DEFAULT_DATA_DIR = "data"
 
 
 class DatasetUnavailableError(RuntimeError):
-    """The dataset's files are absent (and not downloaded) or could not be fetched."""
+    """The dataset's files are absent (and not downloaded), corrupted, or could not be fetched."""
 
 
 @dataclass(frozen=True)
@@ -67,51 +75,10 @@ _INFOS = {
 }
 assert tuple(_INFOS) == DATASETS
 
-
-@dataclass(frozen=True)
-class _Files:
-    """Where torchvision keeps a dataset under its root, the files read there, and the archives a download fetches.
-
-    For CIFAR the archive holds ``folder`` itself (unpacked into data_dir); MNIST's are one .gz per file (unpacked
-    into ``folder``)."""
-
-    title: str
-    folder: str  # relative to data_dir
-    files: tuple[str, ...]  # train files first, then test, in the order they are read
-    archives: tuple[Archive, ...]
-
-    @property
-    def source(self) -> str:
-        """Where to get the files by hand (for the error message)."""
-        first = self.archives[0]
-        return first.urls()[0] if len(self.archives) == 1 else f"{first.mirrors[0]}*.gz, gunzipped"
-
-
-# The URLs and md5 sums are torchvision 0.29's (torchvision/datasets/cifar.py, mnist.py): the official archives.
-_CIFAR_MIRRORS = ("https://www.cs.toronto.edu/~kriz/",)
-_MNIST_MIRRORS = ("https://ossci-datasets.s3.amazonaws.com/mnist/", "http://yann.lecun.com/exdb/mnist/")
-_FASHION_MIRRORS = ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",)
-_MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
-                "t10k-labels-idx1-ubyte")
-
-
-def _gz_archives(md5s: tuple[str, ...], mirrors: tuple[str, ...]) -> tuple[Archive, ...]:
-    return tuple(Archive(f"{name}.gz", md5, mirrors) for name, md5 in zip(_MNIST_FILES, md5s, strict=True))
-
-
-_FILES = {
-    "cifar10": _Files("CIFAR-10", "cifar-10-batches-py",
-                      ("data_batch_1", "data_batch_2", "data_batch_3", "data_batch_4", "data_batch_5", "test_batch"),
-                      (Archive("cifar-10-python.tar.gz", "c58f30108f718f92721af3b95e74349a", _CIFAR_MIRRORS),)),
-    "cifar100": _Files("CIFAR-100", "cifar-100-python", ("train", "test"),
-                       (Archive("cifar-100-python.tar.gz", "eb9058c3a382ffc7106e4002c42a8d85", _CIFAR_MIRRORS),)),
-    "mnist": _Files("MNIST", "MNIST/raw", _MNIST_FILES, _gz_archives(
-        ("f68b3c2dcbeaaa9fbdd348bbdeb94873", "d53e105ee54ea40749a09fcbcd1e9432", "9fb629c4189551a2d022fa330f9573f3",
-         "ec29112dd5afa0611ce80d1b7f02629c"), _MNIST_MIRRORS)),
-    "fashionmnist": _Files("Fashion-MNIST", "FashionMNIST/raw", _MNIST_FILES, _gz_archives(
-        ("8d4fb7e6c68d591d4c3dfef9ec88bf0d", "25c81989df183df01b3e8a0aad5dffbe", "bef4ecab320f06d8554ea6380940ec79",
-         "bb300cfdad3c16e7a12a480ee83cd310"), _FASHION_MIRRORS)),
-}
+# The dataset's name in messages, and torchvision's class for it (torchvision.datasets.<class>).
+_TITLES = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "mnist": "MNIST", "fashionmnist": "Fashion-MNIST"}
+_CLASSES = {"cifar10": "CIFAR10", "cifar100": "CIFAR100", "mnist": "MNIST", "fashionmnist": "FashionMNIST"}
+_CIFAR_LABELS = {"cifar10": "labels", "cifar100": "fine_labels"}  # the key torchvision reads the labels from
 
 
 def _check_name(name) -> str:
@@ -133,10 +100,39 @@ def _root(data_dir) -> Path:
     return Path(_DEFAULT_DATA_DIR if data_dir is None else os.fspath(data_dir)).expanduser().resolve()
 
 
+def _torchvision_class(key: str):
+    import torchvision.datasets
+
+    return getattr(torchvision.datasets, _CLASSES[key])
+
+
+def _folder(key: str, root: Path) -> Path:
+    """Where torchvision keeps dataset ``key`` under ``root``: CIFAR's unpacked archive, MNIST's raw folder."""
+    cls = _torchvision_class(key)
+    return root / cls.base_folder if key in _CIFAR_LABELS else root / cls.__name__ / "raw"
+
+
+def _files(key: str) -> list[tuple[str, str | None]]:
+    """The files torchvision reads for dataset ``key``, with the md5 it checks them against (None: it checks none;
+    MNIST's md5s are its archives', checked when downloaded)."""
+    cls = _torchvision_class(key)
+    if key in _CIFAR_LABELS:
+        return [(name, md5) for name, md5 in cls.train_list + cls.test_list] + [(cls.meta["filename"], cls.meta["md5"])]
+    return [(os.path.splitext(archive)[0], None) for archive, _md5 in cls.resources]
+
+
+def _source(key: str) -> str:
+    """Where to get the files by hand (for the error message)."""
+    cls = _torchvision_class(key)
+    if key in _CIFAR_LABELS:
+        return cls.url
+    return f"{cls.mirrors[0]}*.gz, gunzipped"
+
+
 def dataset_folder(name, data_dir=None) -> Path | None:
     """The folder dataset ``name`` is read from under ``data_dir`` (None: digits has no files)."""
-    files = _FILES.get(_check_name(name))
-    return None if files is None else _root(data_dir) / files.folder
+    key = _check_name(name)
+    return None if key == "digits" else _folder(key, _root(data_dir))
 
 
 # ----------------------------------------------------------------------------- loading
@@ -146,8 +142,8 @@ def load_dataset(name, data_dir=None, *, download=False, arrange=None) -> tuple[
     """Load a whole dataset as ``(x, y)``: x float32 values (N, C, H, W) held as uint8 pixels (ScaledPixels: read
     as float32), y int64 (N,).
 
-    ``data_dir`` is the root of torchvision's layout (default ``"data"``, relative to the working directory, i.e.
-    the OpenFL workspace); digits ignores it. With ``download=False`` nothing touches the network; missing files
+    ``data_dir`` is torchvision's root (default ``"data"``, relative to the working directory, i.e. the OpenFL
+    workspace); digits ignores it. With ``download=False`` nothing touches the network; missing or corrupted files
     raise :class:`DatasetUnavailableError`. ``arrange(y) -> indices``: only those samples, in that order, are
     returned, picked from the files' uint8 pixels (the loader keeps every party's sets in one array this way: one copy
     of the samples used, and no copy of the whole dataset besides).
@@ -160,18 +156,14 @@ def load_dataset(name, data_dir=None, *, download=False, arrange=None) -> tuple[
             pixels, y = pixels[order], y[order]
         return ScaledPixels(pixels, divide=16.0), y  # sklearn's images hold whole values 0..16
     check_available(key, data_dir, download=download)
-    files, root = _FILES[key], _root(data_dir)
-    if download and _missing_files(key, root):
-        try:
-            install_archives(files.archives, root, files.folder, files.files)
-        except (DownloadError, OSError) as exc:  # DownloadError names the URLs; OSError: writing in data_dir failed
-            what = str(exc) if isinstance(exc, DownloadError) else f"{type(exc).__name__}: {exc}"
-            raise _unavailable(key, data_dir, f"download failed ({what})") from exc
+    root = _root(data_dir)
+    if download:
+        _download(key, root, data_dir)
     try:
-        raw, y = (_read_mnist if key in ("mnist", "fashionmnist") else _read_cifar)(key, root / files.folder)
+        raw, y = (_read_cifar if key in _CIFAR_LABELS else _read_mnist)(key, root)
     except (_CorruptFile, OSError) as exc:  # OSError: a file gone or unreadable since check_available
         what = str(exc) if isinstance(exc, _CorruptFile) else f"{type(exc).__name__}: {exc}"
-        raise _unavailable(key, data_dir, f"its files are incomplete or corrupted ({what})") from exc
+        raise _unavailable(key, data_dir, f"its files are incomplete or corrupted ({what})", corrupt=True) from exc
     _check_arrays(key, data_dir, raw, y)
     # NCHW first (for CIFAR a view of the files' own layout, for MNIST the same bytes), then the samples asked for.
     pixels = raw.transpose(0, 3, 1, 2)
@@ -180,7 +172,7 @@ def load_dataset(name, data_dir=None, *, download=False, arrange=None) -> tuple[
         order = np.asarray(arrange(y))
         pixels, y = pixels[order], y[order]
     pixels = np.ascontiguousarray(pixels)
-    if key in ("cifar10", "cifar100"):
+    if key in _CIFAR_LABELS:
         # ToTensor() then Normalize(0.5, 0.5): (v / 255 - 0.5) / 0.5 == v * 2/255 - 1.
         return ScaledPixels(pixels, multiply=2.0 / 255.0, subtract=1.0), y
     return ScaledPixels(pixels, divide=255.0), y  # ToTensor() only, as the Fidel paper's MNIST setting
@@ -198,95 +190,199 @@ def _check_arrays(key: str, data_dir, raw: np.ndarray, y: np.ndarray) -> None:
     """Files in the right format but of another shape or label range fail here, naming the dataset's folder."""
     c, h, w = _INFOS[key].input_shape
     classes = _INFOS[key].num_classes
-    if raw.shape[1:] != (h, w, c) or len(y) != len(raw):
-        raise _unavailable(key, data_dir, f"its files are corrupted: images of shape {raw.shape} and {len(y)} "
-                                          f"labels, expected (N, {h}, {w}, {c}) and N labels")
+    if raw.dtype != np.uint8 or raw.shape[1:] != (h, w, c) or len(y) != len(raw):
+        raise _unavailable(key, data_dir, f"its files are corrupted: images of shape {raw.shape} ({raw.dtype}) and "
+                                          f"{len(y)} labels, expected uint8 (N, {h}, {w}, {c}) and N labels")
     if len(y) and not 0 <= y.min() <= y.max() < classes:
         raise _unavailable(key, data_dir, f"its files are corrupted: labels in [{y.min()}, {y.max()}], expected "
                                           f"[0, {classes - 1}]")
 
 
-def _unavailable(key: str, data_dir, reason: str) -> DatasetUnavailableError:
-    """One line: which dataset, where it was looked for (the flag and the plan key), and how to get it."""
-    files = _FILES[key]
+def _unavailable(key: str, data_dir, reason: str, *, corrupt: bool = False) -> DatasetUnavailableError:
+    """One line: which dataset, where it was looked for (the flag and the plan key), and how to get it (a corrupted
+    file first deleted: torchvision's MNIST download skips files that exist)."""
+    names = ", ".join(name for name, _md5 in _files(key))
+    again = "delete the dataset's files there and run once with --download" if corrupt else "run once with --download"
     return DatasetUnavailableError(
-        f"{files.title} is not available: {reason}; looked in {_root(data_dir) / files.folder} (--data-dir, "
-        f"data_loader.settings.data_dir); to get it run once with --download (data_loader.settings.download: true), "
-        f"or put the dataset's files ({', '.join(files.files)}; from {files.source}) in that folder; "
+        f"{_TITLES[key]} is not available: {reason}; looked in {_folder(key, _root(data_dir))} (--data-dir, "
+        f"data_loader.settings.data_dir); to get it {again} (data_loader.settings.download: true), "
+        f"or put the dataset's files ({names}; from {_source(key)}) in that folder; "
         f"offline alternative: --dataset digits (scikit-learn's bundled digits, no download)"
     )
 
 
 def _missing_files(key: str, root: Path) -> list[str]:
     """The files of dataset ``key`` absent from its folder under root (all of them if the folder is absent)."""
-    folder = root / _FILES[key].folder
-    return [f for f in _FILES[key].files if not (folder / f).is_file()]
+    folder = _folder(key, root)
+    return [name for name, _md5 in _files(key) if not (folder / name).is_file()]
 
 
 def check_available(name, data_dir=None, *, download=False) -> None:
     """Raise DatasetUnavailableError (one line) if a file the dataset needs is absent and may not be downloaded.
 
-    Loads nothing (certainly no network call), so a run can check this before any work.
+    Reads no file (certainly no network call), so a run can check this before any work; the files' contents are
+    checked when they are loaded.
     """
     key = _check_name(name)
-    if key not in _FILES or download:
+    if key == "digits" or download:
         return
-    files = _FILES[key]
-    folder = _root(data_dir) / files.folder
-    if not folder.is_dir():
+    if not _folder(key, _root(data_dir)).is_dir():
         raise _unavailable(key, data_dir, "the folder does not exist (download is off)")
     missing = _missing_files(key, _root(data_dir))
     if missing:
         raise _unavailable(key, data_dir, f"the folder is incomplete or corrupted: {', '.join(missing)} missing")
 
 
-# ----------------------------------------------------------------------------- the files' formats
+# ----------------------------------------------------------------------------- downloading
+
+
+@contextlib.contextmanager
+def _locked(folder: Path):
+    """An exclusive lock on ``folder`` (flock on the directory itself: no lock file is left behind)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def _tar_data_filter():
+    """torchvision unpacks archives with tarfile's default filter (none before Python 3.14): the md5-checked archive
+    is the official one, but unpack it as the "data" filter allows all the same (no absolute paths, no links out of
+    the folder, no devices)."""
+    before = tarfile.TarFile.extraction_filter
+    tarfile.TarFile.extraction_filter = staticmethod(tarfile.data_filter)
+    try:
+        yield
+    finally:
+        tarfile.TarFile.extraction_filter = before
+
+
+def _download(key: str, root: Path, data_dir) -> None:
+    """torchvision's download of dataset ``key`` into ``root`` (nothing fetched if its check passes already), one
+    party at a time. A failure raises DatasetUnavailableError in one line naming the URLs tried, and removes the
+    archive it left."""
+    cls = _torchvision_class(key)
+    folder = _folder(key, root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with _locked(root), _tar_data_filter():
+            _download_only(cls, root)
+    except Exception as exc:  # torchvision: URLError/HTTPError, RuntimeError (md5), tarfile/OS errors
+        for archive in _archives(key, root):
+            archive.unlink(missing_ok=True)
+        made = folder.relative_to(root)
+        for empty in (made, *made.parents[:-1]):  # the folders it made under root, if they hold nothing
+            with contextlib.suppress(OSError):
+                (root / empty).rmdir()
+        raise _unavailable(key, data_dir, f"download failed ({_download_failure(key, exc)})") from exc
+    missing = _missing_files(key, root)
+    if missing:  # torchvision does not check what its archive held
+        raise _unavailable(key, data_dir, f"download failed ({_download_failure(key, None)}: the archive holds no "
+                                          f"{', '.join(missing)})")
+
+
+def _download_only(cls, root: Path) -> None:
+    """torchvision's ``download()`` of ``cls`` alone: its constructor with download=True would go on to read the
+    files (for CIFAR, pickle.load them) before they are checked here."""
+    from torchvision.datasets import VisionDataset
+
+    dataset = cls.__new__(cls)
+    VisionDataset.__init__(dataset, str(root))  # what the class's download() reads of its instance: the root
+    dataset.download()
+
+
+def _archives(key: str, root: Path) -> list[Path]:
+    """The archives torchvision's download leaves (kept when it succeeds, as torchvision does)."""
+    cls = _torchvision_class(key)
+    if key in _CIFAR_LABELS:
+        return [root / cls.filename]
+    return [_folder(key, root) / archive for archive, _md5 in cls.resources]
+
+
+def _download_failure(key: str, exc: Exception | None) -> str:
+    """torchvision's reason on one line (none: only where), with the URLs it tried."""
+    cls = _torchvision_class(key)
+    where = cls.url if key in _CIFAR_LABELS else f"mirrors {', '.join(cls.mirrors)}"
+    if exc is None:
+        return where
+    reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+    if key in _CIFAR_LABELS and str(exc) == "File not found or corrupted.":  # torchvision's md5 check of the archive
+        reason = f"its md5 is not {cls.tgz_md5}"
+    return f"{where}: {reason}"
+
+
+# ----------------------------------------------------------------------------- reading through torchvision
 
 
 class _CorruptFile(ValueError):
-    """A file of the dataset is not in its format; the message names the file and what is wrong."""
+    """A file of the dataset is not what torchvision reads; the message names the file and what is wrong."""
 
 
-def _read_idx(path: Path, ndim: int) -> np.ndarray:
-    """An idx file of unsigned bytes (LeCun's MNIST format): a big-endian header, magic 0x0800 + ndim (2051 for
-    images, 2049 for labels) and ndim 32-bit dims, then exactly prod(dims) bytes."""
-    with open(path, "rb") as f:
-        header = f.read(4 * (1 + ndim))
-        if len(header) < 4 * (1 + ndim):
-            raise _CorruptFile(f"{path.name}: {len(header)} bytes, shorter than its header")
-        magic = int.from_bytes(header[:4], "big")
-        if magic != 0x0800 + ndim:
-            raise _CorruptFile(f"{path.name}: magic number {magic}, expected {0x0800 + ndim} (unsigned bytes, "
-                               f"{ndim} dimension{'s' if ndim > 1 else ''})")
-        dims = tuple(int.from_bytes(header[4 * k:4 * k + 4], "big") for k in range(1, ndim + 1))
-        data = np.fromfile(f, dtype=np.uint8)
-    if data.size != int(np.prod(dims)):
-        raise _CorruptFile(f"{path.name}: {data.size} bytes of data, its header says {'x'.join(map(str, dims))} "
-                           f"= {int(np.prod(dims))}")
-    return data.reshape(dims)
+def _read_mnist(key: str, root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST / Fashion-MNIST's train + test as uint8 (N, 28, 28, 1) and int64 labels (torchvision's class)."""
+    cls = _torchvision_class(key)
+    parts = []
+    for train in (True, False):
+        prefix = "train" if train else "t10k"
+        try:
+            part = cls(root=str(root), train=train)
+        except Exception as exc:  # torchvision's reader raises AssertionError, TypeError, ValueError, RuntimeError
+            raise _CorruptFile(_which_idx_file(root / cls.__name__ / "raw", prefix, exc)) from None
+        _c, h, w = _INFOS[key].input_shape
+        if tuple(part.data.shape[1:]) != (h, w):
+            raise _CorruptFile(f"{prefix}-images-idx3-ubyte: images of {'x'.join(map(str, part.data.shape[1:]))} "
+                               f"pixels, expected {h}x{w}")
+        if len(part.data) != len(part.targets):
+            raise _CorruptFile(f"{prefix}-images-idx3-ubyte holds {len(part.data)} images, "
+                               f"{prefix}-labels-idx1-ubyte {len(part.targets)} labels")
+        parts.append(part)
+    raw = np.concatenate([p.data.numpy() for p in parts])[..., None]
+    return raw, np.concatenate([p.targets.numpy() for p in parts]).astype(np.int64)
 
 
-def _read_mnist(key: str, folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    """MNIST / Fashion-MNIST's train + test as uint8 (N, 28, 28, 1) and int64 labels."""
-    _c, h, w = _INFOS[key].input_shape
-    images, labels = [], []
-    for prefix in ("train", "t10k"):
-        x = _read_idx(folder / f"{prefix}-images-idx3-ubyte", 3)
-        y = _read_idx(folder / f"{prefix}-labels-idx1-ubyte", 1)
-        if x.shape[1:] != (h, w):
-            raise _CorruptFile(f"{prefix}-images-idx3-ubyte: images of {x.shape[1]}x{x.shape[2]} pixels, expected "
-                               f"{h}x{w}")
-        if len(x) != len(y):
-            raise _CorruptFile(f"{prefix}-images-idx3-ubyte holds {len(x)} images, {prefix}-labels-idx1-ubyte "
-                               f"{len(y)} labels")
-        images.append(x)
-        labels.append(y)
-    return np.concatenate(images)[..., None], np.concatenate(labels).astype(np.int64)
+def _which_idx_file(folder: Path, prefix: str, exc: Exception) -> str:
+    """Which of the two idx files torchvision could not read, and why (its readers, one file each)."""
+    from torchvision.datasets.mnist import read_image_file, read_label_file
+
+    for name, read in ((f"{prefix}-images-idx3-ubyte", read_image_file), (f"{prefix}-labels-idx1-ubyte",
+                                                                         read_label_file)):
+        try:
+            read(str(folder / name))
+        except Exception as file_exc:
+            return f"{name}: not an idx file torchvision reads ({type(file_exc).__name__}: {file_exc})"
+    return f"{prefix}-images-idx3-ubyte / {prefix}-labels-idx1-ubyte: {type(exc).__name__}: {exc}"
+
+
+def _read_cifar(key: str, root: Path) -> tuple[np.ndarray, np.ndarray]:
+    """CIFAR-10 / CIFAR-100's train + test as uint8 (N, 32, 32, 3) and int64 (fine) labels (torchvision's class),
+    once every file has passed torchvision's md5 table and the numpy-only unpickler."""
+    from torchvision.datasets.utils import check_integrity
+
+    cls = _torchvision_class(key)
+    folder = root / cls.base_folder
+    for name, md5 in _files(key):
+        if not check_integrity(folder / name, md5):
+            raise _CorruptFile(f"{name}: its md5 is not torchvision's {md5} (not the official file)")
+    for name, _md5 in _files(key):
+        meta = name == cls.meta["filename"]
+        _check_cifar_pickle(folder / name, cls.meta["key"] if meta else _CIFAR_LABELS[key], meta=meta)
+    try:
+        parts = [cls(root=str(root), train=train) for train in (True, False)]
+    except Exception as exc:  # a file changed since it was checked
+        raise _CorruptFile(f"torchvision's {cls.__name__} could not read it ({type(exc).__name__}: {exc})") from None
+    # torchvision's arrays (uint8 N, H, W, C: a view of the batches stacked), not per-image PIL access.
+    raw = np.concatenate([p.data for p in parts], axis=0)
+    labels = np.concatenate([np.asarray(p.targets, dtype=np.int64) for p in parts])
+    return raw, labels
 
 
 class _ArrayUnpickler(pickle.Unpickler):
     """Unpickles plain containers and numpy arrays only. A pickle can run any code it names when it is loaded;
-    CIFAR's batches need nothing but numpy's array reconstruction, so any other global is refused."""
+    CIFAR's batches need nothing but numpy's array reconstruction, so any other global is refused. It is pickle's
+    own machine (not a scan of the opcodes), so it resolves exactly the globals pickle.load would."""
 
     # What numpy's own reduction names (public API only): the official files are numpy 1 pickles of protocol 2;
     # numpy 2 names numpy._core, and protocol 5 rebuilds from a buffer; protocol 2 written by Python 3 encodes
@@ -306,14 +402,21 @@ class _ArrayUnpickler(pickle.Unpickler):
             raise pickle.UnpicklingError(f"refused to load {module}.{name} (only numpy arrays are expected)") from None
 
 
-def _read_cifar_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
-    """One CIFAR python batch: {"data": uint8 (n, 3072), label_key: n labels}, as pickled by Python 2 (latin1)."""
+def _check_cifar_pickle(path: Path, label_key: str, *, meta: bool = False) -> None:
+    """One CIFAR pickle, loaded by _ArrayUnpickler (as torchvision loads it: latin1 for Python 2's str) and
+    checked for what torchvision reads from it: a batch {"data": uint8 (n, 3072), label_key: n labels}, or the meta
+    file (a dict with label_key, the class names)."""
     try:
         with open(path, "rb") as f:
             entry = _ArrayUnpickler(f, encoding="latin1").load()
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError,
             ImportError, UnicodeDecodeError) as exc:  # what unpickling a corrupt or foreign file raises
         raise _CorruptFile(f"{path.name}: not a CIFAR batch pickle ({type(exc).__name__}: {exc})") from None
+    if meta:
+        if not isinstance(entry, dict) or label_key not in entry:
+            got = sorted(map(str, entry)) if isinstance(entry, dict) else type(entry).__name__
+            raise _CorruptFile(f"{path.name}: expected a dict with {label_key!r}, got {got}")
+        return
     if not isinstance(entry, dict) or "data" not in entry or label_key not in entry:
         keys = sorted(map(str, entry)) if isinstance(entry, dict) else type(entry).__name__
         raise _CorruptFile(f"{path.name}: expected a dict with 'data' and {label_key!r}, got {keys}")
@@ -324,17 +427,3 @@ def _read_cifar_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarra
     if labels.ndim != 1 or len(labels) != len(data) or (labels.size and labels.dtype.kind not in "iu"):
         raise _CorruptFile(f"{path.name}: {label_key!r} holds {labels.shape} {labels.dtype} values for "
                            f"{len(data)} images, expected {len(data)} whole numbers")
-    return data, labels.astype(np.int64)
-
-
-def _read_cifar(key: str, folder: Path) -> tuple[np.ndarray, np.ndarray]:
-    """CIFAR-10 / CIFAR-100's train + test as uint8 (N, 32, 32, 3) and int64 (fine) labels.
-
-    Each row of a batch is the image's 1024 red, then green, then blue values, row-major: (N, 3, 32, 32) as stored;
-    the NHWC result is a view of it."""
-    label_key = "labels" if key == "cifar10" else "fine_labels"
-    batches = [_read_cifar_batch(folder / name, label_key) for name in _FILES[key].files]
-    data = np.concatenate([b[0] for b in batches])
-    labels = np.concatenate([b[1] for b in batches])
-    del batches
-    return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels

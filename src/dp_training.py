@@ -7,6 +7,15 @@ Sampling is Poisson (opacus' DPDataLoader, each member joins a batch with probab
 the accountant's subsampled-Gaussian bound assumes it, so with shuffled fixed-size batches the reported
 epsilon would not be a valid bound. The accountant is RDP: fast and stable for the few hundred steps
 of a round; one accountant serves every try of a round, so the epsilon it reports composes all of them.
+
+BatchNorm (torchvision's classifiers): in train mode a sample's output depends on the other samples of its batch,
+so no per-sample gradient bounds its influence, and the running statistics it updates are averages of the members'
+activations with no noise; opacus refuses such a layer. The retrain keeps the plan's architecture: BatchNorm runs
+in eval mode with the received model's statistics, its weight and bias are not trained, and every other parameter
+is trained with DP-SGD. In eval mode BatchNorm is a fixed per-channel affine map, so each sample's gradient is its
+own and opacus' clipping and accounting hold; what the retrain sends for BatchNorm's tensors is what it received
+(no member's data in them). Replacing BatchNorm by GroupNorm (opacus' fix) would change the architecture the
+aggregator averages.
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ def dp_retrain(
     """Train a copy of `start_model` for `epochs` with DP-SGD; `start_model` itself is left untouched."""
     model = copy.deepcopy(start_model)
     model.train()
+    _freeze_batchnorm(model)
     device = next(model.parameters()).device  # the dataset stays on the CPU (opacus samples it); batches go here
     optimizer = make_optimizer(model)
     loader = DataLoader(accountant.dataset, batch_size=batch_size,
@@ -102,3 +112,16 @@ def dp_retrain(
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return DPResult(state_dict=state, loss=float(np.mean(losses)) if losses else float("nan"),
                     noise_multiplier=noise_multiplier, steps=steps)
+
+
+_BATCHNORM = (torch.nn.modules.batchnorm._BatchNorm,)
+
+
+def _freeze_batchnorm(model: torch.nn.Module) -> None:
+    """BatchNorm layers in eval mode (the received running statistics) with their weight and bias not trained (see
+    the module docstring)."""
+    for module in model.modules():
+        if isinstance(module, _BATCHNORM):
+            module.eval()
+            for parameter in module.parameters(recurse=False):
+                parameter.requires_grad_(False)

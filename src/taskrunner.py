@@ -40,6 +40,7 @@ from audit.spill import SpilledModel
 from audit.training import TrainingRecipe
 from src.audit_cost import audit_cost_note
 from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
+from src.cuda_pages import release_cuda_library_pages
 from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
 from src.plan_checks import check_plan, plan_being_built
@@ -54,14 +55,6 @@ OPENFL_ARGUMENTS = ("data_loader", "tensor_dict_split_fn_kwargs")
 def cross_entropy(output, target):
     """Mean cross-entropy; OpenFL's train_ calls loss_fn(output=..., target=...) and names the metric after it."""
     return F.cross_entropy(output, target)
-
-
-def _no_triton_on_cpu() -> None:
-    """torch.optim imports torch._dynamo on first use, and torch._dynamo imports triton (a GPU kernel compiler) when it
-    is installed: 70 MB of library pages in every CPU collaborator process (digits, fx collaborators: peak RSS during
-    the rounds 0.97 -> 0.90 GB). A None in sys.modules makes that import fail as for a missing package, which torch
-    handles (no triton: no GPU kernels compiled by it); nothing on the CPU uses it. Left alone if already loaded."""
-    sys.modules.setdefault("triton", None)
 
 
 def round_seed(seed: int, party: str, round_num: int) -> int:
@@ -109,6 +102,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         except ValueError as err:  # the model's keyword arguments are the model's to check
             raise SettingsError(f"{SETTINGS_PREFIX}.model_settings: {err}") from None
         self._check_layers(tuple(data_loader.get_feature_shape()))
+        release_cuda_library_pages()  # torch and torchvision are loaded: without a GPU their CUDA pages are dead weight
         self.to(self.device)
         # The plan's initial model (what `fx plan initialize` saves: this model, built with the plan's seed), which
         # every party has without anyone's data: RMIA's independent references start from it, and nothing else
@@ -117,8 +111,6 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         # actual starting point), those wait on disk (`initial_model`).
         self._initial_on_disk: SpilledModel | None = None
         self._audit_store: dict = {}  # the audit's state kept across rounds (e.g. RMIA's independent references)
-        if torch.device(self.device).type == "cpu":
-            _no_triton_on_cpu()  # before the optimizer: its first use imports torch._dynamo
         self.optimizer = self.make_optimizer(self.model)
         self.loss_fn = cross_entropy
         self._audit_sets: AuditSets | None = None

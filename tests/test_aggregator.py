@@ -273,13 +273,13 @@ def test_fx_aggregator_start_rejects_a_bad_poll_interval(tmp_path):
     assert "poll_interval_s: 1 " in text
     plan.write_text(text.replace("poll_interval_s: 1 ", "poll_interval_s: 0 "))
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    start = time.monotonic()
+    # A serving aggregator never exits by itself: that the command returned at all (within the timeout, which a
+    # loaded machine's imports need) shows it stopped before serving.
     result = subprocess.run([str(Path(sys.executable).parent / "fx"), "aggregator", "start"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=120)
+                            capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
     assert ("aggregator.settings.poll_interval_s: expected a whole number of seconds in [1, 3600] (OpenFL sends it "
             "as an int32), got 0") in result.stdout + result.stderr
-    assert time.monotonic() - start < 60
 
 
 # ---------------------------------------------------------------------------------------------------------

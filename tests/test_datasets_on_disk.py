@@ -1,6 +1,8 @@
-"""MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 read from small files this test writes in torchvision's on-disk layout
-(never a download): images and labels read back exactly, class counts, the one-line error of a missing dataset or of
-each kind of corrupted file, the models on their shapes, and a short audited round on each."""
+"""MNIST, Fashion-MNIST, CIFAR-10 and CIFAR-100 read by torchvision's dataset classes from small files this test writes
+in torchvision's on-disk layout (never a download): images and labels read back exactly, class counts, the one-line
+error of a missing dataset or of each kind of corrupted file, a pickle that would run code refused before anything
+unpickles it, the models on their shapes, and a short audited round on each. torchvision checks CIFAR's files against
+the official files' md5s: `trust_files` puts the test files' md5s in its table."""
 
 
 import pickle
@@ -12,7 +14,7 @@ import pytest
 
 from src.datasets import (DATASETS, DatasetUnavailableError, check_available, dataset_folder, dataset_info,
                           load_dataset)
-from torchvision_files import CLASSES, python2_batch_pickle, write_dataset
+from torchvision_files import CLASSES, python2_batch_pickle, trust_files, write_dataset
 
 ON_DISK = ("mnist", "fashionmnist", "cifar10", "cifar100")
 
@@ -25,8 +27,9 @@ def test_the_datasets_and_their_shapes():
 
 
 @pytest.mark.parametrize("name", ON_DISK)
-def test_read_back_exactly_what_was_written(tmp_path, name, no_network):
+def test_read_back_exactly_what_was_written(tmp_path, name, no_network, monkeypatch):
     images, labels = write_dataset(tmp_path, name, n_train=130, n_test=37, seed=ON_DISK.index(name))
+    trust_files(monkeypatch, tmp_path, name)
     x, y = load_dataset(name, tmp_path)
     c, h, w = dataset_info(name).input_shape
     assert x.shape == (167, c, h, w) and x.dtype == np.float32 and y.dtype == np.int64
@@ -70,7 +73,7 @@ def test_digits_needs_no_folder(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["mnist", "cifar100"])
-def test_corrupt_files_fail_naming_the_dataset(tmp_path, name, no_network):
+def test_corrupt_files_fail_naming_the_dataset(tmp_path, name, no_network, monkeypatch):
     write_dataset(tmp_path, name, 20, 10)
     folder = dataset_folder(name, tmp_path)
     if name == "mnist":  # a label file cut short
@@ -86,6 +89,7 @@ def test_corrupt_files_fail_naming_the_dataset(tmp_path, name, no_network):
         with open(folder / "test", "wb") as f:
             pickle.dump(entry, f)
         match = r"CIFAR-100 is not available: its files are corrupted: labels in \[\d+, 100\], expected \[0, 99\]"
+        trust_files(monkeypatch, tmp_path, name)
     with pytest.raises(DatasetUnavailableError, match=match):
         load_dataset(name, tmp_path)
 
@@ -102,15 +106,18 @@ def _rewrite_pickle(path, change):
         pickle.dump(entry, f)
 
 
-# Each: (dataset, file to spoil, how, what the message must say about it).
+# Each: (dataset, file to spoil, how, what the message must say about it). A spoiled CIFAR file is trusted (its md5 in
+# torchvision's table) so that what is tested is the check of its contents; the md5 check has its own test.
 CORRUPTIONS = [
     ("mnist", "train-images-idx3-ubyte", lambda b: _idx(2049, [20 * 28 * 28], b[16:]),
-     r"train-images-idx3-ubyte: magic number 2049, expected 2051"),
+     r"train-images-idx3-ubyte: not an idx file torchvision reads \(ValueError: x should have 3 dimension"),
     ("mnist", "t10k-labels-idx1-ubyte", lambda b: _idx(2051, [10, 1, 1], b[8:]),
-     r"t10k-labels-idx1-ubyte: magic number 2051, expected 2049"),
+     r"t10k-labels-idx1-ubyte: not an idx file torchvision reads \(ValueError: x should have 1 dimension"),
     ("mnist", "train-images-idx3-ubyte", lambda b: _idx(2051, [20, 28, 28], b[16:] + b"\0"),
-     r"train-images-idx3-ubyte: 15681 bytes of data, its header says 20x28x28 = 15680"),
-    ("mnist", "train-images-idx3-ubyte", lambda b: b[:6], r"train-images-idx3-ubyte: 6 bytes, shorter than its header"),
+     r"train-images-idx3-ubyte: not an idx file torchvision reads \(RuntimeError: shape '\[20, 28, 28\]' is "
+     r"invalid for input of size 15681"),
+    ("mnist", "train-images-idx3-ubyte", lambda b: b[:6],
+     r"train-images-idx3-ubyte: not an idx file torchvision reads"),
     ("fashionmnist", "t10k-images-idx3-ubyte", lambda b: _idx(2051, [10, 20, 20], bytes(4000)),
      r"t10k-images-idx3-ubyte: images of 20x20 pixels, expected 28x28"),
     ("fashionmnist", "train-labels-idx1-ubyte", lambda b: _idx(2049, [19], b[8:27]),
@@ -126,6 +133,8 @@ CORRUPTIONS = [
      r"data_batch_2: expected a dict with 'data' and 'labels', got \['data', 'fine_labels'\]"),
     ("cifar10", "data_batch_2", lambda b: pickle.dumps({"data": np.zeros((2, 3000), np.uint8), "labels": [0, 1]}),
      r"data_batch_2: 'data' is uint8 \(2, 3000\), expected uint8 \(n, 3072\)"),
+    ("cifar10", "batches.meta", lambda b: pickle.dumps({"names": []}),
+     r"batches.meta: expected a dict with 'label_names', got \['names'\]"),
     ("cifar100", "train", lambda b: pickle.dumps({"data": np.zeros((2, 3072), np.float32), "fine_labels": [0, 1]}),
      r"train: 'data' is float32 \(2, 3072\), expected uint8"),
     ("cifar100", "test", lambda b: pickle.dumps({"data": np.zeros((3, 3072), np.uint8), "fine_labels": [0, 1]}),
@@ -137,10 +146,12 @@ CORRUPTIONS = [
 
 @pytest.mark.parametrize("name,file,spoil,says", CORRUPTIONS,
                          ids=[f"{c[0]}-{c[1]}-{i}" for i, c in enumerate(CORRUPTIONS)])
-def test_each_corruption_is_one_line_naming_the_dataset_and_file(tmp_path, name, file, spoil, says, no_network):
+def test_each_corruption_is_one_line_naming_the_dataset_and_file(tmp_path, name, file, spoil, says, no_network,
+                                                                  monkeypatch):
     write_dataset(tmp_path, name, 20, 10)
     path = dataset_folder(name, tmp_path) / file
     path.write_bytes(spoil(path.read_bytes()))
+    trust_files(monkeypatch, tmp_path, name)
     with pytest.raises(DatasetUnavailableError) as err:
         load_dataset(name, tmp_path)
     message = str(err.value)
@@ -151,8 +162,33 @@ def test_each_corruption_is_one_line_naming_the_dataset_and_file(tmp_path, name,
     assert re.search(says, message), (says, message)
 
 
+@pytest.mark.parametrize("name", ["cifar10", "cifar100"])
+def test_a_cifar_file_other_than_the_official_one_fails_its_md5_naming_it(tmp_path, name, no_network, monkeypatch):
+    """torchvision's md5 table: a CIFAR file changed by one byte (still a valid pickle of the right shape) is refused,
+    naming the file and the md5 it should have, before anything unpickles it."""
+    write_dataset(tmp_path, name, 20, 10)
+    trust_files(monkeypatch, tmp_path, name)
+    load_dataset(name, tmp_path)  # trusted as written
+    file = "data_batch_2" if name == "cifar10" else "test"
+    path = dataset_folder(name, tmp_path) / file
+    entry = pickle.loads(path.read_bytes())
+    entry["data"][0, 0] ^= 1
+    path.write_bytes(pickle.dumps(entry))
+    import torchvision.datasets as tvd
+
+    expected = dict((tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100).train_list
+                    + (tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100).test_list)[file]
+    with pytest.raises(DatasetUnavailableError) as err:
+        load_dataset(name, tmp_path)
+    assert "\n" not in str(err.value)
+    assert f"its files are incomplete or corrupted ({file}: its md5 is not torchvision's {expected}" in str(err.value)
+    monkeypatch.undo()  # torchvision's own table: the test's files are not the official ones
+    with pytest.raises(DatasetUnavailableError, match=r"data_batch_1|train: its md5 is not torchvision's"):
+        load_dataset(name, tmp_path)
+
+
 @pytest.mark.parametrize("name,label_key", [("cifar10", "labels"), ("cifar100", "fine_labels")])
-def test_official_python2_pickles_read_as_pickle_reads_them(tmp_path, name, label_key, no_network):
+def test_official_python2_pickles_read_as_pickle_reads_them(tmp_path, name, label_key, no_network, monkeypatch):
     """The official batches are Python 2 pickles (numpy 1, byte strings as str): read as pickle.load(encoding=
     "latin1") reads them, which is what torchvision does; the test's own files are numpy 2 pickles."""
     images, labels = write_dataset(tmp_path, name, 30, 12, seed=5)
@@ -168,6 +204,7 @@ def test_official_python2_pickles_read_as_pickle_reads_them(tmp_path, name, labe
         reference = pickle.loads(blob, encoding="latin1")
         np.testing.assert_array_equal(reference["data"], rows[start:stop])
         (folder / file).write_bytes(blob)
+    trust_files(monkeypatch, tmp_path, name)
     x, y = load_dataset(name, tmp_path)
     np.testing.assert_array_equal(y, labels)
     np.testing.assert_array_equal(np.rint((np.asarray(x) + 1.0) * 127.5).astype(np.uint8),
@@ -175,12 +212,13 @@ def test_official_python2_pickles_read_as_pickle_reads_them(tmp_path, name, labe
 
 
 @pytest.mark.parametrize("protocol", [2, 4, 5])
-def test_cifar_pickles_of_any_protocol(tmp_path, protocol, no_network):
+def test_cifar_pickles_of_any_protocol(tmp_path, protocol, no_network, monkeypatch):
     images, labels = write_dataset(tmp_path, "cifar100", 17, 9, seed=protocol)
     folder = dataset_folder("cifar100", tmp_path)
     for file in ("train", "test"):
         entry = pickle.loads((folder / file).read_bytes())
         (folder / file).write_bytes(pickle.dumps(entry, protocol=protocol))
+    trust_files(monkeypatch, tmp_path, "cifar100")
     x, y = load_dataset("cifar100", tmp_path)
     np.testing.assert_array_equal(y, labels)
     np.testing.assert_array_equal(np.rint((np.asarray(x) + 1.0) * 127.5).astype(np.uint8),
@@ -197,7 +235,9 @@ class _RunsCode:
         return open, (self.marker, "w")
 
 
-def test_a_pickle_that_would_run_code_is_refused_unrun(tmp_path, no_network):
+def test_a_pickle_that_would_run_code_is_refused_unrun(tmp_path, no_network, monkeypatch):
+    """Even with its md5 in torchvision's table (which torchvision alone would then pickle.load), a pickle naming
+    anything but numpy's arrays is refused, and nothing in it runs."""
     write_dataset(tmp_path, "cifar10", 20, 10)
     marker = tmp_path / "ran"
     blob = pickle.dumps({"data": np.zeros((2, 3072), np.uint8), "labels": [0, 1], "x": _RunsCode(marker)})
@@ -205,6 +245,7 @@ def test_a_pickle_that_would_run_code_is_refused_unrun(tmp_path, no_network):
     assert marker.exists()
     marker.unlink()
     (dataset_folder("cifar10", tmp_path) / "data_batch_4").write_bytes(blob)
+    trust_files(monkeypatch, tmp_path, "cifar10")
     with pytest.raises(DatasetUnavailableError, match=r"data_batch_4: not a CIFAR batch pickle \(UnpicklingError: "
                                                       r"refused to load (builtins|io)\.open"):
         load_dataset("cifar10", tmp_path)
@@ -212,7 +253,7 @@ def test_a_pickle_that_would_run_code_is_refused_unrun(tmp_path, no_network):
 
 
 @pytest.mark.parametrize("name", ON_DISK)
-@pytest.mark.parametrize("model", ["cnn", "fcnn", "alexnet"])
+@pytest.mark.parametrize("model", ["cnn", "fcnn", "alexnet", "resnet18"])
 def test_models_take_each_datasets_shape(name, model):
     import torch
 
@@ -224,11 +265,12 @@ def test_models_take_each_datasets_shape(name, model):
     assert out.shape == (3, info.num_classes)
 
 
-def test_loader_reads_a_shard_from_the_files(tmp_path, no_network):
+def test_loader_reads_a_shard_from_the_files(tmp_path, no_network, monkeypatch):
     from src.dataloader import AuditDataLoader, clear_dataset_cache
     from src.data import split_indices
 
     _images, labels = write_dataset(tmp_path, "cifar100", 200, 100)
+    trust_files(monkeypatch, tmp_path, "cifar100")
     clear_dataset_cache()
     try:
         dl = AuditDataLoader(data_path="2", dataset="cifar100", data_dir=str(tmp_path), collaborator_count=2,
@@ -255,7 +297,7 @@ def test_loader_and_demo_name_the_datasets(tmp_path):
 @pytest.mark.federation
 @pytest.mark.parametrize("name,model", [("mnist", "fcnn"), ("fashionmnist", "cnn"), ("cifar10", "cnn"),
                                         ("cifar100", "fcnn")])
-def test_a_short_audited_round_on_each(tmp_path, name, model, no_network):
+def test_a_short_audited_round_on_each(tmp_path, name, model, no_network, monkeypatch):
     """One round, two collaborators, the audit on: the tiny files are what the collaborators train and audit on."""
     import json
 
@@ -263,6 +305,7 @@ def test_a_short_audited_round_on_each(tmp_path, name, model, no_network):
     from workspace.in_process import run_in_process
 
     _images, labels = write_dataset(tmp_path / "data", name, 160, 80)
+    trust_files(monkeypatch, tmp_path / "data", name)
     clear_dataset_cache()
     try:
         result = run_in_process(tmp_path / "run", collaborators=2, rounds=1, overrides={
