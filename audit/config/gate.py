@@ -29,7 +29,7 @@ import numpy as np
 from audit.config.audit_settings import AuditSettings
 from audit.config.checks import SettingsError, is_int, is_real
 from audit.config.gate_contract import NON_FINITE_UPDATE
-from audit.config.steps import registered
+from audit.config.steps import AFTER_TRAINING, registered
 from audit.config.vocabulary import BOUNDS, GATE_ACTIONS, bounded
 
 __all__ = [
@@ -86,9 +86,10 @@ def metric_range(name: str) -> tuple[float, float] | None:
 
 def audit_metric_names(settings: AuditSettings) -> tuple[str, ...]:
     """The scalar metric names `audit.round_audit.audit_round` reports under these settings (sorted): the union of
-    the enabled steps' names (audit.config.steps), never a list kept by hand."""
+    the enabled steps' names (audit.config.steps), never a list kept by hand. The checks of the received model
+    (phase BEFORE_TRAINING) decide before training, so the gate of the trained update does not watch them."""
     names = []
-    for audit_step in registered():
+    for audit_step in registered(AFTER_TRAINING):
         if audit_step.enabled(settings):
             names += audit_step.metric_names(audit_step.settings_of(settings), settings)
     return tuple(sorted(names))

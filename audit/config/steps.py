@@ -16,7 +16,13 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-__all__ = ["AuditStep", "register", "unregister", "registered", "step"]
+# When a step runs in a round: on the update after local training, or on the received global model before it.
+AFTER_TRAINING = "after_training"
+BEFORE_TRAINING = "before_training"
+PHASES = (AFTER_TRAINING, BEFORE_TRAINING)
+
+__all__ = ["AuditStep", "AFTER_TRAINING", "BEFORE_TRAINING", "PHASES", "register", "unregister", "registered",
+           "step"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,8 @@ class AuditStep:
         plan reading).
     metric_ranges: allowed gate thresholds for names its suffix does not imply (see audit.gate.metric_range).
     needs_global: runs only in rounds where the received global model is known (it audits an update).
+    phase: AFTER_TRAINING (audits the trained update, its metrics can be gated) or BEFORE_TRAINING (checks the received
+        model before training; see audit.before_training).
     """
 
     name: str
@@ -41,6 +49,7 @@ class AuditStep:
     run: str | Callable
     metric_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     needs_global: bool = True
+    phase: str = AFTER_TRAINING
 
     def load_run(self) -> Callable:
         if callable(self.run):
@@ -69,6 +78,8 @@ def register(new: AuditStep) -> AuditStep:
     for other in _REGISTRY.values():
         if other.name == new.name or (new.section is not None and other.section == new.section):
             raise ValueError(f"audit step {new.name!r}: name or section {new.section!r} is taken by {other.name!r}")
+    if new.phase not in PHASES:
+        raise ValueError(f"audit step {new.name!r}: phase {new.phase!r}; choose one of {', '.join(PHASES)}")
     if new.section is not None and new.parse is None:
         raise ValueError(f"audit step {new.name!r}: a step with a plan section needs a settings parser")
     _REGISTRY[new.name] = new
@@ -79,9 +90,10 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def registered() -> tuple[AuditStep, ...]:
-    """Every step, in registration (= run) order. The built-in families register on import of audit.config."""
-    return tuple(_REGISTRY.values())
+def registered(phase: str | None = None) -> tuple[AuditStep, ...]:
+    """Every step (of `phase`, if given), in registration (= run) order. The built-in families register on import of
+    audit.config."""
+    return tuple(s for s in _REGISTRY.values() if phase is None or s.phase == phase)
 
 
 def step(name: str) -> AuditStep:

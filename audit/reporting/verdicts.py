@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from audit.config.gate_contract import DP_RETRAINED, KEPT, NON_FINITE_UPDATE, WITHHELD
+from audit.config.gate_contract import (DP_RETRAINED, KEPT, NON_FINITE_UPDATE, RECEIVED_MODEL_REJECTED_REASON,
+                                        WITHHELD)
 from audit.config.vocabulary import LOWER, UPPER, bounded
 from audit.reporting.readings import (exact_auc_band, exact_auc_of, float_or_nan, fmt, fmt_interval, ordered_models,
                                       rates_at, resolvable_at, tolerances_of)
@@ -139,6 +140,8 @@ def round_verdict(record: Mapping) -> RoundVerdict:
     tripped = [c for c in checks if c.tripped]
     if NON_FINITE_UPDATE in (gate.get("tripped") or {}) or gate.get("reason") == NON_FINITE_UPDATE:
         status = "withheld: the trained update holds NaN/Inf"
+    elif str(gate.get("reason") or "").startswith(RECEIVED_MODEL_REJECTED_REASON):
+        status = f"{gate['reason']}; not trained on, nothing new sent"
     elif not checks:
         status = _no_gate_status(record)
     elif verdict == WITHHELD:

@@ -1,0 +1,202 @@
+"""The direct leakage probe: how many samples of one local batch the update the received model would produce gives
+away to analytic inversion, whatever the construction.
+
+One training step's gradient on a fixed batch of the party's members (its own batch size), in train mode as the local
+training runs it. For every linear layer applied once per sample, the per-sample gradients of its output (`gamma`, n x
+k) give dW = gamma^T a and db = gamma^T 1 for its inputs a. Two inversions are tried, each exact when its condition
+holds:
+
+- a neuron that one sample alone moves gives that sample's input as dW_i / db_i (Fidel; trap weights make it likely);
+- two neurons whose sets of moving samples differ by one sample (a "bin" of an imprint layer, Fowl et al.) give it as
+  (dW_i - dW_j) / (db_i - db_j), when the two neurons pass the same gradient back (the imprint's equal next-layer
+  columns).
+
+The reconstructions are matched one-to-one to the true inputs of that layer (Pearson r >= 0.98, Fidel's scoring,
+audit.fidel.scoring), so a sample counts once however many neurons give it. The samples whose inputs the first dense
+layer in forward order gives back decide (its input is the sample for an MLP, the feature map feeding it for a CNN);
+later layers give back hidden activations, which honest models also give in numbers that move from round to round, so
+their counts are reported and do not decide.
+
+Knows nothing of OpenFL; the model is the plan's template run on the received tensors (torch.func.functional_call):
+no copy of the model, and its own weights are never read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from scipy.stats import beta, binom
+from torch import nn
+from torch.func import functional_call
+
+from audit.config.fidel_settings import DEFAULT_THRESHOLD
+from audit.fidel.layers import DEFAULT_MIN_REL_BIAS, reconstruct
+from audit.fidel.scoring import count_revealed, pearson_matrix
+from audit.model_io import model_input, module_mode
+
+__all__ = ["LayerCapture", "capture_linear_layers", "bin_reconstructions", "read_back", "ProbeResult", "probe",
+           "mcnemar_greater", "clopper_pearson"]
+
+# Candidate bins per sample kept (the pairs with the largest |db_i - db_j|: the least rounding noise).
+_BINS_PER_SAMPLE = 2
+
+
+@dataclass(frozen=True, eq=False)
+class LayerCapture:
+    """One linear layer's part of the probe step, in float64."""
+
+    name: str
+    inputs: np.ndarray   # (n, d) the layer's input per sample
+    gamma: np.ndarray    # (n, k) d loss / d output per sample (the batch loss is the mean: 1/n of each sample's)
+    dw: np.ndarray       # (k, d) gradient of the weight
+    db: np.ndarray       # (k,) gradient of the bias
+
+
+def _draws_randomness(model: nn.Module) -> bool:
+    """Whether a forward pass in train mode draws random numbers (Dropout and its kin)."""
+    return any("Dropout" in type(m).__name__ for m in model.modules())
+
+
+def capture_linear_layers(template: nn.Module, tensors: dict[str, torch.Tensor], x, y, *, seed: int = 0
+                          ) -> list[LayerCapture]:
+    """One forward and backward pass of the mean cross-entropy of (x, y), in train mode, with the template's
+    parameters and buffers replaced by `tensors` (buffers are copied: BatchNorm's running statistics move in train
+    mode; the floating parameters get requires_grad and their .grad). Returns every nn.Linear with a bias called on
+    one row per sample, in forward order. Dropout draws from `seed`, torch's global generator left as it was."""
+    linears = {module: name for name, module in template.named_modules() if isinstance(module, nn.Linear)
+               and module.bias is not None}
+    parameter_names = {name for name, _ in template.named_parameters()}
+    params = {name: t.detach().requires_grad_(t.is_floating_point()) for name, t in tensors.items()
+              if name in parameter_names}
+    buffers = {name: t.detach().clone() for name, t in tensors.items() if name not in parameter_names}
+    xb = model_input(template, x)
+    n = len(xb)
+    seen: list[tuple[str, torch.Tensor, torch.Tensor]] = []
+
+    def hook(module, args, output):
+        inp = args[0] if args else None
+        if isinstance(inp, torch.Tensor) and inp.ndim == 2 and inp.shape[0] == n and output.requires_grad:
+            output.retain_grad()
+            seen.append((linears[module], inp.detach(), output))
+
+    handles = [module.register_forward_hook(hook) for module in linears]
+    # torch.manual_seed costs milliseconds (every device's generator): only for a model that draws
+    rng = torch.random.fork_rng(devices=[]) if _draws_randomness(template) else contextlib.nullcontext()
+    try:
+        with rng, module_mode(template, training=True):
+            if _draws_randomness(template):
+                torch.manual_seed(seed)
+            logits = functional_call(template, {**params, **buffers}, (xb,))
+            loss = F.cross_entropy(logits, torch.as_tensor(np.asarray(y), dtype=torch.long, device=logits.device))
+            loss.backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    out = []
+    for name, inp, output in seen:
+        if output.grad is None:
+            continue
+        out.append(LayerCapture(
+            name=name, inputs=inp.double().cpu().numpy(), gamma=output.grad.double().cpu().numpy(),
+            dw=params[f"{name}.weight"].grad.double().cpu().numpy(),
+            db=params[f"{name}.bias"].grad.double().cpu().numpy()))
+    for t in params.values():
+        t.grad = None
+    return out
+
+
+def bin_reconstructions(layer: LayerCapture, min_rel_bias: float = DEFAULT_MIN_REL_BIAS) -> np.ndarray:
+    """(dW_i - dW_j) / (db_i - db_j) for neuron pairs whose sets of moving samples are nested and differ by exactly
+    one sample (a bin holding one sample); at most _BINS_PER_SAMPLE per sample. Empty (0, d) when none."""
+    moves = (layer.gamma != 0).astype(np.float32)          # (n, k); float products are BLAS, exact for counts < 2^24
+    extra = moves.T @ (1 - moves)                            # [i, j]: samples moving i but not j
+    nested = (1 - moves).T @ moves                           # [i, j]: samples moving j but not i
+    i, j = np.nonzero((extra == 1) & (nested == 0) & (moves.sum(axis=0)[None, :] >= 1))
+    if i.size == 0:
+        return np.zeros((0, layer.dw.shape[1]))
+    ddb = layer.db[i] - layer.db[j]
+    keep = np.abs(ddb) > min_rel_bias * np.abs(layer.db).max(initial=0.0)
+    i, j, ddb = i[keep], j[keep], ddb[keep]
+    sample = np.argmax(moves[:, i] > moves[:, j], axis=0)  # the one sample of each bin
+    order = np.lexsort((-np.abs(ddb), sample))              # by sample, the largest |ddb| first
+    first = np.r_[0, np.flatnonzero(np.diff(sample[order])) + 1]  # where each sample's pairs start in `order`
+    rank = np.arange(len(order)) - np.repeat(first, np.diff(np.r_[first, len(order)]))
+    chosen = order[rank < _BINS_PER_SAMPLE]
+    return (layer.dw[i[chosen]] - layer.dw[j[chosen]]) / ddb[chosen, None]
+
+
+def read_back(layer: LayerCapture, threshold: float = DEFAULT_THRESHOLD) -> tuple[np.ndarray, int, int]:
+    """Which samples' inputs of `layer` the update gives back (bool (n,)), from single neurons and from bins; and how
+    many single-neuron and bin reconstructions were scored."""
+    singles, _used = reconstruct(layer.dw, layer.db)
+    bins = bin_reconstructions(layer)
+    candidates = np.concatenate([singles, bins]) if len(bins) else singles
+    revealed = np.zeros(len(layer.inputs), dtype=bool)
+    if len(candidates):
+        _rows, cols = count_revealed(pearson_matrix(candidates, layer.inputs), threshold)
+        revealed[cols] = True
+    return revealed, len(singles), len(bins)
+
+
+def clopper_pearson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Two-sided exact interval of a rate from k of n."""
+    a = (1 - confidence) / 2
+    low = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
+    high = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
+    return low, high
+
+
+def mcnemar_greater(received: np.ndarray, reference: np.ndarray) -> float:
+    """One-sided exact McNemar p-value that the received model reveals more of the same samples than the reference:
+    the samples only one of them reveals are split as by a fair coin under the null."""
+    only_received = int(np.sum(received & ~reference))
+    only_reference = int(np.sum(reference & ~received))
+    if only_received == 0:
+        return 1.0
+    return float(binom.sf(only_received - 1, only_received + only_reference, 0.5))
+
+
+@dataclass(frozen=True, eq=False)
+class ProbeResult:
+    layers: tuple[dict, ...]     # per linear layer, forward order: name, space, revealed, candidates
+    first_layer: str | None      # the deciding layer (None: the model calls no linear layer once per sample)
+    revealed: np.ndarray         # (n,) bool: samples the first dense layer gives back
+    batch: int
+
+    @property
+    def count(self) -> int:
+        return int(self.revealed.sum())
+
+    def to_dict(self) -> dict:
+        low, high = clopper_pearson(self.count, self.batch) if self.batch else (math.nan, math.nan)
+        return {"first_layer": self.first_layer, "revealed": self.count, "batch": self.batch,
+                "revealed_fraction_interval_95": [low, high], "layers": list(self.layers)}
+
+
+def probe(template: nn.Module, tensors: dict[str, torch.Tensor], x, y, *, seed: int = 0,
+          threshold: float = DEFAULT_THRESHOLD, all_layers: bool = False) -> ProbeResult:
+    """The probe of the module docstring on one batch (x, y); `tensors` are the received weights in the plan's
+    dtypes (audit.received_model.architecture)."""
+    return probe_captures(capture_linear_layers(template, tensors, x, y, seed=seed), x, threshold, all_layers)
+
+
+def probe_captures(captures: list[LayerCapture], x, threshold: float = DEFAULT_THRESHOLD,
+                   all_layers: bool = False) -> ProbeResult:
+    """The read-back of the first dense layer (and of every later linear layer with `all_layers`, for reports)."""
+    n = len(x)
+    flat = np.asarray(x, dtype=np.float64).reshape(n, -1)
+    layers, first = [], None
+    for layer in captures if all_layers else captures[:1]:
+        revealed, singles, bins = read_back(layer, threshold)
+        raw = layer.inputs.shape == flat.shape and np.allclose(layer.inputs, flat, atol=1e-6)
+        layers.append({"layer": layer.name, "space": "input" if raw else "activation", "revealed": int(revealed.sum()),
+                       "neurons_scored": singles, "bins_scored": bins})
+        if first is None:
+            first = revealed
+    return ProbeResult(tuple(layers), captures[0].name if captures else None,
+                       first if first is not None else np.zeros(n, dtype=bool), n)
