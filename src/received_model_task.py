@@ -18,13 +18,15 @@ import numpy as np
 from openfl.utilities import TensorKey, change_tags
 from openfl.utilities.split import split_tensor_dict_for_holdouts
 
+from audit.config.gate_contract import sent_to_aggregator
+from audit.config.steps import AFTER_TRAINING, registered
 from audit.gate_flow import rejected_before_training
 from audit.reporting.party import ReportWriter
 from audit.round_audit import record_to_json
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MODEL_PREFIX", "model_names", "runner_names", "rejected_validation", "rejected_round"]
+__all__ = ["MODEL_PREFIX", "model_names", "runner_names", "rejected_validation", "audit_metrics_due", "rejected_round"]
 
 MODEL_PREFIX = "model."
 
@@ -44,6 +46,17 @@ def rejected_validation(col_name: str, round_num: int, apply: str | None) -> tup
     """validate_task's results for a model that was not loaded: accuracy NaN, with OpenFL's tags."""
     tags = change_tags(("metric",), add_field="validate_local" if apply == "local" else "validate_agg")
     return {TensorKey("accuracy", col_name, round_num, True, tags): np.array(math.nan)}, {}
+
+
+def audit_metrics_due(settings, round_num: int) -> list[str]:
+    """The audit metrics a party that trains sends in `round_num` (the steps audit_round runs then)."""
+    if not settings.due(round_num):
+        return []
+    names = []
+    for step in registered(AFTER_TRAINING):
+        if step.due(settings, round_num):
+            names += step.metric_names(step.settings_of(settings), settings)
+    return [name for name in names if sent_to_aggregator(name)]
 
 
 def _untrained_results(runner, col_name: str, round_num: int, weights: Mapping, loss_name: str) -> tuple[dict, dict]:
@@ -78,7 +91,8 @@ def rejected_round(runner, col_name: str, round_num: int, verdict, gate, loss_na
     logger.warning("%s round %d: %s; not trained, sending back the %s", col_name, round_num, verdict.reason,
                    "plan's initial model" if verdict.previous is None
                    else f"global model of round {verdict.previous.round_num}")
-    scalars = {**outcome.scalars(runner.gate_watched, gate.thresholds), **verdict.metrics()}
+    scalars = {**dict.fromkeys(audit_metrics_due(settings, round_num), math.nan),
+               **outcome.scalars(runner.gate_watched, gate.thresholds), **verdict.metrics()}
     for name, value in scalars.items():
         global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
     return global_out, local_out

@@ -3,7 +3,8 @@
 A dishonest server: the aggregator hands each party, in round 2, a global model it built from the round's honest one
 with a published construction (tests/crafted_models.py). Every party rejects it before any training: its validation
 does not run it, its training does not start, it sends back the global model it last accepted with gate_kept 0 and
-the verdict, and the aggregator's report shows which parties rejected which round's model.
+the verdict, and the aggregator's report shows which parties rejected which round's model. In the FCNN federation a
+sixth party gets the honest model and trains, so the rejecting parties must send the audit's names too (as NaN).
 
 Honest servers: 20 rounds for each of three models (the plan's CNN and FCNN, a model with BatchNorm), with IID and
 label-skewed parties (two; the second sends dp_fedavg-noised updates): no alarm at all.
@@ -131,26 +132,29 @@ def _verdicts(monkeypatch) -> dict:
     return seen
 
 
-def _crafted_federation(tmp_path_factory, model: str):
+def _crafted_federation(tmp_path_factory, model: str, *, honest_party: bool = False):
+    """Five parties each sent a construction in round CRAFT_ROUND; with `honest_party` a sixth gets the honest model
+    and every round is audited, so that round's parties send different audits (OpenFL needs the same names)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         crafts = _crafts(model)
         built = _crafting_server(monkeypatch, crafts)
         trained = _trained_rounds(monkeypatch)
         verdicts = _verdicts(monkeypatch)
+        audit = {**LIGHT_AUDIT, "interval": 1} if honest_party else LIGHT_AUDIT
         overrides = {
             "tasks": {"train": {"kwargs": {"epochs": 1}}},
             "data_loader": {"settings": {"train_dataset_ratio": 0.2, "test_dataset_ratio": 0.1,
                                          "audit_dataset_ratio": 0.1}},
-            "task_runner": {"settings": {"model": model, "audit": LIGHT_AUDIT}},
+            "task_runner": {"settings": {"model": model, "audit": audit}},
         }
-        result = run_in_process(tmp_path_factory.mktemp(f"crafted_{model}"), collaborators=5,
+        result = run_in_process(tmp_path_factory.mktemp(f"crafted_{model}"), collaborators=6 if honest_party else 5,
                                 rounds=CRAFT_ROUND + 1, overrides=overrides)
     return result, crafts, built, trained, verdicts
 
 
 @pytest.fixture(scope="module")
 def crafted_fcnn(tmp_path_factory):
-    return _crafted_federation(tmp_path_factory, "fcnn")
+    return _crafted_federation(tmp_path_factory, "fcnn", honest_party=True)
 
 
 @pytest.fixture(scope="module")
@@ -194,6 +198,7 @@ def test_every_construction_is_rejected_before_any_training(fixture, request):
 def test_a_rejecting_party_sends_nothing_new_and_only_its_verdict(fixture, request):
     result, crafts, _built, _trained, _verdicts = request.getfixturevalue(fixture)
     metrics = result.collaborator_metrics
+    sent_by_trained = {k.split("/", 2)[2] for k in metrics[CRAFT_ROUND] if k.startswith("collaborator6/train/")}
     sent_before = {k.split("/", 2)[2] for k in metrics[CRAFT_ROUND - 1] if k.startswith("collaborator1/train/")}
     for party in crafts:
         round_metrics = metrics[CRAFT_ROUND]
@@ -203,10 +208,20 @@ def test_a_rejecting_party_sends_nothing_new_and_only_its_verdict(fixture, reque
         assert math.isnan(round_metrics[f"{party}/aggregated_model_validation/accuracy"])
         assert math.isfinite(round_metrics[f"{party}/locally_tuned_model_validation/accuracy"])
         sent = {k for k in metrics[CRAFT_ROUND] if k.startswith(f"{party}/train/")}
-        assert {k.split("/", 2)[2] for k in sent} <= sent_before  # the same scalars as any round: no figures
-    # Every party left out: the round's model is the one it started from, and the aggregator holds only scalars.
+        # the scalars of any round (those a trained party sends this round): no figure of the check
+        assert {k.split("/", 2)[2] for k in sent} == (sent_by_trained or sent_before)
     start, end = result.global_weights(CRAFT_ROUND), result.global_weights(CRAFT_ROUND + 1)
-    assert all(np.array_equal(start[name], end[name]) for name in start)
+    honest = [p for p in collaborator_names(len(result.collaborators)) if p not in crafts]
+    if not honest:  # every party left out: the round's model is the one it started from
+        assert all(np.array_equal(start[name], end[name]) for name in start)
+    else:  # the honest party's update alone was averaged, and it sent the same names (its audit's among them)
+        (party,) = honest
+        assert metrics[CRAFT_ROUND][f"{party}/train/gate_kept"] == 1.0
+        assert not all(np.array_equal(start[name], end[name]) for name in start)
+        audit_names = [k for k in metrics[CRAFT_ROUND] if k.startswith(f"{party}/train/mia_")]
+        assert audit_names and all(math.isnan(metrics[CRAFT_ROUND][k.replace(party, p)]) for k in audit_names
+                                   for p in crafts)
+    # the aggregator holds only scalars of the check
     db = result.aggregator.tensor_db.tensor_db
     rows = db[db["tensor_name"].str.startswith("received_model_")]
     assert len(rows) and all(np.asarray(a).size == 1 for a in rows["nparray"])
@@ -215,7 +230,7 @@ def test_a_rejecting_party_sends_nothing_new_and_only_its_verdict(fixture, reque
 def test_the_aggregator_page_shows_who_rejected_which_round(crafted_fcnn):
     result, crafts, _built, _trained, _verdicts = crafted_fcnn
     report = json.loads((result.aggregator_report_dir / f"round_{CRAFT_ROUND:04d}.json").read_text())
-    assert report["rejected_received_model"] == sorted(crafts) and report["kept"] == []
+    assert report["rejected_received_model"] == sorted(crafts) and report["kept"] == ["collaborator6"]
     assert all("rejected this round's global model" in report["collaborators"][p]["reason"] for p in crafts)
     earlier = json.loads((result.aggregator_report_dir / f"round_{CRAFT_ROUND - 1:04d}.json").read_text())
     assert earlier["rejected_received_model"] == [] and earlier["received_model_alarms"] == []
