@@ -3,7 +3,8 @@ constructions, its honest baseline, and its cost beside one local training.
 
 Run on demand (not a test):
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_received_model.py [--quick] [--out reports/bench_received_model.json]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_received_model.py [--quick] \
+        [--out reports/bench_received_model.json]
 
 1. Constructions. Two parties on digits train the plan's recipe (Adam lr 0.003, 5 local epochs, batch 32, train ratio
    0.1: ~90 members each) for ROUNDS honest FedAvg rounds while party 1 checks every received model as its task
@@ -100,7 +101,8 @@ def honest_rounds(name: str, rounds: int):
         verdicts.append(verdict.details())
         states, sizes = [], []
         for i, party in enumerate(parties):
-            local = local_training(copy.deepcopy(global_model), np.asarray(party.X_train), party.y_train, seed=r * 7 + i)
+            local = local_training(copy.deepcopy(global_model), np.asarray(party.X_train), party.y_train,
+                                   seed=r * 7 + i)
             states.append(numpy_state(local))
             sizes.append(len(party.y_train))
             if i == 0:
@@ -129,7 +131,8 @@ def constructions(name: str, state: dict) -> dict:
         base = pass_through_convolution(state, "features.conv1")
     inputs = flat if name == "fcnn" else layer_inputs(template, base, "classifier.fc1", public)
     for bins in (32, 64, 128):
-        built[f"imprint {bins} bins"] = ("imprint", bins, imprint(base, "classifier.fc1", "classifier.fc2", inputs, bins))
+        built[f"imprint {bins} bins"] = ("imprint", bins,
+                                         imprint(base, "classifier.fc1", "classifier.fc2", inputs, bins))
     built["trap weights"] = ("trap", None, trap_weights(base, "classifier.fc1", inputs))
     built["class fishing"] = ("fishing", 3, class_fishing(state, "classifier.out", target=3))
     shape = dict(state)
@@ -262,7 +265,7 @@ def section_cost(quick: bool) -> list[dict]:
     configs = [("fcnn", SHAPE, None, 5), ("cnn", SHAPE, None, 5),
                ("fcnn", (1, 28, 28), 600, 5), ("cnn", (1, 28, 28), 600, 5), ("cnn", (3, 32, 32), 600, 5)]
     if not quick:
-        configs.append(("alexnet", (3, 32, 32), 600, 1))
+        configs.append(("alexnet", (3, 32, 32), 3000, 1))  # a quarter of the tutorial's CIFAR-10 shard
     out = []
     for name, shape, members_n, epochs in configs:
         if members_n is None:

@@ -29,13 +29,15 @@ logger = logging.getLogger(__name__)
 __all__ = ["MODEL_PREFIX", "model_names", "runner_names", "rejected_validation", "audit_metrics_due", "rejected_round"]
 
 MODEL_PREFIX = "model."
+OPTIMIZER_PREFIX = "__opt_"  # OpenFL's names of the optimizer's state (runner_pt._derive_opt_state_dict)
 
 
 def model_names(tensors: Mapping) -> dict:
     """OpenFL's tensor names -> the model's ("model.classifier.fc1.weight" -> "classifier.fc1.weight"); a name
-    without the prefix is kept as it is (the check then reports it as a tensor the plan does not have)."""
+    without the prefix is kept as it is (the check then reports it as a tensor the plan does not have). The optimizer's
+    state OpenFL sends under `opt_treatment: CONTINUE_GLOBAL` ("__opt_*") is no part of the model: left out."""
     return {name[len(MODEL_PREFIX):] if name.startswith(MODEL_PREFIX) else name: value
-            for name, value in tensors.items()}
+            for name, value in tensors.items() if not name.startswith(OPTIMIZER_PREFIX)}
 
 
 def runner_names(tensors: Mapping) -> dict:

@@ -5,7 +5,8 @@ distribution the server holds (for digits, the public dataset itself).
 
 - `imprint`: Fowl et al., "Robbing the Fed" (ICLR 2022): the first `bins` rows of a linear layer are one measurement
   direction, their biases minus the quantiles of the measurement on public data (every bin holds the same share of
-  it), and the next layer's columns of those rows equal, so a sample alone in a bin is (dW_i - dW_i+1) / (db_i - db_i+1).
+  it), and the next layer's columns of those rows equal, so a sample alone in a bin is
+  (dW_i - dW_i+1) / (db_i - db_i+1).
 - `pass_through_convolution`: a CNN's convolution set so that its first channel copies the input (centre tap 1), the
   others are zero: the first linear layer then sees the (max-pooled) image.
 - `trap_weights`: Boenisch et al., "When the Curious Abandon Honesty" (EuroS&P 2023): random rows whose positive

@@ -212,6 +212,13 @@ def test_structural_figures_on_honest_and_crafted_layers(tabular):
     assert rows == {"rows": 24, "distinct_offsets": 24, "of": 24}
     zero = torch.zeros(5, 3)
     assert parallel_rows(zero, None)["rows"] == 0
+    # a layer large enough to be compared in a random projection first: the same answers
+    torch.manual_seed(0)
+    large = torch.randn(2048, 600)
+    assert parallel_rows(large, None)["rows"] == 1
+    large[100:140] = torch.randn(600) * torch.linspace(0.5, 3.0, 40)[:, None]  # 40 scaled copies of one direction
+    large[7] = -large[100]  # a sign flip is still the same direction
+    assert parallel_rows(large, torch.arange(2048.0))["rows"] == 41
     assert class_weight_ratio(honest[6].weight) < 3
     fished = class_fishing({k: v for k, v in honest.state_dict().items()}, "6", target=2)
     assert class_weight_ratio(fished["6.weight"]) == float("inf")

@@ -25,6 +25,7 @@ from torch import nn
 
 import src.models
 import src.taskrunner
+from audit.config.audit_settings import AuditSettings
 from crafted_models import class_fishing, imprint, layer_inputs, pass_through_convolution, trap_weights
 from src.aggregator import AuditingAggregator
 from src.datasets import load_dataset
@@ -70,13 +71,13 @@ def _crafts(model: str) -> dict:
         out["classifier.fc1.weight"] = np.zeros((64, s["classifier.fc1.weight"].shape[1]), dtype=np.float32)
         return out
 
+    def imprinted(bins):
+        return lambda s: imprint(through(s), "classifier.fc1", "classifier.fc2", fc1_inputs(through(s)), bins)
+
     return {
-        "collaborator1": ("pass-through + imprint, 32 bins",
-                          lambda s: imprint(through(s), "classifier.fc1", "classifier.fc2", fc1_inputs(through(s)), 32)),
-        "collaborator2": ("pass-through + imprint, 64 bins",
-                          lambda s: imprint(through(s), "classifier.fc1", "classifier.fc2", fc1_inputs(through(s)), 64)),
-        "collaborator3": ("pass-through + imprint, 128 bins",
-                          lambda s: imprint(through(s), "classifier.fc1", "classifier.fc2", fc1_inputs(through(s)), 128)),
+        "collaborator1": ("pass-through + imprint, 32 bins", imprinted(32)),
+        "collaborator2": ("pass-through + imprint, 64 bins", imprinted(64)),
+        "collaborator3": ("pass-through + imprint, 128 bins", imprinted(128)),
         "collaborator4": ("pass-through + trap weights",
                           lambda s: trap_weights(through(s), "classifier.fc1", fc1_inputs(through(s)))),
         "collaborator5": ("a tensor of another shape", shape),
@@ -119,13 +120,15 @@ def _trained_rounds(monkeypatch) -> list:
 
 
 def _verdicts(monkeypatch) -> dict:
-    """(party, round) -> the details of every verdict the task runners' checks gave (audit.before_training)."""
+    """(party, round) -> the details of every verdict the task runners' checks gave (audit.before_training); under
+    ("received", party, round) the model the check was given."""
     seen: dict = {}
     check = src.taskrunner.check_received
 
-    def spy(*args, **kwargs):
-        verdict = check(*args, **kwargs)
+    def spy(received, *args, **kwargs):
+        verdict = check(received, *args, **kwargs)
         seen[(kwargs["party"], kwargs["round_num"])] = verdict.details()
+        seen[("received", kwargs["party"], kwargs["round_num"])] = dict(received)
         return verdict
 
     monkeypatch.setattr(src.taskrunner, "check_received", spy)
@@ -134,13 +137,13 @@ def _verdicts(monkeypatch) -> dict:
 
 def _crafted_federation(tmp_path_factory, model: str, *, honest_party: bool = False):
     """Five parties each sent a construction in round CRAFT_ROUND; with `honest_party` a sixth gets the honest model
-    and every round is audited, so that round's parties send different audits (OpenFL needs the same names)."""
+    and that round is audited, so that its parties send different audits (OpenFL needs the same names)."""
     with pytest.MonkeyPatch.context() as monkeypatch:
         crafts = _crafts(model)
         built = _crafting_server(monkeypatch, crafts)
         trained = _trained_rounds(monkeypatch)
         verdicts = _verdicts(monkeypatch)
-        audit = {**LIGHT_AUDIT, "interval": 1} if honest_party else LIGHT_AUDIT
+        audit = {**LIGHT_AUDIT, "interval": CRAFT_ROUND} if honest_party else LIGHT_AUDIT  # audits round 2
         overrides = {
             "tasks": {"train": {"kwargs": {"epochs": 1}}},
             "data_loader": {"settings": {"train_dataset_ratio": 0.2, "test_dataset_ratio": 0.1,
@@ -244,6 +247,53 @@ def test_the_rejecting_partys_report_says_why(crafted_cnn):
     assert "received model rejected: architecture: classifier.fc1.weight has shape (64, 512)" in page
 
 
+def _scalars(global_out: dict) -> dict:
+    return {key.tensor_name: float(value) for key, value in global_out.items() if "metric" in key.tags}
+
+
+def test_tensors_named_otherwise_are_rejected_by_the_task_runner(crafted_cnn, monkeypatch):
+    """OpenFL requests each tensor by the plan's name, so through it a server cannot rename one; another transport
+    could. Handed a model that lacks one of the plan's tensors and holds one the plan does not have, the task runner
+    rejects it before training and sends back the model it last accepted, in the plan's names and shapes."""
+    result, _crafts, _built, _trained, verdicts = crafted_cnn
+    runner = result.runner("collaborator1")
+    trained = _trained_rounds(monkeypatch)
+    received = dict(result.global_weights(CRAFT_ROUND + 1))
+    received["model.classifier.output.weight"] = received.pop("model.classifier.out.weight")
+    global_out, local_out = runner.train_task("collaborator1", CRAFT_ROUND + 1, received, epochs=1)
+    assert trained == []
+    reason = runner.last_record["extra"]["gate"]["reason"]
+    assert reason == ("received model rejected: architecture: unexpected tensor 'classifier.output.weight' (did you "
+                      "mean 'classifier.out.weight'?) (and 1 more)")
+    assert runner.last_record["extra"]["received_model"]["received_model"]["architecture"]["problems"][1] == \
+        "missing tensor 'classifier.out.weight'"
+    scalars = _scalars(global_out)
+    assert scalars["gate_kept"] == 0.0 and scalars["received_model_rejected"] == 1.0
+    accepted = {f"model.{name}": value for name, value in  # round 2's model was rejected too
+                verdicts[("received", "collaborator1", CRAFT_ROUND - 1)].items()}
+    sent = {key.tensor_name: value for key, value in global_out.items() if "trained" in key.tags}
+    assert set(sent) == set(accepted) and all(np.array_equal(sent[n], accepted[n]) for n in sent)
+
+
+def test_report_only_records_the_alarm_and_trains(crafted_cnn, monkeypatch):
+    result, _crafts, built, _trained, _verdicts = crafted_cnn
+    runner = result.runner("collaborator3")
+    report_only = runner.audit_settings.to_dict()
+    report_only["received_model"]["action"] = "report_only"
+    monkeypatch.setattr(runner, "audit_settings", AuditSettings.from_mapping(report_only))
+    trained = _trained_rounds(monkeypatch)
+    global_out, _local = runner.train_task("collaborator3", CRAFT_ROUND + 1, dict(built["collaborator3"]), epochs=1)
+    assert trained == [("collaborator3", CRAFT_ROUND + 1)]
+    record = runner.last_record
+    assert record["extra"]["received_model"]["alarms"] and not record["extra"]["received_model"]["rejected"]
+    assert record["extra"]["gate"]["verdict"] == "kept"
+    scalars = _scalars(global_out)
+    assert scalars["received_model_alarm"] == 1.0 and scalars["received_model_rejected"] == 0.0
+    assert scalars["gate_kept"] == 1.0
+    # written to the party's report although the audit skips this round
+    assert (result.report_dir / "collaborator3" / f"round_{CRAFT_ROUND + 1:04d}" / "audit.json").is_file()
+
+
 # ---------------------------------------------------------------------------------------------- honest servers
 
 class BatchNormNet(nn.Module):
@@ -294,6 +344,7 @@ def _honest_federation(tmp_path_factory, model: str, alpha):
 def test_no_false_alarm_over_twenty_honest_rounds(model, alpha, tmp_path_factory):
     result, verdicts = _honest_federation(tmp_path_factory, model, alpha)
     parties = collaborator_names(2)
+    verdicts = {key: v for key, v in verdicts.items() if key[0] != "received"}
     assert set(verdicts) == {(p, r) for p in parties for r in range(HONEST_ROUNDS)}
     for (party, round_num), verdict in sorted(verdicts.items()):
         assert verdict["alarms"] == [] and not verdict["rejected"], (party, round_num, verdict["alarms"])

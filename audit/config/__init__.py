@@ -2,7 +2,8 @@
 
 - `vocabulary`: the shared words (signals, optimisers, models, gate actions, metric names): one definition each.
 - `checks`: the one `SettingsError` (its message starts with the dotted plan key) and the checks settings reuse.
-- `steps`: the registry of audit steps; `builtin_steps` declares membership, Fidel and deanonymization.
+- `steps`: the registry of audit steps (after training, or before it: the received-model check); `builtin_steps`
+  declares membership, RMIA, Fidel, deanonymization and the received-model check (audit.received_model).
 - `audit_settings`, `fidel_settings`, `deanon_settings`, `mitigation_settings`: the plan's audit sections.
 - `gate`: the gate's policy and verdict; `gate_contract`: the scalar names collaborators send the aggregator.
 To add a setting to an audit, add it to that audit's settings class and its checks table; to add an audit, see

@@ -181,9 +181,13 @@ def run(context: ReceivedContext, settings: ReceivedModelSettings) -> ReceivedCh
         alarms.append(probe_alarm)
     details["alarms"] = alarms
 
-    def remember(received, sent, round_num=context.round_num, revealed=result.revealed, change=change):
-        # a global model the party trained on: its change and its read-back are honest references from now on
-        state.history.remember(received, sent, round_num, change)
+    def remember(received, sent, round_num=context.round_num, revealed=result.revealed, change=change,
+                 flagged=bool(alarms)):
+        # a global model the party trained on: its own update is the history's reference from now on; the model's
+        # change and read-back become honest references only if no check flagged it (report_only trains on those)
+        state.history.remember(received, sent, round_num, None if flagged else change)
+        if flagged:
+            return
         state.references[f"round {round_num}"] = revealed
         rounds = [k for k in state.references if k.startswith("round ")]
         for old in rounds[:-_MAX_REFERENCES]:

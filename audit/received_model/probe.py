@@ -51,10 +51,10 @@ class LayerCapture:
     """One linear layer's part of the probe step, in float64."""
 
     name: str
-    inputs: np.ndarray   # (n, d) the layer's input per sample
-    gamma: np.ndarray    # (n, k) d loss / d output per sample (the batch loss is the mean: 1/n of each sample's)
-    dw: np.ndarray       # (k, d) gradient of the weight
-    db: np.ndarray       # (k,) gradient of the bias
+    gamma: np.ndarray           # (n, k) d loss / d output per sample (the batch loss is the mean: 1/n of each's)
+    inputs: np.ndarray | None   # (n, d) the layer's input per sample; None for a layer not to be inverted
+    dw: np.ndarray | None       # (k, d) gradient of the weight (None likewise)
+    db: np.ndarray | None       # (k,) gradient of the bias
 
 
 def _draws_randomness(model: nn.Module) -> bool:
@@ -62,12 +62,13 @@ def _draws_randomness(model: nn.Module) -> bool:
     return any("Dropout" in type(m).__name__ for m in model.modules())
 
 
-def capture_linear_layers(template: nn.Module, tensors: dict[str, torch.Tensor], x, y, *, seed: int = 0
-                          ) -> list[LayerCapture]:
+def capture_linear_layers(template: nn.Module, tensors: dict[str, torch.Tensor], x, y, *, seed: int = 0,
+                          invert: str = "first") -> list[LayerCapture]:
     """One forward and backward pass of the mean cross-entropy of (x, y), in train mode, with the template's
     parameters and buffers replaced by `tensors` (buffers are copied: BatchNorm's running statistics move in train
     mode; the floating parameters get requires_grad and their .grad). Returns every nn.Linear with a bias called on
-    one row per sample, in forward order. Dropout draws from `seed`, torch's global generator left as it was."""
+    one row per sample, in forward order; the inputs and weight gradients (float64 copies, a layer's size each) of
+    the first only, or of every one with invert="all". Dropout draws from `seed`, torch's generator left as it was."""
     linears = {module: name for name, module in template.named_modules() if isinstance(module, nn.Linear)
                and module.bias is not None}
     parameter_names = {name for name, _ in template.named_parameters()}
@@ -101,10 +102,13 @@ def capture_linear_layers(template: nn.Module, tensors: dict[str, torch.Tensor],
     for name, inp, output in seen:
         if output.grad is None:
             continue
-        out.append(LayerCapture(
-            name=name, inputs=inp.double().cpu().numpy(), gamma=output.grad.double().cpu().numpy(),
-            dw=params[f"{name}.weight"].grad.double().cpu().numpy(),
-            db=params[f"{name}.bias"].grad.double().cpu().numpy()))
+        full = invert == "all" or not out
+
+        def numpy(t):
+            return t.double().cpu().numpy() if full else None
+
+        out.append(LayerCapture(name=name, gamma=output.grad.double().cpu().numpy(), inputs=numpy(inp),
+                                dw=numpy(params[f"{name}.weight"].grad), db=numpy(params[f"{name}.bias"].grad)))
     for t in params.values():
         t.grad = None
     return out
@@ -112,22 +116,41 @@ def capture_linear_layers(template: nn.Module, tensors: dict[str, torch.Tensor],
 
 def bin_reconstructions(layer: LayerCapture, min_rel_bias: float = DEFAULT_MIN_REL_BIAS) -> np.ndarray:
     """(dW_i - dW_j) / (db_i - db_j) for neuron pairs whose sets of moving samples are nested and differ by exactly
-    one sample (a bin holding one sample); at most _BINS_PER_SAMPLE per sample. Empty (0, d) when none."""
-    moves = (layer.gamma != 0).astype(np.float32)          # (n, k); float products are BLAS, exact for counts < 2^24
-    extra = moves.T @ (1 - moves)                            # [i, j]: samples moving i but not j
-    nested = (1 - moves).T @ moves                           # [i, j]: samples moving j but not i
-    i, j = np.nonzero((extra == 1) & (nested == 0) & (moves.sum(axis=0)[None, :] >= 1))
-    if i.size == 0:
+    one sample (a bin holding one sample); at most _BINS_PER_SAMPLE per sample. Empty (0, d) when none.
+
+    The pairs are found by hashing each neuron's set of moving samples (a sum of random 64-bit words, one per sample,
+    wrapping): S_j = S_i minus sample s iff h(S_j) = h(S_i) - r_s, up to a collision of 64-bit words, which is
+    checked away. O(k n log k) for k neurons and n samples, where comparing every pair would be O(k^2 n)."""
+    moves = layer.gamma != 0                                  # (n, k)
+    n, k = moves.shape
+    words = np.random.default_rng(0).integers(0, 2**63, size=n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        h = (moves * words[:, None]).sum(axis=0, dtype=np.uint64)  # (k,) the hash of each neuron's set
+        without = h[None, :] - words[:, None]                      # (n, k) the hash of S_i without sample s
+    sizes = moves.sum(axis=0)
+    order = np.argsort(h)
+    s_idx, i_idx = np.nonzero(moves)
+    pos = np.searchsorted(h[order], without[s_idx, i_idx])
+    found = pos < k
+    pos = np.minimum(pos, k - 1)
+    hit = found & (h[order][pos] == without[s_idx, i_idx])
+    s_idx, i_idx, j_idx = s_idx[hit], i_idx[hit], order[pos[hit]]
+    keep = sizes[j_idx] >= 1  # a neuron no sample moves is no bin's edge: S_i alone is a single neuron's read-back
+    s_idx, i_idx, j_idx = s_idx[keep], i_idx[keep], j_idx[keep]
+    only_i = moves[:, i_idx] & ~moves[:, j_idx]                # (n, pairs)
+    exact = ((only_i.sum(axis=0) == 1) & only_i[s_idx, np.arange(len(s_idx))]
+             & ~np.any(moves[:, j_idx] & ~moves[:, i_idx], axis=0))
+    s_idx, i_idx, j_idx = s_idx[exact], i_idx[exact], j_idx[exact]
+    if s_idx.size == 0:
         return np.zeros((0, layer.dw.shape[1]))
-    ddb = layer.db[i] - layer.db[j]
+    ddb = layer.db[i_idx] - layer.db[j_idx]
     keep = np.abs(ddb) > min_rel_bias * np.abs(layer.db).max(initial=0.0)
-    i, j, ddb = i[keep], j[keep], ddb[keep]
-    sample = np.argmax(moves[:, i] > moves[:, j], axis=0)  # the one sample of each bin
-    order = np.lexsort((-np.abs(ddb), sample))              # by sample, the largest |ddb| first
-    first = np.r_[0, np.flatnonzero(np.diff(sample[order])) + 1]  # where each sample's pairs start in `order`
+    s_idx, i_idx, j_idx, ddb = s_idx[keep], i_idx[keep], j_idx[keep], ddb[keep]
+    order = np.lexsort((-np.abs(ddb), s_idx))                # by sample, the largest |ddb| first
+    first = np.r_[0, np.flatnonzero(np.diff(s_idx[order])) + 1] if order.size else np.zeros(0, dtype=int)
     rank = np.arange(len(order)) - np.repeat(first, np.diff(np.r_[first, len(order)]))
     chosen = order[rank < _BINS_PER_SAMPLE]
-    return (layer.dw[i[chosen]] - layer.dw[j[chosen]]) / ddb[chosen, None]
+    return (layer.dw[i_idx[chosen]] - layer.dw[j_idx[chosen]]) / ddb[chosen, None]
 
 
 def read_back(layer: LayerCapture, threshold: float = DEFAULT_THRESHOLD) -> tuple[np.ndarray, int, int]:
@@ -182,7 +205,8 @@ def probe(template: nn.Module, tensors: dict[str, torch.Tensor], x, y, *, seed: 
           threshold: float = DEFAULT_THRESHOLD, all_layers: bool = False) -> ProbeResult:
     """The probe of the module docstring on one batch (x, y); `tensors` are the received weights in the plan's
     dtypes (audit.received_model.architecture)."""
-    return probe_captures(capture_linear_layers(template, tensors, x, y, seed=seed), x, threshold, all_layers)
+    captures = capture_linear_layers(template, tensors, x, y, seed=seed, invert="all" if all_layers else "first")
+    return probe_captures(captures, x, threshold, all_layers)
 
 
 def probe_captures(captures: list[LayerCapture], x, threshold: float = DEFAULT_THRESHOLD,

@@ -19,7 +19,7 @@ REJECT = "reject"            # on an alarm the party does not train and sends no
 REPORT_ONLY = "report_only"  # on an alarm the party records it and trains as usual
 ACTIONS = (REJECT, REPORT_ONLY)
 
-# The only scalars the aggregator gets (audit.config.gate_contract): the verdict. The figures stay in the party's report.
+# The only scalars the aggregator gets (audit.config.gate_contract): the verdict. The figures stay with the party.
 METRICS = (RECEIVED_MODEL_ALARM, RECEIVED_MODEL_REJECTED)
 
 # The checks, in the order they run (a reason names the first one that raised an alarm).

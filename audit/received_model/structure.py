@@ -23,6 +23,10 @@ from audit.received_model.probe import LayerCapture
 __all__ = ["PARALLEL_COSINE", "MIN_SPARSITY_BATCH", "parallel_rows", "relu_support", "class_weight_ratio"]
 
 PARALLEL_COSINE = 0.99
+# Layers with more than this many (rows^2 * inputs) multiply-adds are compared in a random projection first.
+_EXACT_BUDGET = 2**28
+_PROJECTION = 64
+_PROJECTED_COSINE = 0.9  # a parallel pair projects to exactly 1; 0.9 keeps pairs a projection blurs, checked after
 # The sparsity figures need a batch where an honest neuron (firing for about half the samples) is almost never moved by
 # one sample alone: n * 2^-(n-1) is 1e-3 at n = 16.
 MIN_SPARSITY_BATCH = 16
@@ -31,15 +35,26 @@ _MIN_LIVE_NEURONS = 8
 
 def parallel_rows(weight: torch.Tensor, bias: torch.Tensor | None) -> dict:
     """The largest group of rows of `weight` (out, in) that are scaled copies of one direction: rows whose |cosine|
-    with the row that has most such neighbours is >= PARALLEL_COSINE. Zero rows have no direction and are left out."""
+    with the row that has most such neighbours is >= PARALLEL_COSINE. Zero rows have no direction and are left out.
+
+    A large layer is first compared in a random projection to _PROJECTION dimensions (parallel rows stay exactly
+    parallel under any linear map; other rows' cosines move by about 1/sqrt(_PROJECTION)), and the group found there
+    is then checked on the rows themselves: k^2 * _PROJECTION operations instead of k^2 * d."""
     w = weight.detach().cpu().numpy().reshape(weight.shape[0], -1).astype(np.float32, copy=False)
     norms = np.linalg.norm(w, axis=1).astype(np.float64)
     live = np.flatnonzero(norms > 0)
     if len(live) == 0:
         return {"rows": 0, "distinct_offsets": 0, "of": int(weight.shape[0])}
     unit = w[live] / norms[live, None].astype(np.float32)  # cosines to 1e-6 in float32: far finer than 0.99
-    close = np.abs(unit @ unit.T) >= PARALLEL_COSINE
-    group = live[close[int(close.sum(axis=1).argmax())]]
+    seen = unit
+    if len(live) ** 2 * unit.shape[1] > _EXACT_BUDGET and unit.shape[1] > _PROJECTION:
+        seen = unit @ np.random.default_rng(0).standard_normal((unit.shape[1], _PROJECTION)).astype(np.float32)
+        seen /= np.maximum(np.linalg.norm(seen, axis=1, keepdims=True), np.finfo(np.float32).tiny)
+    close = np.abs(seen @ seen.T) >= (PARALLEL_COSINE if seen is unit else _PROJECTED_COSINE)
+    centre = int(close.sum(axis=1).argmax())
+    members = np.flatnonzero(close[centre])
+    members = members[np.abs(unit[members] @ unit[centre]) >= PARALLEL_COSINE]  # on the rows themselves
+    group = live[members]
     distinct = 0
     if bias is not None:
         offsets = bias.detach().cpu().numpy().astype(np.float64)[group] / norms[group]
