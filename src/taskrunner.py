@@ -164,9 +164,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._cost_said = False  # whether an audit costing several times the training was logged (once per party)
         self.last_record: dict | None = None  # the latest round record, for in-process callers
         # The checks of the received global model (audit.before_training): per party their state across rounds, and
-        # this round's verdict (party, round, verdict), computed by the first task that sees the round's model.
+        # this round's verdict ((party, round, the arrays' ids), verdict), by the first task that sees the model.
         self._received_store: dict = {}
-        self._received_verdict: tuple[str, int, ReceivedVerdict] | None = None
+        self._received_verdict: tuple[tuple, ReceivedVerdict] | None = None
         # This round's signals by model weights and set: the validation tasks and the audit share them.
         self._signal_memo = SignalMemo()
         self._validating: tuple[int, str] | None = None  # (round, apply) while a validation task runs
@@ -199,15 +199,18 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             return self._plan_model().to(device)
 
     def received_verdict(self, col_name: str, round_num: int, input_tensor_dict: dict) -> ReceivedVerdict:
-        """The checks of this round's received global model (audit.before_training), run once per round by the first
-        task that receives it (the validation of the aggregated model, else the training), before it is loaded."""
-        if self._received_verdict is None or self._received_verdict[:2] != (col_name, round_num):
+        """The checks of this round's received global model (audit.before_training), run by the first task that
+        receives it (the validation of the aggregated model, else the training), before it is loaded; a later task
+        of the round handed the same arrays (OpenFL's collaborator serves them from its cache) reuses the verdict,
+        one handed other arrays is checked again."""
+        key = (col_name, round_num, tuple(map(id, input_tensor_dict.values())))
+        if self._received_verdict is None or self._received_verdict[0] != key:
             verdict = check_received(
                 model_names(input_tensor_dict), self.model, self.audit_sets().members, self.data_loader.batch_size,
                 self.audit_settings, party=col_name, round_num=round_num, seed=self.seed,
                 plan_initial=self.plan_initial_model, store=self._received_store.setdefault(col_name, {}))
-            self._received_verdict = (col_name, round_num, verdict)
-        return self._received_verdict[2]
+            self._received_verdict = (key, verdict)
+        return self._received_verdict[1]
 
     def _check_layers(self, feature_shape: tuple) -> None:
         """The audit's layer names must name layers of the model: fail at start-up, not in the first audit."""

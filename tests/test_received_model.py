@@ -172,17 +172,22 @@ def test_a_neuron_one_sample_alone_moves_gives_that_sample(tabular):
 
 def test_the_probe_leaves_model_generator_and_received_tensors_as_they_were(tabular):
     x, y = tabular
-    model = mlp(dropout=0.3)
+    model = mlp(dropout=0.9)
+    model[4].eval()  # a frozen BatchNorm inside a model in train mode keeps its flag
     before = copy.deepcopy(model.state_dict())
     received = {n: t.detach().clone() for n, t in mlp(seed=4).state_dict().items()}
     received_copy = {n: t.clone() for n, t in received.items()}
     rng_before = torch.get_rng_state()
-    first = probe(model, received, x[:BATCH], y[:BATCH], seed=7, all_layers=True)
-    assert torch.equal(torch.get_rng_state(), rng_before)
-    assert all(torch.equal(model.state_dict()[n], before[n]) for n in before) and model.training
+    first = probe(model, received, x[:BATCH], y[:BATCH], all_layers=True)
+    assert torch.equal(torch.get_rng_state(), rng_before)  # Dropout off: nothing drawn
+    assert all(torch.equal(model.state_dict()[n], before[n]) for n in before)
+    assert model.training and model[2].training and not model[4].training
     assert all(torch.equal(received[n], received_copy[n]) for n in received)  # BatchNorm's statistics moved a copy
-    again = probe(model, received, x[:BATCH], y[:BATCH], seed=7, all_layers=True)  # Dropout drawn from the seed
+    again = probe(model, received, x[:BATCH], y[:BATCH], all_layers=True)
     assert first.layers == again.layers and np.array_equal(first.revealed, again.revealed)
+    # with Dropout at 0.9 on, most neurons would look moved by few samples; off, the support is the ReLUs'
+    tensors = {n: t.detach().clone() for n, t in mlp(seed=4).state_dict().items()}
+    assert relu_support(capture_linear_layers(model, tensors, x[:BATCH], y[:BATCH])[0])["mean_support"] > 0.3
     assert [layer["layer"] for layer in first.layers] == ["0", "3", "6"]
     assert first.layers[0]["space"] == "input" and first.layers[1]["space"] == "activation"
 

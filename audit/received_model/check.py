@@ -5,8 +5,8 @@ one alarm ("<check>: <figure>", the first that fires) or none.
 2. history (audit.received_model.history): per-tensor change against the honest envelope;
 3. structure (audit.received_model.structure): parallel rows, ReLU support, the classifier's class scale;
 4. leakage probe (audit.received_model.probe): samples of the fixed probe batch the first dense layer gives back,
-   against the honest references (the plan's initial model, built from the plan's seed; every global model this party
-   trained on), compared on the same samples.
+   against the honest references (the plan's initial model, built from the plan's seed; the latest global models this
+   party trained on without an alarm), compared on the same samples.
 
 What the party keeps across rounds (`ProbeState`, in the phase's store under "received_model"): the probe batch's rows,
 the references' per-sample read-back, the history's norms. All of it stays with the party.
@@ -20,6 +20,7 @@ import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
+from torch import nn
 
 from audit.before_training import ReceivedCheck, ReceivedContext
 from audit.received_model.architecture import check_architecture, plan_tensors
@@ -52,11 +53,7 @@ class ProbeState:
             n = len(y)
             rng = np.random.default_rng([context.seed or 0, zlib.crc32(f"{context.party}/probe".encode())])
             self.rows = np.sort(rng.choice(n, size=min(n, context.batch_size), replace=False))
-        return np.asarray(take_rows(x, self.rows), dtype=np.float32), np.asarray(y)[self.rows]
-
-
-def _probe_seed(context: ReceivedContext) -> int:
-    return zlib.crc32(f"{context.seed or 0}/{context.party}/probe_dropout".encode()) & 0x7FFFFFFF
+        return np.asarray(take_rows(x, self.rows)), np.asarray(y)[self.rows]  # token ids stay integer
 
 
 def _plan_initial_reference(context: ReceivedContext, state: ProbeState, x, y) -> None:
@@ -65,7 +62,7 @@ def _plan_initial_reference(context: ReceivedContext, state: ProbeState, x, y) -
         return
     model = load_model(context.plan_initial)
     tensors = {name: t.detach() for name, t in plan_tensors(model).items()}
-    captures = capture_linear_layers(context.template, tensors, x, y, seed=_probe_seed(context))
+    captures = capture_linear_layers(context.template, tensors, x, y)
     state.references["plan initial model"] = probe_captures(captures, x).revealed
 
 
@@ -73,8 +70,6 @@ def _structure(context, tensors, captures, settings: ReceivedModelSettings) -> t
     """The figures of audit.received_model.structure for every linear layer, and the alarms they raise."""
     figures: dict = {"parallel_rows": {}, "support": {}, "classifier": None}
     alarms: list[str] = []
-    from torch import nn  # the template's module types
-
     for name, module in context.template.named_modules():
         if isinstance(module, nn.Linear) and f"{name}.weight" in tensors:
             rows = parallel_rows(tensors[f"{name}.weight"], tensors.get(f"{name}.bias"))
@@ -164,7 +159,7 @@ def run(context: ReceivedContext, settings: ReceivedModelSettings) -> ReceivedCh
 
     start = time.perf_counter()
     x, y = state.batch(context)
-    captures = capture_linear_layers(context.template, tensors, x, y, seed=_probe_seed(context))
+    captures = capture_linear_layers(context.template, tensors, x, y)
     result = probe_captures(captures, x)
     timings["probe_step_s"] = time.perf_counter() - start
 

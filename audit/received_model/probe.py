@@ -2,7 +2,7 @@
 away to analytic inversion, whatever the construction.
 
 One training step's gradient on a fixed batch of the party's members (its own batch size), in train mode as the local
-training runs it. For every linear layer applied once per sample, the per-sample gradients of its output (`gamma`, n x
+training runs it (Dropout off: see capture_linear_layers). For every linear layer applied once per sample, the per-sample gradients of its output (`gamma`, n x
 k) give dW = gamma^T a and db = gamma^T 1 for its inputs a. Two inversions are tried, each exact when its condition
 holds:
 
@@ -23,7 +23,6 @@ no copy of the model, and its own weights are never read.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -57,18 +56,19 @@ class LayerCapture:
     db: np.ndarray | None       # (k,) gradient of the bias
 
 
-def _draws_randomness(model: nn.Module) -> bool:
-    """Whether a forward pass in train mode draws random numbers (Dropout and its kin)."""
-    return any("Dropout" in type(m).__name__ for m in model.modules())
+def _is_dropout(module: nn.Module) -> bool:
+    return "Dropout" in type(module).__name__  # Dropout, Dropout1d/2d/3d, AlphaDropout, FeatureAlphaDropout
 
 
-def capture_linear_layers(template: nn.Module, tensors: dict[str, torch.Tensor], x, y, *, seed: int = 0,
+def capture_linear_layers(template: nn.Module, tensors: dict[str, torch.Tensor], x, y, *,
                           invert: str = "first") -> list[LayerCapture]:
-    """One forward and backward pass of the mean cross-entropy of (x, y), in train mode, with the template's
-    parameters and buffers replaced by `tensors` (buffers are copied: BatchNorm's running statistics move in train
-    mode; the floating parameters get requires_grad and their .grad). Returns every nn.Linear with a bias called on
-    one row per sample, in forward order; the inputs and weight gradients (float64 copies, a layer's size each) of
-    the first only, or of every one with invert="all". Dropout draws from `seed`, torch's generator left as it was."""
+    """One forward and backward pass of the mean cross-entropy of (x, y), in train mode (BatchNorm on the batch's
+    statistics, as the local training runs it) but with Dropout off: its random zeros would read as neurons few
+    samples move, and honest references and received model are then compared on the same deterministic step. The
+    template's parameters and buffers are replaced by `tensors` (buffers are copied: BatchNorm's running statistics
+    move in train mode; the floating parameters get requires_grad and their .grad). Returns every nn.Linear with a
+    bias called on one row per sample, in forward order; the inputs and weight gradients (float64 copies, a layer's
+    size each) of the first only, or of every one with invert="all"."""
     linears = {module: name for name, module in template.named_modules() if isinstance(module, nn.Linear)
                and module.bias is not None}
     parameter_names = {name for name, _ in template.named_parameters()}
@@ -86,12 +86,11 @@ def capture_linear_layers(template: nn.Module, tensors: dict[str, torch.Tensor],
             seen.append((linears[module], inp.detach(), output))
 
     handles = [module.register_forward_hook(hook) for module in linears]
-    # torch.manual_seed costs milliseconds (every device's generator): only for a model that draws
-    rng = torch.random.fork_rng(devices=[]) if _draws_randomness(template) else contextlib.nullcontext()
     try:
-        with rng, module_mode(template, training=True):
-            if _draws_randomness(template):
-                torch.manual_seed(seed)
+        with module_mode(template, training=True):  # every module's own flag comes back afterwards
+            for module in template.modules():
+                if _is_dropout(module):
+                    module.eval()
             logits = functional_call(template, {**params, **buffers}, (xb,))
             loss = F.cross_entropy(logits, torch.as_tensor(np.asarray(y), dtype=torch.long, device=logits.device))
             loss.backward()
@@ -201,11 +200,11 @@ class ProbeResult:
                 "revealed_fraction_interval_95": [low, high], "layers": list(self.layers)}
 
 
-def probe(template: nn.Module, tensors: dict[str, torch.Tensor], x, y, *, seed: int = 0,
+def probe(template: nn.Module, tensors: dict[str, torch.Tensor], x, y, *,
           threshold: float = DEFAULT_THRESHOLD, all_layers: bool = False) -> ProbeResult:
     """The probe of the module docstring on one batch (x, y); `tensors` are the received weights in the plan's
     dtypes (audit.received_model.architecture)."""
-    captures = capture_linear_layers(template, tensors, x, y, seed=seed, invert="all" if all_layers else "first")
+    captures = capture_linear_layers(template, tensors, x, y, invert="all" if all_layers else "first")
     return probe_captures(captures, x, threshold, all_layers)
 
 
