@@ -319,3 +319,62 @@ def test_the_probe_alone_rejects_the_strong_constructions(tabular):
                                  probe_only, party="p", round_num=0, seed=0, plan_initial=lambda: mlp(dropout=0.0),
                                  store=store)
         assert verdict.rejected and verdict.reason.startswith("received model rejected: leakage probe: "), name
+
+
+class TokenBag(nn.Module):
+    """Token ids -> Embedding -> mean over positions -> Linear -> ReLU -> Linear (integer inputs)."""
+
+    def __init__(self, vocab: int = 40):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, 8)
+        self.hidden = nn.Linear(8, 16)
+        self.out = nn.Linear(16, 3)
+
+    def forward(self, tokens):
+        return self.out(torch.relu(self.hidden(self.emb(tokens).mean(dim=1))))
+
+
+def test_token_inputs_and_a_set_smaller_than_the_batch():
+    """Integer inputs reach the Embedding as they are; with 6 members (a probe batch of 6) the sparsity figures are not
+    judged and the probe cannot be significant, but an imprint in the dense layer is still rejected by its rows."""
+    rng = np.random.default_rng(1)
+    tokens, labels = rng.integers(0, 40, size=(6, 5)), rng.integers(0, 3, size=6)
+    torch.manual_seed(2)
+    model = TokenBag()
+    plan_initial = lambda: copy.deepcopy(model)  # noqa: E731
+    verdict = check_received(state_of(model), model, (tokens, labels), BATCH, settings(), party="p", round_num=0,
+                             seed=0, plan_initial=plan_initial, store={})
+    details = verdict.details()["received_model"]
+    assert not verdict.alarms and details["probe"]["batch"] == 6 and details["probe"]["first_layer"] == "hidden"
+    assert details["structure"]["support"] == {"hidden": None}  # 6 samples: too few to say
+    with torch.no_grad():
+        features = model.emb(torch.as_tensor(rng.integers(0, 40, size=(200, 5)))).mean(dim=1).double().numpy()
+    crafted = imprint(model.state_dict(), "hidden", "out", features, 12)
+    verdict = check_received({k: np.asarray(v) for k, v in crafted.items()}, model, (tokens, labels), BATCH,
+                             settings(), party="p", round_num=0, seed=0, plan_initial=plan_initial, store={})
+    assert verdict.rejected and "12 of 16 rows of hidden are scaled copies" in verdict.reason
+
+
+def test_the_aggregator_report_reads_the_verdicts_alone(tmp_path):
+    """From the scalars alone: who rejected the round's model (not trained on, left out of the average), whose check
+    only reported an alarm (trained, averaged), who passed, and who sent no verdict."""
+    from src.aggregator_report import AggregatorReportWriter, round_record
+
+    metrics = {
+        "rejecter": {"gate_kept": 0.0, "received_model_alarm": 1.0, "received_model_rejected": 1.0},
+        "reporter": {"gate_kept": 1.0, "received_model_alarm": 1.0, "received_model_rejected": 0.0},
+        "passer": {"gate_kept": 1.0, "received_model_alarm": 0.0, "received_model_rejected": 0.0},
+        "silent": {"gate_kept": 1.0},
+    }
+    record = round_record(4, authorized=list(metrics), stragglers=[], metrics=metrics)
+    assert record["rejected_received_model"] == ["rejecter"] and record["received_model_alarms"] == ["reporter"]
+    assert record["withheld"] == ["rejecter"] and record["kept"] == ["passer", "reporter", "silent"]
+    entries = record["collaborators"]
+    assert entries["rejecter"]["reason"].startswith("did not train: it rejected this round's global model")
+    assert [entries[n]["received_model"] for n in ("passer", "silent")] == ["passed", None]
+    AggregatorReportWriter(tmp_path).write_round(record)  # the record and the summaries, now
+    rows = (tmp_path / "decisions.csv").read_text().splitlines()
+    assert rows[0].endswith(",received_model") and any(r.startswith("4,rejecter,") and r.endswith(",rejected")
+                                                        for r in rows)
+    page = (tmp_path / "index.html").read_text()
+    assert "Received global model: checks before training" in page and "1 of 1 rounds' global models" in page
