@@ -31,7 +31,7 @@ from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, G
                                         VERDICTS, WITHHELD, missing_name, threshold_name, tripped_name)
 
 __all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "Retrained", "DPTry", "GateOutcome",
-           "run_gate", "empirical_epsilon"]
+           "run_gate", "rejected_before_training", "empirical_epsilon"]
 
 OVER_THRESHOLD = "over_threshold"
 
@@ -194,3 +194,10 @@ def run_gate(
                                    epsilon=result.epsilon, retrained=result)
     epsilon = tries[-1].retrained.epsilon if tries else 0.0
     return GateOutcome(WITHHELD, verdict, record, reason=reason, tries=tuple(tries), epsilon=epsilon)
+
+
+def rejected_before_training(reason: str, record: dict) -> GateOutcome:
+    """The outcome of a round whose received global model a check rejected before training (audit.before_training):
+    nothing was trained or audited, and the caller sends nothing new (a model the server already has) with gate_kept
+    0, so the average leaves it out. `reason`: "received model rejected: <check>: <figure>"."""
+    return GateOutcome(WITHHELD, GateVerdict(passed=False), record, reason=reason)

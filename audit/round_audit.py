@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.steps import AuditStep, registered
+from audit.config.steps import AFTER_TRAINING, AuditStep, registered
 from audit.scaled_pixels import take_rows
 from audit.spill import ModelSource
 from audit.training import TrainingRecipe
@@ -151,6 +151,8 @@ class StepResult:
 
 
 def _runs(audit_step: AuditStep, context: AuditContext) -> bool:
+    if audit_step.phase != AFTER_TRAINING:  # a check of the received model ran before training (audit.before_training)
+        return False
     if audit_step.needs_global and context.global_model is None:
         return False
     return audit_step.due(context.settings, context.round_num)

@@ -8,7 +8,9 @@ same that src.aggregation.GatedWeightedAverage applies, so a collaborator report
 is in the round's model:
 
     kept                  averaged (gate_kept 1, or no gate_kept sent: gating may be off, the reason says so)
-    withheld              its gate withheld it (gate_kept 0), or its gate_kept is NaN/not a number (fail closed)
+    withheld              its gate withheld it (gate_kept 0), or its gate_kept is NaN/not a number (fail closed); among
+                          them, the parties that rejected the round's global model before training (their verdict,
+                          received_model_rejected 1: audit.before_training)
     left_out_non_finite   a tensor it sent holds NaN/Inf, whatever its gate said
     straggler             OpenFL's straggler policy ended the round without it
 
@@ -38,7 +40,8 @@ from typing import Any, Iterable, Mapping
 from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_KEPT_NOT_FINITE,
                                         GATE_MISSING_PREFIX, GATE_RETRIES, GATE_THRESHOLD_PREFIX, GATE_TRIPPED_PREFIX,
                                         KEPT, LEFT_OUT_NON_FINITE, NO_GATE_METRIC, NON_FINITE_TENSORS,
-                                        NON_FINITE_UPDATE, STRAGGLER, WITHHELD, Decision, decide)
+                                        NON_FINITE_UPDATE, RECEIVED_MODEL_ALARM, RECEIVED_MODEL_REJECTED, STRAGGLER,
+                                        WITHHELD, Decision, decide)
 from audit.config.steps import is_audit_metric
 from audit.config.vocabulary import LEAK_DETECTED, LEAK_EPSILON_CEILING, LEAK_EPSILON_LB, LEAK_P_VALUE
 from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
@@ -116,6 +119,7 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
     thresholds = {name[len(GATE_THRESHOLD_PREFIX):]: _finite_or_none(value) for name, value in sorted(metrics.items())
                   if name.startswith(GATE_THRESHOLD_PREFIX) and _finite_or_none(value) is not None}
 
+    received_model = _received_model_verdict(metrics)
     if straggler:
         status = STRAGGLER
         reason = ("did not report all its tasks in time; OpenFL's straggler policy ended the round without it, "
@@ -123,6 +127,9 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
     else:
         status = decision.status
         reason = _reason(decision, metrics.get(GATE_KEPT), causes, retries)
+        if received_model == "rejected" and status == WITHHELD:
+            reason = ("did not train: it rejected this round's global model before training (its checks' figures "
+                      "stay in its own report)")
     return {
         "status": status,
         # The collaborators' vocabulary: a kept update its gate retrained with DP is dp_retrained.
@@ -130,6 +137,7 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
         "cause": STRAGGLER if straggler else decision.cause,
         "averaged": status == KEPT,
         "reason": reason,
+        "received_model": received_model,
         "gate_reported": gate_reported,
         "gate_kept": kept_value,
         "gate_retries": retries,
@@ -149,6 +157,18 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
             if not is_audit_metric(k) and not k.startswith("gate_")
         },
     }
+
+
+def _received_model_verdict(metrics: Mapping[str, float]) -> str | None:
+    """What a collaborator's checks said of the global model it received: rejected (not trained on), alarm (reported
+    only, trained on), passed; None when it sent no verdict."""
+    rejected = _finite_or_none(metrics.get(RECEIVED_MODEL_REJECTED))
+    alarm = _finite_or_none(metrics.get(RECEIVED_MODEL_ALARM))
+    if rejected is None and alarm is None:
+        return None
+    if rejected:
+        return "rejected"
+    return "alarm" if alarm else "passed"
 
 
 def _reason(decision: Decision, gate_kept, causes: list[str], retries: float | None) -> str:
@@ -209,6 +229,9 @@ def round_record(round_num: int, *, authorized: Iterable[str], stragglers: Itera
         "written_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "authorized_collaborators": sorted(set(authorized)),
         **by_status,  # kept (= the updates averaged), withheld, left_out_non_finite, stragglers
+        # the parties that did not train on this round's global model, and those whose checks only reported an alarm
+        "rejected_received_model": [n for n, e in collaborators.items() if e["received_model"] == "rejected"],
+        "received_model_alarms": [n for n, e in collaborators.items() if e["received_model"] == "alarm"],
         "collaborators": collaborators,
         "averaged_audit_metrics": averaged,
         "aggregator_logs": {k: _finite_or_none(v) for k, v in sorted((aggregator_logs or {}).items())},
@@ -273,14 +296,15 @@ def _decisions_csv(records: list[dict]) -> str:
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["round", "collaborator", "status", "reason", "gate_reported", "gate_retries", "gate_epsilon",
-                     "tripped"])
+                     "tripped", "received_model"])
     for record in records:
         for name, entry in record["collaborators"].items():
             tripped = ";".join(f"{k}={_fmt(v)}" for k, v in entry.get("tripped", {}).items())
             # Text (names, reasons) is escaped for spreadsheets; numbers are written as numbers.
             writer.writerow(spreadsheet_safe_row([
                 record["round"], name, entry["status"], entry["reason"], entry["gate_reported"],
-                _cell(entry.get("gate_retries")), _cell(entry.get("gate_epsilon")), tripped]))
+                _cell(entry.get("gate_retries")), _cell(entry.get("gate_epsilon")), tripped,
+                entry.get("received_model") or ""]))
     return buf.getvalue()
 
 
@@ -391,9 +415,15 @@ def _round_row(record: Mapping, names: list[str], metric: str | None) -> str:
         leak = entry.get("leak") or {}
         state = "not_audited" if leak.get("detected") is None else "leak" if leak["detected"] else "no_leak"
         detail = _verdict_text(entry, metric) if metric else ""
+        if entry.get("received_model") in ("rejected", "alarm"):
+            detail = ("rejected the received model" if entry["received_model"] == "rejected"
+                      else "alarm on the received model (reported only)") + (f"; {detail}" if detail else "")
+            detail_text = detail
+        else:
+            detail_text = f"{metric}: {detail}" if detail else ""
         cells.append(f'<td class="text"><span class="{e(verdict)}">{e(verdict)}</span> · '
                      f'<span class="{state}">{e(leak_text(entry))}</span>'
-                     + (f"<br><span class=\"muted\">{e(metric)}: {e(detail)}</span>" if detail else "") + "</td>")
+                     + (f"<br><span class=\"muted\">{e(detail_text)}</span>" if detail_text else "") + "</td>")
     summary = ""
     if metric:
         values = {n: v for n in names if n in record["collaborators"]
@@ -438,6 +468,35 @@ _VOCABULARY = ("Leak verdicts, each party's own: <strong>leak detected</strong> 
                "party). For privacy the worst (largest) collaborator counts, not the mean.")
 
 
+def _received_model_section(records: list[dict], names: list[str]) -> list[str]:
+    """Which parties rejected (or only flagged) which round's global model: their verdicts, nothing more."""
+    checked = [r for r in records if any(e.get("received_model") for e in r["collaborators"].values())]
+    if not checked:
+        return []
+    e = html.escape
+    out = ["<h2>Received global model: checks before training</h2>",
+           '<p class="muted">Before training, each party checks the global model it received (architecture, change '
+           "against earlier rounds, the signatures of models built to extract data, and how many of its samples the "
+           "update would give away; docs/received-model.md). <strong>rejected</strong>: it did not train on it and "
+           "sent nothing new; <strong>alarm</strong>: a check fired but its plan only reports. Only the verdict "
+           "reaches the aggregator.</p>"]
+    flagged = [r for r in checked if r.get("rejected_received_model") or r.get("received_model_alarms")]
+    if not flagged:
+        out.append(f"<p>No party raised an alarm on any of the {len(checked)} rounds' global models.</p>")
+        return out
+    out.append('<div class="scroll"><table><tr><th>round</th>' + "".join(f"<th>{e(n)}</th>" for n in names) + "</tr>")
+    for r in reversed(flagged):
+        cells = []
+        for n in names:
+            verdict = (r["collaborators"].get(n) or {}).get("received_model") or ""
+            css = {"rejected": WITHHELD, "alarm": "dp_retrained", "passed": KEPT}.get(verdict, "")
+            cells.append(f'<td class="text"><span class="{css}">{e(verdict)}</span></td>')
+        out.append(f'<tr><td><a href="#round-{r["round"]}">{r["round"]}</a></td>' + "".join(cells) + "</tr>")
+    out.append("</table></div>")
+    out.append(f"<p>{len(flagged)} of {len(checked)} rounds' global models were flagged by at least one party.</p>")
+    return out
+
+
 def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool, deanon: bool) -> str:
     e = html.escape
     body = (['<p><a href="../index.html">&larr; run index</a></p>'] if run_index else []) + [
@@ -471,6 +530,7 @@ def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool,
                 + "<th>averaged</th></tr>")
     body += [_round_row(r, names, metric) for r in reversed(records)]
     body.append("</table></div>")
+    body += _received_model_section(records, names)
     for name, file in plots:
         body.append(f"<h2>{e(name)} per round</h2>")
         body.append('<p class="muted">Each collaborator\'s value (dots), their mean and the worst (largest) of them; '

@@ -28,6 +28,7 @@ from audit.config.gate import GatePolicy, audit_metric_names, non_finite_tensors
 from audit.config.gate_contract import sent_to_aggregator
 from audit.config.steps import registered
 from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
+from audit.before_training import ReceivedVerdict, check_received
 from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
 from audit.membership.resolution import resolution_warning
@@ -45,6 +46,7 @@ from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
 from src.plan_checks import check_plan, plan_being_built
 from src.runner_settings import PREFIX as SETTINGS_PREFIX, RunnerSettings
+from src.received_model_task import model_names, rejected_round, rejected_validation
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +122,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._resolution_said = False  # whether the audit sets' resolvable tolerances were logged
         self._cost_said = False  # whether an audit costing several times the training was logged (once per party)
         self.last_record: dict | None = None  # the latest round record, for in-process callers
+        # The checks of the received global model (audit.before_training): per party their state across rounds, and
+        # this round's verdict ((party, round, the arrays' ids), verdict), by the first task that sees the model.
+        self._received_store: dict = {}
+        self._received_verdict: tuple[tuple, ReceivedVerdict] | None = None
         # This round's signals by model weights and set: the validation tasks and the audit share them.
         self._signal_memo = SignalMemo()
         self._validating: tuple[int, str] | None = None  # (round, apply) while a validation task runs
@@ -141,9 +147,29 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         under torch.manual_seed; every other draw of the process goes on as if it had not been built)."""
         if self._initial_on_disk is not None:
             return self._initial_on_disk.load(self.device)
+        return self.plan_initial_model()
+
+    def plan_initial_model(self) -> torch.nn.Module:
+        """The plan's model built again from the plan's seed (whatever this party received), torch's generator left
+        as it was: the honest reference of the received-model check, and what a party that rejected every model so
+        far sends back."""
         device = torch.device(self.device)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             return self._plan_model().to(device)
+
+    def received_verdict(self, col_name: str, round_num: int, input_tensor_dict: dict) -> ReceivedVerdict:
+        """The checks of this round's received global model (audit.before_training), run by the first task that
+        receives it (the validation of the aggregated model, else the training), before it is loaded; a later task
+        of the round handed the same arrays (OpenFL's collaborator serves them from its cache) reuses the verdict,
+        one handed other arrays is checked again."""
+        key = (col_name, round_num, tuple(map(id, input_tensor_dict.values())))
+        if self._received_verdict is None or self._received_verdict[0] != key:
+            verdict = check_received(
+                model_names(input_tensor_dict), self.model, self.audit_sets().members, self.data_loader.batch_size,
+                self.audit_settings, party=col_name, round_num=round_num, seed=self.seed,
+                plan_initial=self.plan_initial_model, store=self._received_store.setdefault(col_name, {}))
+            self._received_verdict = (key, verdict)
+        return self._received_verdict[1]
 
     def _check_layers(self, feature_shape: tuple) -> None:
         """Each audit step checks the plan's model against its settings (audit.config.steps `check_model`: e.g. the
@@ -197,7 +223,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
 
     # ------------------------------------------------------------ validation
     def validate_task(self, col_name, round_num, input_tensor_dict, **kwargs):
-        """OpenFL's validation task (accuracy on the validation set, which is the audit's non-member set)."""
+        """OpenFL's validation task (accuracy on the validation set, which is the audit's non-member set); a received
+        model the checks rejected is not loaded (accuracy NaN)."""
+        if kwargs.get("apply") == "global" and self.received_verdict(col_name, round_num, input_tensor_dict).rejected:
+            return rejected_validation(col_name, round_num, kwargs.get("apply"))
         self._signal_memo.start_round(round_num)
         self._validating = (col_name, round_num, kwargs.get("apply"))
         try:
@@ -236,6 +265,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
     def train_task(self, col_name, round_num, input_tensor_dict, epochs=1, **kwargs):
         kwargs = _tqdm_on_terminal_only(kwargs)
         col = self.collaborator_settings(col_name)
+        verdict = self.received_verdict(col_name, round_num, input_tensor_dict)
+        if verdict.rejected:  # not trained on: nothing new is sent (src/received_model_task.py)
+            return rejected_round(self, col_name, round_num, verdict, col.gate, cross_entropy.__name__)
         epochs = col.epochs if col.epochs is not None else epochs
         learning_rate = col.learning_rate if col.learning_rate is not None else self.learning_rate
         for group in self.optimizer.param_groups:
@@ -274,6 +306,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         trained = {k.tensor_name: v for k, v in {**global_out, **local_out}.items() if "trained" in k.tags}
         mitigation_record = self._mitigate_update(col.mitigation, trained, received, global_out, local_out,
                                                   col_name, round_num)
+        verdict.remember(model_names(trained))  # this party's own update: the checks' honest reference from now on
 
         gate = col.gate
         outcome = run_gate(
@@ -298,6 +331,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             logger.warning("%s round %d: update has NaN/Inf in %s; withheld", col_name, round_num,
                            list(outcome.non_finite_tensors))
         record = outcome.record
+        if record is None and verdict.alarms:  # an alarm the plan only reports, in a round the audit skips: keep it
+            record = self._empty_record(col_name, round_num)
         if record is not None:
             record["timings"]["train_s"] = train_seconds
             if audited_in_validation and "audit_s" in record["timings"]:
@@ -307,6 +342,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             if math.isfinite(train_loss):  # report metrics are finite numbers
                 record["metrics"]["train_loss"] = train_loss
             record["extra"]["gate"] = outcome.record_entry(gate)
+            record["extra"]["received_model"] = verdict.details()
+            record["metrics"].update(verdict.metrics())
+            record["timings"].update(verdict.timings)
             if mitigation_record is not None:
                 record["extra"]["mitigation"] = mitigation_record
             self.last_record = record
@@ -330,7 +368,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             for name in self._sent_metrics:
                 value = record["metrics"].get(name, math.nan)
                 global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
-        for name, value in outcome.scalars(self.gate_watched, gate.limits).items():
+        for name, value in {**outcome.scalars(self.gate_watched, gate.limits), **verdict.metrics()}.items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out
 

@@ -37,6 +37,9 @@ DEFAULTS = {
         "enabled": False, "interval": 1, "crowd_users": 10, "shadows_per_user": 8, "shadow_size": None,
         "layer": None, "attacks": ["mlp", "svm", "knn", "siamese"], "crowd_alpha": "federation",
     },
+    "received_model": {"enabled": True, "action": "reject", "max_change_ratio": 10.0, "parallel_rows": 4,
+                       "min_support": 0.15, "max_isolating": 0.25, "class_weight_ratio": 10.0, "probe_margin": 0.25,
+                       "probe_alpha": 0.01},
 }
 DEFAULTS_SIGNALS = tuple(DEFAULTS["signals"])
 

@@ -1,5 +1,6 @@
 """The built-in audit steps, declared in run order: membership inference (population and update attacks), RMIA with
-the federation's reference models, Fidel reconstruction, deanonymization.
+the federation's reference models, Fidel reconstruction, deanonymization; and, before training, the check of the
+received global model (phase BEFORE_TRAINING).
 
 Each declaration names the step's plan section, its settings parser, the metrics it reports and where its run lives
 (imported on first use, so reading a plan needs no torch). See audit.config.steps for how to add one.
@@ -10,10 +11,12 @@ from __future__ import annotations
 from audit.config.deanon_settings import deanon_settings
 from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
 from audit.config.rmia_settings import rmia_settings
-from audit.config.steps import AuditStep, register
-from audit.config.vocabulary import FIDEL_GRID_FILE, MIA_PREFIX, RMIA_SCORES_FILE, SIGNALS_FILE, RMIA, attack_statistics, mia_metric
+from audit.config.steps import BEFORE_TRAINING, AuditStep, register
+from audit.config.vocabulary import (FIDEL_GRID_FILE, MIA_PREFIX, RMIA, RMIA_SCORES_FILE, SIGNALS_FILE, attack_statistics,
+                                     mia_metric)
+from audit.received_model.settings import METRICS as RECEIVED_MODEL_METRICS, received_model_settings
 
-__all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "membership_series"]
+__all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "RECEIVED_MODEL", "membership_series"]
 
 
 def membership_series(settings) -> list[tuple[str, str]]:
@@ -56,4 +59,9 @@ DEANON = register(AuditStep(
     run="audit.deanon.step:run", metric_prefix="deanon_",
     check_model="audit.deanon.views:check_layer", page_section="audit.deanon.views:page_section",
     summary="audit.deanon.views:summary_line",
+))
+RECEIVED_MODEL = register(AuditStep(
+    name="received_model", section="received_model", parse=received_model_settings,
+    metric_names=lambda settings, _: list(RECEIVED_MODEL_METRICS), run="audit.received_model.check:run",
+    needs_global=False, phase=BEFORE_TRAINING, metric_prefix="received_model_", summary=None,
 ))

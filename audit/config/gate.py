@@ -35,7 +35,7 @@ from audit.config.audit_settings import AuditSettings
 from audit.config.fields import (SettingsError, check_fields, choice, integer, mapping, optional, parse, real, setting,
                                  subsection, to_dict)
 from audit.config.gate_contract import NON_FINITE_UPDATE
-from audit.config.steps import metric_prefixes, producer_of, registered
+from audit.config.steps import AFTER_TRAINING, metric_prefixes, producer_of, registered
 from audit.config.vocabulary import (BOUNDS, EPSILON_LB, GATE_ACTIONS, LEAK_EPSILON_LB, LEAK_METRICS, LOWER,
                                      bounded)
 
@@ -98,11 +98,13 @@ def metric_range(name: str) -> tuple[float, float] | None:
 
 def audit_metric_names(settings: AuditSettings) -> tuple[str, ...]:
     """The scalar metric names `audit.round_audit.audit_round` reports under these settings (sorted): the union of
-    the enabled steps' names (audit.config.steps) and the leak verdict's, never a list kept by hand."""
+    the enabled steps' names (audit.config.steps) and the leak verdict's, never a list kept by hand. The checks of the
+    received model (phase BEFORE_TRAINING) decide before training, so the gate of the trained update does not watch
+    them."""
     if not settings.enabled:
         return ()
     names = list(LEAK_METRICS)
-    for audit_step in registered():
+    for audit_step in registered(AFTER_TRAINING):
         if audit_step.enabled(settings):
             names += audit_step.metric_names(audit_step.settings_of(settings), settings)
     return tuple(sorted(names))

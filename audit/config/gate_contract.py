@@ -12,7 +12,11 @@ The collaborator's `train` task (src/taskrunner.py) sends, with its update, thes
     gate_threshold__<metric> the limit its gate holds the metric to (NaN: its gate does not watch it)
     gate_missing__<metric>   1.0 if the round did not produce the watched metric (the gate failed closed), else 0.0
 
-and its audit metrics, each a scalar, except the confidence bounds of its figures (`sent_to_aggregator`).
+and its audit metrics, each a scalar, except the confidence bounds of its figures (`sent_to_aggregator`). Before
+training it checks the global model it received (audit.before_training) and sends only the verdict:
+
+    received_model_alarm     1.0 if a check raised an alarm on this round's global model, else 0.0
+    received_model_rejected  1.0 if it therefore did not train on it (gate_kept is then 0.0), else 0.0
 
 The aggregator's average (src/aggregation.py) and its report (src/aggregator_report.py) both call `decide` on
 what arrived, so the report says exactly what was averaged. This module imports neither torch nor OpenFL.
@@ -31,6 +35,7 @@ __all__ = [
     "KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "LEFT_OUT_NON_FINITE", "STRAGGLER", "STATUSES",
     "PASSED", "NO_GATE_METRIC", "GATE_WITHHELD", "GATE_KEPT_NOT_FINITE", "NON_FINITE_TENSORS",
     "Decision", "decide", "tripped_name", "threshold_name", "sent_to_aggregator",
+    "RECEIVED_MODEL_ALARM", "RECEIVED_MODEL_REJECTED", "RECEIVED_MODEL_REJECTED_REASON",
 ]
 
 GATE_KEPT = "gate_kept"
@@ -42,6 +47,10 @@ GATE_TRIPPED_PREFIX = "gate_tripped__"
 GATE_THRESHOLD_PREFIX = "gate_threshold__"
 GATE_MISSING_PREFIX = "gate_missing__"  # 1.0 where a watched metric was missing from the party's round
 NON_FINITE_UPDATE = "non_finite_update"  # the gate's reason, and the tripped name, for a NaN/Inf update
+RECEIVED_MODEL_ALARM = "received_model_alarm"
+RECEIVED_MODEL_REJECTED = "received_model_rejected"
+# The gate's reason in a round whose received model was rejected: "received model rejected: <check>: <figure>".
+RECEIVED_MODEL_REJECTED_REASON = "received model rejected"
 
 # A collaborator's gate verdict on its own update (audit.gate_flow): sent as trained, sent after a DP retrain, or
 # withheld (the received weights are sent back).

@@ -22,8 +22,13 @@ from typing import Any, Callable, Iterable, Mapping
 
 from audit.config.vocabulary import LEAK_PREFIX
 
-__all__ = ["AuditStep", "register", "unregister", "registered", "step", "metric_prefixes", "is_audit_metric",
-           "producer_of", "private_file_names"]
+# When a step runs in a round: on the update after local training, or on the received global model before it.
+AFTER_TRAINING = "after_training"
+BEFORE_TRAINING = "before_training"
+PHASES = (AFTER_TRAINING, BEFORE_TRAINING)
+
+__all__ = ["AuditStep", "AFTER_TRAINING", "BEFORE_TRAINING", "PHASES", "register", "unregister", "registered",
+           "step", "metric_prefixes", "is_audit_metric", "producer_of", "private_file_names"]
 
 # Scalar names that are not a step's: the round's leak verdict's (audit.verdict.leak) and the gate's contract with
 # the aggregator (audit.config.gate_contract). No step's prefix may overlap them.
@@ -58,6 +63,8 @@ class AuditStep:
         default, METRICS, lists its metrics of the round; None says nothing (the membership attacks are in the leak
         verdict's line).
     Each callable may be given as "module:function", imported on first use (keeps torch out of plan reading).
+    phase: AFTER_TRAINING (audits the trained update, its metrics can be gated) or BEFORE_TRAINING (checks the received
+        model before training; see audit.before_training).
     """
 
     name: str
@@ -73,6 +80,7 @@ class AuditStep:
     summary: str | Callable | None = "metrics"
     metric_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     needs_global: bool = True
+    phase: str = AFTER_TRAINING
 
     def load_run(self) -> Callable:
         return _load(self.run)
@@ -115,6 +123,8 @@ def register(new: AuditStep) -> AuditStep:
     for other in _REGISTRY.values():
         if other.name == new.name or (new.section is not None and other.section == new.section):
             raise ValueError(f"audit step {new.name!r}: name or section {new.section!r} is taken by {other.name!r}")
+    if new.phase not in PHASES:
+        raise ValueError(f"audit step {new.name!r}: phase {new.phase!r}; choose one of {', '.join(PHASES)}")
     if new.section is not None and new.parse is None:
         raise ValueError(f"audit step {new.name!r}: a step with a plan section needs a settings parser")
     if not new.metric_prefix:
@@ -140,9 +150,9 @@ def _with_builtins() -> dict[str, AuditStep]:
     return _REGISTRY
 
 
-def registered() -> tuple[AuditStep, ...]:
-    """Every step, in registration (= run) order: the built-in ones first."""
-    return tuple(_with_builtins().values())
+def registered(phase: str | None = None) -> tuple[AuditStep, ...]:
+    """Every step (of `phase`, if given), in registration (= run) order: the built-in ones first."""
+    return tuple(s for s in _with_builtins().values() if phase is None or s.phase == phase)
 
 
 def step(name: str) -> AuditStep:

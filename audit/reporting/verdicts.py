@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from audit.config.gate import MISSING
-from audit.config.gate_contract import DP_RETRAINED, KEPT, NON_FINITE_UPDATE, WITHHELD
+from audit.config.gate_contract import (DP_RETRAINED, KEPT, NON_FINITE_UPDATE, RECEIVED_MODEL_REJECTED_REASON,
+                                        WITHHELD)
 from audit.config.vocabulary import LOWER, UPPER, bounded
 from audit.reporting.readings import (exact_auc_band, exact_auc_of, float_or_nan, fmt, fmt_interval, ordered_models,
                                       rates_at, resolvable_at, tolerances_of)
@@ -233,6 +234,8 @@ def round_verdict(record: Mapping) -> RoundVerdict:
         status = "withheld: the trained update holds NaN/Inf"
     elif reason.startswith(MISSING):
         status = f"{verdict}: {reason} (fail closed: what the round did not measure cannot pass)"
+    elif reason.startswith(RECEIVED_MODEL_REJECTED_REASON):
+        status = f"{gate['reason']}; not trained on, nothing new sent"
     elif not checks:
         status = "no gate set: sent as trained"
     elif verdict == WITHHELD:
