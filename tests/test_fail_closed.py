@@ -150,3 +150,32 @@ def test_rmia_whose_references_all_diverged_produces_no_metrics_and_its_gate_fai
                    audit_received=lambda: record, empty_record=dict, retrain=None, audit_retrained=None)
     assert (out.verdict, out.reason) == (WITHHELD, "missing: rmia_independent_exact_auc")
     assert math.isnan(out.gate_verdict.tripped["rmia_independent_exact_auc"][0])
+
+
+def test_rmia_whose_references_give_probability_zero_is_skipped_not_a_crash():
+    """A model whose outputs are hundreds apart (an untrained ResNet-like net in eval mode can give that) makes the
+    references' true-class probabilities underflow to 0: with offline_a 1, Pr(x) = 0 and RMIA cannot score the sample.
+    The kind is left out with the reason, the round's other attacks stand, and a gate on it fails closed."""
+    rng = np.random.default_rng(5)
+
+    def sets(n):
+        return rng.normal(size=(n, 4)).astype(np.float32), rng.integers(0, 3, size=n)
+
+    torch.manual_seed(5)
+
+    def model():  # a huge output scale: true-class log-probabilities far below exp's range at temperature 1
+        net = nn.Sequential(nn.Linear(4, 3))
+        with torch.no_grad():
+            net[0].weight.mul_(5000.0)
+        return net
+
+    settings = AuditSettings.from_mapping({"signals": ["loss"], "fpr_tolerance": [0.1],
+                                           "rmia": {"references": ["independent"], "reference_models": 2,
+                                                    "offline_a": 1.0, "temperature": 1.0}})
+    training = LocalTraining(TrainingRecipe("SGD", 1e-9, 0.0, epochs=1, batch_size=10), member_count=30,
+                             federation_alpha=None)
+    record = audit_round(model(), model(), AuditSets(sets(30), sets(30), sets(60)), settings, party="p", round_num=0,
+                         training=training, initial_model=model())
+    assert "Pr(x) must be finite and > 0" in record["extra"]["rmia"]["independent"]["skipped"]
+    assert not any(name.startswith("rmia_") for name in record["metrics"])
+    assert "mia_local_loss_exact_auc" in record["metrics"] and record["leak"]["tests"] > 0

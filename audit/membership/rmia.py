@@ -49,6 +49,7 @@ from audit.membership.uncertainty import auc
 
 __all__ = [
     "OFFLINE_A_GRID",
+    "ZeroMarginal",
     "Signals",
     "RMIAScores",
     "TunedA",
@@ -162,14 +163,18 @@ def marginal_probability(references=None, reference_in=None, *, offline_a: float
 # ------------------------------------------------------------------------------------------ scores
 
 
+class ZeroMarginal(ValueError):
+    """Pr(x) is 0 for some sample: its likelihood ratio is undefined, so the attack cannot score it."""
+
+
 def _ratio(target, marginal, name: str) -> np.ndarray:
     target = _probabilities(target, f"{name}: target")
     marginal = np.asarray(marginal, dtype=np.float64)
     if target.ndim != 1 or marginal.shape != target.shape:
         raise ValueError(f"{name}: target {target.shape} and Pr(x) {marginal.shape} must be the same (N,) shape")
     if not (np.isfinite(marginal).all() and (marginal > 0).all()):
-        raise ValueError(f"{name}: Pr(x) must be finite and > 0 (it is 0 only with offline_a = 1 and references "
-                         "giving probability 0; raise the temperature)")
+        raise ZeroMarginal(f"{name}: Pr(x) must be finite and > 0 (it is 0 only with offline_a = 1 and references "
+                           "whose probabilities underflow to 0: logits far apart; raise audit.rmia.temperature)")
     return target / marginal
 
 

@@ -21,7 +21,8 @@ from audit.config.vocabulary import RMIA, rmia_metric
 from audit.membership.population_attack import population_attack
 from audit.membership.references import (References, fine_tuned_references, independent_references,
                                          reference_seed)
-from audit.membership.rmia import OFFLINE_A_GRID, Signals, rmia, true_class_probability, tune_offline_a
+from audit.membership.rmia import (OFFLINE_A_GRID, Signals, ZeroMarginal, rmia, true_class_probability,
+                                   tune_offline_a)
 from audit.membership.step import attack_metrics
 from audit.model_io import chunks, eval_mode, model_input
 from audit.reporting.atomic_io import atomic_write_bytes
@@ -138,8 +139,13 @@ def run(context: AuditContext, settings: RMIASettings) -> StepResult:
                     "a_tuning": tuning, "local_trainings": refs.trainings, "training_s": refs.seconds,
                     "population_used": int(keep.sum()), "reference_accuracy_nonmembers": accuracy,
                     "subset_size": int(refs.population_in.sum(axis=1).max())}
-        result = rmia(signals["members"], signals["nonmembers"], signals["population"], offline_a=a,
-                      gamma=settings.gamma)
+        try:
+            result = rmia(signals["members"], signals["nonmembers"], signals["population"], offline_a=a,
+                          gamma=settings.gamma)
+        except ZeroMarginal as err:  # no RMIA of this kind this round: its metrics are missing (gates fail closed)
+            details[kind] = {**info, "skipped": str(err)}
+            seconds[kind] = time.perf_counter() - start
+            continue
         attacks[kind] = population_attack(result.members, result.nonmembers, result.population, audit.fpr_tolerance,
                                           signal=kind, member_if_lower=False, attack=RMIA,
                                           confidence=audit.confidence, delta=audit.epsilon_delta)
