@@ -98,7 +98,7 @@ from torch import nn
 
 from audit.config.vocabulary import MODELS, WORKSPACE_MODELS
 
-__all__ = ["MODELS", "PAPER_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model", "feature_layers"]
+__all__ = ["MODELS", "model_names", "PAPER_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model", "feature_layers"]
 
 #: The Fidel-paper models (``classifier.fc1`` is ``classifier[0]``, 128 units; tests parametrize over these).
 PAPER_MODELS = ("cnn", "fcnn")
@@ -277,6 +277,11 @@ assert tuple(_CLASSES) == WORKSPACE_MODELS
 _SMALL_INPUT = 64
 
 
+def model_names() -> tuple[str, ...]:
+    """Every name build_model accepts: MODELS, and any model class added to the workspace's own (_CLASSES)."""
+    return tuple(dict.fromkeys((*_CLASSES, *MODELS)))
+
+
 def build_model(name, input_shape, num_classes, **kwargs) -> nn.Module:
     """Build model ``name`` (one of ``MODELS``: "cnn" | "fcnn" | "alexnet" | a torchvision classifier such as
     "resnet18") for ``input_shape`` (C, H, W).
@@ -285,10 +290,11 @@ def build_model(name, input_shape, num_classes, **kwargs) -> nn.Module:
     Unknown name or keyword, or a torchvision model that cannot take ``input_shape`` -> ValueError naming it.
     """
     key = name.strip().lower() if isinstance(name, str) else None
-    if key not in MODELS:
-        close = difflib.get_close_matches(str(key), MODELS, n=3)
+    known = model_names()
+    if key not in known:
+        close = difflib.get_close_matches(str(key), known, n=3)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
-        raise ValueError(f"unknown model {name!r}; {hint}choose one of {', '.join(MODELS)}")
+        raise ValueError(f"unknown model {name!r}; {hint}choose one of {', '.join(known)}")
     cls = _CLASSES.get(key)
     allowed = [] if cls is None else [
         p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "input_shape", "num_classes")]

@@ -11,16 +11,28 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.fields import (choice, custom, integer, mapping, optional, real, section, setting, subsection,
-                                 to_dict)
+from audit.config.fields import (SettingsError, choice, custom, did_you_mean, integer, mapping, optional, real, section,
+                                 setting, subsection, to_dict)
 from audit.config.gate import GatePolicy
 from audit.config.mitigation_settings import Mitigation
-from audit.config.vocabulary import MODELS, OPTIMIZERS
+from audit.config.vocabulary import OPTIMIZERS
 from src.collaborator_overrides import PER_COLLABORATOR
 
 __all__ = ["PREFIX", "RunnerSettings"]
 
 PREFIX = "task_runner.settings"
+
+
+def _model(key: str, value) -> str:
+    """A name src.models builds (its own models, torchvision's classifiers), in any case; asked of src.models itself
+    (which imports torch) when a plan is parsed, so that it is the one list of names."""
+    from src.models import model_names
+
+    found = value.strip().lower() if isinstance(value, str) else value
+    if isinstance(found, str) and found in model_names():
+        return found
+    raise SettingsError(f"{key}: unknown model {value!r}; known: {', '.join(model_names())}"
+                        f"{did_you_mean(value, model_names())}")
 
 
 def _device(key: str, value) -> str:
@@ -37,7 +49,8 @@ class RunnerSettings:
     device: str | None = setting("cpu", optional(custom("a torch device this machine has (cpu, cuda, cuda:N, mps)",
                                                         _device), "OpenFL's choice: CUDA if there is one"),
                                  "where the local training and the audit run")
-    model: str = setting("cnn", choice(MODELS, "model", fold=True), "the model (src.models)")
+    model: str = setting("cnn", custom("cnn, fcnn, alexnet or a torchvision classifier (e.g. resnet18)", _model),
+                         "the model (src.models)")
     model_settings: Mapping = setting({}, mapping(), "the model's keyword arguments (fcnn: activation, dropout)")
     optimizer: str = setting("SGD", choice(OPTIMIZERS, "optimizer"), "the local training's optimizer")
     learning_rate: float = setting(0.05, real(gt=0), "the local training's learning rate")
