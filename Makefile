@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench fx-init clean federation
+.PHONY: demo test test-fast bench fx-init clean federation
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,17 @@ demo: $(STAMP)
 		--train_dataset_ratio 0.1 --test_dataset_ratio 0.45 --audit_dataset_ratio 0.45 \
 		--optimizer_type Adam --learning_rate 0.003 --local_epochs 5 --fpr_tolerance 0.001 0.01 0.1 0.5
 
+# The whole suite on TEST_WORKERS pytest-xdist workers; tests that share a federation or a demo run stay on one worker
+# (tests/conftest.py), so each is made once. test-fast: the edit-test loop, without federations and slow tests
+# (tests/README.md).
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(XDIST) tests
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q $(XDIST) -m "not federation and not slow" tests
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_audit.py

@@ -1,6 +1,8 @@
-"""Shared test set-up: the workspace root on sys.path (the plan's templates are `src.*`), headless plots, and the
-fixtures several test files use."""
+"""Shared test set-up: the workspace root on sys.path (the plan's templates are `src.*`), headless plots, one torch
+thread per process, the fixtures several test files use, and the rule that keeps a shared fixture built once per
+test run when pytest-xdist spreads the tests over workers (tests/README.md: how to keep a new test cheap)."""
 
+import inspect
 import os
 import socket
 import sys
@@ -9,15 +11,22 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MPLBACKEND", "Agg")
-ROOT = Path(__file__).resolve().parent.parent
+# Tiny models train several times faster on one thread when the 2 cores are shared (OpenMP threads spin), and two
+# xdist workers must not ask for 2 cores each. Set before torch is imported; child processes (the demo, `fx`
+# parties) inherit it. A value the user exported wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from shared_runs import demo_run, prepared_federation  # noqa: E402,F401  (session fixtures: tests/shared_runs.py)
 
 
 @pytest.fixture(scope="module")
 def one_torch_thread():
-    """Tiny models train ~20x faster on one thread when the 2 cores are shared (OpenMP threads spin). A module uses
-    it with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    """One torch thread for the module's tests, whatever the process was started with. A module uses it with
+    `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
     import torch
 
     threads = torch.get_num_threads()
@@ -34,3 +43,60 @@ def no_network(monkeypatch):
 
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pytest-xdist (`make test`: -n 2 --dist loadgroup): every test that uses a module- or session-scoped fixture of
+# this suite runs on the same worker as every other test using it, so each shared fixture (a federation, a demo
+# run) is built once per test run; other tests go to whichever worker is free. Heavy tests are handed out first.
+
+CHEAP_SHARED = {"one_torch_thread"}  # module-scoped but costs nothing: no need to keep its tests together
+
+
+def _shared_fixtures(item) -> list[str]:
+    keys = []
+    info = getattr(item, "_fixtureinfo", None)
+    for name, defs in (info.name2fixturedefs.items() if info else ()):
+        fixturedef = defs[-1]
+        if fixturedef.scope == "function" or name in CHEAP_SHARED:
+            continue
+        try:
+            source = Path(inspect.getsourcefile(fixturedef.func)).resolve()
+        except TypeError:
+            continue
+        if TESTS not in source.parents:  # pytest's own (tmp_path_factory, ...)
+            continue
+        keys.append(f"{item.path.stem}.{name}" if fixturedef.scope in ("module", "class") else name)
+    return keys
+
+
+def _is_heavy(item) -> bool:
+    return item.get_closest_marker("federation") is not None or item.get_closest_marker("slow") is not None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which appends the group to the test's id
+def pytest_collection_modifyitems(config, items):
+    parent = {}
+
+    def find(key):
+        while parent.setdefault(key, key) != key:
+            key = parent[key]
+        return key
+
+    shared = {}
+    for item in items:
+        keys = _shared_fixtures(item)
+        shared[item] = keys
+        for key in keys[1:]:
+            parent[find(key)] = find(keys[0])
+    groups = {}
+    for item, keys in shared.items():
+        if keys:
+            group = find(keys[0])
+            item.add_marker(pytest.mark.xdist_group(group))
+            groups.setdefault(group, []).append(item)
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return  # one process: the files' own order
+    # Longest first: a federation handed out last would leave the other worker idle at the end.
+    heavy = {group for group, members in groups.items() if any(_is_heavy(i) for i in members)}
+    items.sort(key=lambda i: 0 if _is_heavy(i) or (shared[i] and find(shared[i][0]) in heavy) else 1)

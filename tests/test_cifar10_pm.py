@@ -1,5 +1,6 @@
 """End to end: cifar10_PM.py (the tutorial's command line) on digits, its parser (--gate too), the gate's verdicts
-in the reports and the summary, and the CIFAR-10-missing error."""
+in the reports and the summary, and the CIFAR-10-missing error. The plain run is the shared demo run
+(tests/shared_runs.py, a new interpreter as a user starts it); the gated and --deanon runs call its main() here."""
 
 import csv
 import json
@@ -14,6 +15,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 
 import cifar10_PM
+from shared_runs import run_demo_here
 
 COLLABORATORS = ("collaborator1", "collaborator2")
 FPRS = ("0.1", "0.5", "0.9")  # the tutorial's default --fpr_tolerance
@@ -32,12 +34,11 @@ def _run(args, tmp_path, timeout=600):
                           capture_output=True, text=True, timeout=timeout)
 
 
-@pytest.fixture(scope="module")
-def digits_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("pm")
-    log_dir = tmp / "logs"
-    proc = _run([*DIGITS_RUN, "--comm_round", "2", "--log_dir", str(log_dir)], tmp)
-    return proc, log_dir
+@pytest.fixture
+def digits_run(demo_run):
+    """The shared demo run (tests/shared_runs.py): digits, 2 rounds of one local epoch, the default signals, FPR
+    tolerances and RMIA, progress bars not turned off."""
+    return demo_run.proc, demo_run.log_dir
 
 
 @pytest.mark.federation
@@ -293,11 +294,13 @@ def test_gate_parse_errors_name_the_offending_value(capsys, argv, expected):
 
 @pytest.fixture(scope="module")
 def gated_run(tmp_path_factory):
-    """Digits, 2 rounds, a gate that trips on every update: AUC is above 0 unless members all rank last."""
+    """Digits, 2 rounds, a gate that trips on every update: AUC is above 0 unless members all rank last. RMIA off:
+    the gate reads the population attack's metric (the shared demo run has RMIA on)."""
     tmp = tmp_path_factory.mktemp("pm_gate")
     log_dir = tmp / "logs"
-    proc = _run([*DIGITS_RUN, "--comm_round", "2", "--signals", "loss", "--no_progress", "--log_dir", str(log_dir),
-                 "--gate", "withhold", "mia_local_loss_auc=0.0", "--gate_bound", "point"], tmp)
+    proc = run_demo_here([*DIGITS_RUN, "--comm_round", "2", "--signals", "loss", "--rmia", "false", "--no_progress",
+                          "--log_dir", str(log_dir), "--gate", "withhold", "mia_local_loss_auc=0.0",
+                          "--gate_bound", "point"], tmp)
     return proc, log_dir
 
 
@@ -357,10 +360,13 @@ def test_deanon_gate_metric_needs_deanon(capsys):
 
 @pytest.mark.federation
 def test_deanon_run_writes_both_sides_reports(tmp_path):
-    """--deanon on skewed digits: the collaborators' self-audit metrics and the aggregator's deanon/ report."""
+    """--deanon on skewed digits: the collaborators' self-audit metrics and the aggregator's deanon/ report (3 rounds:
+    2 of history, then one the server attacks). The parties audit rounds 0 and 2 (--auditing_interval 2), without
+    RMIA: neither is what this run checks."""
     log_dir = tmp_path / "logs"
-    proc = _run([*DIGITS_RUN, "--comm_round", "3", "--collaborators", "3", "--dirichlet_alpha", "0.3",
-                 "--signals", "loss", "--no_progress", "--deanon", "--log_dir", str(log_dir)], tmp_path)
+    proc = run_demo_here([*DIGITS_RUN, "--comm_round", "3", "--collaborators", "3", "--dirichlet_alpha", "0.3",
+                          "--signals", "loss", "--rmia", "false", "--auditing_interval", "2", "--no_progress",
+                          "--deanon", "--log_dir", str(log_dir)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for col in ("collaborator1", "collaborator2", "collaborator3"):
         record = json.loads((log_dir / col / "round_0002" / "audit.json").read_text())

@@ -107,6 +107,7 @@ def test_crowd_users_follow_their_own_label_mix(digits):
 
 
 # ------------------------------------------------------------------------------------------ attacks
+@pytest.mark.slow
 def test_random_ranking_ap_is_the_mean_ap_of_random_scores():
     rng = np.random.default_rng(0)
     from sklearn.metrics import average_precision_score
@@ -173,6 +174,7 @@ def _self_audit(digits, alpha, seed=0, attacks=("mlp", "knn")):
                              federation_alpha=alpha, seed=seed)
 
 
+@pytest.mark.slow
 def test_a_strongly_biased_user_is_reidentified_well_above_chance(digits):
     results = [_self_audit(digits, alpha=0.1, seed=seed) for seed in range(4)]
     assert all(r.details["crowd_users"] == 10 for r in results)
@@ -183,6 +185,7 @@ def test_a_strongly_biased_user_is_reidentified_well_above_chance(digits):
     assert np.mean([r.details["attacks"]["mlp"]["per_user_ap"][SELF] for r in results]) > 0.5
 
 
+@pytest.mark.slow
 def test_iid_users_are_near_chance(digits):
     ratios = [_self_audit(digits, alpha=None, seed=s, attacks=("mlp",)).metrics["deanon_mlp_ap_over_chance"]
               for s in range(3)]
@@ -240,6 +243,7 @@ def _own_and_crowd(result, attack):
     return found["per_user_ap"][SELF] / found["chance_ap"], np.mean(crowd) / found["chance_ap"]
 
 
+@pytest.mark.slow
 def test_an_iid_collaborator_stands_like_its_crowd(tabular):
     """IID: nobody is distinguishable, so the collaborator's own ratio, its crowd's and the headline sit near 1x
     (averaged over seeds: with one anonymous update per user a single audit's own ratio is a rank, 0.3x..3x).
@@ -255,6 +259,7 @@ def test_an_iid_collaborator_stands_like_its_crowd(tabular):
             assert 0.7 <= own <= 1.4 and 0.7 <= crowd <= 1.4, (attack, own, crowd)
 
 
+@pytest.mark.slow
 def test_a_skewed_collaborator_still_stands_out_of_its_crowd(tabular):
     results = [_tabular_audit(tabular, 0.1, seed) for seed in range(6)]
     assert np.mean([r.metrics["deanon_mlp_own_rank"] for r in results]) <= 2

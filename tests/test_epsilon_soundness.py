@@ -62,6 +62,7 @@ def bounds(model, initial, sets: AuditSets, seed: int, recipe: TrainingRecipe, a
     return {**found, "leak_epsilon_lb": family}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 def test_without_dp_the_bound_exceeds_one(seed):
     initial, sets = task(seed)
@@ -80,6 +81,7 @@ def test_without_dp_the_bound_exceeds_one(seed):
     assert max(found.values()) > 1.0, found
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("noise", [0.7, 1.5])
 def test_with_dp_the_bound_never_exceeds_the_accountants_epsilon(noise):
     for seed in SEEDS:

@@ -1,7 +1,7 @@
 """A real multi-process federation on this machine with mTLS (`python -m workspace`), intruders and faults.
 
-One `prepare` (workspaces, CA, certificates: the slow part) is shared: each federation below starts from a
-fresh copy of it, as `start` requires. The main federation runs with two intruders knocking at the same time.
+One `prepare` (workspaces, CA, certificates: the slow part; tests/shared_runs.py) is shared: each federation below
+starts from a fresh copy of it, as `start` requires. The main federation runs with two intruders knocking at the same time.
 Every process is stopped by process group in the fixtures' finalizers, whatever happens.
 """
 
@@ -20,23 +20,16 @@ import psutil
 import pytest
 import yaml
 
+from shared_runs import PREPARED_COLLABORATORS, PREPARED_ROUNDS, workspace_cli
+
 ROOT = Path(__file__).resolve().parent.parent
 FX = Path(sys.executable).parent / "fx"
 pytestmark = [pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv"),
               pytest.mark.federation]
 
-COLLABORATORS = ["collaborator1", "collaborator2"]
-ROUNDS = 2
-# use_tqdm: OpenFL's own bars asked for, which must not reach the participants' log files.
-FAST = ["tasks.train.kwargs.epochs=1", "tasks.train.kwargs.use_tqdm=true",
-        "task_runner.settings.audit.signals=[loss, logits]", "task_runner.settings.audit.fpr_tolerance=[0.1]"]
+COLLABORATORS = PREPARED_COLLABORATORS
+ROUNDS = PREPARED_ROUNDS
 FEDERATION_TIMEOUT_S = 240
-
-
-def workspace_cli(*args, timeout):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, "-m", "workspace", *map(str, args)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def start_cli(run_dir: Path, out: Path, *extra, tensorboard=False) -> subprocess.Popen:
@@ -95,15 +88,9 @@ def fresh_copy(prepared: Path, dest: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("multiprocess") / "prepared"
-    sets = [arg for s in FAST for arg in ("--set", s)]
-    started = time.monotonic()
-    result = workspace_cli("prepare", "--collaborators", len(COLLABORATORS), "--rounds", ROUNDS, "--dir", run_dir,
-                           *sets, timeout=400)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    print(f"prepare: {time.monotonic() - started:.1f} s")
-    return run_dir
+def prepared(prepared_federation):
+    """The shared prepared federation (tests/shared_runs.py): 2 collaborators, 2 rounds of one epoch, mTLS."""
+    return prepared_federation
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -448,6 +448,7 @@ with open(sys.argv[1], "a") as f:
 """
 
 
+@pytest.mark.federation  # child processes
 def test_a_stopped_collaborator_is_named_and_ends_the_run(tmp_path):
     began = time.monotonic()
     outcome, stopped, messages = run_watch(tmp_path, {"c1": CHATTY, "c2": STOPS}, rounds=50, liveness_s=2.0)
@@ -460,6 +461,7 @@ def test_a_stopped_collaborator_is_named_and_ends_the_run(tmp_path):
     assert set(stopped) == {"aggregator", "c1", "c2"}  # the stopped one too (SIGTERM + SIGCONT)
 
 
+@pytest.mark.federation  # child processes
 def test_keep_going_stops_a_frozen_collaborator_lets_the_others_finish_and_does_not_idle(tmp_path):
     began = time.monotonic()
     outcome, stopped, _ = run_watch(tmp_path, {"c1": SURVIVOR, "c2": STOPS}, aggregator_exits=False,
@@ -471,6 +473,7 @@ def test_keep_going_stops_a_frozen_collaborator_lets_the_others_finish_and_does_
     assert stopped == ["aggregator"]
 
 
+@pytest.mark.federation  # child processes
 def test_a_silent_collaborator_while_rounds_go_on_is_named(tmp_path):
     outcome, _, _ = run_watch(tmp_path, {"c1": CHATTY, "c2": HANGS}, rounds=8, aggregator_exits=False,
                               liveness_s=2.0)
@@ -479,6 +482,7 @@ def test_a_silent_collaborator_while_rounds_go_on_is_named(tmp_path):
     assert "process state S" in outcome.frozen["c2"]
 
 
+@pytest.mark.federation  # child processes
 def test_when_nothing_moves_every_party_is_named_longest_silent_first(tmp_path):
     outcome, _, _ = run_watch(tmp_path, {"c1": HANGS, "c2": HANGS}, rounds=1, aggregator=HANGS, liveness_s=2.0)
     assert list(outcome.frozen) == ["aggregator", "c1", "c2"]  # started (and fell silent) in that order
@@ -486,6 +490,7 @@ def test_when_nothing_moves_every_party_is_named_longest_silent_first(tmp_path):
     assert "stopped answering" in outcome.problems[0]
 
 
+@pytest.mark.federation  # child processes
 def test_a_party_working_without_logging_keeps_the_federation_live(tmp_path):
     # The first round: c1 trains (CPU, no log line), c2 and the aggregator wait without a sign of life.
     outcome, _, _ = run_watch(tmp_path, {"c1": BUSY, "c2": "import time; time.sleep(3.2)"}, rounds=1,
@@ -493,6 +498,7 @@ def test_a_party_working_without_logging_keeps_the_federation_live(tmp_path):
     assert outcome.ok and not outcome.frozen, outcome.problems
 
 
+@pytest.mark.federation  # child processes
 def test_survivors_waiting_for_the_straggler_cutoff_are_not_frozen(tmp_path):
     # keep-going, c2 dead: the aggregator and c1 wait silently for the straggler policy to end the round
     outcome, _, _ = run_watch(tmp_path, {"c1": "import time; time.sleep(4)", "c2": DIES}, rounds=1,
@@ -551,6 +557,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.federation  # child processes
 def test_participants_die_with_a_tooling_killed_outright(tmp_path):
     tool = subprocess.Popen([sys.executable, "-c", TOOL, str(ROOT), str(tmp_path / "child.log")], cwd=tmp_path,
                             stdout=subprocess.PIPE, text=True)

@@ -1,12 +1,13 @@
 """The fx deployment path of the README ("Running with fx"), end to end, with OpenFL's own commands only.
 
-SLOW: about a minute and a half on two cores (one federation of one round, plus `python -m workspace prepare`
-twice). Every party works in its own fresh folder, as on separate hosts: the aggregator's folder is what a clone
+Marked federation: one federation of one round, run by hand with `fx`, and `python -m workspace prepare` once (the
+prepared federation of tests/shared_runs.py, shared with the multi-process tests). Every party works in its own fresh folder, as on separate hosts: the aggregator's folder is what a clone
 of this repository holds; each collaborator's folder holds only what `fx workspace import` unpacked from the
 aggregator's export and the certificate the aggregator's CA signed. Nothing is installed (all parties share this
 venv), and nothing but `fx` touches the collaborator's folder, so `audit` can only come from the export.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -22,12 +23,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from shared_runs import PREPARED_COLLABORATORS
 from workspace.in_process import deep_merge
 from workspace.run_plan import merge_overrides
 
 ROOT = Path(__file__).resolve().parent.parent
 FX = Path(sys.executable).parent / "fx"
-pytestmark = pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv")
+pytestmark = [pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv"),
+              pytest.mark.federation]
 
 WORKSPACE_NAME = "fl_workspace"  # names the export (fl_workspace.zip) and the folder import unpacks it into
 COLLABORATOR = "collaborator1"
@@ -152,6 +155,9 @@ def test_the_readme_fx_sequence_runs_a_federation_across_fresh_folders(tmp_path)
     report = col / "reports" / COLLABORATOR / "round_0000" / "audit.json"
     assert report.is_file(), outputs[COLLABORATOR]
     assert "mia_local_loss_auc" in report.read_text()
+    # RMIA ran in the collaborator's process too, its independent references from the plan's initial model (the
+    # multi-process tests' federation runs without it)
+    assert set(json.loads(report.read_text())["attacks"]["rmia"]) == {"global", "independent"}
     assert not list(agg.rglob("audit.json"))
     assert (agg / "reports" / "aggregator" / "round_0000.json").is_file()
 
@@ -161,23 +167,23 @@ def workspace_cli(*args, timeout=400):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_the_tool_prepares_what_the_manual_path_does_with_owner_only_keys(tmp_path):
-    run_dir = tmp_path / "run"
-    result = workspace_cli("prepare", "--collaborators", 1, "--rounds", 1, "--dir", run_dir)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def test_the_tool_prepares_what_the_manual_path_does_with_owner_only_keys(prepared_federation):
+    run_dir = prepared_federation  # `python -m workspace prepare`, 2 collaborators, mTLS (read only here)
     keys = sorted((run_dir).rglob("*.key"))
-    # The CA's two keys, the aggregator's and the collaborator's: all owner-only.
+    # The CA's two keys, the aggregator's and each collaborator's: all owner-only.
     assert {k.name for k in keys} == {"root-ca.key", "signing-ca.key", "agg_localhost.key",
-                                      f"col_{COLLABORATOR}.key"}
+                                      *(f"col_{name}.key" for name in PREPARED_COLLABORATORS)}
     assert {str(k.relative_to(run_dir)): oct(mode(k)) for k in keys} == {
         str(k.relative_to(run_dir)): oct(0o600) for k in keys}
-    # The aggregator's workspace is laid out like a clone (src/shipped/audit a link to its own audit/); the
+    # The aggregator's workspace is laid out like a clone (src/shipped/audit a link to its own audit/); each
     # collaborator's holds only the export: audit as a real src/shipped/audit, no top-level audit/.
-    agg, col = run_dir / "aggregator", run_dir / COLLABORATOR
+    agg = run_dir / "aggregator"
     assert (agg / "src" / "shipped" / "audit").is_symlink() and (agg / "audit" / "__init__.py").is_file()
-    assert not (col / "audit").exists()
-    assert (col / "src" / "shipped" / "audit" / "round_audit.py").read_bytes() == \
-        (ROOT / "audit" / "round_audit.py").read_bytes()
+    for name in PREPARED_COLLABORATORS:
+        col = run_dir / name
+        assert not (col / "audit").exists()
+        assert (col / "src" / "shipped" / "audit" / "round_audit.py").read_bytes() == \
+            (ROOT / "audit" / "round_audit.py").read_bytes()
 
 
 def test_a_bad_task_runner_setting_fails_at_plan_initialize_before_any_certificate(tmp_path):

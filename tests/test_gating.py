@@ -28,13 +28,16 @@ LEAKY = {"epochs": 40, "learning_rate": 0.01}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def overrides(gate: dict, per_collaborator: dict | None = None, *, epochs: int = 1, **settings) -> dict:
+def overrides(gate: dict, per_collaborator: dict | None = None, *, epochs: int = 1, rmia: bool = False,
+              **settings) -> dict:
+    """RMIA only where a test reads it (its references train like the local model: 40 epochs for a leaky one)."""
     return {
         "tasks": {"train": {"kwargs": {"epochs": epochs}}},
         "data_loader": {"settings": {"seed": 0}},
         "task_runner": {"settings": {
             "seed": 0,
-            "audit": {"fpr_tolerance": [0.1], "signals": ["loss"], **settings.pop("audit", {})},
+            "audit": {"fpr_tolerance": [0.1], "signals": ["loss"], "rmia": {"enabled": rmia},
+                      **settings.pop("audit", {})},
             # the grid AUC has no interval: its estimate is what the gate compares
             "gate": {"bound": "point", **gate},
             "per_collaborator": per_collaborator or {},
@@ -206,6 +209,7 @@ def retrained(tmp_path_factory):
             {"collaborator2": {**LEAKY, "gate": {"thresholds": {AUC: 0.6},
                                                  "dp": {"noise_multiplier": 0.01, "max_grad_norm": 100.0}}},
              "collaborator3": LEAKY},
+            rmia=True,  # the tries' empirical epsilon takes RMIA's bounds too
         ),
     )
 

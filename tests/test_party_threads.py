@@ -15,6 +15,7 @@ def test_the_cores_are_shared_by_the_collaborators(collaborators, cores, threads
     assert party_threads(collaborators, cores) == threads
 
 
+@pytest.mark.federation  # a child process
 def test_the_thread_count_reaches_the_process_torch_runs_in(monkeypatch):
     for name in THREAD_VARIABLES:
         monkeypatch.delenv(name, raising=False)

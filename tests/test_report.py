@@ -141,6 +141,7 @@ def written(written_template, tmp_path):
 # the report
 
 
+@pytest.mark.slow
 def test_three_rounds_write_every_file(written, tmp_path):
     writer, records = written
     party_dir = tmp_path / PARTY
@@ -176,6 +177,7 @@ def test_metrics_csv_rows_and_values(written, tmp_path):
             assert float(row[name]) == value  # exact round-trip (repr of floats)
 
 
+@pytest.mark.slow
 def test_metrics_csv_union_of_keys_with_empty_cells(tmp_path):
     writer = ReportWriter(tmp_path, PARTY)
     a, b = make_record(0), make_record(1, models=("local",))
@@ -203,6 +205,7 @@ def test_index_html_references_plots_and_rounds_newest_first(written, tmp_path):
     assert f'href="{PARTY}/index.html"' in root_page
 
 
+@pytest.mark.slow
 def test_write_index_lists_every_party(tmp_path):
     ReportWriter(tmp_path, "alice").write_round(make_record(0, party="alice"))
     ReportWriter(tmp_path, "bob").write_round(make_record(0, party="bob"))
@@ -507,6 +510,7 @@ def test_record_without_exact_auc_still_renders(tmp_path, saved_figures):
                for label in labels)
 
 
+@pytest.mark.slow
 def test_log_scale_plots_with_zeros(tmp_path):
     writer = ReportWriter(tmp_path, PARTY, log_scale=True)
     rec = make_record(0)
@@ -540,6 +544,7 @@ def test_empty_attacks_round(tmp_path):
     assert read_csv(tmp_path / PARTY / "metrics.csv") == [{"round": "0", "train_loss": "0.5"}]
 
 
+@pytest.mark.slow
 def test_tpr_plots_follow_the_settings(tmp_path):
     writer = ReportWriter(tmp_path, PARTY)
     writer.write_round(make_record(0))
@@ -561,6 +566,7 @@ def test_rebuild_summary_from_disk_only(written, tmp_path):
     assert_png(tmp_path / PARTY / "auc.png")
 
 
+@pytest.mark.slow
 def test_many_rounds_leave_no_figures_open(tmp_path):
     writer = ReportWriter(tmp_path, PARTY)
     rec = make_record(0, models=("local",))

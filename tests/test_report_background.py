@@ -48,6 +48,7 @@ def test_round_returns_before_its_plots_and_flush_draws_them(tmp_path, gated_roc
     assert broken_links(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_queued_rounds_share_one_summary_rebuild(tmp_path, gated_roc, monkeypatch):
     rebuilt = []
     real = ReportWriter.rebuild_summary
@@ -68,6 +69,7 @@ def test_queued_rounds_share_one_summary_rebuild(tmp_path, gated_roc, monkeypatc
         ["0", "1", "2", "3"]
 
 
+@pytest.mark.slow
 def test_a_failing_render_is_logged_and_the_next_round_still_draws(tmp_path, monkeypatch, caplog):
     real = party_module.plot_roc
 
@@ -110,6 +112,7 @@ def test_matplotlib_draws_only_on_the_worker_thread(tmp_path, monkeypatch):
     assert threads == {render_queue._name}
 
 
+@pytest.mark.federation
 def test_in_process_round_returns_before_drawing_and_the_run_ends_with_every_page(tmp_path, gated_roc):
     seen = {}
 

@@ -305,6 +305,7 @@ def _tabular_sets(rng):
     return AuditSets(members=make(40), nonmembers=make(40), population=make(60))
 
 
+@pytest.mark.slow
 def test_a_multi_process_run_index_links_every_page_and_each_page_links_back_to_it(tmp_path):
     """The layout of `python -m workspace run` (each participant's report in its own workspace folder), filled with
     real round records: an audited tabular model per collaborator, collaborator1's gate withholding every update,

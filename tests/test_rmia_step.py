@@ -158,6 +158,7 @@ def test_a_is_tuned_as_privacy_meter_v2_does_averaged_over_the_stand_in_targets(
 # ------------------------------------------------------------------------------------------ references
 
 
+@pytest.mark.slow
 def test_references_are_trained_once_per_round_and_the_independent_ones_continue_across_rounds():
     sets, initial = task(), net(0)
     received = trained(initial, sets, epochs=3)
@@ -184,6 +185,7 @@ def test_references_are_trained_once_per_round_and_the_independent_ones_continue
                                                  store=store_before)["metrics"]
 
 
+@pytest.mark.slow
 def test_the_initial_model_may_be_a_callable_called_only_when_the_independent_references_start():
     """audit_round takes the initial model or a zero-argument callable giving it (a caller that keeps it on disk):
     the same records, and the callable is called in the audit that starts the references, not in later ones (a

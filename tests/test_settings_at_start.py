@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -508,20 +509,21 @@ def test_bad_settings_fail_before_any_certificate_is_made(tmp_path, override, li
 
 
 @pytest.mark.federation
-def test_demo_refuses_a_used_log_dir_unless_asked_to_replace_it(tmp_path):
+def test_demo_refuses_a_used_log_dir_unless_asked_to_replace_it(tmp_path, capsys, demo_run):
     log_dir = tmp_path / "logs"
-    args = ["cifar10_PM.py", *DEMO, "--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45",
-            "--audit_dataset_ratio", "0.45", "--log_dir", log_dir]
-    first = _cli(*args)
-    assert first.returncode == 0, first.stderr[-2000:]
+    assert demo_run.proc.returncode == 0, demo_run.proc.stderr[-2000:]
+    shutil.copytree(demo_run.log_dir, log_dir, symlinks=True)  # what an earlier demo run wrote (2 rounds)
+    args = [*DEMO, "--rmia", "false", "--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45",
+            "--audit_dataset_ratio", "0.45", "--log_dir", str(log_dir)]
     (log_dir / "collaborator1" / "round_0007").mkdir()  # as if an earlier, longer run had left it
     before = sorted(p.relative_to(log_dir) for p in log_dir.rglob("*"))
-    again = _cli(*args)
-    assert again.returncode == 2 and again.stderr.strip().startswith(f"error: --log_dir {log_dir}: not empty")
+    code, err = demo(args, capsys)
+    assert code == 2 and err.strip().startswith(f"error: --log_dir {log_dir}: not empty")
     assert sorted(p.relative_to(log_dir) for p in log_dir.rglob("*")) == before
-    replaced = _cli(*args, "--replace_log_dir")
-    assert replaced.returncode == 0, replaced.stderr[-2000:]
+    code, err = demo([*args, "--replace_log_dir"], capsys)
+    assert code == 0, err[-2000:]
     assert not (log_dir / "collaborator1" / "round_0007").exists()  # the earlier run's rounds are gone
+    assert not (log_dir / "collaborator1" / "round_0001").exists()
     assert (log_dir / "collaborator1" / "round_0000" / "audit.json").is_file()
 
 

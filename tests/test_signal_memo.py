@@ -131,10 +131,13 @@ def test_fingerprint_sees_names_values_and_buffers():
 
 # ---------------------------------------------------------------- the task runner's validation tasks
 
+# RMIA against the received model only: it reads its outputs off the memo as every kind does; the trained
+# references (fine_tuned, independent) compute their own and would only add their trainings here.
+RMIA = {"references": ["global"]}
 DIGITS = {
     "tasks": {"train": {"kwargs": {"epochs": 1}}},
     "data_loader": {"settings": {"dataset": "digits", "seed": 2}},
-    "task_runner": {"settings": {"seed": 2, "audit": {"interval": 2}}},
+    "task_runner": {"settings": {"seed": 2, "audit": {"interval": 2, "rmia": RMIA}}},
 }
 
 
@@ -183,7 +186,8 @@ def test_a_sampled_audit_leaves_validation_on_every_sample(tmp_path, monkeypatch
     """With audit.sample_size 100 (the digits shards: 90 members, 404 non-members = the validation set, 404
     population) the audit's non-members are a sample, so the validation accuracy cannot be read off them: every
     validation is computed on all 404, and every metric is the one a run with OpenFL's own loop and no memo gives."""
-    sampled = {**DIGITS, "task_runner": {"settings": {"seed": 2, "audit": {"interval": 2, "sample_size": 100}}}}
+    sampled = {**DIGITS, "task_runner": {"settings": {"seed": 2, "audit": {"interval": 2, "sample_size": 100,
+                                                                            "rmia": RMIA}}}}
     plain, plain_loops, _ = _run(tmp_path / "plain", monkeypatch, shared=False, overrides=sampled)
     shared, shared_loops, shared_computed = _run(tmp_path / "shared", monkeypatch, shared=True, overrides=sampled)
     assert shared.collaborator_metrics == plain.collaborator_metrics

@@ -3,32 +3,21 @@ are read back with TensorBoard's own reader and checked against the run's metric
 
 import csv
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from event_files import read_events, read_metric_lines, same_float32
+from shared_runs import DEMO_ROUNDS
 
-ROOT = Path(__file__).resolve().parents[1]
 PARTIES = ("aggregator", "collaborator1", "collaborator2")
-ROUNDS = 2
+ROUNDS = DEMO_ROUNDS
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("tensorboard")
-    log_dir = tmp / "demo"
-    env = {**os.environ, "MPLBACKEND": "Agg", "TENSORBOARD": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(ROOT / "cifar10_PM.py"), "--dataset", "digits", "--comm_round",
-                           str(ROUNDS), "--local_epochs", "1", "--signals", "loss", "logits", "--fpr_tolerance", "0.1",
-                           "0.5", "--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45",
-                           "--audit_dataset_ratio", "0.45", "--no_progress", "--log_dir", str(log_dir)],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc, log_dir
+@pytest.fixture
+def demo(demo_run):
+    """The shared demo run (tests/shared_runs.py): digits, 2 rounds, TENSORBOARD=1."""
+    assert demo_run.proc.returncode == 0, demo_run.proc.stderr[-3000:]
+    return demo_run.proc, demo_run.log_dir
 
 
 @pytest.mark.federation
@@ -76,7 +65,7 @@ def test_a_collaborators_events_are_its_audit_per_round(demo, col):
             assert step == round_num and same_float32(stored, value), (metric, round_num, stored, value)
             assert same_float32(stored, float(rows[round_num][metric]))
             checked += 1
-    assert checked >= ROUNDS * 10  # loss and logits: AUCs and TPRs of the local, global and update attacks
+    assert checked >= ROUNDS * 10  # each signal's AUCs and TPRs of the local, global and update attacks
 
 
 @pytest.mark.federation

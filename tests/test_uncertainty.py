@@ -99,6 +99,7 @@ def test_delong_variance_matches_the_sampling_variance():
     assert auc_interval(pos, neg).std_error ** 2 == pytest.approx(delong(pos, neg)[1], rel=1e-12)
 
 
+@pytest.mark.slow
 def test_auc_interval_covers_each_side_at_its_rate_a_little_wider_than_delongs():
     """1,000 draws of 100 members and 400 non-members, Gaussian scores with a true AUC of 0.75: each side misses at
     most 2.5% plus three standard errors (measured: 1.1% below, 1.9% above), and the interval is somewhat wider
@@ -265,6 +266,7 @@ def test_epsilon_bound_grows_with_the_separation():
     assert all(b2 > b1 for b1, b2 in zip(bounds[1:], bounds[2:]))  # strictly increasing once above 0
 
 
+@pytest.mark.slow
 def test_epsilon_bound_is_sound_and_gains_power_on_gaussian_dp():
     """Members N(1, 1), non-members N(0, 1) are exactly 1-GDP: eps(delta = 0.05) = 1.569. Over 100 seeds the bound
     never exceeds it (soundness), and it approaches it as the samples grow (power; measured means 0.725 at 1,000
@@ -288,6 +290,7 @@ def test_epsilon_bound_is_sound_and_gains_power_on_gaussian_dp():
                for _ in range(30)) < tail
 
 
+@pytest.mark.slow
 def test_pure_dp_bound_is_sound_and_tight_on_the_laplace_mechanism():
     """Members Laplace(eps, 1), non-members Laplace(0, 1): the privacy loss is at most eps, so the mechanism is
     eps-DP with delta = 0, and any threshold above eps attains TPR / FPR = e^eps."""
