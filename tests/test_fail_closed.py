@@ -98,6 +98,7 @@ def test_a_registered_steps_metrics_and_every_family_reach_the_aggregators_metri
     assert 0.0 <= float(rows[0]["toy_score"]) <= 1.0 and float(rows[0]["leak_detected"]) in (0.0, 0.5, 1.0)
 
 
+@pytest.mark.federation
 def test_a_plan_whose_gate_metric_skips_audited_rounds_is_refused_before_anything_is_written(tmp_path):
     overrides = {"task_runner": {"settings": {
         "audit": {"rmia": {"interval": 2}},
@@ -121,6 +122,7 @@ def test_a_step_schedule_that_divides_the_audit_schedule_is_accepted():
                                     {"interval": 2, "deanon": {"enabled": True, "interval": 3}}))
 
 
+@pytest.mark.slow
 def test_rmia_whose_references_all_diverged_produces_no_metrics_and_its_gate_fails_closed():
     """The references train with the party's recipe; at a learning rate of 1e38 every one diverges. There is then no
     RMIA of that kind: no value stands in for it, and a gate on it withholds the update with the reason."""
@@ -152,6 +154,7 @@ def test_rmia_whose_references_all_diverged_produces_no_metrics_and_its_gate_fai
     assert math.isnan(out.gate_verdict.tripped["rmia_independent_exact_auc"][0])
 
 
+@pytest.mark.slow
 def test_rmia_whose_references_give_probability_zero_is_skipped_not_a_crash():
     """A model whose outputs are hundreds apart (an untrained ResNet-like net in eval mode can give that) makes the
     references' true-class probabilities underflow to 0: with offline_a 1, Pr(x) = 0 and RMIA cannot score the sample.

@@ -177,6 +177,7 @@ def _audit(seed: int, members_trained: bool) -> dict:
                        round_num=0, seed=seed, training=training, initial_model=_model())
 
 
+@pytest.mark.slow
 def test_through_the_real_audit_the_verdict_is_wrong_at_most_at_its_level_when_nothing_leaks():
     """Members the model never saw: members, non-members and population are one distribution. Every attack is on
     (three signals on the local and the received model, the update attack, RMIA with every kind of reference): 30

@@ -140,6 +140,7 @@ def test_a_plugin_step_named_in_the_plan_reaches_every_report(tmp_path, plugin_f
     assert "lossgap_gap " in lines  # the demo's end-of-run summary lists it
 
 
+@pytest.mark.federation
 def test_a_plugin_checks_the_model_at_start_under_its_own_key(tmp_path, plugin_file):
     _, overrides = _overrides(tmp_path, plugin_file, layer="no_such_layer")
     with pytest.raises(SettingsError, match=r"^task_runner\.settings\.audit\.lossgap\.layer: the model has no module"):
