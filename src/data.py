@@ -40,6 +40,7 @@ from audit.config.checks import is_int, is_real
 __all__ = [
     "PartyData",
     "SPLIT_SETS",
+    "SPLIT_DEFAULTS",
     "validate_split_settings",
     "split_indices",
     "split_federation",
@@ -48,6 +49,10 @@ __all__ = [
 
 #: Names of the three per-party sets, in the order they are cut from the shuffled pool.
 SPLIT_SETS = ("train", "test", "population")
+#: The data loader's defaults for what decides the split (src.dataloader.AuditDataLoader's keyword arguments, by their
+#: plan names): read by the checks that bound a plan's counts before any data is loaded (src.plan_bounds).
+SPLIT_DEFAULTS = {"dataset": "digits", "collaborator_count": 2, "train_dataset_ratio": 0.4,
+                  "test_dataset_ratio": 0.4, "audit_dataset_ratio": 0.2}
 
 
 # ----------------------------------------------------------------------------- splitting

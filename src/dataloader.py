@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 from openfl.federated import PyTorchDataLoader
 
-from src.data import SPLIT_SETS, PartyData, split_indices, user_of_party, validate_split_settings
+from src.data import SPLIT_DEFAULTS, SPLIT_SETS, PartyData, split_indices, user_of_party, validate_split_settings
 from src.datasets import DATASETS, dataset_info, load_dataset
 
 logger = logging.getLogger(__name__)
@@ -139,12 +139,12 @@ class AuditDataLoader(PyTorchDataLoader):
         self,
         data_path=None,
         batch_size=32,
-        dataset="digits",
+        dataset=SPLIT_DEFAULTS["dataset"],
         data_dir=None,
-        collaborator_count=2,
-        train_dataset_ratio=0.4,
-        test_dataset_ratio=0.4,
-        audit_dataset_ratio=0.2,
+        collaborator_count=SPLIT_DEFAULTS["collaborator_count"],
+        train_dataset_ratio=SPLIT_DEFAULTS["train_dataset_ratio"],
+        test_dataset_ratio=SPLIT_DEFAULTS["test_dataset_ratio"],
+        audit_dataset_ratio=SPLIT_DEFAULTS["audit_dataset_ratio"],
         dirichlet_alpha=None,
         seed=0,
         download=False,

@@ -43,11 +43,11 @@ from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_j
 from audit.spill import SpilledModel
 from audit.training import TrainingRecipe
 from src.audit_cost import audit_cost_note
-from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
+from src.collaborator_overrides import CollaboratorSettings, check_gate_resolution, parse_per_collaborator
 from src.devices import check_device
 from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
-from src.plan_checks import check_plan, plan_being_built
+from src.plan_checks import check_built_plan, plan_being_built
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +105,12 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             known = [p for p in inspect.signature(AuditedTaskRunner.__init__).parameters if p not in ("self", "kwargs")]
             raise SettingsError(f"{SETTINGS_PREFIX}.{unknown[0]}: unknown setting; known: {', '.join(known)}")
         device = check_device(f"{SETTINGS_PREFIX}.device", device)
-        # Built by OpenFL's Plan (`fx plan initialize`, before any certificate; `fx collaborator start`): the rest of
-        # the plan too, which no constructor sees whole (tasks, network, collaborator, straggler policy).
-        plan = plan_being_built()
-        if plan is not None:
-            check_plan(plan)
+        # Built by OpenFL's Plan (`fx plan initialize`, before any certificate; `fx collaborator start`, before it
+        # writes anything): the rest of the plan too, which no constructor sees whole (tasks, network, collaborator,
+        # straggler policy, the files it includes, the collaborators' names).
+        built = plan_being_built()
+        if built is not None:
+            check_built_plan(built)
         super().__init__(device=device, **kwargs)
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"{SETTINGS_PREFIX}.optimizer: unknown optimizer {optimizer!r}; choose one of {list(OPTIMIZERS)}")
@@ -130,6 +131,14 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         for col in self.per_collaborator.values():
             watched |= set(col.gate.thresholds)
         self.gate_watched = tuple(sorted(watched))
+        # With this party's data loaded (`fx collaborator start`, in-process runs): a gate its audit population cannot
+        # resolve fails now, not as a comparison at population FPR 0 every round.
+        population = getattr(self.data_loader, "y_population", None)
+        if population is not None:
+            sample = self.audit_settings.sample_size
+            check_gate_resolution(getattr(built, "collaborator", None) or "this collaborator", self.default_settings,
+                                  self.per_collaborator, self.audit_settings,
+                                  len(population) if sample is None else min(sample, len(population)))
         self.seed = seed
         self.optimizer_name, self.learning_rate, self.momentum = optimizer, float(learning_rate), float(momentum)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Mapping
 from dataclasses import fields
@@ -10,13 +11,19 @@ from numbers import Integral, Real
 
 from audit.config.vocabulary import tolerance_name_clash
 
-__all__ = ["SettingsError", "is_int", "is_real", "check_bool", "check_positive_int", "check_optional_module",
+__all__ = ["SettingsError", "did_you_mean", "is_int", "is_real", "check_bool", "check_positive_int", "check_optional_module",
            "with_defaults", "from_checks", "check_fpr_tolerances"]
 
 
 class SettingsError(ValueError):
     """An invalid plan setting; the message starts with the setting's full dotted key (e.g.
     "task_runner.settings.audit.fpr_tolerance: ..."), so a bad plan entry can be found at once."""
+
+
+def did_you_mean(name, known) -> str:
+    """"; did you mean 'x'?" for the known name closest to a misspelt `name` (difflib's ratio >= 0.6), else ""."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def is_int(value) -> bool:
@@ -57,7 +64,8 @@ def with_defaults(cls, mapping, prefix: str) -> dict:
     known = [f.name for f in fields(cls)]
     for key in mapping:
         if key not in known:
-            raise SettingsError(f"{prefix}.{key}: unknown setting; known: {', '.join(known)}")
+            raise SettingsError(f"{prefix}.{key}: unknown setting; known: {', '.join(known)}"
+                                f"{did_you_mean(key, known)}")
     values = {f.name: getattr(cls, f.name) for f in fields(cls)}  # class attributes hold the defaults
     values.update(mapping)
     return values
@@ -74,7 +82,8 @@ def from_checks(cls, checks: Mapping[str, Callable], value, prefix: str):
         raise SettingsError(f"{prefix}: expected a mapping of settings ({', '.join(checks)}), got {value!r}")
     for name in value:
         if name not in checks:
-            raise SettingsError(f"{prefix}.{name}: unknown setting; known: {', '.join(checks)}")
+            raise SettingsError(f"{prefix}.{name}: unknown setting; known: {', '.join(checks)}"
+                                f"{did_you_mean(name, checks)}")
     return cls(**{name: checks[name](f"{prefix}.{name}", v) for name, v in value.items()})
 
 
