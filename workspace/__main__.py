@@ -177,7 +177,10 @@ def print_reports(outcome_or_layout, say=print) -> None:
         say(f"  {name:<14} {page if page.exists() else path}{'' if path.exists() else '  (none written)'}")
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, exiting: bool = False) -> int:
+    """The command line; `exiting` (the CLI): the process ends after this, so the signal handlers stay in place (a
+    late signal then only hastens the exit, instead of killing it with the default action and another exit code);
+    otherwise the caller's handlers come back."""
     args = build_parser().parse_args(argv)
     registry = ProcessRegistry()
     lock = None
@@ -234,9 +237,15 @@ def main(argv=None) -> int:
         registry.stop_all()
         if lock is not None:
             lock.release()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        if not exiting:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main(exiting=True)
+    # Everything is stopped and recorded: a late signal must not kill the interpreter's exit with another code
+    # (Python gives a signal its default action back while it exits, unless the signal is ignored).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    sys.exit(code)
