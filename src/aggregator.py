@@ -20,7 +20,10 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
 
 Bad values fail when the aggregator is built (`fx aggregator start`), naming the key: its own settings, an
 `aggregator.settings` key OpenFL's Aggregator does not take, the plan's `tasks`, `per_collaborator` names that are
-no authorized collaborator, and the network, collaborator and straggler-policy settings (src.plan_checks).
+no authorized collaborator, the network, collaborator, straggler-policy and assigner settings, a `defaults:` file
+OpenFL does not ship and an unsafe collaborator name (src.plan_checks). A plan with `network.settings.use_tls` or
+`require_client_auth` false is refused unless FEDERATION_INSECURE allows it (src.plan_checks.check_transport); the
+aggregator then logs a warning every round.
 """
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ __all__ = ["MAX_ROUNDS", "ASSIGNER_BYTES_PER_ENTRY", "ASSIGNER_MEMORY_SHARE", "P
            "max_local_collaborators", "check_local_collaborators", "check_sample_size"]
 
 MAX_ROUNDS = 100_000
-# What OpenFL 1.9's RandomGroupedAssigner holds per round for each task and each collaborator: 115-145 bytes
-# measured (benchmarks/bench_assigner_memory.py, peak of tracemalloc), rounded up.
+# What OpenFL 1.9's assigners hold per round for each task and each collaborator: 92-144 bytes measured
+# (`.venv/bin/python benchmarks/bench_assigner_memory.py`, retained and peak under tracemalloc), rounded up.
 ASSIGNER_BYTES_PER_ENTRY = 160
 ASSIGNER_MEMORY_SHARE = 1 / 8
 # The libraries a party's process imports (torch, OpenFL, pandas, ...): 0.44 GB RSS (README "Memory").

@@ -17,6 +17,7 @@ the workspace folder first on sys.path); `python -m` runs this file in the names
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -244,8 +245,11 @@ def main(argv=None, *, exiting: bool = False) -> int:
 
 if __name__ == "__main__":
     code = main(exiting=True)
-    # Everything is stopped and recorded: a late signal must not kill the interpreter's exit with another code
-    # (Python gives a signal its default action back while it exits, unless the signal is ignored).
+    # Everything is stopped, written and recorded: a late signal must not kill the exit with another code, and the
+    # interpreter's teardown of what the checks imported (torch, OpenFL, pandas: 6.5 s on a loaded 2-core machine)
+    # is skipped, so that an interrupted command ends as soon as its clean-up is done.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
-    sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

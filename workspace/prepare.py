@@ -28,7 +28,7 @@ import shutil
 import threading
 import time
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
@@ -54,6 +54,7 @@ WORKSPACE_FILES = ("requirements.txt", ".workspace")
 ARCHIVE_MUST_HOLD = ("plan/plan.yaml", "plan/data.yaml", "src/__init__.py", "src/taskrunner.py", "src/dataloader.py",
                      "src/shipped/audit/__init__.py")
 FX_TIMEOUT_S = 300
+SIGNAL_POLL_S = 0.1  # the main thread wakes this often while set-up jobs run, to take a Ctrl-C at once
 PORT_RANGE = (1, 65535)
 
 
@@ -366,8 +367,13 @@ def in_parallel(jobs: list[Callable[[], object]], registry: ProcessRegistry, wor
 
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
-        for future in [pool.submit(guarded(job)) for job in jobs]:
-            future.result()
+        pending = {pool.submit(guarded(job)) for job in jobs}
+        while pending:
+            # Never a blocking wait: the kernel may hand a signal to a worker thread, and Python runs its handler only
+            # when the main thread runs bytecode (a wait for a 10 s fx command delayed Ctrl-C by 10 s).
+            done, pending = wait(pending, timeout=SIGNAL_POLL_S, return_when=FIRST_EXCEPTION)
+            for future in done:
+                future.result()  # the first error
     except BaseException:
         registry.winding_down = True  # a signal from here on only hastens the stop
         registry.cancel()

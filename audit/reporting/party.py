@@ -10,7 +10,9 @@ Layout (every file written atomically, see :mod:`audit.reporting.atomic_io`)::
     root/<party>/round_0003/audit.json   the round record, exactly as given
     root/<party>/round_0003/roc.png      ROC curves: one subplot per audited model
     root/<party>/round_0003/signals.png  members' and non-members' per-sample values, one panel per attack
-    root/<party>/round_0003/signals.npz, rmia_scores.npz, fidel_grid.png   the party's private files (audit steps)
+    root/<party>/round_0003/signals.npz, rmia_scores.npz, fidel_grid.png   the party's private files (audit steps):
+                                         0600, in a round folder made 0700 (write_private_files); the rest of the
+                                         report follows the umask (audit.reporting.atomic_io)
 
 The cross-round files are always rebuilt from the ``audit.json`` files on disk, so they are derived
 state: a crash at any point leaves the previous report intact and the next write repairs it.
