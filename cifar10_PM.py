@@ -225,10 +225,11 @@ def check_count_flags(args) -> None:
     (src.plan_bounds), before anything is loaded; ValueError naming the flag and the limit."""
     _workspace_on_path()
     from src import plan_bounds
+    from src.plan_checks import task_names
     from workspace.in_process import read_plan
 
-    tasks = [t for t in (read_plan(PLAN).get("tasks") or {}) if t not in ("defaults", "settings")]
-    plan_bounds.check_rounds("--comm_round", args.comm_round, tasks=len(tasks), collaborators=args.collaborators)
+    plan_bounds.check_rounds("--comm_round", args.comm_round, tasks=len(task_names(read_plan(PLAN))),
+                             collaborators=args.collaborators)
     ratios = {"train_dataset_ratio": args.train_dataset_ratio, "test_dataset_ratio": args.test_dataset_ratio,
               "audit_dataset_ratio": args.audit_dataset_ratio}
     plan_bounds.check_collaborators("--collaborators", args.collaborators, dataset=args.dataset, ratios=ratios,

@@ -30,7 +30,8 @@ from src import plan_bounds
 from src.data import SPLIT_DEFAULTS
 from src.openfl_sections import check_included_files, check_openfl_sections
 
-__all__ = ["TASK_RUNNER_TEMPLATE", "DATA_LOADER_TEMPLATE", "TASK_FUNCTIONS", "check_tasks",
+__all__ = ["TASK_RUNNER_TEMPLATE", "DATA_LOADER_TEMPLATE", "TASK_FUNCTIONS", "task_names", "split_settings",
+           "split_ratios", "check_tasks",
            "check_collaborator_names", "check_name", "check_names", "check_plan_bounds", "check_plan",
            "PlanBeingBuilt", "plan_being_built", "check_built_plan", "insecure_transport", "INSECURE_ENV",
            "check_transport"]
@@ -132,16 +133,31 @@ def check_names(key: str, names) -> list[str]:
     return seen
 
 
+def task_names(config: Mapping) -> list:
+    """The plan's tasks (OpenFL's Plan reads `defaults` and `settings` under `tasks` as no task)."""
+    tasks = config.get("tasks")
+    return [t for t in tasks if t not in NOT_TASKS] if isinstance(tasks, Mapping) else []
+
+
+def split_settings(config: Mapping) -> dict | None:
+    """What decides this workspace's data loader's split (src.data.SPLIT_DEFAULTS' keys, the plan's values over the
+    loader's defaults); None for another data loader."""
+    loader = config.get("data_loader")
+    if not isinstance(loader, Mapping) or loader.get("template") != DATA_LOADER_TEMPLATE \
+            or not isinstance(loader.get("settings") or {}, Mapping):
+        return None
+    return {**SPLIT_DEFAULTS, **(loader.get("settings") or {})}
+
+
+def split_ratios(data: Mapping) -> dict:
+    return {key: data[key] for key in ("train_dataset_ratio", "test_dataset_ratio", "audit_dataset_ratio")}
+
+
 def check_plan_bounds(config: Mapping, collaborators: Sequence[str] | None = None) -> None:
     """The counts the plan asks for against what the data and the machine allow (src.plan_bounds): the rounds
     (OpenFL's assigner), the collaborators (a sample of each set each, with this workspace's data loader) and the
     audit's sample size."""
-    tasks = config.get("tasks")
-    tasks = [t for t in tasks if t not in NOT_TASKS] if isinstance(tasks, Mapping) else []
-    loader = config.get("data_loader")
-    ours = isinstance(loader, Mapping) and loader.get("template") == DATA_LOADER_TEMPLATE
-    data = {**SPLIT_DEFAULTS, **(loader.get("settings") or {})} if ours and isinstance(loader.get("settings") or {},
-                                                                                            Mapping) else None
+    tasks, data = task_names(config), split_settings(config)
     count = len(collaborators) if collaborators is not None else (data or {}).get("collaborator_count", 0)
     aggregator = config.get("aggregator")
     settings = aggregator.get("settings") if isinstance(aggregator, Mapping) else None
@@ -150,9 +166,8 @@ def check_plan_bounds(config: Mapping, collaborators: Sequence[str] | None = Non
                                  tasks=len(tasks), collaborators=count if isinstance(count, int) else 0)
     if data is None:
         return
-    ratios = {key: data[key] for key in ("train_dataset_ratio", "test_dataset_ratio", "audit_dataset_ratio")}
     plan_bounds.check_collaborators("data_loader.settings.collaborator_count", data["collaborator_count"],
-                                    dataset=data["dataset"], ratios=ratios, prefix="data_loader.settings.")
+                                    dataset=data["dataset"], ratios=split_ratios(data), prefix="data_loader.settings.")
     runner = config.get("task_runner")
     audit = ((runner.get("settings") or {}).get("audit") if isinstance(runner, Mapping) else None) or {}
     if isinstance(audit, Mapping):

@@ -133,17 +133,13 @@ def check_flag_bounds(config: Mapping, *, collaborators: int, rounds: int) -> No
     """--rounds and --collaborators against what the plan's data and this machine allow (src.plan_bounds), named by
     the flag; the same bounds on the plan's keys follow in check_run_plan."""
     from src import plan_bounds
-    from src.data import SPLIT_DEFAULTS
-    from src.plan_checks import DATA_LOADER_TEMPLATE
+    from src.plan_checks import split_ratios, split_settings, task_names
 
-    tasks = [t for t in (config.get("tasks") or {}) if t not in ("defaults", "settings")]
-    plan_bounds.check_rounds("--rounds", rounds, tasks=len(tasks), collaborators=collaborators)
-    loader = config.get("data_loader") or {}
-    if loader.get("template") == DATA_LOADER_TEMPLATE and isinstance(loader.get("settings") or {}, Mapping):
-        data = {**SPLIT_DEFAULTS, **(loader.get("settings") or {})}
-        ratios = {k: data[k] for k in ("train_dataset_ratio", "test_dataset_ratio", "audit_dataset_ratio")}
-        plan_bounds.check_collaborators("--collaborators", collaborators, dataset=data["dataset"], ratios=ratios,
-                                        prefix="data_loader.settings.")
+    plan_bounds.check_rounds("--rounds", rounds, tasks=len(task_names(config)), collaborators=collaborators)
+    data = split_settings(config)
+    if data is not None:
+        plan_bounds.check_collaborators("--collaborators", collaborators, dataset=data["dataset"],
+                                        ratios=split_ratios(data), prefix="data_loader.settings.")
     plan_bounds.check_local_collaborators("--collaborators", collaborators)  # a process each, on this machine
 
 
