@@ -210,6 +210,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
         validate_split_settings(args.train_dataset_ratio, args.test_dataset_ratio, args.audit_dataset_ratio,
                                 args.collaborators, args.dirichlet_alpha, prefix="--")
+        check_count_flags(args)
         check_audit_flags(args)
         from src.devices import check_device
 
@@ -224,6 +225,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     except ValueError as err:
         parser.error(str(err))
     return args
+
+
+def check_count_flags(args) -> None:
+    """--comm_round, --collaborators and --audit_sample_size against what the data and this machine allow
+    (src.plan_bounds), before anything is loaded; ValueError naming the flag and the limit."""
+    _workspace_on_path()
+    from src import plan_bounds
+    from src.plan_checks import task_names
+    from workspace.in_process import read_plan
+
+    plan_bounds.check_rounds("--comm_round", args.comm_round, tasks=len(task_names(read_plan(PLAN))),
+                             collaborators=args.collaborators)
+    ratios = {"train_dataset_ratio": args.train_dataset_ratio, "test_dataset_ratio": args.test_dataset_ratio,
+              "audit_dataset_ratio": args.audit_dataset_ratio}
+    plan_bounds.check_collaborators("--collaborators", args.collaborators, dataset=args.dataset, ratios=ratios,
+                                    prefix="--")
+    plan_bounds.check_sample_size("--audit_sample_size", args.audit_sample_size, dataset=args.dataset)
 
 
 # The audit flags and the plan keys they set, for error messages that name the flag.
@@ -437,7 +455,9 @@ def main(argv=None) -> int:
                                        overrides=overrides, plan_path=PLAN), names)
         make_log_dir(args.report_dir)
     except (DatasetUnavailableError, ValueError) as err:  # the message names the flag, the key or the file
-        print(f"error: {err}", file=sys.stderr)
+        text = str(err)
+        gate_key = "task_runner.settings.gate.thresholds."  # set by --gate: named so
+        print(f"error: {'--gate: ' + text[len(gate_key):] if text.startswith(gate_key) else text}", file=sys.stderr)
         return 2
     progress = Progress(args.comm_round, args.collaborators, args.auditing_interval, enabled=not args.no_progress)
 

@@ -20,7 +20,10 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
 
 Bad values fail when the aggregator is built (`fx aggregator start`), naming the key: its own settings, an
 `aggregator.settings` key OpenFL's Aggregator does not take, the plan's `tasks`, `per_collaborator` names that are
-no authorized collaborator, and the network, collaborator and straggler-policy settings (src.plan_checks).
+no authorized collaborator, the network, collaborator, straggler-policy and assigner settings, a `defaults:` file
+OpenFL does not ship and an unsafe collaborator name (src.plan_checks). A plan with `network.settings.use_tls` or
+`require_client_auth` false is refused unless FEDERATION_INSECURE allows it (src.plan_checks.check_transport); the
+aggregator then logs a warning every round.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from src.aggregation import round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record, withheld_warning
 from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
 from src.aggregator_tensordb import IndexedTensorDB
-from src.plan_checks import check_plan, check_tasks, plan_being_built
+from src.plan_checks import check_built_plan, check_tasks, check_transport, plan_being_built
 
 logger = logging.getLogger(__name__)
 
@@ -151,10 +154,13 @@ class AuditingAggregator(Aggregator):
             check_tasks(kwargs["assigner"].tasks)
         # The whole plan, where OpenFL's Plan builds us (`fx aggregator start`): the collaborators' names are known
         # here (plan/cols.yaml), so a `per_collaborator` name that is none of them fails now, as do the network,
-        # collaborator and straggler-policy settings.
-        plan = plan_being_built()
-        if plan is not None:
-            check_plan(plan, list(kwargs.get("authorized_cols") or []))
+        # collaborator and straggler-policy settings, a missing `defaults:` file and an unsafe collaborator name; and
+        # a plan that turns TLS or client authentication off, unless the operator allowed it (plan_checks.INSECURE_ENV).
+        built = plan_being_built()
+        self.insecure: list[str] = []
+        if built is not None:
+            check_built_plan(built, list(kwargs.get("authorized_cols") or []))
+            self.insecure = check_transport(built.config)
         self.poll_interval_s = settings.poll_interval_s
         self.save_every_round = settings.save_every_round
         self._unsaved_best: int | None = None  # round of a best model whose file is not written yet
@@ -190,6 +196,7 @@ class AuditingAggregator(Aggregator):
             # names, which are read above. Where OpenFL's save runs (persist_checkpoint), it stays.
             self.model = None
         aggregator_server.install()
+        self._warn_insecure()  # round 0's; each later round's when the round before it ends
 
     @property
     def report_dir(self):
@@ -262,9 +269,18 @@ class AuditingAggregator(Aggregator):
                 self._held_requests -= 1
         return True
 
+    def _warn_insecure(self) -> None:
+        if self.insecure:
+            logger.warning("Round %d runs with network.settings.%s: false: no %s; any process that reaches this "
+                           "port may claim a collaborator's name", self.round_number, self.insecure[0],
+                           "TLS" if self.insecure[0] == "use_tls" else "client certificate is asked for")
+
     def _end_of_round_check(self):
+        round_number = self.round_number
         try:
             super()._end_of_round_check()
         finally:
+            if self.round_number != round_number and not self._time_to_quit():
+                self._warn_insecure()  # every round the federation runs without transport security
             with self._round_ended:  # wake the held requests: the next round's tasks (or the quit signal) are ready
                 self._round_ended.notify_all()

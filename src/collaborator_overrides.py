@@ -22,6 +22,7 @@ from audit.config.audit_settings import AuditSettings
 from audit.config.fields import integer, mapping, optional, parse, real, section, setting
 from audit.config.gate import GATE_PREFIX, GatePolicy
 from audit.config.mitigation_settings import Mitigation
+from audit.membership.resolution import unresolvable_thresholds
 
 PREFIX = "task_runner.settings.per_collaborator"
 MITIGATION_PREFIX = "task_runner.settings.mitigation"
@@ -87,3 +88,20 @@ def parse_per_collaborator(
         out[name] = CollaboratorSettings(gate=col_gate, epochs=entry.epochs, learning_rate=entry.learning_rate,
                                          mitigation=col_mitigation)
     return default, out
+
+
+def check_gate_resolution(party: str, default: CollaboratorSettings, per_collaborator: Mapping[str, CollaboratorSettings],
+                          audit_settings: AuditSettings, population: int) -> None:
+    """A gate on TPR at an FPR tolerance this party's audit population (`population` samples, after audit.sample_size)
+    cannot resolve would compare the TPR at population FPR 0: refused, naming the threshold's key."""
+    own = per_collaborator.get(party)
+    gate = (own or default).gate
+    if not audit_settings.enabled or not gate.thresholds:
+        return
+    for metric, tol in unresolvable_thresholds(gate.thresholds, audit_settings.fpr_tolerance, population):
+        where = f"{PREFIX}.{party}.gate" if own is not None and metric not in default.gate.thresholds else GATE_PREFIX
+        raise SettingsError(f"{where}.thresholds.{metric}: {party}'s audit population has {population} samples, which "
+                            f"resolve FPR tolerances >= {1 / population if population else 1:.3g} (1 / population): "
+                            f"TPR at FPR {tol:g} would be read at population FPR 0; gate a tolerance it resolves, or "
+                            f"give each party more population samples (data_loader.settings.audit_dataset_ratio, "
+                            f"fewer collaborators, task_runner.settings.audit.sample_size)")

@@ -48,6 +48,8 @@ __all__ = [
 
 #: Names of the three per-party sets, in the order they are cut from the shuffled pool.
 SPLIT_SETS = ("train", "test", "population")
+#: The data loader's defaults for what decides the split (src.dataloader.AuditDataLoader's keyword arguments, by their
+#: plan names): read by the checks that bound a plan's counts before any data is loaded (src.plan_bounds).
 
 
 # ----------------------------------------------------------------------------- splitting

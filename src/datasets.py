@@ -45,8 +45,8 @@ import numpy as np
 
 from audit.scaled_pixels import ScaledPixels
 
-__all__ = ["DATASETS", "DatasetUnavailableError", "DatasetInfo", "dataset_info", "load_dataset", "check_available",
-           "dataset_folder"]
+__all__ = ["DATASETS", "DatasetUnavailableError", "DatasetInfo", "dataset_info", "dataset_samples", "load_dataset",
+           "check_available", "dataset_folder", "dataset_root"]
 
 DATASETS = ("digits", "cifar10", "cifar100", "mnist", "fashionmnist")
 
@@ -74,6 +74,10 @@ _INFOS = {
     "fashionmnist": DatasetInfo("fashionmnist", (1, 28, 28), 10),
 }
 assert tuple(_INFOS) == DATASETS
+# Samples in each dataset as this module reads it (train + test of the official files): the most a split can deal
+# out, known before any file is read (the bounds checked at start, src.plan_bounds).
+_SAMPLES = {"digits": 1797, "cifar10": 60000, "cifar100": 60000, "mnist": 70000, "fashionmnist": 70000}
+assert tuple(_SAMPLES) == DATASETS
 
 # The dataset's name in messages, and torchvision's class for it (torchvision.datasets.<class>).
 _TITLES = {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "mnist": "MNIST", "fashionmnist": "Fashion-MNIST"}
@@ -94,6 +98,11 @@ def dataset_info(name) -> DatasetInfo:
     Raises ValueError naming ``name`` and the choices for an unknown dataset.
     """
     return _INFOS[_check_name(name)]
+
+
+def dataset_samples(name) -> int:
+    """How many samples dataset ``name`` holds (its official files; digits is bundled), without reading any file."""
+    return _SAMPLES[_check_name(name)]
 
 
 def _root(data_dir) -> Path:
@@ -127,6 +136,12 @@ def _source(key: str) -> str:
     if key in _CIFAR_LABELS:
         return cls.url
     return f"{cls.mirrors[0]}*.gz, gunzipped"
+
+
+def dataset_root(data_dir=None) -> Path:
+    """The absolute root of torchvision's layout that ``data_dir`` names (what ``data_dir`` should be set to; the
+    dataset's own folder, dataset_folder, lies below it)."""
+    return _root(data_dir)
 
 
 def dataset_folder(name, data_dir=None) -> Path | None:

@@ -7,24 +7,37 @@ names (a `per_collaborator` entry for a name no collaborator has did nothing), s
 plan as a mapping, by whoever holds the whole plan before any work: `python -m workspace prepare` and the demo
 (before any folder), and `fx aggregator start` (src.aggregator, from the assigner's tasks).
 
+The collaborators' names, wherever the project reads them (the tool's layout, the plan's `per_collaborator`, and
+OpenFL's plan/cols.yaml, plan/data.yaml and `fx collaborator start -n` name where OpenFL builds our classes) must
+be safe single path components (audit.reporting.records.validate_party_name, the one pattern): OpenFL writes files
+named after them (`logs/<name>_metrics.txt`, `cert/client/col_<name>.key`), and `../../x` wrote outside the
+workspace. The counts the plan asks for are bounded (src.plan_bounds).
+
 Torch-free and OpenFL-free, so the tooling checks a plan at once. Every error is a SettingsError whose message
 starts with the dotted plan key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
+import os
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from audit.config.fields import Mismatch, SettingsError, boolean, custom, did_you_mean, integer
+from audit.config.fields import Mismatch, SettingsError, boolean, custom, did_you_mean, integer, to_dict
 from audit.config.plugins import check_plugins
-from src.openfl_sections import check_openfl_sections
+from audit.reporting.records import validate_party_name
+from src import plan_bounds
+from src.openfl_sections import check_included_files, check_openfl_sections
 
-__all__ = ["TASK_RUNNER_TEMPLATE", "TASK_FUNCTIONS", "check_tasks", "check_collaborator_names", "check_plan",
-           "plan_being_built"]
+__all__ = ["TASK_RUNNER_TEMPLATE", "DATA_LOADER_TEMPLATE", "TASK_FUNCTIONS", "task_names", "split_settings",
+           "split_ratios", "check_tasks",
+           "check_collaborator_names", "check_name", "check_names", "check_plan_bounds", "check_plan",
+           "PlanBeingBuilt", "plan_being_built", "check_built_plan", "insecure_transport", "INSECURE_ENV",
+           "check_transport"]
 
 TASK_RUNNER_TEMPLATE = "src.taskrunner.AuditedTaskRunner"
+DATA_LOADER_TEMPLATE = "src.dataloader.AuditDataLoader"
 # Keys of a task besides its function's keyword arguments (OpenFL's Plan.get_tasks / Assigner read them).
 TASK_KEYS = ("function", "kwargs", "aggregation_type")
 # OpenFL's Plan reads these under `tasks` (not tasks).
@@ -71,11 +84,12 @@ def check_tasks(tasks, prefix: str = "tasks") -> None:
             raise SettingsError(f"{where}: expected a mapping with function and kwargs, got {task!r}")
         for key in task:
             if key not in TASK_KEYS:
-                raise SettingsError(f"{where}.{key}: unknown key of a task; allowed: {', '.join(TASK_KEYS)}")
+                raise SettingsError(f"{where}.{key}: unknown key of a task; allowed: {', '.join(TASK_KEYS)}"
+                                    f"{did_you_mean(key, TASK_KEYS)}")
         function = task.get("function")
         if function not in TASK_FUNCTIONS:
             raise SettingsError(f"{where}.function: {function!r} is not a task function of {TASK_RUNNER_TEMPLATE}; "
-                                f"allowed: {', '.join(TASK_FUNCTIONS)}")
+                                f"allowed: {', '.join(TASK_FUNCTIONS)}{did_you_mean(function, TASK_FUNCTIONS)}")
         kwargs = task.get("kwargs")
         kwargs = {} if kwargs is None else kwargs
         if not isinstance(kwargs, Mapping):
@@ -99,14 +113,80 @@ def check_collaborator_names(per_collaborator, collaborators: Sequence[str],
     for name in per_collaborator:
         if name not in collaborators:
             raise SettingsError(f"{prefix}.{name}: no collaborator of this federation has that name; its "
-                                f"collaborators: {', '.join(collaborators) or 'none'}")
+                                f"collaborators: {', '.join(collaborators) or 'none'}{did_you_mean(name, collaborators)}")
+
+
+def check_name(key: str, name) -> str:
+    """A collaborator's name: one safe path component (validate_party_name's pattern), SettingsError naming `key`."""
+    try:
+        return validate_party_name(name)
+    except ValueError as err:
+        raise SettingsError(f"{key}: {str(err).replace('party name', 'collaborator name', 1)}") from None
+
+
+def check_names(key: str, names) -> list[str]:
+    """A list of collaborators' names: each safe (check_name), none twice."""
+    seen: list[str] = []
+    for name in names:
+        check_name(key, name)
+        if name in seen:
+            raise SettingsError(f"{key}: collaborator {name!r} is listed twice")
+        seen.append(name)
+    return seen
+
+
+def task_names(config: Mapping) -> list:
+    """The plan's tasks (OpenFL's Plan reads `defaults` and `settings` under `tasks` as no task)."""
+    tasks = config.get("tasks")
+    return [t for t in tasks if t not in NOT_TASKS] if isinstance(tasks, Mapping) else []
+
+
+def split_settings(config: Mapping) -> dict | None:
+    """The settings of this workspace's data loader that decide its split: the plan's values over the loader's
+    declared defaults (src.loader_settings); None for another data loader."""
+    loader = config.get("data_loader")
+    if not isinstance(loader, Mapping) or loader.get("template") != DATA_LOADER_TEMPLATE \
+            or not isinstance(loader.get("settings") or {}, Mapping):
+        return None
+    from src.loader_settings import DataLoaderSettings
+
+    return {**to_dict(DataLoaderSettings()), **(loader.get("settings") or {})}
+
+
+def split_ratios(data: Mapping) -> dict:
+    return {key: data[key] for key in ("train_dataset_ratio", "test_dataset_ratio", "audit_dataset_ratio")}
+
+
+def check_plan_bounds(config: Mapping, collaborators: Sequence[str] | None = None) -> None:
+    """The counts the plan asks for against what the data and the machine allow (src.plan_bounds): the rounds
+    (OpenFL's assigner), the collaborators (a sample of each set each, with this workspace's data loader) and the
+    audit's sample size."""
+    tasks, data = task_names(config), split_settings(config)
+    count = len(collaborators) if collaborators is not None else (data or {}).get("collaborator_count", 0)
+    aggregator = config.get("aggregator")
+    settings = aggregator.get("settings") if isinstance(aggregator, Mapping) else None
+    if isinstance(settings, Mapping):
+        plan_bounds.check_rounds("aggregator.settings.rounds_to_train", settings.get("rounds_to_train"),
+                                 tasks=len(tasks), collaborators=count if isinstance(count, int) else 0)
+    if data is None:
+        return
+    plan_bounds.check_collaborators("data_loader.settings.collaborator_count", data["collaborator_count"],
+                                    dataset=data["dataset"], ratios=split_ratios(data), prefix="data_loader.settings.")
+    runner = config.get("task_runner")
+    audit = ((runner.get("settings") or {}).get("audit") if isinstance(runner, Mapping) else None) or {}
+    if isinstance(audit, Mapping):
+        plan_bounds.check_sample_size("task_runner.settings.audit.sample_size", audit.get("sample_size"),
+                                      dataset=data["dataset"])
 
 
 def check_plan(config: Mapping, collaborators: Sequence[str] | None = None) -> None:
     """The checks above on a plan mapping (`collaborators`: the federation's names, when known), and those of the
-    sections OpenFL builds from (src.openfl_sections). Tasks of a task runner that is not this workspace's are left
-    to that runner."""
-    check_openfl_sections(config)
+    sections OpenFL builds from and the files it includes (src.openfl_sections), on the plan as OpenFL reads it.
+    Tasks of a task runner that is not this workspace's are left to that runner."""
+    if collaborators is not None:
+        check_names("collaborators", collaborators)
+    config = check_openfl_sections(config, collaborators)
+    check_plan_bounds(config, collaborators)
     runner = config.get("task_runner")
     if not isinstance(runner, Mapping) or runner.get("template") != TASK_RUNNER_TEMPLATE:
         return
@@ -115,26 +195,106 @@ def check_plan(config: Mapping, collaborators: Sequence[str] | None = None) -> N
     audit = settings.get("audit") if isinstance(settings, Mapping) else None
     if isinstance(audit, Mapping):  # the plug-in steps register before anyone reads their sections or metrics
         check_plugins("task_runner.settings.audit.plugins", audit.get("plugins"))
+    if isinstance(settings, Mapping) and isinstance(settings.get("per_collaborator"), Mapping):
+        for name in settings["per_collaborator"]:
+            check_name(f"task_runner.settings.per_collaborator.{name}", name)
     if collaborators is not None and isinstance(settings, Mapping):
         check_collaborator_names(settings.get("per_collaborator") or {}, list(collaborators))
 
 
-def plan_being_built() -> Mapping | None:
-    """The whole plan (OpenFL's `Plan.config`) whose `get_aggregator` or `get_task_runner` is building the caller,
-    or None when the caller was built otherwise (Plan.build directly, or by hand).
+# ------------------------------------------------------------------------------------------ plans OpenFL builds
+
+@dataclass(frozen=True)
+class PlanBeingBuilt:
+    """What OpenFL's Plan holds of a deployment while it builds one of our classes."""
+
+    config: Mapping                  # the whole plan, its `defaults:` files merged in (Plan.config)
+    files: tuple = ()                # the plan file, then the defaults files it read (Plan.files)
+    authorized_cols: tuple = ()      # plan/cols.yaml
+    data_paths: Mapping = field(default_factory=dict)  # plan/data.yaml: collaborator -> data path
+    collaborator: str | None = None  # the collaborator Plan.get_collaborator builds (`fx collaborator start -n`)
+
+
+def plan_being_built() -> PlanBeingBuilt | None:
+    """The plan (OpenFL's `Plan`) whose `get_aggregator` or `get_task_runner` is building the caller, or None when
+    the caller was built otherwise (Plan.build directly, or by hand).
 
     OpenFL hands each object it builds only its own section's settings. The aggregator (`fx aggregator start`) is
     the one party of a deployment that knows every collaborator's name (plan/cols.yaml, after the certificates),
-    and the task runner is what `fx plan initialize` builds before any certificate: both check the whole plan
-    (check_plan), so a deployment by hand fails at those commands as `python -m workspace` does before any folder.
-    Found on the call stack (OpenFL 1.9: Plan.get_aggregator / get_task_runner -> Plan.build -> the constructor),
-    checked by the Plan class's module, so this module needs no OpenFL import.
+    and the task runner is what `fx plan initialize` builds before any certificate and `fx collaborator start`
+    before it writes anything: both check the whole plan (check_built_plan), so a deployment by hand fails at those
+    commands as `python -m workspace` does before any folder.
+    Found on the call stack (OpenFL 1.9: Plan.get_aggregator / get_task_runner -> Plan.build -> the constructor;
+    Plan.get_collaborator above them names the collaborator), checked by the Plan class's module, so this module
+    needs no OpenFL import.
     """
     frame = sys._getframe(1)
+    owner, collaborator = None, None
     while frame is not None:
-        owner = frame.f_locals.get("self") if frame.f_code.co_name in ("get_aggregator", "get_task_runner") else None
-        if owner is not None and type(owner).__module__ == "openfl.federated.plan.plan" \
-                and isinstance(getattr(owner, "config", None), Mapping):
-            return owner.config
+        name = frame.f_code.co_name
+        candidate = frame.f_locals.get("self") if name in ("get_aggregator", "get_task_runner",
+                                                           "get_collaborator") else None
+        if candidate is not None and type(candidate).__module__ == "openfl.federated.plan.plan" \
+                and isinstance(getattr(candidate, "config", None), Mapping):
+            if name == "get_collaborator" and (owner is None or candidate is owner):
+                collaborator = frame.f_locals.get("collaborator_name")
+                owner = candidate
+            elif owner is None:
+                owner = candidate
         frame = frame.f_back
-    return None
+    if owner is None:
+        return None
+    return PlanBeingBuilt(config=owner.config, files=tuple(getattr(owner, "files", None) or ()),
+                          authorized_cols=tuple(getattr(owner, "authorized_cols", None) or ()),
+                          data_paths=dict(getattr(owner, "cols_data_paths", None) or {}), collaborator=collaborator)
+
+
+def check_built_plan(built: PlanBeingBuilt, collaborators: Sequence[str] | None = None) -> None:
+    """What a party built by OpenFL checks before anything is written: the files the plan included, the names in
+    plan/cols.yaml, plan/data.yaml and the collaborator being started, then the whole plan (check_plan)."""
+    check_included_files(built.files)
+    check_names("plan/cols.yaml collaborators", built.authorized_cols)
+    for name in built.data_paths:
+        check_name("plan/data.yaml", name)
+    if built.collaborator is not None:
+        check_name("fx collaborator start -n", built.collaborator)
+    check_plan(built.config, collaborators)
+
+
+# ------------------------------------------------------------------------------------------ transport security
+
+# What `fx` parties read to allow a plan without TLS or without client certificates (the tool sets it from its
+# --no-tls and --no-client-auth flags): a comma-separated list of INSECURE_SETTINGS' values.
+INSECURE_ENV = "FEDERATION_INSECURE"
+INSECURE_SETTINGS = {"use_tls": "tls", "require_client_auth": "client_auth"}
+
+
+def insecure_transport(config: Mapping) -> list[str]:
+    """The keys of network.settings that turn transport security off in this plan (as OpenFL reads it: TLS and
+    client authentication are on unless set false)."""
+    network = config.get("network")
+    settings = network.get("settings") if isinstance(network, Mapping) else None
+    settings = settings if isinstance(settings, Mapping) else {}
+    if settings.get("use_tls", True) is False:
+        return ["use_tls"]  # no TLS: no client certificate either
+    return ["require_client_auth"] if settings.get("require_client_auth", True) is False else []
+
+
+def allowed_insecure(environ: Mapping | None = None) -> set[str]:
+    text = (os.environ if environ is None else environ).get(INSECURE_ENV, "")
+    return {part.strip() for part in text.split(",") if part.strip()}
+
+
+def check_transport(config: Mapping, environ: Mapping | None = None) -> list[str]:
+    """Refuse a plan that turns TLS or client authentication off unless INSECURE_ENV allows it; returns the keys
+    that are off (allowed)."""
+    off = insecure_transport(config)
+    allowed = allowed_insecure(environ)
+    for key in off:
+        if INSECURE_SETTINGS[key] not in allowed:
+            what = "TLS" if key == "use_tls" else "client authentication (certificates)"
+            raise SettingsError(f"network.settings.{key}: false turns {what} off: any process that reaches the "
+                                f"aggregator's port could claim a collaborator's name and receive its tasks and the "
+                                f"global model; to run so anyway, set {INSECURE_ENV}={INSECURE_SETTINGS[key]} "
+                                f"(python -m workspace: --no-tls / --no-client-auth)")
+    return off

@@ -40,11 +40,11 @@ from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_j
 from audit.spill import SpilledModel
 from audit.training import TrainingRecipe
 from src.audit_cost import audit_cost_note
-from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
+from src.collaborator_overrides import CollaboratorSettings, check_gate_resolution, parse_per_collaborator
 from src.cuda_pages import release_cuda_library_pages
 from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
-from src.plan_checks import check_plan, plan_being_built
+from src.plan_checks import check_built_plan, plan_being_built
 from src.runner_settings import PREFIX as SETTINGS_PREFIX, RunnerSettings
 from src.received_model_task import model_names, rejected_round, rejected_validation
 
@@ -71,11 +71,12 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         openfl_arguments = {k: kwargs.pop(k) for k in OPENFL_ARGUMENTS if k in kwargs}
         # task_runner.settings, each key checked by name (`learnig_rate` would pass through **kwargs and do nothing).
         settings = parse(RunnerSettings, kwargs, SETTINGS_PREFIX)
-        # Built by OpenFL's Plan (`fx plan initialize`, before any certificate; `fx collaborator start`): the rest of
-        # the plan too, which no constructor sees whole (tasks, network, collaborator, straggler policy).
-        plan = plan_being_built()
-        if plan is not None:
-            check_plan(plan)
+        # Built by OpenFL's Plan (`fx plan initialize`, before any certificate; `fx collaborator start`, before it
+        # writes anything): the rest of the plan too, which no constructor sees whole (tasks, network, collaborator,
+        # straggler policy, the files it includes, the collaborators' names).
+        built = plan_being_built()
+        if built is not None:
+            check_built_plan(built)
         super().__init__(device=None if settings.device is None else torch.device(settings.device), **openfl_arguments)
         self.audit_settings = AuditSettings.from_mapping(settings.audit, prefix=f"{SETTINGS_PREFIX}.audit")
         self.default_settings, self.per_collaborator = parse_per_collaborator(
@@ -92,6 +93,14 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         # For the same reason every audited round sends every audit metric the plan's audit declares (NaN where a
         # round lacks one, e.g. a step that failed): the scalars that may leave the party (gate_contract).
         self._sent_metrics = tuple(n for n in audit_metric_names(self.audit_settings) if sent_to_aggregator(n))
+        # With this party's data loaded (`fx collaborator start`, in-process runs): a gate its audit population cannot
+        # resolve fails now, not as a comparison at population FPR 0 every round.
+        population = getattr(self.data_loader, "y_population", None)
+        if population is not None:
+            sample = self.audit_settings.sample_size
+            check_gate_resolution(getattr(built, "collaborator", None) or "this collaborator", self.default_settings,
+                                  self.per_collaborator, self.audit_settings,
+                                  len(population) if sample is None else min(sample, len(population)))
         self.seed = settings.seed
         self.optimizer_name, self.learning_rate, self.momentum = (settings.optimizer, settings.learning_rate,
                                                                   settings.momentum)

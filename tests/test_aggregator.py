@@ -252,7 +252,8 @@ def test_bind_uri_brackets_ipv6_literals():
     assert bind_uri("10.0.0.2", 5) == "10.0.0.2:5"
 
 
-def test_plan_get_server_builds_the_bound_server(tmp_path):
+def test_plan_get_server_builds_the_bound_server(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDERATION_INSECURE", "tls")  # use_tls: false is refused unless the operator allows it
     plan = parse_plan(write_run_plan(tmp_path, collaborators=2, rounds=1, overrides={
         "network": {"settings": {"agg_addr": "localhost", "agg_port": 50123, "use_tls": False}}}))
     plan.get_aggregator(tensor_dict=TENSORS)

@@ -8,6 +8,7 @@ that, with --keep-going, a round can end without the frozen collaborator.
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -104,11 +105,33 @@ def test_keep_going_stops_the_frozen_collaborator_and_the_others_finish(prepared
     assert f"all {ROUNDS} rounds finished without: collaborator2 (pid {pids['collaborator2']}) stopped answering" \
         in output
     assert "timed out" not in output
+    # --no-tls: said at every round the federation ran
+    assert "WARNING: this federation runs without TLS (--no-tls)" in output
+    assert "WARNING: round 1: this federation runs without TLS (--no-tls)" in output
     # collaborator1 trained and reported every round; the aggregator left collaborator2 out of round 1.
     assert (run_dir / "collaborator1" / "reports" / "collaborator1" / "round_0001" / "audit.json").is_file()
     record = json.loads((run_dir / "aggregator" / "reports" / "aggregator" / "round_0001.json").read_text())
     assert record["kept"] == ["collaborator1"] and record["stragglers"] == ["collaborator2"]
     assert all(is_gone(pid) for pid in pids.values()), pids
+
+
+def test_a_party_that_dies_is_named_with_the_last_error_line_of_its_log(prepared, tmp_path):
+    """Before: "collaborator2 (pid N) exited with code 1 during round 0", the cause only in its log."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(prepared, run_dir)
+    (run_dir / "collaborator2" / "plan" / "data.yaml").write_text("collaborator2,9\n")  # no such shard
+    tooling = start_cli(run_dir, tmp_path / "tooling.log", *LIVENESS)
+    try:
+        tooling.wait(timeout=240)
+    finally:
+        stop_group(tooling)
+    output = (tmp_path / "tooling.log").read_text()
+    assert tooling.returncode == 1, output[-3000:]
+    found = re.search(r"collaborator2 \(pid \d+\) exited with code 1 during round 0 \(0/2 rounds finished\): (.*); "
+                      r"log: ", output)
+    assert found, output[-3000:]
+    assert "data_path: shard '9' is out of range; allowed: 1..2" in found.group(1), found.group(1)
+    assert state(run_dir)["status"] == "failed"
 
 
 def test_participants_die_with_a_killed_tooling_and_the_folder_is_reported_stale(prepared, tmp_path):

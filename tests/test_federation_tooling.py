@@ -266,6 +266,40 @@ def cli(*args, timeout=120):
     (["--port", "abc"], "error: argument --port: expected a TCP port, a whole number in 1..65535, got 'abc'"),
     (["--poll-interval", "0.5"], "error: argument --poll-interval: expected a whole number >= 1 (seconds), got '0.5'"),
     (["--bogus"], "error: unrecognized arguments: --bogus"),
+    # Before: accepted; the aggregator filled 19.3 GB in OpenFL's assigner, the status line was 10^9 characters wide.
+    (["--rounds", "1000000000"], "error: argument --rounds: 1,000,000,000 rounds; at most 100,000, got '1000000000'"),
+    # Before: accepted; it started making 100,000 certified workspaces for digits' 1,797 samples.
+    (["--collaborators", "100000"], "error: --collaborators: 100,000 collaborators; at most 179 for digits (1,797 "
+                                    "samples): every collaborator needs at least one sample of each set, and "
+                                    "data_loader.settings.train_dataset_ratio 0.1 x 1,797 gives 179"),
+    # Before: accepted; a client without a certificate claiming collaborator1 then got its tasks and the model.
+    (["--set", "network.settings.require_client_auth=false"],
+     "error: network.settings.require_client_auth: false turns client authentication (certificates) off: any "
+     "process that reaches the aggregator's port could claim a collaborator's name"),
+    # Before: silently ignored (OpenFL reads a missing defaults file as empty; the assigner swallows unknown keys).
+    (["--set", "network.defaults=plan/defaults/netwrok.yaml"],
+     "error: network.defaults: 'plan/defaults/netwrok.yaml' is no file OpenFL ships (it would be read as empty: the "
+     "section would lose OpenFL's defaults); looked in "),
+    (["--set", "assigner.settings.task_group=learning"],
+     "error: assigner.settings.task_group: unknown setting (it would be ignored or fail later); known: task_groups, "
+     "selected_task_group; did you mean 'task_groups'?"),
+    (["--set", "assigner.settings.task_groups=[{name: learning, percentage: 1.0, tasks: [train, validate]}]"],
+     "error: assigner.settings.task_groups[0].tasks: 'validate' is not a task of the plan; its tasks: "
+     "aggregated_model_validation, train, locally_tuned_model_validation"),
+    (["--set", "assigner.settings.task_groups=[{name: a, percentage: 0.5, tasks: [train]}, "
+               "{name: b, percentage: 0.5, tasks: [train]}]"],
+     "error: assigner.settings.task_groups: the percentages give 2 of the 3 collaborators a group"),
+    # Before: refused only at the collaborator's first audit, after OpenFL wrote outside the run folder.
+    (["--set", "task_runner.settings.per_collaborator={../../escaped_x: {epochs: 1}}"],
+     "error: task_runner.settings.per_collaborator.../../escaped_x: collaborator name '../../escaped_x' is not a safe "
+     "path component"),
+    # Before: the suggested folder was .../data/MNIST, where the collaborators then looked in MNIST/MNIST/raw.
+    (["--set", "data_loader.settings.dataset=mnist"],
+     "error: data_loader.settings.data_dir: 'data' is relative, but each collaborator runs in its own folder "
+     f"(<run>/collaboratorN/); give an absolute path, e.g. --set data_loader.settings.data_dir={ROOT / 'data'}\n"),
+    (["--set", "task_runner.settings.audit.sample_size=1000000"],
+     "error: task_runner.settings.audit.sample_size: 1,000,000 samples per set; at most 1,797, every sample of "
+     "digits"),
 ])
 def test_bad_options_fail_in_one_line_before_anything_is_made(tmp_path, args, line):
     run_dir = tmp_path / "run"
@@ -274,6 +308,37 @@ def test_bad_options_fail_in_one_line_before_anything_is_made(tmp_path, args, li
     assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith(line), \
         result.stderr
     assert not run_dir.exists()  # no folder, no workspace, no certificate
+
+
+def test_counts_are_bounded_by_the_machine_and_the_data(monkeypatch):
+    from src import plan_bounds
+
+    # OpenFL's assigner: ~160 bytes per round for each task and collaborator, within an eighth of the memory
+    assert plan_bounds.max_rounds(3, 3, memory=24 * 2**30) == 100_000
+    assert plan_bounds.max_rounds(3, 97, memory=8 * 2**30) == 8 * 2**30 // 8 // (160 * 100)
+    with pytest.raises(ValueError, match=r"^--rounds: 200,000 rounds; at most 100,000 "):
+        plan_bounds.check_rounds("--rounds", 200_000, tasks=3, collaborators=2)
+    # every collaborator needs a sample of each set: floor(1797 x 0.1) = 179 members to deal out
+    ratios = {"train_dataset_ratio": 0.1, "test_dataset_ratio": 0.45, "audit_dataset_ratio": 0.45}
+    assert plan_bounds.max_collaborators_for_data("digits", ratios) == (179, "train_dataset_ratio")
+    plan_bounds.check_collaborators("k", 179, dataset="digits", ratios=ratios, prefix="")
+    with pytest.raises(ValueError, match="^k: 180 collaborators; at most 179 for digits"):
+        plan_bounds.check_collaborators("k", 180, dataset="digits", ratios=ratios, prefix="")
+    # a process of ~0.44 GB per party on this machine
+    assert plan_bounds.max_local_collaborators(memory=24 * 2**30) == 24 * 2**30 // (440 * 2**20) - 1
+
+
+def test_the_status_line_does_not_grow_with_the_rounds():
+    import io
+
+    from workspace.progress import BAR_WIDTH, ProgressLine, progress_bar
+
+    assert progress_bar(2, 5) == "##..."
+    assert progress_bar(0, 10**9) == "." * BAR_WIDTH and progress_bar(10**9, 10**9) == "#" * BAR_WIDTH
+    assert progress_bar(5 * 10**8, 10**9) == "#" * (BAR_WIDTH // 2) + "." * (BAR_WIDTH - BAR_WIDTH // 2)
+    out = io.StringIO()
+    ProgressLine(out).update(3, 10**9, {"aggregator": "serving"})
+    assert len(out.getvalue()) < 200, len(out.getvalue())  # before: 10^9 characters, 2 GB of output
 
 
 def test_a_port_in_use_and_a_used_folder_fail_before_anything_is_made(tmp_path):

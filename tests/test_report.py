@@ -596,7 +596,7 @@ def test_atomic_write_json_sorted_and_rejects_nan(tmp_path):
 def test_atomic_write_text_and_bytes(tmp_path):
     p = atomic_io.atomic_write_text(tmp_path / "a" / "t.txt", "héllo\n")
     assert p.read_text(encoding="utf-8") == "héllo\n"
-    assert (p.stat().st_mode & 0o777) == 0o644
+    assert (p.stat().st_mode & 0o777) == 0o666 & ~atomic_io.current_umask()
     atomic_io.atomic_write_bytes(p, b"\x00\x01")
     assert p.read_bytes() == b"\x00\x01"
     assert temp_files(tmp_path) == []
@@ -623,3 +623,91 @@ def test_metrics_csv_escapes_formula_like_names_but_keeps_negative_numbers(tmp_p
     values = read_csv(tmp_path / PARTY / "metrics.csv")[0]
     assert values["'=HYPERLINK(\"http://x\")"] == "-0.5" and values["'@SUM(A1)"] == "2"
     assert values["'-2+3"] == "-1e-300" and values["train_loss"] == "-0.25"  # numbers stay numbers
+
+
+# ----------------------------------------------------------------------------------------------
+# who may read a report: per-sample files their owner only, the rest as the umask says
+
+
+@pytest.fixture
+def umask():
+    def set_mask(mask):
+        os.umask(mask)
+    previous = os.umask(0o022)
+    os.umask(previous)
+    yield set_mask
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002], ids=lambda mask: f"umask{mask:03o}")
+def test_report_files_follow_the_umask(tmp_path, umask, mask):
+    """Before: every report file was forced to 0644, whatever the umask (0o077 too)."""
+    umask(mask)
+    assert atomic_io.current_umask() == mask
+    text = atomic_io.atomic_write_text(tmp_path / f"{mask:o}.txt", "x")
+    fig = Figure(figsize=(1, 1), dpi=20)
+    png = atomic_io.atomic_savefig(fig, tmp_path / f"{mask:o}.png")
+    for path in (text, png):
+        assert path.stat().st_mode & 0o777 == 0o666 & ~mask, (oct(path.stat().st_mode), oct(mask))
+    path = atomic_io.atomic_write_bytes(tmp_path / f"{mask:o}.bin", b"1", private=True)
+    assert path.stat().st_mode & 0o777 == 0o600
+    text.chmod(0o640)  # a file replaced keeps its mode; a private one becomes 0600
+    assert atomic_io.atomic_write_text(text, "y").stat().st_mode & 0o777 == 0o640
+    assert atomic_io.atomic_write_bytes(text, b"w", private=True).stat().st_mode & 0o777 == 0o600
+
+
+def test_per_sample_files_are_private_to_the_party(tmp_path, umask):
+    """signals.npz, rmia_scores.npz, Fidel's grid, and whatever else an audit step's private writer puts in the round
+    folder: 0600 in a 0700 round folder, even when the step's writer itself made them readable to all. Before: 0644."""
+    umask(0o022)
+
+    def careless_writer(round_dir):  # a step's private writer that gives its file to everyone
+        (round_dir / "canaries.npy").write_bytes(b"per-sample")
+        (round_dir / "canaries.npy").chmod(0o644)
+
+    def signals_writer(round_dir):
+        atomic_io.atomic_write_bytes(round_dir / "signals.npz", b"scores", private=True)
+
+    writer = ReportWriter(tmp_path, PARTY)
+    for round_num, store in ((0, writer.write_round), (1, writer.store_round)):
+        round_dir = store(make_record(round_num), [signals_writer, careless_writer])
+        assert round_dir.stat().st_mode & 0o777 == 0o700
+        for name in ("signals.npz", "canaries.npy"):
+            assert (round_dir / name).stat().st_mode & 0o777 == 0o600, name
+        assert (round_dir / "audit.json").stat().st_mode & 0o777 == 0o644  # the umask's
+    assert (tmp_path / PARTY / "index.html").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / PARTY).stat().st_mode & 0o777 == 0o755
+    # a round without private files keeps the umask's folder
+    assert writer.store_round(make_record(2)).stat().st_mode & 0o777 == 0o755
+
+
+def test_the_audit_steps_write_their_per_sample_files_private(tmp_path, umask):
+    """The built-in steps' own writers, on a real audit (membership signals, RMIA scores, Fidel's grid of the members
+    an update reveals): each file 0600 in a 0700 round folder under the usual umask 022. Before: 0644."""
+    import torch
+    import torch.nn.functional as F
+
+    from audit.config.audit_settings import AuditSettings
+    from audit.round_audit import AuditSets, audit_round, record_to_json
+    from src.datasets import load_dataset
+    from src.models import FCNN
+
+    umask(0o022)
+    x, y = load_dataset("digits")
+    x = np.asarray(x)
+    sets = AuditSets(members=(x[:40], y[:40]), nonmembers=(x[40:140], y[40:140]), population=(x[140:240], y[140:240]))
+    torch.manual_seed(0)
+    model = FCNN((1, 8, 8), 10)
+    local = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(local.parameters(), lr=0.01)
+    optimizer.zero_grad()
+    F.cross_entropy(local(torch.as_tensor(x[:40])), torch.as_tensor(y[:40])).backward()
+    optimizer.step()
+    settings = AuditSettings.from_mapping({"signals": ["loss"], "fpr_tolerance": [0.1], "audit_global": False,
+                                           "update_attack": False, "rmia": {"references": ["global"]},
+                                           "fidel": {"enabled": True}}, prefix="audit")
+    record = audit_round(local.eval(), model.eval(), sets, settings, party=PARTY, round_num=0, seed=0)
+    round_dir = ReportWriter(tmp_path, PARTY).store_round(record_to_json(record), record["_private"])
+    assert round_dir.stat().st_mode & 0o777 == 0o700
+    for name in ("signals.npz", "rmia_scores.npz", "fidel_grid.png"):
+        assert (round_dir / name).stat().st_mode & 0o777 == 0o600, name

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,9 +128,9 @@ def train_kwargs(**kwargs) -> dict:
      "(the received one), got 'both'"),
     ({"tasks": {"train": {"function": "train_tsk"}}},
      "tasks.train.function: 'train_tsk' is not a task function of src.taskrunner.AuditedTaskRunner; "
-     "allowed: train_task, validate_task"),
+     "allowed: train_task, validate_task; did you mean 'train_task'?"),
     ({"tasks": {"train": {"kwarg": {"epochs": 1}}}},
-     "tasks.train.kwarg: unknown key of a task; allowed: function, kwargs, aggregation_type"),
+     "tasks.train.kwarg: unknown key of a task; allowed: function, kwargs, aggregation_type; did you mean 'kwargs'?"),
 ], ids=["epoch", "lr", "epochs-0", "epochs-str", "epochs-float", "use_tqdm", "apply", "function", "kwarg-section"])
 def test_task_kwargs_fail_before_anything(tmp_path, overrides, message):
     assert fails_before_anything(tmp_path, overrides) == message
@@ -262,14 +263,15 @@ NETWORK_KNOWN = ("known: agg_addr, agg_port, hash_salt, use_tls, require_client_
     # a key of a section besides its settings: taken by Plan.build for a setting named `setings`, or ignored
     ({"aggregator": {"setings": {"poll_interval_s": 5}}},
      "aggregator.setings: unknown key of a plan section (it would be ignored or taken for a setting); allowed: "
-     "defaults, template, settings"),
+     "defaults, template, settings; did you mean 'settings'?"),
     ({"network": {"setings": {"client_reconnect_interval": 5}}},
      "network.setings: unknown key of a plan section (it would be ignored or taken for a setting); allowed: "
-     "defaults, template, settings"),
+     "defaults, template, settings; did you mean 'settings'?"),
     # a section OpenFL does not read: the run went on with WaitForAllPolicy, OpenFL's default
     ({"straggler_handling_polcy": {"settings": {"straggler_cutoff_time": 60}}},
      "straggler_handling_polcy: not a section OpenFL reads (it would be ignored); sections: aggregator, collaborator, "
-     "data_loader, task_runner, network, assigner, straggler_handling_policy, compression_pipeline, connector, tasks"),
+     "data_loader, task_runner, network, assigner, straggler_handling_policy, compression_pipeline, connector, tasks; "
+     "did you mean 'straggler_handling_policy'?"),
 ], ids=["network-key", "reconnect-interval", "transport", "agg_port", "collaborator-key", "opt_treatment",
         "straggler-key", "cutoff-str", "minimum_reporting", "straggler-template", "aggregator-section-key",
         "network-section-key", "unknown-section"])
@@ -329,7 +331,8 @@ def test_fx_plan_initialize_and_fx_aggregator_start_check_the_whole_plan(tmp_pat
     with pytest.raises(SettingsError) as err:
         plan.get_aggregator(tensor_dict={})
     assert str(err.value) == ("task_runner.settings.per_collaborator.colaborator2: no collaborator of this federation "
-                              "has that name; its collaborators: collaborator1, collaborator2")
+                              "has that name; its collaborators: collaborator1, collaborator2; did you mean "
+                              "'collaborator2'?")
 
 
 # ------------------------------------------------------------------------------------------------- the demo
@@ -495,17 +498,112 @@ def _cli(*args, cwd=ROOT, timeout=300):
      "error: task_runner.settings.audit.fidel.layer: layer 'nope': no such module"),
 ])
 def test_bad_settings_fail_before_any_certificate_is_made(tmp_path, override, line):
-    """The README's promise, on the real tool with mutual TLS: what only building the task runner can check fails in
-    `fx plan initialize`, before `fx workspace certify`; one line, naming the key."""
+    """The README's promise, on the real tool with mutual TLS: what only building the task runner can check (as
+    `fx plan initialize` does) fails in the tool's own process before any folder is made; one line, naming the key.
+    Before, it failed in `fx plan initialize` and left --dir holding aggregator/ and setup.log."""
     run_dir = tmp_path / "run"
     result = _cli("-m", "workspace", "prepare", "--collaborators", "2", "--rounds", "1", "--dir", run_dir,
                   "--set", override)
     assert result.returncode == 2, result.stderr
     err = result.stderr.strip()
     assert err.splitlines() == [err] and err.startswith(line), err
-    assert "fx plan initialize" in err  # where it was found, with the full output's place
-    assert not list(run_dir.rglob("cert")) and not list(run_dir.rglob("*.key")) and not list(run_dir.rglob("*.crt"))
-    assert not (run_dir / "collaborator1").exists()
+    assert not run_dir.exists()  # no folder, no aggregator/, no setup.log, no certificate
+
+
+SMALL = ["--collaborators", "1", "--rounds", "1", "--no-tls", "--set", "tasks.train.kwargs.epochs=1"]
+
+
+@pytest.mark.federation
+@pytest.mark.skipif(not (Path(sys.executable).parent / "fx").exists(), reason="fx comes with openfl in the venv")
+def test_a_prepare_refused_in_fx_leaves_nothing_and_the_fixed_command_works(tmp_path):
+    """A failure only an `fx` command meets (`fx plan initialize` cannot write the initial model there): before, --dir
+    kept aggregator/ and setup.log, and the fixed rerun was refused "not empty". Now nothing is left, and the same
+    command with the mistake fixed prepares the folder."""
+    run_dir = tmp_path / "run"
+    bad = _cli("-m", "workspace", "prepare", "--dir", run_dir, *SMALL,
+               "--set", f"aggregator.settings.init_state_path={tmp_path / 'no' / 'such' / 'init.pbuf'}")
+    assert bad.returncode == 2, bad.stdout[-2000:] + bad.stderr[-2000:]
+    assert "`fx plan initialize` failed" in bad.stderr or "fx plan initialize" in bad.stderr, bad.stderr
+    assert not run_dir.exists(), sorted(str(p) for p in run_dir.rglob("*"))[:20]
+    good = _cli("-m", "workspace", "prepare", "--dir", run_dir, *SMALL)
+    assert good.returncode == 0, good.stdout[-2000:] + good.stderr[-2000:]
+    assert (run_dir / "collaborator1" / "plan" / "plan.yaml").is_file()
+
+
+def truncated_mnist(root: Path) -> Path:
+    """A small MNIST in torchvision's layout whose training images file lost its last 100 bytes."""
+    from torchvision_files import write_dataset
+
+    write_dataset(root, "mnist", n_train=60, n_test=20)
+    images = root / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    images.write_bytes(images.read_bytes()[:-100])
+    return root
+
+
+TRUNCATED = ("MNIST is not available: its files are incomplete or corrupted (train-images-idx3-ubyte: 46940 bytes of "
+             "data, its header says 60x28x28 = 47040)")
+
+
+@pytest.mark.federation
+def test_the_tool_reads_each_partys_data_before_any_certificate(tmp_path):
+    """Before: a truncated MNIST file was found only by the collaborators, in round 0, and the tool said "exited with
+    code 1 during round 0"; now the tool reads every shard with the loader's own readers before making anything."""
+    data = truncated_mnist(tmp_path / "data")
+    run_dir = tmp_path / "run"
+    result = _cli("-m", "workspace", "prepare", "--dir", run_dir, "--collaborators", "2", "--set",
+                  "data_loader.settings.dataset=mnist", "--set", f"data_loader.settings.data_dir={data}")
+    assert result.returncode == 2, result.stderr
+    err = result.stderr.strip()
+    assert err.splitlines() == [err] and err.startswith(f"error: {TRUNCATED}"), err
+    assert not run_dir.exists()
+
+
+def test_the_demo_reads_the_data_before_it_makes_log_dir(tmp_path, capsys):
+    """Before: bad data left `_run/` in --log_dir."""
+    data = truncated_mnist(tmp_path / "data")
+    log_dir = tmp_path / "logs"
+    code, err = demo([*DEMO, "--dataset", "mnist", "--data-dir", str(data), "--log_dir", str(log_dir)], capsys)
+    assert code == 2 and err.strip().splitlines() == [err.strip()] and err.startswith(f"error: {TRUNCATED}"), err
+    assert not log_dir.exists()
+
+
+def test_a_gate_the_population_cannot_resolve_is_refused_at_start(tmp_path, capsys):
+    """Before: a gate on TPR at FPR 1e-4 with 404 population samples per party was accepted and compared the TPR at
+    population FPR 0 every round."""
+    log_dir = tmp_path / "logs"
+    split = ["--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45", "--audit_dataset_ratio", "0.45"]
+    code, err = demo([*DEMO, *split, "--fpr_tolerance", "0.0001", "0.1", "--gate", "withhold",
+                      "mia_local_loss_tpr_at_fpr_0.0001=0.5", "--log_dir", str(log_dir)], capsys)
+    assert code == 2 and err.strip().splitlines() == [err.strip()], err
+    assert err.startswith("error: --gate: mia_local_loss_tpr_at_fpr_0.0001: collaborator1's audit population has 404 "
+                          "samples, which resolve FPR tolerances >= 0.00248 (1 / population): TPR at FPR 0.0001 would "
+                          "be read at population FPR 0"), err
+    assert not log_dir.exists()
+    # the tolerance the population resolves may be gated
+    from src.collaborator_overrides import check_gate_resolution, parse_per_collaborator
+    from audit.config.audit_settings import AuditSettings
+
+    audit = AuditSettings.from_mapping({"signals": ["loss"], "fpr_tolerance": [0.0001, 0.1]}, prefix="audit")
+    default, per = parse_per_collaborator(None, gate={"thresholds": {"mia_local_loss_tpr_at_fpr_0.1": 0.5}},
+                                          audit_settings=audit)
+    check_gate_resolution("c1", default, per, audit, population=10)
+    with pytest.raises(SettingsError, match=r"^task_runner\.settings\.gate\.thresholds\.mia_local_loss_tpr_at_fpr_0\.1: "
+                                            r"c1's audit population has 9 samples"):
+        check_gate_resolution("c1", default, per, audit, population=9)
+
+
+def test_the_demos_counts_are_bounded_before_anything(tmp_path, capsys):
+    log_dir = tmp_path / "logs"
+    for flags, says in (
+            (["--comm_round", "1000000000"], "--comm_round: 1,000,000,000 rounds; at most 100,000 (OpenFL's task "
+                                             "assigner holds a list per round"),
+            (["--collaborators", "100000"], "--collaborators: 100,000 collaborators; at most 359 for digits (1,797 "
+                                            "samples): every collaborator needs at least one sample of each set, and "
+                                            "--audit_dataset_ratio 0.2 x 1,797 gives 359"),
+            (["--audit_sample_size", "5000"], "--audit_sample_size: 5,000 samples per set; at most 1,797")):
+        code, err = demo([*DEMO, *flags, "--log_dir", str(log_dir)], capsys)
+        assert code == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+    assert not log_dir.exists()
 
 
 @pytest.mark.federation
@@ -556,4 +654,70 @@ def test_a_deployment_by_hand_fails_at_fx_plan_initialize_and_fx_aggregator_star
     assert fx(tmp_path / "misspelt", "plan", "initialize") == (0, None)  # the names are not known there
     code, line = fx(tmp_path / "misspelt", "aggregator", "start", timeout=120)  # before: served, waiting
     assert code != 0 and line == ("task_runner.settings.per_collaborator.colaborator2: no collaborator of this "
-                                  "federation has that name; its collaborators: collaborator1, collaborator2"), line
+                                  "federation has that name; its collaborators: collaborator1, collaborator2; did you "
+                                  "mean 'collaborator2'?"), line
+
+
+@pytest.mark.federation
+@pytest.mark.skipif(not (Path(sys.executable).parent / "fx").exists(), reason="fx comes with openfl in the venv")
+def test_a_deployment_by_hand_checks_included_files_names_and_transport_at_each_fx_command(tmp_path):
+    """`fx` run by hand in a workspace the tool did not check: `fx plan initialize` refuses a `defaults:` file OpenFL
+    does not ship (before: read as empty, silently) and an unsafe name in plan/data.yaml; `fx collaborator start -n
+    ../../escaped_x` is refused before OpenFL writes anything (before: it wrote logs/../../escaped_x_metrics.txt,
+    outside the workspace, and the name was refused only at its first audit); `fx aggregator start` refuses a plan
+    without TLS unless FEDERATION_INSECURE says it is meant, and then warns every round."""
+    import signal as signals
+
+    from workspace.in_process import collaborator_names, read_plan
+    from workspace.prepare import fx_exception, make_aggregator_workspace
+    from workspace.processes import fx_environment
+
+    fx_path = str(Path(sys.executable).parent / "fx")
+
+    def fx(ws, *args, timeout=300, env=None):
+        done = subprocess.run([fx_path, *args], cwd=ws, env=env or fx_environment(), capture_output=True, text=True,
+                              timeout=timeout)
+        return done.returncode, fx_exception(done.stdout + done.stderr)
+
+    names = collaborator_names(1)
+    plan = merged(read_plan(ROOT / "plan" / "plan.yaml"), merged(FAST, {
+        "network": {"settings": {"agg_port": 1, "use_tls": False}},
+        "data_loader": {"settings": {"collaborator_count": 1}}}))
+
+    misspelt = merged(plan, {"network": {"defaults": "plan/defaults/netwrok.yaml"}})
+    make_aggregator_workspace(tmp_path / "misspelt", misspelt, names, use_tls=False)
+    code, line = fx(tmp_path / "misspelt", "plan", "initialize")
+    assert code != 0 and line.startswith("defaults: 'plan/defaults/netwrok.yaml' is no file OpenFL ships (it was "
+                                         "read as empty: a section lost OpenFL's defaults)"), line
+    assert line.endswith("did you mean 'plan/defaults/network.yaml'?"), line
+
+    ws = tmp_path / "hosts" / "ws"
+    make_aggregator_workspace(ws, plan, names, use_tls=False)
+    (ws / "plan" / "data.yaml").write_text("collaborator1,1\n")
+    assert fx(ws, "plan", "initialize") == (0, None)
+    (ws / "plan" / "data.yaml").write_text("collaborator1,1\n../../escaped_x,1\n")
+    code, line = fx(ws, "plan", "initialize")
+    assert code != 0 and line.startswith("plan/data.yaml: collaborator name '../../escaped_x' is not a safe path "
+                                         "component"), line
+    code, line = fx(ws, "collaborator", "start", "-n", "../../escaped_x", timeout=120)
+    assert code != 0 and line.startswith("plan/data.yaml: collaborator name '../../escaped_x'"), line
+    assert not [str(p) for p in tmp_path.rglob("*escaped_x*")]  # nothing written anywhere under its name
+
+    (ws / "plan" / "data.yaml").write_text("collaborator1,1\n")
+    code, line = fx(ws, "aggregator", "start", timeout=120)
+    assert code != 0 and line.startswith("network.settings.use_tls: false turns TLS off"), line
+    env = {**fx_environment("logs/aggregator.log"), "FEDERATION_INSECURE": "tls"}
+    (ws / "logs").mkdir(exist_ok=True)
+    server = subprocess.Popen([fx_path, "aggregator", "start"], cwd=ws, env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        log = ws / "logs" / "aggregator.log"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "Round 0 runs with network.settings.use_tls: false" not in (
+                log.read_text(errors="replace") if log.exists() else ""):
+            assert server.poll() is None, log.read_text()[-3000:] if log.exists() else "no log"
+            time.sleep(0.5)
+        assert "Round 0 runs with network.settings.use_tls: false: no TLS" in log.read_text()
+    finally:
+        os.killpg(server.pid, signals.SIGKILL)
+        server.wait()

@@ -5,7 +5,10 @@
     python -m workspace start --dir runs/x                    # start a prepared folder (once)
 
 Exit codes: 0 finished, 1 the federation failed (a participant died, timeout), 2 bad options or set-up
-failure, 130 interrupted (Ctrl-C) / 143 terminated; every process started is stopped in all cases.
+failure, 130 interrupted (Ctrl-C) / 143 terminated; every process started is stopped in all cases. The first
+Ctrl-C (or SIGTERM) stops all queued work at once and the interrupted step cleans up what it made (`prepare`
+removes its folder; `start` stops every participant and records how the run ended in federation.json); further
+signals only hasten that (every participant killed at once). One command at a time per folder (run_lock).
 
 `workspace/` has no __init__.py on purpose (fx imports its own `workspace` command module by bare name with
 the workspace folder first on sys.path); `python -m` runs this file in the namespace package all the same.
@@ -14,6 +17,7 @@ the workspace folder first on sys.path); `python -m` runs this file in the names
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -27,6 +31,7 @@ if str(WORKSPACE_ROOT) not in sys.path:  # src.aggregator_settings, audit.report
 from workspace.federation import stale_state, start  # noqa: E402
 from workspace.prepare import AGGREGATOR, STATE_FILE, FederationLayout, SetupError, prepare  # noqa: E402
 from workspace.processes import FxNotFoundError, ProcessRegistry  # noqa: E402
+from workspace.run_lock import FolderBusyError, FolderLock  # noqa: E402
 from workspace.progress import DEFAULT_LIVENESS_S, MIN_LIVENESS_S, ProgressLine  # noqa: E402
 from workspace.run_plan import merge_overrides  # noqa: E402
 from workspace.run_summary import print_run_summary  # noqa: E402
@@ -40,8 +45,20 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
-def _raise_interrupted(signum, _frame):
-    raise Interrupted(signum)
+def interrupt_handler(registry: ProcessRegistry):
+    """The SIGINT/SIGTERM handler: the first signal cancels the registry (no process starts, every queued job is
+    dropped) and raises Interrupted in the main thread, whose handlers clean up; a signal that comes while the tooling
+    winds down anyway (that clean-up, a failed set-up's, the end of a run) never interrupts it: it only hastens it
+    (ProcessRegistry.hurry: every process killed at once)."""
+    def handler(signum, _frame):
+        registry.cancel()
+        if registry.interrupted_by is None and not registry.winding_down:
+            registry.interrupted_by = signum
+            registry.winding_down = True
+            raise Interrupted(signum)
+        registry.interrupted_by = registry.interrupted_by or signum
+        registry.hurry()
+    return handler
 
 
 def _liveness_seconds(text: str) -> float:
@@ -65,6 +82,15 @@ def _whole_number(minimum: int, what: str = ""):
             raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}{what}, got {text!r}")
         return value
     return convert
+
+
+def _rounds(text: str) -> int:
+    value = _whole_number(1)(text)
+    from src.plan_bounds import MAX_ROUNDS
+
+    if value > MAX_ROUNDS:  # the bound by the plan's tasks and this machine's memory is checked with the plan
+        raise argparse.ArgumentTypeError(f"{value:,} rounds; at most {MAX_ROUNDS:,}, got {text!r}")
+    return value
 
 
 def _port_number(text: str) -> int:
@@ -96,9 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     def setup_options(p):
         p.add_argument("--collaborators", type=_whole_number(1), default=3, help="number of collaborators (default 3)")
-        p.add_argument("--rounds", type=_whole_number(1), default=3, help="rounds to train (default 3)")
+        p.add_argument("--rounds", type=_rounds, default=3, help="rounds to train (default 3)")
         p.add_argument("--dir", type=Path, default=None, help="run folder (default runs/<timestamp>); must be new or empty")
-        p.add_argument("--no-tls", action="store_true", help="plain gRPC, no certificates (debugging only)")
+        p.add_argument("--no-tls", action="store_true",
+                       help="plain gRPC, no certificates (debugging only): anyone who reaches the port may join; "
+                            "a warning every round")
+        p.add_argument("--no-client-auth", action="store_true",
+                       help="allow a plan with network.settings.require_client_auth: false (TLS without client "
+                            "certificates): anyone who reaches the port may claim a collaborator's name; a warning "
+                            "every round")
         p.add_argument("--poll-interval", type=_whole_number(1, " (seconds)"), default=None, metavar="SECONDS",
                        help="aggregator.settings.poll_interval_s: how long an idle collaborator waits before asking again")
         p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -146,10 +178,14 @@ def print_reports(outcome_or_layout, say=print) -> None:
         say(f"  {name:<14} {page if page.exists() else path}{'' if path.exists() else '  (none written)'}")
 
 
-def main(argv=None) -> int:
+def main(argv=None, *, exiting: bool = False) -> int:
+    """The command line; `exiting` (the CLI): the process ends after this, so the signal handlers stay in place (a
+    late signal then only hastens the exit, instead of killing it with the default action and another exit code);
+    otherwise the caller's handlers come back."""
     args = build_parser().parse_args(argv)
     registry = ProcessRegistry()
-    previous = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    lock = None
+    previous = {s: signal.signal(s, interrupt_handler(registry)) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if getattr(args, "timeout", None) is not None and not args.timeout > 0:  # also NaN
             raise SetupError(f"--timeout {args.timeout:g}: must be a number of seconds > 0 (leave it out for no limit)")
@@ -161,14 +197,18 @@ def main(argv=None) -> int:
             overrides = list(args.overrides)
             if args.poll_interval is not None:
                 overrides.append(f"aggregator.settings.poll_interval_s={args.poll_interval}")
-            layout = prepare(args.dir or default_run_dir(), collaborators=args.collaborators, rounds=args.rounds,
-                             use_tls=not args.no_tls, port=args.port, overrides=merge_overrides(overrides),
-                             base_plan=args.plan, registry=registry)
+            run_dir = (args.dir or default_run_dir()).resolve()
+            lock = FolderLock(run_dir)  # taken by prepare before it writes anything there; held through `run`
+            layout = prepare(run_dir, collaborators=args.collaborators, rounds=args.rounds,
+                             use_tls=not args.no_tls, client_auth=not args.no_client_auth, port=args.port,
+                             overrides=merge_overrides(overrides), base_plan=args.plan, registry=registry, lock=lock)
             if args.command == "prepare":
                 print(f"prepared {layout.root}; start it with: python -m workspace start --dir {layout.root}")
                 return 0
         else:
-            layout = FederationLayout.load(args.dir)
+            FederationLayout.load(args.dir)  # a prepared folder (no lock file is made in any other)
+            lock = FolderLock(args.dir.resolve()).acquire()  # before anything is started: one run per folder
+            layout = FederationLayout.load(args.dir)  # as it is now that no other command can change it
         outcome = start(layout, registry=registry, timeout_s=args.timeout, keep_going=args.keep_going,
                         progress=ProgressLine(), liveness_s=args.liveness)
         for problem in outcome.problems:
@@ -185,23 +225,31 @@ def main(argv=None) -> int:
         print(f"run index (every party's page and the aggregator's): {outcome.run_index}")
         return 0 if outcome.ok else 1
     except Interrupted as stop:
-        for s in previous:  # a second Ctrl-C must not cut the clean-up short
-            signal.signal(s, signal.SIG_IGN)
-        registry.stop_all()
+        registry.stop_all()  # a further signal only hastens this (interrupt_handler)
         stopped = registry.stopped_running
         print(f"\ninterrupted ({stop}); stopped {len(stopped)} running process(es): {', '.join(stopped) or '-'}",
               file=sys.stderr)
         return 128 + stop.signum
-    except (SetupError, ValueError, FxNotFoundError, TimeoutError) as err:
+    except (SetupError, ValueError, FxNotFoundError, TimeoutError, FolderBusyError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     finally:
-        for s in previous:
-            signal.signal(s, signal.SIG_IGN)
+        registry.winding_down = True
         registry.stop_all()
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        if lock is not None:
+            lock.release()
+        if not exiting:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main(exiting=True)
+    # Everything is stopped, written and recorded: a late signal must not kill the exit with another code, and the
+    # interpreter's teardown of what the checks imported (torch, OpenFL, pandas: 6.5 s on a loaded 2-core machine)
+    # is skipped, so that an interrupted command ends as soon as its clean-up is done.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,7 @@ from workspace.processes import (ProcessRegistry, Started, describe_returncode, 
 from workspace.party_status import LogFollower
 from workspace.progress import DEFAULT_LIVENESS_S, Liveness, ProgressLine, eta_seconds, rounds_done
 from workspace.run_plan import port_is_free
+from src.plan_checks import INSECURE_ENV
 
 AGGREGATOR_EXIT_GRACE_S = 30.0  # OpenFL's server checks every 5 s whether every collaborator got its quit signal
 
@@ -148,6 +150,28 @@ def check_fresh(layout: FederationLayout) -> None:
         raise SetupError(f"{layout.root} holds state of an earlier run: {[str(p) for p in leftovers]}")
 
 
+# A line that says what a process died of: Python's exception line ("ValueError: ..."), fx's summary of it
+# ("EXCEPTION : ..."), or a log record at ERROR or CRITICAL.
+ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)(?::\s|$)|EXCEPTION : |\S.*\b(?:ERROR|CRITICAL)\b)")
+
+
+def last_error_line(*paths: Path) -> str | None:
+    """The last line of the first of `paths` (a party's console log, then its OpenFL log) that says what it died of
+    (ERROR_LINE), stripped; None if none does."""
+    for path in paths:
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 256 * 1024))  # the end of a long log is enough
+                text = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            continue
+        found = [line.strip() for line in text.splitlines() if ERROR_LINE.match(line.strip())]
+        if found:
+            return found[-1][:500]
+    return None
+
+
 def _tail(path: Path, lines: int = 12) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -165,6 +189,8 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
     if not port_is_free(layout.port):
         raise SetupError(f"port {layout.port} (network.settings.agg_port) is in use on 127.0.0.1; prepare again "
                          "for a new free port, or stop what listens there")
+    if layout.insecure:
+        say(f"WARNING: {insecure_note(layout)}")
     fx = str(fx_executable())
     begin = time.monotonic()
     total = layout.rounds
@@ -179,16 +205,18 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         logs[name] = ws / "logs" / f"{name}.console.log"
         # The aggregator only aggregates between the collaborators' tasks: one thread leaves them the cores.
         threads = 1 if name == AGGREGATOR and collaborator_threads else collaborator_threads
-        processes[name] = registry.start(name, [fx, *args], cwd=ws, log_path=logs[name],
-                                         env=fx_environment(f"logs/{name}.log", threads=threads))
+        env = fx_environment(f"logs/{name}.log", threads=threads)
+        env[INSECURE_ENV] = ",".join(layout.insecure)  # what the user's flags allowed off, and nothing else
+        processes[name] = registry.start(name, [fx, *args], cwd=ws, log_path=logs[name], env=env)
 
-    # Written before the participants start: the aggregator's page links back to its root's index only when one is
-    # there (src.aggregator_report); the parties rewrite theirs each round, and the end of the run rewrites them all.
-    write_run_index(layout)
-    layout.status = "running"
-    layout.extra["tool"] = _this_process()  # so the next command can tell a killed tooling (stale_state)
-    layout.save()
+    interrupted = False
     try:
+        # Written before the participants start: the aggregator's page links back to its root's index only when one
+        # is there (src.aggregator_report); the parties rewrite theirs each round, the end of the run them all.
+        write_run_index(layout)
+        layout.status = "running"
+        layout.extra["tool"] = _this_process()  # so the next command can tell a killed tooling (stale_state)
+        layout.save()
         launch(AGGREGATOR, ["aggregator", "start"])
         for name in layout.collaborators:  # they retry every client_reconnect_interval until the server is up
             launch(name, ["collaborator", "start", "-n", name])
@@ -205,19 +233,34 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
                              collaborator=name != AGGREGATOR, now=p.started_at)
         _watch(layout, processes, logs, outcome, total=total, timeout_s=timeout_s, keep_going=keep_going, say=say,
                progress=progress, poll_s=poll_s, begin=begin, liveness=liveness, stop=registry.stop)
+    except KeyboardInterrupt:  # workspace.__main__.Interrupted: SIGINT, SIGTERM
+        interrupted = True
+        raise
     finally:
+        # Whatever ends the run, federation.json must say how (a signal now only hastens this, see __main__).
+        registry.winding_down = True
         still_running = registry.stop_all()
         if progress is not None:
             progress.finish()
         outcome.seconds = time.monotonic() - begin
         outcome.rounds_done = rounds_done(metrics_file(layout))
         outcome.round_seconds = round_seconds(layout)
-        layout.status = "finished" if outcome.ok else "failed"
+        if interrupted and not registry.started:  # (the registry holds only participants here)
+            layout.status = "prepared"  # interrupted before any participant started: nothing ran, it may start
+            layout.extra.pop("tool", None)
+        else:
+            layout.status = "interrupted" if interrupted else "finished" if outcome.ok else "failed"
         layout.extra["stopped_by_tooling"] = still_running
         layout.extra["problems"] = outcome.problems
         layout.save()
         outcome.run_index = write_run_index(layout)
     return outcome
+
+
+def insecure_note(layout: FederationLayout) -> str:
+    what = "without TLS (--no-tls)" if "tls" in layout.insecure else "without client certificates (--no-client-auth)"
+    return (f"this federation runs {what}: any process that reaches port {layout.port} can claim a collaborator's "
+            "name and receive its tasks and the global model")
 
 
 def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, say, progress, poll_s, begin,
@@ -234,6 +277,8 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
         done = rounds_done(metrics_file(layout))
         if done != last_done:
             last_done, round_began = done, time.monotonic()
+            if layout.insecure and done < total:  # every round it runs that way
+                (progress.message if progress is not None else say)(f"WARNING: round {done}: {insecure_note(layout)}")
         for name, follower in followers.items():
             follower.poll()
             for note in follower.take_notes():  # each party says it once (src/taskrunner.py)
@@ -244,8 +289,10 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
                 continue
             exited[name] = rc
             if rc != 0 and name not in outcome.dead:
+                cause = last_error_line(logs[name], layout.workspace(name) / "logs" / f"{name}.log")
                 outcome.dead[name] = (f"{name} (pid {proc.pid}) {describe_returncode(rc)} during round "
-                                      f"{min(done, total - 1)} ({done}/{total} rounds finished); log: {logs[name]}")
+                                      f"{min(done, total - 1)} ({done}/{total} rounds finished)"
+                                      f"{f': {cause}' if cause else ''}; log: {logs[name]}")
                 say(f"\n!! {outcome.dead[name]}")
         agg_rc = agg.popen.poll()
         now = time.monotonic()
@@ -266,8 +313,10 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
             return
         if agg_rc is not None:
             if agg_rc != 0 or done < total:
+                cause = last_error_line(logs[AGGREGATOR], layout.workspace(AGGREGATOR) / "logs" / f"{AGGREGATOR}.log")
                 outcome.problems.append(f"aggregator (pid {agg.pid}) {describe_returncode(agg_rc)} after {done}/{total} "
-                                        f"rounds; last lines of {logs[AGGREGATOR]}:\n{_tail(logs[AGGREGATOR])}")
+                                        f"rounds{f': {cause}' if cause else ''}; last lines of {logs[AGGREGATOR]}:\n"
+                                        f"{_tail(logs[AGGREGATOR])}")
                 return
             if len(exited) == len(cols):  # the normal end: everyone got its quit signal
                 outcome.ok = not outcome.dead

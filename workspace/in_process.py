@@ -144,10 +144,46 @@ def check_buildable(config: Mapping) -> None:
                                                      "data_loader": loader})
 
 
+def check_party_data(config: Mapping, collaborators: list[str]) -> None:
+    """Each party's data, read in this process by the plan's data loader (the readers and the split each collaborator
+    uses; collaborator i+1 of the list gets shard i+1), before any certificate or folder: missing or corrupt files,
+    a split that leaves a party without samples, and a gate on a tolerance a party's audit population cannot resolve
+    (src.collaborator_overrides.check_gate_resolution) fail here in one line. The loaded dataset stays in the
+    loaders' cache for a run in this process (src.dataloader.clear_dataset_cache frees it)."""
+    from openfl.federated import Plan
+
+    from audit.config.audit_settings import AuditSettings
+    from src.collaborator_overrides import check_gate_resolution, parse_per_collaborator
+    from src.plan_checks import DATA_LOADER_TEMPLATE, TASK_RUNNER_TEMPLATE
+
+    loader_section, runner_section = config.get("data_loader") or {}, config.get("task_runner") or {}
+    if loader_section.get("template") != DATA_LOADER_TEMPLATE:
+        return  # another loader's data_path means something else
+    settings = dict(loader_section.get("settings") or {})
+    gates = None
+    if runner_section.get("template") == TASK_RUNNER_TEMPLATE:
+        runner = runner_section.get("settings") or {}
+        audit = AuditSettings.from_mapping(runner.get("audit"), prefix="task_runner.settings.audit")
+        gates = (audit, *parse_per_collaborator(runner.get("per_collaborator"), gate=runner.get("gate"),
+                                                audit_settings=audit, mitigation=runner.get("mitigation")))
+    if str(WORKSPACE_ROOT) not in sys.path:
+        sys.path.insert(0, str(WORKSPACE_ROOT))
+    for shard, name in enumerate(collaborators, 1):
+        loader = Plan.build(DATA_LOADER_TEMPLATE, {**settings, "data_path": str(shard)})
+        if gates is not None:
+            audit, default, per_collaborator = gates
+            population = len(loader.y_population)
+            if audit.sample_size is not None:
+                population = min(population, audit.sample_size)
+            check_gate_resolution(name, default, per_collaborator, audit, population)
+
+
 def check_run_plan(config: Mapping, collaborators: list[str]) -> None:
-    """Every check a run's plan gets before anything is written: check_settings, then check_buildable."""
+    """Every check a run's plan gets before anything is written: check_settings, check_buildable, then each
+    party's data (check_party_data)."""
     check_settings(config, collaborators)
     check_buildable(config)
+    check_party_data(config, collaborators)
 
 
 def run_plan_config(run_dir: Path, *, collaborators: int, rounds: int, overrides: Mapping | None = None,

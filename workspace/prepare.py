@@ -23,11 +23,12 @@ The collaborators get `audit` the way a manual deployment does: inside the expor
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import threading
 import time
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
@@ -37,8 +38,9 @@ import yaml
 from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
 from workspace.in_process import WORKSPACE_ROOT, collaborator_names
 from workspace.processes import ProcessRegistry, fx_environment, fx_executable
+from workspace.run_lock import LOCK_FILE, FolderBusyError, FolderLock
 from workspace.run_plan import (AGG_ADDR, aggregator_report_dir, build_run_plan, collaborator_report_dir, dump_plan,
-                                free_port, port_is_free)
+                                free_port, insecure_allowed, port_problem)
 
 AGGREGATOR = "aggregator"
 STATE_FILE = "federation.json"
@@ -52,6 +54,7 @@ WORKSPACE_FILES = ("requirements.txt", ".workspace")
 ARCHIVE_MUST_HOLD = ("plan/plan.yaml", "plan/data.yaml", "src/__init__.py", "src/taskrunner.py", "src/dataloader.py",
                      "src/shipped/audit/__init__.py")
 FX_TIMEOUT_S = 300
+SIGNAL_POLL_S = 0.1  # the main thread wakes this often while set-up jobs run, to take a Ctrl-C at once
 PORT_RANGE = (1, 65535)
 
 
@@ -74,6 +77,9 @@ class FederationLayout:
     setup_seconds: float = 0.0
     aggregator_report_dir: str = ""
     collaborator_report_dir: str = ""
+    # What the user allowed off (plan_checks.INSECURE_SETTINGS' values: "tls", "client_auth"); the participants get
+    # it in their environment (plan_checks.INSECURE_ENV), and every round says so.
+    insecure: list = field(default_factory=list)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -97,7 +103,18 @@ class FederationLayout:
         except (OSError, ValueError) as err:
             raise SetupError(f"{path}: unreadable ({err})") from None
         data["run_dir"] = str(Path(run_dir).resolve())  # a prepared folder may have been copied
-        return cls(**data)
+        try:
+            layout = cls(**data)
+        except TypeError as err:
+            raise SetupError(f"{path}: not a federation state file of this tool ({err})") from None
+        # The names become folders and `fx` arguments: an edited state file must not name a path outside the folder.
+        from src.plan_checks import check_names
+
+        try:
+            check_names(f"{path} collaborators", layout.collaborators)
+        except ValueError as err:
+            raise SetupError(str(err)) from None
+        return layout
 
 
 class FxRunner:
@@ -111,6 +128,7 @@ class FxRunner:
 
     def __call__(self, cwd: Path, *args: str) -> None:
         command = "fx " + " ".join(args)
+        self.registry.check_cancelled(f"`{command}`")
         log_path = self.log_dir / f"{time.monotonic_ns()}.log"
         began = time.monotonic()
         rc = self.registry.run(cwd.name + ": " + command, [str(self.fx), *args], cwd=cwd, log_path=log_path,
@@ -138,25 +156,82 @@ def fx_exception(output: str) -> str | None:
 
 
 def check_run_dir(run_dir: Path) -> Path:
-    """--dir must be a new or empty folder: every run gets fresh folders."""
+    """--dir must be a new or empty folder: every run gets fresh folders (its lock file aside, see run_lock)."""
     run_dir = Path(run_dir).resolve()
     if run_dir.exists() and not run_dir.is_dir():
         raise SetupError(f"--dir {run_dir}: exists and is not a folder; give a new or empty folder")
-    if run_dir.is_dir() and any(run_dir.iterdir()):
+    if run_dir.is_dir() and any(p.name != LOCK_FILE for p in run_dir.iterdir()):
         raise SetupError(f"--dir {run_dir}: not empty; every run gets fresh folders (so no participant can pick "
                          "up an earlier run's state): give a new or empty folder")
     return run_dir
 
 
 def check_port(port) -> int:
-    """--port: a TCP port in 1..65535 that nothing on 127.0.0.1 listens on now."""
+    """--port: a TCP port in 1..65535 that nothing on 127.0.0.1 listens on now, and that this user may listen on."""
     low, high = PORT_RANGE
     if isinstance(port, bool) or not isinstance(port, int) or not low <= port <= high:
         raise SetupError(f"--port {port}: a TCP port is a whole number in {low}..{high}")
-    if not port_is_free(port):
-        raise SetupError(f"--port {port}: in use on 127.0.0.1 (something listens there); choose another port, "
-                         "or leave --port out for a free one")
+    problem = port_problem(port)
+    if problem:
+        raise SetupError(f"--port {port}: {problem}; choose another port, or leave --port out for a free one")
     return port
+
+
+class RunFolder:
+    """The run folder `prepare` claims: made (with any missing parent) and locked before anything is written in it;
+    everything made in it is removed again if the set-up fails or is interrupted (`remove`)."""
+
+    def __init__(self, run_dir: Path, lock: FolderLock | None = None):
+        self.root = Path(run_dir)
+        self.lock = lock or FolderLock(self.root)
+        self.made: list[Path] = []  # folders this command made, outermost first
+
+    def claim(self) -> None:
+        missing = []
+        for folder in [self.root, *self.root.parents]:
+            if folder.exists():
+                break
+            missing.append(folder)
+        try:
+            for folder in reversed(missing):  # os.mkdir: whoever makes a folder knows it made it
+                try:
+                    os.mkdir(folder)
+                    self.made.append(folder)
+                except FileExistsError:
+                    pass
+        except OSError as err:
+            self.remove()
+            raise SetupError(f"--dir {self.root}: cannot make it ({err.strerror})") from None
+        try:
+            self.lock.acquire()
+        except FolderBusyError as err:
+            self.made.clear()  # the folder is the other run's now: nothing here is removed
+            raise SetupError(str(err)) from None
+        try:
+            check_run_dir(self.root)  # again, under the lock: another command may have filled it meanwhile
+        except SetupError:
+            self.lock.release()
+            self.made.clear()
+            raise
+
+    def remove(self) -> None:
+        """Remove everything this command made: the folder's contents (it was empty when claimed), the lock file, and
+        the folder and its parents if this command made them."""
+        if self.lock.held and self.root.is_dir():
+            for entry in self.root.iterdir():
+                if entry.name == LOCK_FILE:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+        self.lock.release(remove=True)
+        for folder in reversed(self.made):
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        self.made.clear()
 
 
 def restrict_private_keys(ws: Path) -> list[Path]:
@@ -167,24 +242,59 @@ def restrict_private_keys(ws: Path) -> list[Path]:
     return keys
 
 
-def prepare(run_dir: Path, *, collaborators: int, rounds: int, use_tls: bool = True, port: int | None = None,
-            overrides: Mapping | None = None, base_plan: Path | None = None, registry: ProcessRegistry,
-            say: Callable[[str], None] = print) -> FederationLayout:
-    """Make every participant's workspace (and, with TLS, its certificates) under run_dir."""
+def check_in_process(config: Mapping, names: list[str]) -> None:
+    """What `fx plan initialize` and each collaborator would find, in this process before any folder: the data loader
+    and the task runner built from the plan, and each party's data read by the loader's readers
+    (workspace.in_process.check_buildable, check_party_data)."""
+    from src.dataloader import clear_dataset_cache
+    from src.datasets import DatasetUnavailableError
+    from workspace.in_process import check_buildable, check_party_data
+
+    try:
+        check_buildable(config)
+        check_party_data(config, names)
+    except DatasetUnavailableError as err:
+        raise SetupError(str(err)) from None
+    finally:
+        clear_dataset_cache()  # the collaborators read their own copies
+
+
+def prepare(run_dir: Path, *, collaborators: int, rounds: int, use_tls: bool = True, client_auth: bool = True,
+            port: int | None = None, overrides: Mapping | None = None, base_plan: Path | None = None,
+            registry: ProcessRegistry, say: Callable[[str], None] = print,
+            lock: FolderLock | None = None) -> FederationLayout:
+    """Make every participant's workspace (and, with TLS, its certificates) under run_dir. `lock` (held on return,
+    so that `run` starts the folder it prepared) is taken before anything is written there; if anything fails or
+    an interrupt comes, everything made is removed and nothing goes on running."""
     start = time.monotonic()
     # Every check of the options and of the plan first: nothing is made if one fails.
     run_dir = check_run_dir(run_dir)
     port = free_port() if port is None else check_port(port)
     config = build_run_plan(base_plan or WORKSPACE_ROOT / "plan" / "plan.yaml", collaborators=collaborators,
-                            rounds=rounds, port=port, use_tls=use_tls, overrides=overrides)
+                            rounds=rounds, port=port, use_tls=use_tls, overrides=overrides, client_auth=client_auth)
+    insecure = insecure_allowed(use_tls, client_auth)
     names = collaborator_names(collaborators)
+    check_in_process(config, names)
+    folder = RunFolder(run_dir, lock)
     try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise SetupError(f"--dir {run_dir}: cannot make it ({err.strerror})") from None
+        folder.claim()
+        return _prepare_in(folder, config, names, rounds=rounds, port=port, use_tls=use_tls, insecure=insecure,
+                           registry=registry, say=say, began=start)
+    except BaseException:
+        registry.winding_down = True  # from here a signal only hastens the clean-up
+        registry.cancel()
+        registry.stop_all()
+        folder.remove()
+        raise
+
+
+def _prepare_in(folder: RunFolder, config: Mapping, names: list[str], *, rounds: int, port: int, use_tls: bool,
+                insecure: list[str], registry: ProcessRegistry, say: Callable[[str], None],
+                began: float) -> FederationLayout:
+    run_dir = folder.root
     layout = FederationLayout(run_dir=str(run_dir), collaborators=names, rounds=rounds, port=port, use_tls=use_tls,
                               aggregator_report_dir=aggregator_report_dir(config),
-                              collaborator_report_dir=collaborator_report_dir(config))
+                              collaborator_report_dir=collaborator_report_dir(config), insecure=insecure)
     fx = FxRunner(registry, run_dir / "setup.log")
     agg = run_dir / AGGREGATOR
 
@@ -203,13 +313,14 @@ def prepare(run_dir: Path, *, collaborators: int, rounds: int, use_tls: bool = T
 
     say("  plan checked and initialised; making certificates and the export for the collaborators")
     # Independent: the export packs no certificate (and is checked for none below).
-    in_parallel([*([aggregator_certificates] if use_tls else []), lambda: fx(agg, "workspace", "export")])
+    in_parallel([*([aggregator_certificates] if use_tls else []), lambda: fx(agg, "workspace", "export")], registry)
     archive = check_archive(agg / f"{AGGREGATOR}.zip")
 
     signing = threading.Lock()
 
     def collaborator_chain(index: int, name: str) -> None:
         received = run_dir / f"{name}.zip"  # "sent" to the collaborator; import unpacks it into <run>/<name>
+        registry.check_cancelled(f"the copy of the export for {name}")
         shutil.copy2(archive, received)
         fx(run_dir, "workspace", "import", "--archive", received.name)
         received.unlink()
@@ -231,28 +342,46 @@ def prepare(run_dir: Path, *, collaborators: int, rounds: int, use_tls: bool = T
         fx(ws, "collaborator", "certify", "--import", signed)
         (ws / signed).unlink()
 
-    in_parallel([lambda i=i, n=n: collaborator_chain(i, n) for i, n in enumerate(names, 1)])
+    in_parallel([lambda i=i, n=n: collaborator_chain(i, n) for i, n in enumerate(names, 1)], registry)
     check_prepared(run_dir, names, use_tls)
     shutil.rmtree(fx.log_dir, ignore_errors=True)
     layout.prepared_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    layout.setup_seconds = round(time.monotonic() - start, 1)
+    layout.setup_seconds = round(time.monotonic() - began, 1)
     layout.save()
     say(f"  prepared in {layout.setup_seconds:.0f} s")
     return layout
 
 
-def in_parallel(jobs: list[Callable[[], object]], workers: int = 2) -> None:
+def in_parallel(jobs: list[Callable[[], object]], registry: ProcessRegistry, workers: int = 2) -> None:
     """Run jobs two at a time (two cores: fx commands are mostly Python imports); the first error is raised.
 
-    The pool is not waited for on an error or Ctrl-C: the caller stops every process the jobs started
-    (ProcessRegistry.stop_all), which also keeps the remaining jobs from starting new ones.
+    On an error or an interrupt every queued job is dropped, the registry is cancelled (a running job stops at its
+    next step: no process starts, no copy is made, ProcessRegistry.check_cancelled) and its processes are stopped;
+    this returns only when no job runs any more, so nothing of this step goes on behind the caller.
     """
+    def guarded(job):
+        def run():
+            registry.check_cancelled()  # a job whose turn comes after an interrupt does nothing
+            return job()
+        return run
+
     pool = ThreadPoolExecutor(max_workers=workers)
     try:
-        for future in [pool.submit(job) for job in jobs]:
-            future.result()
-    finally:
+        pending = {pool.submit(guarded(job)) for job in jobs}
+        while pending:
+            # Never a blocking wait: the kernel may hand a signal to a worker thread, and Python runs its handler only
+            # when the main thread runs bytecode (a wait for a 10 s fx command delayed Ctrl-C by 10 s).
+            done, pending = wait(pending, timeout=SIGNAL_POLL_S, return_when=FIRST_EXCEPTION)
+            for future in done:
+                future.result()  # the first error
+    except BaseException:
+        registry.winding_down = True  # a signal from here on only hastens the stop
+        registry.cancel()
         pool.shutdown(wait=False, cancel_futures=True)
+        registry.stop_all()
+        raise
+    finally:
+        pool.shutdown(wait=True)
 
 
 def make_aggregator_workspace(agg: Path, config: Mapping, names: list[str], use_tls: bool) -> None:

@@ -11,6 +11,11 @@ signal is SIGKILL because a stopped (SIGSTOP) process would leave a SIGTERM pend
 such request; `federation.json` then still names the orphans (see workspace/federation.py).
 
 `snapshot(pid)` reads what /proc shows of a process (state, CPU time, start time) for the liveness check.
+
+Interrupts (workspace/__main__.py): the first SIGINT/SIGTERM cancels the registry (`cancel`: it starts no process,
+and the set-up's jobs stop at their next step, `check_cancelled`) and the tooling winds down (`winding_down`); every
+further signal only hastens that (`hurry`: each process group is killed at once). Both are safe in a signal
+handler: they take no lock.
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ def fx_environment(log_file: str | None = None, *, threads: int | None = None) -
 
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+KILL_REAP_S = 1.0  # after SIGKILL, how long to wait to reap the process (a process in disk wait dies later)
 
 
 def _load_prctl():
@@ -180,6 +186,29 @@ class ProcessRegistry:
         self._lock = threading.Lock()
         self._closed = False
         self.stopped_running: list[str] = []  # every process stop_all() found still running, in order
+        # Set once the tooling stops (an interrupt, a failure, the end of a run): a signal then only hastens it.
+        self.winding_down = False
+        self.interrupted_by: int | None = None  # the first SIGINT/SIGTERM, if any
+
+    @property
+    def cancelled(self) -> bool:
+        return self._closed
+
+    def cancel(self) -> None:
+        """Start nothing more (safe in a signal handler: no lock; start() reads the flag under its lock)."""
+        self._closed = True
+
+    def check_cancelled(self, what: str = "the next step") -> None:
+        """Raise InterruptedError if the run is being stopped: a job calls this before each step of its own."""
+        if self._closed:
+            raise InterruptedError(f"not starting {what}: the run is being stopped")
+
+    def hurry(self) -> None:
+        """Kill every process group started, now, and stop waiting for any (safe in a signal handler)."""
+        self._closed = True
+        self.stop_grace_s = 0.0
+        for started in list(self._started):  # a copy of the list: no lock
+            _killpg(started.pid, signal.SIGKILL)
 
     @property
     def started(self) -> list[Started]:
@@ -214,10 +243,11 @@ class ProcessRegistry:
                 if started in self._started and started.popen.poll() is not None:
                     self._started.remove(started)
 
-    def stop(self, started: Started) -> None:
-        """SIGTERM the process group, SIGKILL it if still there after the grace period, then reap the process."""
+    def stop(self, started: Started, grace: bool = True) -> None:
+        """SIGTERM the process group, SIGKILL it if still there after the grace period (at once with grace=False),
+        then reap the process."""
         pgid = started.pid  # start_new_session=True: the group id is the PID
-        if started.popen.poll() is None:
+        if grace and started.popen.poll() is None and self.stop_grace_s > 0:
             _killpg(pgid, signal.SIGTERM)
             _killpg(pgid, signal.SIGCONT)  # a stopped (SIGSTOP) process would keep the SIGTERM pending
             try:
@@ -227,7 +257,7 @@ class ProcessRegistry:
         # Whatever else runs in the group (a child the participant started) goes too, even if the leader exited.
         _killpg(pgid, signal.SIGKILL)
         try:
-            started.popen.wait(timeout=self.stop_grace_s)
+            started.popen.wait(timeout=max(self.stop_grace_s, KILL_REAP_S))
         except subprocess.TimeoutExpired:
             pass
 
@@ -237,8 +267,20 @@ class ProcessRegistry:
             self._closed = True
             started = list(self._started)
         running = [s.name for s in started if s.popen.poll() is None]
+        # All are asked at once and share one grace period (not one each, in turn), then what is left is killed.
+        if self.stop_grace_s > 0:
+            for s in started:
+                if s.popen.poll() is None:
+                    _killpg(s.pid, signal.SIGTERM)
+                    _killpg(s.pid, signal.SIGCONT)
+            deadline = time.monotonic() + self.stop_grace_s
+            for s in started:
+                try:
+                    s.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
         for s in reversed(started):
-            self.stop(s)
+            self.stop(s, grace=False)
         with self._lock:
             self.stopped_running += [name for name in running if name not in self.stopped_running]
         return running

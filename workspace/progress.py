@@ -46,6 +46,17 @@ def eta_seconds(round_seconds: Sequence[float], done: int, total: int, in_round_
     return max(per_round * (total - done) - in_round_s, after_this)
 
 
+BAR_WIDTH = 30  # characters: the bar never grows with the number of rounds
+
+
+def progress_bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
+    """`#` for the rounds done, `.` for those to go: one character a round up to `width` rounds, else scaled."""
+    total = max(int(total), 1)
+    cells = min(total, width)
+    filled = min(cells, int(cells * max(done, 0) // total))
+    return "#" * filled + "." * (cells - filled)
+
+
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
     return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
@@ -63,7 +74,7 @@ class ProgressLine:
         self._drawn = False
 
     def update(self, done: int, total: int, states: dict[str, str], eta_s: float | None = None) -> None:
-        bar = "#" * done + "." * (total - done)
+        bar = progress_bar(done, total)
         parties = "  ".join(f"{name}: {state}" for name, state in states.items())
         status = f"rounds {done}/{total} [{bar}]  {parties}"
         eta = "" if eta_s is None else f"  ETA {_duration(eta_s)}"

@@ -71,21 +71,30 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+def port_problem(port: int, host: str = "127.0.0.1") -> str | None:
+    """Why the aggregator could not listen on `port` now (None if it could): taken, or reserved for root."""
     # SO_REUSEADDR as gRPC sets it (connections of an earlier run in TIME_WAIT do not block the port), but no
     # SO_REUSEPORT: gRPC servers set that too, so a leftover aggregator here would silently share the port.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
+        except PermissionError:
+            return "below 1024, a port only root may listen on"
         except OSError:
-            return False
-    return True
+            return f"in use on {host} (something listens there)"
+    return None
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    return port_problem(port, host) is None
 
 
 def build_run_plan(base_plan: Path, *, collaborators: int, rounds: int, port: int, use_tls: bool,
-                   overrides: Mapping | None = None) -> dict:
-    """The run's plan: the base plan, this run's settings, then the user's overrides (which win)."""
+                   overrides: Mapping | None = None, client_auth: bool = True) -> dict:
+    """The run's plan: the base plan, this run's settings, then the user's overrides (which win). TLS is off only by
+    `use_tls` (--no-tls); client authentication may be off (network.settings.require_client_auth: false) only with
+    client_auth=False (--no-client-auth): a plan turning either off otherwise is refused."""
     if collaborators < 1:
         raise PlanOverrideError(f"--collaborators: need at least 1, got {collaborators}")
     if rounds < 1:
@@ -107,8 +116,31 @@ def build_run_plan(base_plan: Path, *, collaborators: int, rounds: int, port: in
     config = deep_merge(config, run_settings)
     check_overrides(config, overrides or {})
     config = deep_merge(config, overrides or {})
+    check_flag_bounds(config, collaborators=collaborators, rounds=rounds)
     check_run_plan(config, collaborator_names(collaborators))
+    from src.plan_checks import INSECURE_ENV, check_transport
+
+    check_transport(config, {INSECURE_ENV: ",".join(insecure_allowed(use_tls, client_auth))})
     return config
+
+
+def insecure_allowed(use_tls: bool, client_auth: bool) -> list[str]:
+    """What the tool's flags allow off (plan_checks.INSECURE_SETTINGS' values): --no-tls, --no-client-auth."""
+    return [*([] if use_tls else ["tls"]), *([] if client_auth else ["client_auth"])]
+
+
+def check_flag_bounds(config: Mapping, *, collaborators: int, rounds: int) -> None:
+    """--rounds and --collaborators against what the plan's data and this machine allow (src.plan_bounds), named by
+    the flag; the same bounds on the plan's keys follow in check_run_plan."""
+    from src import plan_bounds
+    from src.plan_checks import split_ratios, split_settings, task_names
+
+    plan_bounds.check_rounds("--rounds", rounds, tasks=len(task_names(config)), collaborators=collaborators)
+    data = split_settings(config)
+    if data is not None:
+        plan_bounds.check_collaborators("--collaborators", collaborators, dataset=data["dataset"],
+                                        ratios=split_ratios(data), prefix="data_loader.settings.")
+    plan_bounds.check_local_collaborators("--collaborators", collaborators)  # a process each, on this machine
 
 
 def check_overrides(plan: Mapping, overrides: Mapping, path: tuple = ()) -> None:
@@ -161,7 +193,7 @@ def check_data(config: Mapping) -> None:
     """A dataset read from files must be there for the collaborators, each of which runs in its own folder
     (<run>/collaboratorN/): a relative data_loader.settings.data_dir would be looked up there. Fails before any
     folder is made; a dataset name or download value of the wrong type is the data loader's to name."""
-    from src.datasets import DatasetUnavailableError, check_available, dataset_folder
+    from src.datasets import DatasetUnavailableError, check_available, dataset_folder, dataset_root
 
     settings = (config.get("data_loader") or {}).get("settings") or {}
     name, data_dir, download = settings.get("dataset", "digits"), settings.get("data_dir"), settings.get("download")
@@ -174,7 +206,7 @@ def check_data(config: Mapping) -> None:
     if data_dir is None or not Path(data_dir).expanduser().is_absolute():
         raise PlanOverrideError(f"data_loader.settings.data_dir: {data_dir!r} is relative, but each collaborator "
                                 f"runs in its own folder (<run>/collaboratorN/); give an absolute path, e.g. "
-                                f"--set data_loader.settings.data_dir={folder.parent}")
+                                f"--set data_loader.settings.data_dir={dataset_root(data_dir)}")
     try:
         check_available(name, data_dir)
     except DatasetUnavailableError as err:

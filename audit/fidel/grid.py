@@ -76,4 +76,4 @@ def save_reveal_grid(result: FidelResult, samples, path, *, max_samples: int = 2
     axes[0, 0].set_ylabel("sample", fontsize=8)
     axes[1, 0].set_ylabel(label, fontsize=8)
     fig.suptitle(title, fontsize=8)
-    return atomic_savefig(fig, path, dpi=100)
+    return atomic_savefig(fig, path, dpi=100, private=True)  # the members it reveals: only their owner reads it

@@ -16,9 +16,9 @@ import math
 from fractions import Fraction
 from typing import Iterable, Mapping
 
-from audit.config.vocabulary import tolerance_name
+from audit.config.vocabulary import BOUNDS, tolerance_name, tpr_statistic
 
-__all__ = ["largest_count", "resolvable", "resolution_warning"]
+__all__ = ["largest_count", "resolvable", "resolution_warning", "unresolvable_thresholds"]
 
 
 def largest_count(n: int, tolerance: float) -> int:
@@ -45,3 +45,19 @@ def resolution_warning(party: str, sizes: Mapping[str, int], tolerances: Iterabl
     return (f"{party}: {n} population samples resolve FPR tolerances >= {floor} (1 / population); TPR at FPR "
             f"{', '.join(tolerance_name(t) for t in unresolved)} would be read at population FPR 0 and is marked "
             f"unresolvable in the reports")
+
+
+def unresolvable_thresholds(metrics: Iterable[str], tolerances: Iterable[float],
+                            n_population: int) -> list[tuple[str, float]]:
+    """The (metric, tolerance) pairs among gated `metrics` that read TPR at a tolerance a population of n_population
+    samples cannot resolve: a gate on one would compare the TPR at population FPR 0, whatever its name says."""
+    endings = {}
+    for tol in tolerances:
+        statistic = tpr_statistic(tol)
+        endings.update({f"_{statistic}": tol, **{f"_{statistic}_{bound}": tol for bound in BOUNDS}})
+    out = []
+    for metric in metrics:
+        tol = next((t for ending, t in endings.items() if str(metric).endswith(ending)), None)
+        if tol is not None and not resolvable(tol, n_population):
+            out.append((metric, tol))
+    return out

@@ -158,7 +158,7 @@ def run(context: AuditContext, settings: RMIASettings) -> StepResult:
     def write_scores(round_dir):  # per-sample scores: only in this party's own round folder
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **scores)
-        atomic_write_bytes(round_dir / RMIA_SCORES_FILE, buffer.getvalue())
+        atomic_write_bytes(round_dir / RMIA_SCORES_FILE, buffer.getvalue(), private=True)
 
     return StepResult(metrics=metrics, attacks={RMIA: attacks}, details=details, timings={"rmia_kinds_s": seconds},
                       write_private=write_scores)

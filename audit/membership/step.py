@@ -120,7 +120,7 @@ def run(context: AuditContext, settings) -> StepResult:
     def write_signals(round_dir):  # per-sample signals (the report's histograms): only in this party's round folder
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **scores)
-        atomic_write_bytes(round_dir / SIGNALS_FILE, buffer.getvalue())
+        atomic_write_bytes(round_dir / SIGNALS_FILE, buffer.getvalue(), private=True)
 
     return StepResult(metrics=scalar_metrics(attacks), attacks=attacks, timings={"signals_s": signal_seconds},
                       write_private=write_signals)

@@ -3,6 +3,10 @@
 A reader (or a restarted process) therefore sees either the previous complete file or the new complete
 file, never a truncated one. On any error the temp file is removed and the error re-raised; the previous
 file is left untouched. Parent directories are created as needed.
+
+Permissions: a new file gets what the process's umask allows (0666 & ~umask, as ``open`` would give it), a
+replaced file keeps its own; a ``private=True`` file (per-sample data: the audit steps' signals, scores and
+reconstructions) is 0600 whatever it replaces, from its first byte, and its folder is made 0700 (``private_folder``).
 """
 
 from __future__ import annotations
@@ -10,15 +14,42 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import threading
 from pathlib import Path
 from typing import IO, Any, Callable
 
 __all__ = ["atomic_write_stream", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_savefig",
-           "TEMP_SUFFIX"]
+           "TEMP_SUFFIX", "PRIVATE_FILE_MODE", "PRIVATE_FOLDER_MODE", "private_folder", "current_umask"]
 
 #: Suffix of the temp files; a leftover one (after a hard kill) is named ``.<target name>.<random>.tmp``.
 TEMP_SUFFIX = ".tmp"
-_DEFAULT_MODE = 0o644
+PRIVATE_FILE_MODE = 0o600
+PRIVATE_FOLDER_MODE = 0o700
+_umask_lock = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where /proc says (Linux), else set and restored at once."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _umask_lock:
+        mask = os.umask(0o077)
+        os.umask(mask)
+    return mask
+
+
+def private_folder(path: str | os.PathLike) -> Path:
+    """Make `path` (and any missing parent, those with the umask's mode) a folder only its owner may open (0700)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=PRIVATE_FOLDER_MODE, exist_ok=True)
+    os.chmod(path, PRIVATE_FOLDER_MODE)
+    return path
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -35,15 +66,18 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+def _atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], private: bool = False) -> Path:
     path = Path(path)
     parent = path.parent
     parent.mkdir(parents=True, exist_ok=True)
-    try:  # keep the permissions of the file being replaced; mkstemp would leave 0600
-        mode = os.stat(path).st_mode & 0o7777
-    except OSError:
-        mode = _DEFAULT_MODE
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    if private:
+        mode = PRIVATE_FILE_MODE
+    else:
+        try:  # keep the permissions of the file being replaced; mkstemp would leave 0600
+            mode = os.stat(path).st_mode & 0o7777
+        except OSError:
+            mode = 0o666 & ~current_umask()
+    fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)  # 0600 while written
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -61,16 +95,16 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -
     return path
 
 
-def atomic_write_stream(path: str | os.PathLike, write: Callable[[IO[bytes]], None]) -> Path:
+def atomic_write_stream(path: str | os.PathLike, write: Callable[[IO[bytes]], None], *, private: bool = False) -> Path:
     """Atomically replace ``path`` with what ``write(f)`` writes to the binary file ``f``, piece by piece (a file
-    too large to build in memory first); returns the path."""
-    return _atomic_write(path, write)
+    too large to build in memory first); returns the path. ``private``: 0600 (module docstring)."""
+    return _atomic_write(path, write, private)
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Atomically replace ``path`` with ``data``; returns the path."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes, *, private: bool = False) -> Path:
+    """Atomically replace ``path`` with ``data``; returns the path. ``private``: 0600 (module docstring)."""
     data = bytes(data)
-    return _atomic_write(path, lambda f: f.write(data))
+    return _atomic_write(path, lambda f: f.write(data), private)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, encoding: str = "utf-8") -> Path:
@@ -102,10 +136,11 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, text + "\n")
 
 
-def atomic_savefig(fig: Any, path: str | os.PathLike, **kw: Any) -> Path:
-    """Atomically save a matplotlib figure; the format defaults to the extension of ``path``."""
+def atomic_savefig(fig: Any, path: str | os.PathLike, *, private: bool = False, **kw: Any) -> Path:
+    """Atomically save a matplotlib figure; the format defaults to the extension of ``path``. ``private``: 0600
+    (a figure of per-sample data, e.g. reconstructions)."""
     path = Path(path)
     fmt = kw.pop("format", None) or (path.suffix[1:].lower() or None)
     if fmt == "png":  # zlib level 1: the reports redraw every plot each round; PIL's default, level 6, takes ~15%
         kw.setdefault("pil_kwargs", {"compress_level": 1})  # more time per plot for files ~5% smaller
-    return _atomic_write(path, lambda f: fig.savefig(f, format=fmt, **kw))
+    return _atomic_write(path, lambda f: fig.savefig(f, format=fmt, **kw), private)

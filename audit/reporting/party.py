@@ -10,7 +10,9 @@ Layout (every file written atomically, see :mod:`audit.reporting.atomic_io`)::
     root/<party>/round_0003/audit.json   the round record, exactly as given
     root/<party>/round_0003/roc.png      ROC curves: one subplot per audited model
     root/<party>/round_0003/signals.png  members' and non-members' per-sample values, one panel per attack
-    root/<party>/round_0003/signals.npz, rmia_scores.npz, fidel_grid.png   the party's private files (audit steps)
+    root/<party>/round_0003/signals.npz, rmia_scores.npz, fidel_grid.png   the party's private files (audit steps):
+                                         0600, in a round folder made 0700 (write_private_files); the rest of the
+                                         report follows the umask (audit.reporting.atomic_io)
 
 The cross-round files are always rebuilt from the ``audit.json`` files on disk, so they are derived
 state: a crash at any point leaves the previous report intact and the next write repairs it.
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from audit.config.steps import registered
-from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
+from audit.reporting.atomic_io import PRIVATE_FILE_MODE, atomic_write_json, atomic_write_text, private_folder
 from audit.reporting.background import render_queue
 from audit.reporting.html import party_page, write_index
 from audit.reporting.plots import plot_per_round, plot_roc, plot_signal_histograms
@@ -82,6 +84,22 @@ def histogram_panels(record: dict, round_dir: Path) -> list:
 
 
 
+def write_private_files(round_dir: Path, writers: Iterable[Callable[[Path], None]]) -> None:
+    """Run the audit steps' private-file writers in the round folder, made private to this user first (0700: no other
+    user may list or open anything in it), and make every file they wrote or replaced 0600 (whatever each writer
+    did: the per-sample data stays its owner's)."""
+    writers = tuple(writers)
+    if not writers:
+        return
+    private_folder(round_dir)
+    before = {p.name: p.stat().st_ino for p in round_dir.iterdir()}
+    for write in writers:
+        write(round_dir)
+    for path in round_dir.iterdir():
+        if path.is_file() and before.get(path.name) != path.stat().st_ino:
+            path.chmod(PRIVATE_FILE_MODE)
+
+
 class ReportWriter(RoundReportWriter):
     """Writes one party's audit report under ``root/<party>/``.
 
@@ -113,8 +131,7 @@ class ReportWriter(RoundReportWriter):
         round_dir = self.round_dir(record["round"])
         round_dir.mkdir(parents=True, exist_ok=True)
         plot_roc(record, round_dir / "roc.png", self.log_scale)
-        for write_private in self._private:
-            write_private(round_dir)
+        write_private_files(round_dir, self._private)
         self._plot_histograms(record, round_dir)
 
     def _plot_histograms(self, record: dict, round_dir: Path) -> None:
@@ -137,8 +154,7 @@ class ReportWriter(RoundReportWriter):
         record = self.prepare(record)
         round_dir = self.round_dir(record["round"])
         round_dir.mkdir(parents=True, exist_ok=True)
-        for write_private in private:
-            write_private(round_dir)
+        write_private_files(round_dir, private)
         atomic_write_json(self.record_path(record["round"]), record)
         return round_dir
 
