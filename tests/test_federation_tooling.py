@@ -282,7 +282,7 @@ def cli(*args, timeout=120):
      "section would lose OpenFL's defaults); looked in "),
     (["--set", "assigner.settings.task_group=learning"],
      "error: assigner.settings.task_group: unknown setting (it would be ignored or fail later); known: task_groups, "
-     "selected_task_group; did you mean 'task_groups'?"),
+     "selected_task_group; did you mean task_groups?"),
     (["--set", "assigner.settings.task_groups=[{name: learning, percentage: 1.0, tasks: [train, validate]}]"],
      "error: assigner.settings.task_groups[0].tasks: 'validate' is not a task of the plan; its tasks: "
      "aggregated_model_validation, train, locally_tuned_model_validation"),

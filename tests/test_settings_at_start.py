@@ -128,9 +128,9 @@ def train_kwargs(**kwargs) -> dict:
      "(the received one), got 'both'"),
     ({"tasks": {"train": {"function": "train_tsk"}}},
      "tasks.train.function: 'train_tsk' is not a task function of src.taskrunner.AuditedTaskRunner; "
-     "allowed: train_task, validate_task; did you mean 'train_task'?"),
+     "allowed: train_task, validate_task; did you mean train_task?"),
     ({"tasks": {"train": {"kwarg": {"epochs": 1}}}},
-     "tasks.train.kwarg: unknown key of a task; allowed: function, kwargs, aggregation_type; did you mean 'kwargs'?"),
+     "tasks.train.kwarg: unknown key of a task; allowed: function, kwargs, aggregation_type; did you mean kwargs?"),
 ], ids=["epoch", "lr", "epochs-0", "epochs-str", "epochs-float", "use_tqdm", "apply", "function", "kwarg-section"])
 def test_task_kwargs_fail_before_anything(tmp_path, overrides, message):
     assert fails_before_anything(tmp_path, overrides) == message
@@ -263,15 +263,15 @@ NETWORK_KNOWN = ("known: agg_addr, agg_port, hash_salt, use_tls, require_client_
     # a key of a section besides its settings: taken by Plan.build for a setting named `setings`, or ignored
     ({"aggregator": {"setings": {"poll_interval_s": 5}}},
      "aggregator.setings: unknown key of a plan section (it would be ignored or taken for a setting); allowed: "
-     "defaults, template, settings; did you mean 'settings'?"),
+     "defaults, template, settings; did you mean settings?"),
     ({"network": {"setings": {"client_reconnect_interval": 5}}},
      "network.setings: unknown key of a plan section (it would be ignored or taken for a setting); allowed: "
-     "defaults, template, settings; did you mean 'settings'?"),
+     "defaults, template, settings; did you mean settings?"),
     # a section OpenFL does not read: the run went on with WaitForAllPolicy, OpenFL's default
     ({"straggler_handling_polcy": {"settings": {"straggler_cutoff_time": 60}}},
      "straggler_handling_polcy: not a section OpenFL reads (it would be ignored); sections: aggregator, collaborator, "
      "data_loader, task_runner, network, assigner, straggler_handling_policy, compression_pipeline, connector, tasks; "
-     "did you mean 'straggler_handling_policy'?"),
+     "did you mean straggler_handling_policy?"),
 ], ids=["network-key", "reconnect-interval", "transport", "agg_port", "collaborator-key", "opt_treatment",
         "straggler-key", "cutoff-str", "minimum_reporting", "straggler-template", "aggregator-section-key",
         "network-section-key", "unknown-section"])
@@ -689,7 +689,7 @@ def test_a_deployment_by_hand_checks_included_files_names_and_transport_at_each_
     code, line = fx(tmp_path / "misspelt", "plan", "initialize")
     assert code != 0 and line.startswith("defaults: 'plan/defaults/netwrok.yaml' is no file OpenFL ships (it was "
                                          "read as empty: a section lost OpenFL's defaults)"), line
-    assert line.endswith("did you mean 'plan/defaults/network.yaml'?"), line
+    assert line.endswith("did you mean plan/defaults/network.yaml?"), line
 
     ws = tmp_path / "hosts" / "ws"
     make_aggregator_workspace(ws, plan, names, use_tls=False)
