@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.fields import integer, mapping, optional, parse, real, section, setting
+from audit.config.fields import SettingsError, integer, mapping, optional, parse, real, section, setting
 from audit.config.gate import GATE_PREFIX, GatePolicy
 from audit.config.mitigation_settings import Mitigation
 from audit.membership.resolution import unresolvable_thresholds

@@ -332,7 +332,7 @@ def test_fx_plan_initialize_and_fx_aggregator_start_check_the_whole_plan(tmp_pat
         plan.get_aggregator(tensor_dict={})
     assert str(err.value) == ("task_runner.settings.per_collaborator.colaborator2: no collaborator of this federation "
                               "has that name; its collaborators: collaborator1, collaborator2; did you mean "
-                              "'collaborator2'?")
+                              "collaborator2?")
 
 
 # ------------------------------------------------------------------------------------------------- the demo
@@ -540,8 +540,8 @@ def truncated_mnist(root: Path) -> Path:
     return root
 
 
-TRUNCATED = ("MNIST is not available: its files are incomplete or corrupted (train-images-idx3-ubyte: 46940 bytes of "
-             "data, its header says 60x28x28 = 47040)")
+TRUNCATED = ("MNIST is not available: its files are incomplete or corrupted (train-images-idx3-ubyte: not an idx file "
+             "torchvision reads")
 
 
 @pytest.mark.federation
@@ -655,7 +655,7 @@ def test_a_deployment_by_hand_fails_at_fx_plan_initialize_and_fx_aggregator_star
     code, line = fx(tmp_path / "misspelt", "aggregator", "start", timeout=120)  # before: served, waiting
     assert code != 0 and line == ("task_runner.settings.per_collaborator.colaborator2: no collaborator of this "
                                   "federation has that name; its collaborators: collaborator1, collaborator2; did you "
-                                  "mean 'collaborator2'?"), line
+                                  "mean collaborator2?"), line
 
 
 @pytest.mark.federation
