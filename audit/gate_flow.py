@@ -11,6 +11,9 @@ Order of the flow (each step only when the one before did not decide):
 3. the trained update is audited and the policy decides; passed or `report_only` keeps it;
 4. `dp_retrain`: DP-SGD retrains from the received weights, each try re-audited with the noise multiplier doubled,
    until one passes (`dp_retrained`) or the retries run out (`withheld`); `withhold` withholds at once.
+A DP training whose canary audit (audit.canary.dp) proves an epsilon above its accountant's is withheld at once
+(reason DP_VIOLATED, "DP guarantee violated by the audit"): the update sent by a DP mitigation (`dp_audit` of
+run_gate) after step 1, a DP retrain (`Retrained.dp_audit`) in step 4. More noise would not mend a broken DP training.
 
 Each DP try reports, beside the accountant's epsilon, the empirical epsilon lower bound its audit proves (the largest
 of the attacks' `*_epsilon_lb`): an accountant's epsilon below it would be a bug in the DP training or its
@@ -24,12 +27,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
-from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT, NON_FINITE_UPDATE,
-                                        VERDICTS, WITHHELD, threshold_name, tripped_name)
+from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT,
+                                        NON_FINITE_UPDATE, VERDICTS, WITHHELD, threshold_name, tripped_name)
 from audit.config.vocabulary import EPSILON_LB
 
-__all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "Retrained", "DPTry", "GateOutcome",
-           "run_gate", "empirical_epsilon"]
+__all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "DP_VIOLATED", "Retrained", "DPTry",
+           "GateOutcome", "run_gate", "empirical_epsilon", "dp_violation"]
 
 OVER_THRESHOLD = "over_threshold"
 
@@ -47,6 +50,16 @@ class Retrained:
     steps: int
     epsilon: float            # the accountant's epsilon after this try: composed over the round's tries
     non_finite: bool          # the retrained weights hold NaN/Inf
+    dp_audit: Mapping | None = None  # the canary audit of this DP training (audit.canary.dp.DPAudit.to_dict())
+
+
+def dp_violation(dp_audit: Mapping | None):
+    """The verdict for a DP training whose canary audit found its bound above the accountant's epsilon (None when
+    it did not, or was not audited): gated whatever the thresholds, the bound as the tripped value."""
+    if not dp_audit or not dp_audit.get("violated"):
+        return None
+    return GateVerdict(passed=False, tripped={DP_VIOLATED: (float(dp_audit["epsilon_lb"]),
+                                                            float(dp_audit["claimed_epsilon"]))})
 
 
 def empirical_epsilon(record: Mapping | None) -> dict | None:
@@ -77,6 +90,7 @@ class DPTry:
         return {"attempt": self.attempt, "noise_multiplier": self.retrained.noise_multiplier,
                 "steps": self.retrained.steps, "train_loss": loss if math.isfinite(loss) else None,
                 "epsilon": self.retrained.epsilon, "empirical_epsilon": self.empirical_epsilon,
+                "dp_audit": None if self.retrained.dp_audit is None else dict(self.retrained.dp_audit),
                 **self.verdict.to_dict(), "metrics": dict(self.metrics)}
 
 
@@ -87,7 +101,7 @@ class GateOutcome:
     verdict: str                         # KEPT, DP_RETRAINED or WITHHELD
     gate_verdict: GateVerdict            # the policy's verdict on the trained update (non-finite: always gated)
     record: dict | None                  # the round's audit record; None: not audited and nothing withheld
-    reason: str | None = None            # NON_FINITE_UPDATE, OVER_THRESHOLD, or None when it passed
+    reason: str | None = None            # NON_FINITE_UPDATE, DP_VIOLATED, OVER_THRESHOLD, or None when it passed
     tries: tuple[DPTry, ...] = ()
     epsilon: float = 0.0                 # the round's DP epsilon over every try (0.0 without a DP retrain)
     non_finite_tensors: tuple[str, ...] = ()
@@ -136,7 +150,7 @@ class GateOutcome:
             GATE_EPSILON: float(self.epsilon),
         }
         tripped = self.gate_verdict.tripped
-        for name in (*watched, *((NON_FINITE_UPDATE,) if NON_FINITE_UPDATE not in watched else ())):
+        for name in (*watched, *(n for n in (NON_FINITE_UPDATE, DP_VIOLATED) if n not in watched)):
             out[tripped_name(name)] = float(tripped[name][0]) if name in tripped else 0.0
         if thresholds is not None:
             out.update({threshold_name(name): float(thresholds.get(name, math.nan)) for name in watched})
@@ -153,6 +167,7 @@ def run_gate(
     empty_record: Callable[[], dict],
     retrain: Callable[[int, float], Retrained],
     audit_retrained: Callable[[Retrained], dict],
+    dp_audit: Mapping | None = None,
 ) -> GateOutcome:
     """Run the flow of the module docstring for one round's update.
 
@@ -160,12 +175,16 @@ def run_gate(
     this round. audit_trained / audit_received / audit_retrained: the round's audit record of the trained model,
     of the received weights, of a DP retrain. empty_record: the record of a round withheld without an audit.
     retrain(attempt, noise_multiplier): one DP-SGD retrain from the received weights (attempt is 1-based).
+    dp_audit: the canary audit of the DP mitigation that made `trained` (None: no DP mitigation, or not audited).
     """
     bad = non_finite_tensors(trained)
     if bad:
         record = audit_received() if audited else empty_record()
         return GateOutcome(WITHHELD, GateVerdict.non_finite(), record, reason=NON_FINITE_UPDATE,
                            non_finite_tensors=tuple(bad))
+    violated = dp_violation(dp_audit)
+    if violated is not None:
+        return GateOutcome(WITHHELD, violated, audit_trained() if audited else empty_record(), reason=DP_VIOLATED)
     if not audited:
         return GateOutcome(KEPT, GateVerdict(passed=True), None)
 
@@ -177,6 +196,11 @@ def run_gate(
     if policy.action == "dp_retrain":
         for attempt in range(1, policy.dp.max_retries + 1):
             result = retrain(attempt, policy.dp.noise_for_try(attempt))
+            violated = dp_violation(result.dp_audit)
+            if violated is not None:
+                tries.append(DPTry(attempt, result, violated, {}, None))
+                return GateOutcome(WITHHELD, violated, record, reason=DP_VIOLATED, tries=tuple(tries),
+                                   epsilon=result.epsilon)
             if result.non_finite:
                 try_verdict, metrics, proven = GateVerdict.non_finite(), {}, None
             else:

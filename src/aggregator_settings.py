@@ -11,10 +11,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from audit.config.deanon_settings import ATTACKS, check_attacks  # reading a plan imports neither torch nor sklearn
-from audit.config.checks import check_bool, from_checks, is_int
+from audit.config.checks import check_bool, from_checks, is_int, is_real
 
 PREFIX = "aggregator.settings"
 DEANON_PREFIX = f"{PREFIX}.deanon"
+CANARY_CLIENTS_PREFIX = f"{PREFIX}.canary_clients"
 DEFAULT_POLL_INTERVAL_S = 1
 DEFAULT_REPORT_DIR = "reports/aggregator"
 
@@ -68,6 +69,43 @@ _DEANON_CHECKS = {
 }
 
 
+@dataclass(frozen=True)
+class CanaryClientSettings:
+    """`aggregator.settings.canary_clients`: Andrew et al.'s canary clients for a federation whose parties send
+    dp_fedavg updates (audit.canary.clients): a user-level epsilon estimate of the global model each round, beside the
+    accountant's. The clipping bound and noise multiplier are the plan's `task_runner.settings.mitigation`."""
+
+    enabled: bool = False
+    count: int = 16      # k canaries inserted per round, and k more held out
+    # Each inserted canary as this fraction of one party's update: 1 would move the model as much as k more parties
+    # (accuracy, with 3 parties: benchmarks/README.md); the estimate is scaled back to a full party.
+    scale: float = 0.01
+    seed: int = 0
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_mapping(cls, value: Any, prefix: str = CANARY_CLIENTS_PREFIX) -> "CanaryClientSettings":
+        return from_checks(cls, _CANARY_CLIENT_CHECKS, value, prefix)
+
+
+def _canary_count(key: str, value: Any) -> int:
+    if not is_int(value) or value < 2:
+        raise ValueError(f"{key}: expected an integer >= 2 (canaries inserted per round), got {value!r}")
+    return int(value)
+
+
+def _canary_scale(key: str, value: Any) -> float:
+    if not is_real(value) or not 0 < value <= 1:
+        raise ValueError(f"{key}: expected a number in (0, 1] (of one party's update), got {value!r}")
+    return float(value)
+
+
+_CANARY_CLIENT_CHECKS = {"enabled": check_bool, "count": _canary_count, "scale": _canary_scale,
+                         "seed": _deanon_seed}
+
+
 # The keys of `aggregator.settings` OpenFL's Aggregator takes from a plan (its __init__ parameters but those Plan fills
 # in itself, OPENFL_FILLED); tests/test_settings_at_start.py checks both lists against its signature. Written out so
 # that the tooling checks a plan without importing OpenFL: any other key reached Aggregator.__init__ and failed only
@@ -78,7 +116,7 @@ OPENFL_KEYS = ("init_state_path", "best_state_path", "last_state_path", "use_del
 OPENFL_FILLED = ("aggregator_uuid", "federation_uuid", "authorized_cols", "assigner", "connector",
                  "straggler_handling_policy", "compression_pipeline", "initial_tensor_dict")
 # This workspace's own keys (src.aggregator.AuditingAggregator).
-OWN_KEYS = ("poll_interval_s", "report_dir", "deanon", "callbacks", "save_every_round")
+OWN_KEYS = ("poll_interval_s", "report_dir", "deanon", "callbacks", "save_every_round", "canary_clients")
 
 
 @dataclass(frozen=True)
@@ -87,6 +125,7 @@ class AggregatorSettings:
     report_dir: str = DEFAULT_REPORT_DIR
     deanon: DeanonServerSettings = field(default_factory=DeanonServerSettings)
     save_every_round: bool = False  # OpenFL's model files (last/best_state_path) each round, not only at the end
+    canary_clients: CanaryClientSettings = field(default_factory=CanaryClientSettings)
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any] | None) -> "AggregatorSettings":
@@ -101,6 +140,7 @@ class AggregatorSettings:
             report_dir=check_report_dir(settings.get("report_dir", DEFAULT_REPORT_DIR)),
             deanon=DeanonServerSettings.from_mapping(settings.get("deanon")),
             save_every_round=check_bool(f"{PREFIX}.save_every_round", settings.get("save_every_round", False)),
+            canary_clients=CanaryClientSettings.from_mapping(settings.get("canary_clients")),
         )
 
 

@@ -36,6 +36,8 @@ DEFAULTS = {
         "enabled": False, "interval": 1, "crowd_users": 10, "shadows_per_user": 8, "shadow_size": None,
         "layer": None, "attacks": ["mlp", "svm", "knn", "siamese"], "crowd_alpha": "federation",
     },
+    "canary": {"enabled": False, "interval": 1, "count": 500, "construction": "noise", "score": "loss",
+               "dp_check": True, "gradient_count": 1000, "gradient_kind": "dirac", "gradient_norm": 10.0},
 }
 DEFAULTS_SIGNALS = tuple(DEFAULTS["signals"])
 

@@ -187,9 +187,11 @@ def test_the_devices_this_machine_has_are_accepted():
 # ------------------------------------------------------------------------------------------------- aggregator
 
 @pytest.mark.parametrize("settings, key, known", [
-    ({"pol_interval_s": 2}, "pol_interval_s", "poll_interval_s, report_dir, deanon, callbacks, save_every_round, init_state_path"),
+    ({"pol_interval_s": 2}, "pol_interval_s",
+     "poll_interval_s, report_dir, deanon, callbacks, save_every_round, canary_clients, init_state_path"),
     ({"rounds_to_trian": 5}, "rounds_to_trian", "rounds_to_train"),
     ({"deanon": {"enabled": False, "layr": "x"}}, "deanon.layr", "enabled, layer, attacks, min_history_rounds, seed"),
+    ({"canary_clients": {"enabled": True, "cont": 3}}, "canary_clients.cont", "enabled, count, scale, seed"),
 ])
 def test_unknown_aggregator_settings_fail_before_anything_and_at_fx_aggregator_start(tmp_path, settings, key, known):
     overrides = {"aggregator": {"settings": settings}}

@@ -1,5 +1,5 @@
 """The built-in audit steps, declared in run order: membership inference (population and update attacks), RMIA with
-the federation's reference models, Fidel reconstruction, deanonymization.
+the federation's reference models, Fidel reconstruction, deanonymization, the canary audit (one-run epsilon bound).
 
 Each declaration names the step's plan section, its settings parser, the metrics it reports and where its run lives
 (imported on first use, so reading a plan needs no torch). See audit.config.steps for how to add one.
@@ -7,13 +7,14 @@ Each declaration names the step's plan section, its settings parser, the metrics
 
 from __future__ import annotations
 
+from audit.config.canary_settings import CANARY_METRIC_RANGES, CANARY_METRICS, canary_settings
 from audit.config.deanon_settings import deanon_settings
 from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
 from audit.config.rmia_settings import rmia_settings
 from audit.config.steps import AuditStep, register
 from audit.config.vocabulary import attack_statistics, mia_metric
 
-__all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "membership_series"]
+__all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "CANARY", "membership_series"]
 
 
 def membership_series(settings) -> list[tuple[str, str]]:
@@ -49,4 +50,8 @@ FIDEL = register(AuditStep(
 DEANON = register(AuditStep(
     name="deanon", section="deanon", parse=deanon_settings, metric_names=lambda settings, _: settings.metric_names(),
     run="audit.deanon.step:run",
+))
+CANARY = register(AuditStep(
+    name="canary", section="canary", parse=canary_settings, metric_names=lambda settings, _: list(CANARY_METRICS),
+    run="audit.canary.step:run", metric_ranges=CANARY_METRIC_RANGES,
 ))

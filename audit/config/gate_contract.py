@@ -8,7 +8,8 @@ The collaborator's `train` task (src/taskrunner.py) sends, with its update, thes
     gate_tripped__<metric>   the measured value of each watched metric that tripped the gate, 0.0 if it did not
                              (OpenFL averages a task's metrics by the names the first reporter sent, so every
                              collaborator sends every watched name each round); gate_tripped__non_finite_update
-                             is 1.0 for an update with NaN/Inf
+                             is 1.0 for an update with NaN/Inf; gate_tripped__dp_guarantee_violated is the canary
+                             epsilon lower bound of a DP training it found above the accountant's epsilon
 
 and its audit metrics, each a scalar, except the confidence bounds of its figures (`sent_to_aggregator`).
 
@@ -25,6 +26,7 @@ from audit.config.vocabulary import LOWER, UPPER
 
 __all__ = [
     "GATE_KEPT", "GATE_RETRIES", "GATE_EPSILON", "GATE_TRIPPED_PREFIX", "GATE_THRESHOLD_PREFIX", "NON_FINITE_UPDATE",
+    "DP_VIOLATED", "DP_VIOLATED_TEXT",
     "KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "LEFT_OUT_NON_FINITE", "STRAGGLER", "STATUSES",
     "PASSED", "NO_GATE_METRIC", "GATE_WITHHELD", "GATE_KEPT_NOT_FINITE", "NON_FINITE_TENSORS",
     "Decision", "decide", "tripped_name", "threshold_name", "sent_to_aggregator",
@@ -38,6 +40,10 @@ GATE_TRIPPED_PREFIX = "gate_tripped__"
 # report can show each verdict beside its threshold.
 GATE_THRESHOLD_PREFIX = "gate_threshold__"
 NON_FINITE_UPDATE = "non_finite_update"  # the gate's reason, and the tripped name, for a NaN/Inf update
+# The gate's reason, and the tripped name, for an update whose DP training a canary audit proved weaker than its
+# accountant says (audit.canary.dp): withheld whatever the thresholds.
+DP_VIOLATED = "dp_guarantee_violated"
+DP_VIOLATED_TEXT = "DP guarantee violated by the audit"
 
 # A collaborator's gate verdict on its own update (audit.gate_flow): sent as trained, sent after a DP retrain, or
 # withheld (the received weights are sent back).
