@@ -208,8 +208,7 @@ class AuditingAggregator(Aggregator):
         # OpenFL's pandas TensorDB was most of the end of a round (src/aggregator_tensordb.py): the same rows and
         # answers, indexed. Converted in place: the callbacks already hold this object.
         IndexedTensorDB.convert(self.tensor_db)
-        if clients is not None:
-            self._attach_canary_clients(clients)
+        self._attach_canary_clients(clients)
         self._tensor_names = list(utils.deconstruct_model_proto(self.model, self.compression_pipeline,
                                                                 keys_only=True)[0])
         if not self.persistent_db:
@@ -224,12 +223,14 @@ class AuditingAggregator(Aggregator):
         return self.report.writer.root
 
     def _attach_canary_clients(self, clients) -> None:
-        """The canary clients go into every task's GatedWeightedAverage (the train task's); the report reads them."""
+        """The canary clients (None: none) go into every task's GatedWeightedAverage (the train task's); the report
+        reads them. Set every time: OpenFL's aggregation functions are one object per class and process
+        (SingletonABCMeta), so an earlier aggregator's canary clients would stay in an in-process run's average."""
         from src.aggregation import GatedWeightedAverage
 
         functions = [self.assigner.get_aggregation_type_for_task(task) for task in self.assigner.tasks]
         gated = [f for f in functions if isinstance(f, GatedWeightedAverage)]
-        if not gated:
+        if clients is not None and not gated:
             raise ValueError(f"{PREFIX}.canary_clients: needs the train task's aggregation_type "
                              "src.aggregation.GatedWeightedAverage (tasks.train.aggregation_type), which adds them")
         for function in gated:

@@ -18,6 +18,7 @@ from opacus.optimizers import optimizer as opacus_optimizer
 from audit.canary.step import CANARY_FILE
 from audit.config.canary_settings import CANARY_METRICS
 from audit.config.gate_contract import DP_VIOLATED, DP_VIOLATED_TEXT, tripped_name
+from src.aggregation import GatedWeightedAverage
 from workspace.in_process import collaborator_names, run_in_process
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
@@ -107,6 +108,17 @@ def test_canary_clients_estimate_each_rounds_user_level_epsilon(with_canaries):
         assert clients["epsilon"] > 5 and clients["accountant_epsilon"] > clients["epsilon"]
     page = (with_canaries.aggregator_report_dir / "index.html").read_text()
     assert "User-level privacy of the global model (canary clients)" in page
+
+
+@pytest.mark.federation
+def test_a_later_run_without_canary_clients_has_none(with_canaries, tmp_path):
+    """OpenFL's aggregation function is one object per process: an earlier run's canary clients must not stay in it."""
+    assert GatedWeightedAverage().canary_clients is not None  # the runs above left theirs
+    plan = {"data_loader": {"settings": {"dataset": "digits", "seed": 5}},
+            "task_runner": {"settings": {"audit": {"enabled": False}}}}
+    result = run_in_process(tmp_path, collaborators=2, rounds=1, overrides=plan)
+    assert GatedWeightedAverage().canary_clients is None
+    assert "canary_clients" not in json.loads((result.aggregator_report_dir / "round_0000.json").read_text())
 
 
 @pytest.mark.federation
