@@ -53,13 +53,15 @@ class Retrained:
     dp_audit: Mapping | None = None  # the canary audit of this DP training (audit.canary.dp.DPAudit.to_dict())
 
 
-def dp_violation(dp_audit: Mapping | None):
-    """The verdict for a DP training whose canary audit found its bound above the accountant's epsilon (None when
-    it did not, or was not audited): gated whatever the thresholds, the bound as the tripped value."""
+def dp_violation(dp_audit: Mapping | None, verdict: GateVerdict) -> GateVerdict | None:
+    """`verdict` gated by a DP training whose canary audit found its bound above the accountant's epsilon (the bound
+    as the tripped value, the claim as its threshold), whatever the thresholds; None when it did not, or was not
+    audited."""
     if not dp_audit or not dp_audit.get("violated"):
         return None
-    return GateVerdict(passed=False, tripped={DP_VIOLATED: (float(dp_audit["epsilon_lb"]),
-                                                            float(dp_audit["claimed_epsilon"]))})
+    proof = (float(dp_audit["epsilon_lb"]), float(dp_audit["claimed_epsilon"]))
+    return GateVerdict(passed=False, tripped={**verdict.tripped, DP_VIOLATED: proof}, missing=verdict.missing,
+                       bound=verdict.bound, compared=verdict.compared)
 
 
 def empirical_epsilon(record: Mapping | None) -> dict | None:
@@ -182,9 +184,10 @@ def run_gate(
         record = audit_received() if audited else empty_record()
         return GateOutcome(WITHHELD, GateVerdict.non_finite(), record, reason=NON_FINITE_UPDATE,
                            non_finite_tensors=tuple(bad))
-    violated = dp_violation(dp_audit)
-    if violated is not None:
-        return GateOutcome(WITHHELD, violated, audit_trained() if audited else empty_record(), reason=DP_VIOLATED)
+    if dp_violation(dp_audit, GateVerdict(passed=True)) is not None:
+        record = audit_trained() if audited else empty_record()
+        verdict = policy.decide(record["metrics"]) if audited else GateVerdict(passed=True)
+        return GateOutcome(WITHHELD, dp_violation(dp_audit, verdict), record, reason=DP_VIOLATED)
     if not audited:
         return GateOutcome(KEPT, GateVerdict(passed=True), None)
 
@@ -196,9 +199,9 @@ def run_gate(
     if policy.action == "dp_retrain":
         for attempt in range(1, policy.dp.max_retries + 1):
             result = retrain(attempt, policy.dp.noise_for_try(attempt))
-            violated = dp_violation(result.dp_audit)
-            if violated is not None:
-                tries.append(DPTry(attempt, result, violated, {}, None))
+            violated = dp_violation(result.dp_audit, verdict)
+            if violated is not None:  # the try's own verdict: its DP training alone (it is not audited)
+                tries.append(DPTry(attempt, result, dp_violation(result.dp_audit, GateVerdict(passed=False)), {}))
                 return GateOutcome(WITHHELD, violated, record, reason=DP_VIOLATED, tries=tuple(tries),
                                    epsilon=result.epsilon)
             if result.non_finite:

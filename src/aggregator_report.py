@@ -293,7 +293,8 @@ def gate_metrics(records: list[dict]) -> list[str]:
     """The metrics the collaborators' gates watch (those they sent thresholds or trip flags for); without a gate,
     the local model's loss attack's exact AUC (or the first exact AUC sent), so the page still plots a leak figure."""
     watched = sorted({m for r in records for e in r["collaborators"].values()
-                      for m in (*e.get("thresholds", {}), *e.get("tripped", {})) if m != NON_FINITE_UPDATE})
+                      for m in (*e.get("thresholds", {}), *e.get("tripped", {}))
+                      if m not in (NON_FINITE_UPDATE, DP_VIOLATED)})
     if watched:
         return watched
     sent = sorted({k for r in records for k in r.get("averaged_audit_metrics", {})})
@@ -405,7 +406,8 @@ def _canary_clients_section(records: list[dict]) -> list[str]:
            f"epsilon of one party's presence in the published model (at delta {_fmt(first['delta'])}) is estimated "
            f"(Andrew et al., ICLR 2024): an estimate with its {first['confidence']:.0%} interval, not a bound. Beside "
            f"it the accountant's epsilon of the same release (noise multiplier {_fmt(first['sigma'])} of every "
-           "averaged party). Held out z: the held-out canaries' cosines times sqrt(d), which must look like N(0, 1).</p>",
+           "averaged party). Held out z: each held-out canary's coordinate along its direction, in units of the "
+           "parties' change per value: it must look like N(0, 1).</p>",
            '<div class="scroll"><table><tr><th>round</th><th>ε estimate [interval]</th><th>accountant ε</th>'
            "<th>run so far: ε estimate</th><th>run so far: accountant ε</th><th>held out z: mean, sd</th></tr>"]
     for c in reversed(rows):

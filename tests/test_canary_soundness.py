@@ -23,6 +23,7 @@ from audit.config.gate_contract import DP_VIOLATED, GATE_KEPT, tripped_name
 from audit.config.mitigation_settings import Mitigation
 from audit.deanon.mitigation import mitigate_update
 from audit.gate_flow import SEND_RECEIVED, WITHHELD, Retrained, run_gate
+from audit.reporting.verdicts import round_verdict
 from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe
 from src.aggregator_report import collaborator_entry
@@ -166,9 +167,12 @@ def test_a_broken_dp_training_is_caught_and_its_update_withheld(bug, monkeypatch
     assert entry["tripped"][DP_VIOLATED]["value"] == broken.bound.epsilon
     scalars = outcome.scalars(("mia_local_loss_auc",), policy.thresholds)
     assert scalars[GATE_KEPT] == 0.0 and scalars[tripped_name(DP_VIOLATED)] == broken.bound.epsilon
-    # what the aggregator's report says of it
+    # what the aggregator's report and the party's page say of it
     reason = collaborator_entry(scalars, straggler=False)["reason"]
     assert reason.startswith("update withheld: " + VIOLATION)
+    verdict = round_verdict({"extra": {"gate": entry}, "metrics": {}})
+    assert verdict.status.startswith(f"withheld: {VIOLATION} (canary ε ≥ ")
+    assert "canary check ε ≥" in verdict.epsilon
 
 
 def test_dp_fedavg_check_catches_a_mitigation_that_skips_its_clipping():
