@@ -30,7 +30,7 @@ from audit.config.gate import GatePolicy, non_finite_tensors
 from audit.config.gate_contract import sent_to_aggregator
 from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
 from audit.config.vocabulary import OPTIMIZERS
-from audit.canary.dp import audit_dp_training, dp_fedavg_entry
+from audit.canary.dp import audit_dp_training, check_canary_settings, dp_fedavg_entry
 from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
 from audit.deanon.representation import layer_tensor_names
 from audit.fidel.layers import find_first_dense_layer
@@ -144,6 +144,12 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             key = "model" if model_settings is None or str(err).startswith("unknown model") else "model_settings"
             raise ValueError(f"{SETTINGS_PREFIX}.{key}: {err}") from None
         self._check_layers(tuple(data_loader.get_feature_shape()))
+        parties = (self.default_settings, *self.per_collaborator.values())
+        dp = any(c.gate.action == "dp_retrain" or c.mitigation.method == "dp_fedavg" for c in parties)
+        population = None if data_loader.shard is None else len(data_loader.get_audit_sets()["population"][1])
+        check_canary_settings(self.audit_settings, sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+                              population, data_loader.get_num_classes(), dp_training=dp,
+                              prefix=f"{SETTINGS_PREFIX}.audit.canary")
         self.to(self.device)
         # The plan's initial model (what `fx plan initialize` saves: this model, built with the plan's seed), which
         # every party has without anyone's data: RMIA's independent references start from it, and nothing else

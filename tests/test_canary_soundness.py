@@ -14,10 +14,12 @@ from opacus.optimizers import optimizer as opacus_optimizer
 from sklearn.datasets import make_classification
 from torch import nn
 
-from audit.canary.dp import VIOLATION, audit_dp_training, audit_update_mechanism, update_mechanism_epsilon
+from audit.canary.dp import (VIOLATION, audit_dp_training, audit_update_mechanism, check_canary_settings,
+                             update_mechanism_epsilon)
 from audit.config.audit_settings import AuditSettings
 from audit.config.builtin_steps import CANARY
 from audit.config.canary_settings import CanarySettings
+from audit.config.checks import SettingsError
 from audit.config.gate import GatePolicy
 from audit.config.gate_contract import DP_VIOLATED, GATE_KEPT, tripped_name
 from audit.config.mitigation_settings import Mitigation
@@ -197,3 +199,17 @@ def test_dp_fedavg_check_catches_a_mitigation_that_skips_its_clipping():
     assert run_gate(GatePolicy(), {"w": np.zeros(2)}, audited=False, audit_trained=dict, audit_received=dict,
                     empty_record=lambda: {"metrics": {}, "attacks": {}}, retrain=None, audit_retrained=None,
                     dp_audit=broken.to_dict()).reason == DP_VIOLATED
+
+
+def test_canary_settings_the_model_and_data_cannot_serve_are_refused_naming_the_key():
+    """Checked when a collaborator starts (its population shard is known then): not in the first audit."""
+    settings = AuditSettings.from_mapping({"canary": {"enabled": True, "construction": "natural", "count": 500}})
+    with pytest.raises(SettingsError, match=r"^p\.count: 500 natural canaries cannot be built from a population shard "
+                                            r"of 404 samples and 10 classes \(at most 404; construction noise"):
+        check_canary_settings(settings, 74890, 404, 10, dp_training=False, prefix="p")
+    check_canary_settings(settings, 74890, None, 10, dp_training=False, prefix="p")  # no data yet (fx plan initialize): not checked
+    mislabelled = AuditSettings.from_mapping({"canary": {"enabled": True, "construction": "mislabelled"}})
+    check_canary_settings(mislabelled, 74890, 404, 10, dp_training=False, prefix="p")  # 404 x 9 wrong labels
+    with pytest.raises(SettingsError, match=r"^p\.gradient_count: 1000 canaries need as many"):
+        check_canary_settings(AuditSettings(), 300, 404, 10, dp_training=True, prefix="p")
+    check_canary_settings(AuditSettings(), 300, 404, 10, dp_training=False, prefix="p")  # no DP: no gradient canary

@@ -205,6 +205,7 @@ def retrained(tmp_path_factory):
             {"collaborator2": {**LEAKY, "gate": {"thresholds": {AUC: 0.6},
                                                  "dp": {"noise_multiplier": 0.01, "max_grad_norm": 100.0}}},
              "collaborator3": LEAKY},
+            audit={"canary": {"gradient_count": 200}},  # each try's canary check: fewer canaries, a faster test
         ),
     )
 
@@ -241,6 +242,10 @@ def test_dp_epsilon_is_the_accountants_at_the_plans_delta(retrained):
     assert proven["value"] == max(bounds.values()) and proven["bounds"] == len(bounds) == 5  # 3 + 2 RMIA
     assert proven["delta"] == 1e-5 and proven["confidence"] == 0.95 and 0 <= proven["value"] <= epsilon
     assert gate["empirical_epsilon"]["value"] >= 0  # and the plain update's, at the top
+    # The canary check of the same DP training: the accountant's epsilon of this one try, never below its bound.
+    check = attempt["dp_audit"]
+    assert check["claimed_epsilon"] == pytest.approx(epsilon, rel=1e-9) and 0 <= check["epsilon_lb"] <= epsilon
+    assert check["violated"] is False and check["canaries"] == 200
 
 
 @pytest.mark.federation

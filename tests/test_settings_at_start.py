@@ -80,8 +80,13 @@ def runner(settings: dict) -> dict:
      "task_runner.settings.audit.fidel.layer: layer 'features.conv1' is Conv2d, not nn.Linear", []),
     (runner({"audit": {"deanon": {"enabled": True, "layer": "classifier.fc9"}}}),
      "task_runner.settings.audit.deanon.layer: no tensor of layer 'classifier.fc9'", ["classifier.out"]),
+    # failed in the first DP training with no key named
+    (runner({"audit": {"canary": {"gradient_count": 100000}}, "gate": {"action": "dp_retrain"}}),
+     "task_runner.settings.audit.canary.gradient_count: 100000 canaries need as many of the model's trainable "
+     "values, it has 74890", []),
 ], ids=["misspelt-key", "per-collaborator-name", "noise-without-sigma", "per-collaborator-noise-sigma-0",
-        "mm_aug-without-alpha", "fidel-layer-missing", "fidel-layer-not-dense", "deanon-layer-missing"])
+        "mm_aug-without-alpha", "fidel-layer-missing", "fidel-layer-not-dense", "deanon-layer-missing",
+        "canary-gradient-count"])
 def test_task_runner_settings_fail_before_anything(tmp_path, overrides, start, words):
     message = fails_before_anything(tmp_path, overrides)
     assert message.startswith(start), message

@@ -37,7 +37,8 @@ from audit.config.canary_settings import CanarySettings
 from audit.config.gate_contract import DP_VIOLATED_TEXT
 
 __all__ = ["DPRun", "DPTrainer", "DPAudit", "VIOLATION", "dp_sgd_epsilon", "gaussian_epsilon",
-           "update_mechanism_epsilon", "audit_dp_training", "audit_update_mechanism", "dp_fedavg_entry"]
+           "update_mechanism_epsilon", "audit_dp_training", "audit_update_mechanism", "dp_fedavg_entry",
+           "check_canary_settings"]
 
 VIOLATION = DP_VIOLATED_TEXT
 
@@ -159,3 +160,23 @@ def dp_fedavg_entry(mitigation, received: Mapping, *, releases: int, audit_setti
             clip=mitigation.clip, settings=audit_settings.canary, delta=delta, alpha=1 - audit_settings.confidence,
             seed=seed).to_dict()
     return out
+
+
+def check_canary_settings(audit_settings, trainable_values: int, population_size: int | None, classes: int, *,
+                          dp_training: bool, prefix: str) -> None:
+    """At start, what the canary settings need of the model and the data: where a party may train with DP
+    (`dp_training`), as many trainable values as gradient canaries (each has its own coordinates); population samples
+    for the input canaries' construction (None: no data loaded yet, as when the plan is initialised). Raises
+    SettingsError naming the key."""
+    from audit.canary.inputs import max_canaries
+    from audit.config.checks import SettingsError
+
+    settings = audit_settings.canary
+    if dp_training and settings.dp_check and settings.gradient_count > trainable_values:
+        raise SettingsError(f"{prefix}.gradient_count: {settings.gradient_count} canaries need as many of the model's "
+                            f"trainable values, it has {trainable_values}")
+    limit = None if population_size is None else max_canaries(settings.construction, population_size, classes)
+    if audit_settings.enabled and settings.enabled and limit is not None and settings.count > limit:
+        raise SettingsError(f"{prefix}.count: {settings.count} {settings.construction} canaries cannot be built from "
+                            f"a population shard of {population_size} samples and {classes} classes (at most "
+                            f"{limit}; construction noise has no limit)")
