@@ -166,7 +166,8 @@ def test_a_broken_dp_retrain_is_withheld_and_a_correct_one_is_not(broken_dp):
 
     correct, broken = gate_entry("collaborator1"), gate_entry("collaborator2")
     (try1,) = correct["tries"]
-    assert try1["dp_audit"]["violated"] is False and try1["dp_audit"]["epsilon_lb"] <= try1["dp_audit"]["claimed_epsilon"]
+    check = try1["dp_audit"]
+    assert check["violated"] is False and check["epsilon_lb"] <= check["claimed_epsilon"]
     assert correct["reason"] == "over_threshold"  # its threshold of 0 is never met: withheld for that, not for DP
     (try2,) = broken["tries"]
     audit = try2["dp_audit"]

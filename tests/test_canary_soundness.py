@@ -207,7 +207,8 @@ def test_canary_settings_the_model_and_data_cannot_serve_are_refused_naming_the_
     with pytest.raises(SettingsError, match=r"^p\.count: 500 natural canaries cannot be built from a population shard "
                                             r"of 404 samples and 10 classes \(at most 404; construction noise"):
         check_canary_settings(settings, 74890, 404, 10, dp_training=False, prefix="p")
-    check_canary_settings(settings, 74890, None, 10, dp_training=False, prefix="p")  # no data yet (fx plan initialize): not checked
+    # no data yet (fx plan initialize): not checked
+    check_canary_settings(settings, 74890, None, 10, dp_training=False, prefix="p")
     mislabelled = AuditSettings.from_mapping({"canary": {"enabled": True, "construction": "mislabelled"}})
     check_canary_settings(mislabelled, 74890, 404, 10, dp_training=False, prefix="p")  # 404 x 9 wrong labels
     with pytest.raises(SettingsError, match=r"^p\.gradient_count: 1000 canaries need as many"):
