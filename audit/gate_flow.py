@@ -11,6 +11,9 @@ Order of the flow (each step only when the one before did not decide):
 3. the trained update is audited and the policy decides; passed or `report_only` keeps it;
 4. `dp_retrain`: DP-SGD retrains from the received weights, each try re-audited with the noise multiplier doubled,
    until one passes (`dp_retrained`) or the retries run out (`withheld`); `withhold` withholds at once.
+A DP training whose canary audit (audit.canary.dp) proves an epsilon above its accountant's is withheld at once
+(reason DP_VIOLATED, "DP guarantee violated by the audit"): the update sent by a DP mitigation (`dp_audit` of
+run_gate) after step 1, a DP retrain (`Retrained.dp_audit`) in step 4. More noise would not mend a broken DP training.
 
 A watched metric the audit did not produce trips the gate like a value above its limit (audit.config.gate: fail
 closed); the reason is then "missing: <metric>".
@@ -27,11 +30,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
-from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT, NON_FINITE_UPDATE,
-                                        VERDICTS, WITHHELD, missing_name, threshold_name, tripped_name)
+from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT,
+                                        NON_FINITE_UPDATE, VERDICTS, WITHHELD, missing_name, threshold_name,
+                                        tripped_name)
 
-__all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "Retrained", "DPTry", "GateOutcome",
-           "run_gate", "rejected_before_training", "empirical_epsilon"]
+__all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "DP_VIOLATED", "Retrained", "DPTry",
+           "GateOutcome", "run_gate", "rejected_before_training", "empirical_epsilon", "dp_violation"]
 
 OVER_THRESHOLD = "over_threshold"
 
@@ -49,6 +53,18 @@ class Retrained:
     steps: int
     epsilon: float            # the accountant's epsilon after this try: composed over the round's tries
     non_finite: bool          # the retrained weights hold NaN/Inf
+    dp_audit: Mapping | None = None  # the canary audit of this DP training (audit.canary.dp.DPAudit.to_dict())
+
+
+def dp_violation(dp_audit: Mapping | None, verdict: GateVerdict) -> GateVerdict | None:
+    """`verdict` gated by a DP training whose canary audit found its bound above the accountant's epsilon (the bound
+    as the tripped value, the claim as its threshold), whatever the thresholds; None when it did not, or was not
+    audited."""
+    if not dp_audit or not dp_audit.get("violated"):
+        return None
+    proof = (float(dp_audit["epsilon_lb"]), float(dp_audit["claimed_epsilon"]))
+    return GateVerdict(passed=False, tripped={**verdict.tripped, DP_VIOLATED: proof}, missing=verdict.missing,
+                       bound=verdict.bound, compared=verdict.compared)
 
 
 def empirical_epsilon(record: Mapping | None) -> dict | None:
@@ -78,6 +94,7 @@ class DPTry:
         return {"attempt": self.attempt, "noise_multiplier": self.retrained.noise_multiplier,
                 "steps": self.retrained.steps, "train_loss": loss if math.isfinite(loss) else None,
                 "epsilon": self.retrained.epsilon, "empirical_epsilon": self.empirical_epsilon,
+                "dp_audit": None if self.retrained.dp_audit is None else dict(self.retrained.dp_audit),
                 **self.verdict.to_dict(), "metrics": dict(self.metrics), "leak": self.leak}
 
 
@@ -88,7 +105,7 @@ class GateOutcome:
     verdict: str                         # KEPT, DP_RETRAINED or WITHHELD
     gate_verdict: GateVerdict            # the policy's verdict on the trained update (non-finite: always gated)
     record: dict | None                  # the round's audit record; None: not audited and nothing withheld
-    reason: str | None = None            # NON_FINITE_UPDATE, OVER_THRESHOLD, "missing: <metrics>", or None (passed)
+    reason: str | None = None            # NON_FINITE_UPDATE, DP_VIOLATED, OVER_THRESHOLD, "missing: <metrics>", None
     tries: tuple[DPTry, ...] = ()
     epsilon: float = 0.0                 # the round's DP epsilon over every try (0.0 without a DP retrain)
     non_finite_tensors: tuple[str, ...] = ()
@@ -138,7 +155,7 @@ class GateOutcome:
             GATE_EPSILON: float(self.epsilon),
         }
         tripped = self.gate_verdict.tripped
-        for name in (*watched, *((NON_FINITE_UPDATE,) if NON_FINITE_UPDATE not in watched else ())):
+        for name in (*watched, *(n for n in (NON_FINITE_UPDATE, DP_VIOLATED) if n not in watched)):
             out[tripped_name(name)] = float(tripped[name][0]) if name in tripped else 0.0
         if thresholds is not None:
             out.update({threshold_name(name): float(thresholds.get(name, math.nan)) for name in watched})
@@ -157,6 +174,7 @@ def run_gate(
     empty_record: Callable[[], dict],
     retrain: Callable[[int, float], Retrained],
     audit_retrained: Callable[[Retrained], dict],
+    dp_audit: Mapping | None = None,
 ) -> GateOutcome:
     """Run the flow of the module docstring for one round's update.
 
@@ -164,12 +182,17 @@ def run_gate(
     this round. audit_trained / audit_received / audit_retrained: the round's audit record of the trained model,
     of the received weights, of a DP retrain. empty_record: the record of a round withheld without an audit.
     retrain(attempt, noise_multiplier): one DP-SGD retrain from the received weights (attempt is 1-based).
+    dp_audit: the canary audit of the DP mitigation that made `trained` (None: no DP mitigation, or not audited).
     """
     bad = non_finite_tensors(trained)
     if bad:
         record = audit_received() if audited else empty_record()
         return GateOutcome(WITHHELD, GateVerdict.non_finite(), record, reason=NON_FINITE_UPDATE,
                            non_finite_tensors=tuple(bad))
+    if dp_violation(dp_audit, GateVerdict(passed=True)) is not None:
+        record = audit_trained() if audited else empty_record()
+        verdict = policy.decide(record["metrics"]) if audited else GateVerdict(passed=True)
+        return GateOutcome(WITHHELD, dp_violation(dp_audit, verdict), record, reason=DP_VIOLATED)
     if not audited:
         return GateOutcome(KEPT, GateVerdict(passed=True), None)
 
@@ -182,6 +205,11 @@ def run_gate(
     if policy.action == "dp_retrain":
         for attempt in range(1, policy.dp.max_retries + 1):
             result = retrain(attempt, policy.dp.noise_for_try(attempt))
+            violated = dp_violation(result.dp_audit, verdict)
+            if violated is not None:  # the try's own verdict: its DP training alone (it is not audited)
+                tries.append(DPTry(attempt, result, dp_violation(result.dp_audit, GateVerdict(passed=False)), {}))
+                return GateOutcome(WITHHELD, violated, record, reason=DP_VIOLATED, tries=tuple(tries),
+                                   epsilon=result.epsilon)
             if result.non_finite:
                 try_verdict, metrics, proven, leak = GateVerdict.non_finite(), {}, None, None
             else:

@@ -101,6 +101,12 @@ class LocalTraining:
     recipe: TrainingRecipe          # optimiser, learning rate, epochs, batch size
     member_count: int               # how many samples the real update was trained on (before any mitigation)
     federation_alpha: float | None  # the federation's label skew (None = IID)
+    # When the audited update was trained with DP-SGD: the party's DP training as a callable
+    # (audit.canary.dp.DPTrainer), so an audit can train exactly like it. None: plain training with `recipe`.
+    dp: object | None = None
+    # The update mitigation applied to what is sent (audit.config.mitigation_settings.Mitigation: noise, dp_fedavg),
+    # for audits that reproduce the whole release. None: the trained update is sent as it is.
+    update_mitigation: object | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,10 @@ of the round, only the collaborators `audit.config.gate_contract.decide` keeps:
 The aggregator's report (src/aggregator_report.py) reads the same decisions from the same TensorDB rows
 (`round_decisions`). The remaining weights (normalised data sizes) are re-normalised. If nobody is left, the
 tensor is the round's starting global tensor: the model does not change.
+
+With `aggregator.settings.canary_clients` the aggregator sets `canary_clients` (audit.canary.clients.CanaryClients)
+on this function: each averaged tensor then gets the round's inserted canary clients, and every canary's inner
+product with the tensor's change is recorded for the round's user-level epsilon estimate.
 """
 
 from __future__ import annotations
@@ -58,8 +62,16 @@ def round_decisions(rows: Iterable[Mapping], fl_round: int, collaborators: Itera
     return {col: decide(gate_kept.get(col), finite_update=finite[col]) for col in sorted(names)}
 
 
+def _float_values(rows: list, fl_round: int) -> int:
+    """How many floating values the round's starting global model holds (its tensors tagged ('model',))."""
+    return sum(np.asarray(row["nparray"]).size for row in rows if int(row["round"]) == int(fl_round)
+               and set(row["tags"]) == {"model"} and np.asarray(row["nparray"]).dtype.kind == "f")
+
+
 class GatedWeightedAverage(AggregationFunction):
-    """Weighted average of the updates `audit.config.gate_contract.decide` keeps."""
+    """Weighted average of the updates `audit.config.gate_contract.decide` keeps (and the canary clients, if set)."""
+
+    canary_clients = None  # audit.canary.clients.CanaryClients, set by the aggregator when its settings ask
 
     def call(self, local_tensors, db_iterator, tensor_name, fl_round, tags):
         rows = list(db_iterator)
@@ -75,6 +87,9 @@ class GatedWeightedAverage(AggregationFunction):
         # seed would not give the same model (and metrics) run to run.
         kept = sorted((lt for lt in local_tensors if decisions[lt.col_name].averaged), key=lambda lt: lt.col_name)
         self._log(fl_round, {c: d.status for c, d in decisions.items() if not d.averaged})
+        clients = self.canary_clients
+        if clients is not None and not clients.started(fl_round):
+            clients.start_round(fl_round, dimension=_float_values(rows, fl_round), weights=[lt.weight for lt in kept])
         if not kept:
             if start is None:
                 raise RuntimeError(
@@ -83,7 +98,8 @@ class GatedWeightedAverage(AggregationFunction):
                 )
             return np.array(start, copy=True)
         total = sum(lt.weight for lt in kept)
-        return sum(lt.tensor * (lt.weight / total) for lt in kept)
+        averaged = sum(lt.tensor * (lt.weight / total) for lt in kept)
+        return averaged if clients is None else clients.add(fl_round, tensor_name, start, averaged)
 
     def _log(self, fl_round, excluded: dict) -> None:
         # Called once per tensor: log each round's exclusions once (the function is a singleton).

@@ -17,6 +17,9 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
   honest-but-curious server attacking the real updates; writes `<report_dir>/deanon/` (src/deanon_callback.py).
 - `aggregator.settings.save_every_round` (default false): OpenFL writes the model files (`last_state_path`,
   `best_state_path`) at every round's end; here only at the last round unless this is true.
+- `aggregator.settings.canary_clients` (default `enabled: false`): Andrew et al.'s canary clients for parties that
+  send dp_fedavg updates (audit/canary/clients.py): a user-level epsilon estimate of the global model per round, on
+  the aggregator's page beside the accountant's.
 
 Bad values fail when the aggregator is built (`fx aggregator start`), naming the key: its own settings, an
 `aggregator.settings` key OpenFL's Aggregator does not take, the plan's `tasks`, `per_collaborator` names that are
@@ -61,6 +64,7 @@ class AggregatorReportCallback(Callback):
         super().__init__()
         self.writer = AggregatorReportWriter(report_dir)
         self.aggregator = None
+        self.canary_clients = None  # audit.canary.clients.CanaryClients, when aggregator.settings.canary_clients asks
         self.errors: list[str] = []
 
     def set_aggregator(self, aggregator) -> None:
@@ -81,6 +85,7 @@ class AggregatorReportCallback(Callback):
                 # the decisions GatedWeightedAverage made, from the same rows
                 decisions=round_decisions(frame.to_dict("records"), round_num, agg.authorized_cols),
                 aggregator_logs=logs,
+                canary_clients=None if self.canary_clients is None else self.canary_clients.estimate(round_num),
             )
             path = self.writer.write_round_in_background(record)
             logger.info("Round %d aggregator report: averaged %s, withheld %s, left out (NaN/Inf) %s, "
@@ -99,6 +104,34 @@ class AggregatorReportCallback(Callback):
         warning = withheld_warning(self.writer.load_rounds())
         if warning:
             logger.warning("Warning: %s", warning)
+
+
+def _canary_clients(settings, plan):
+    """audit.canary.clients.CanaryClients for the plan's dp_fedavg mitigation (one for every party: its clipping bound
+    and noise multiplier are the canaries' and the accountant's), the audit's delta and confidence."""
+    from audit.canary.clients import CanaryClients
+    from audit.config.audit_settings import AuditSettings
+    from audit.config.fields import parse
+    from audit.config.mitigation_settings import Mitigation
+
+    key = f"{PREFIX}.canary_clients"
+    if plan is None:
+        raise ValueError(f"{key}: reads the parties' dp_fedavg settings from the plan; build the aggregator from a "
+                         "plan (fx aggregator start, python -m workspace)")
+    runner = ((plan.get("task_runner") or {}).get("settings") or {})
+    mitigation = parse(Mitigation, runner.get("mitigation"), "task_runner.settings.mitigation")
+    if mitigation.method != "dp_fedavg":
+        raise ValueError(f"{key}: estimates the privacy of dp_fedavg updates; task_runner.settings.mitigation.method "
+                         f"is {mitigation.method!r}")
+    for name, entry in (runner.get("per_collaborator") or {}).items():
+        if isinstance(entry, dict) and "mitigation" in entry \
+                and parse(Mitigation, entry["mitigation"], f"task_runner.settings.per_collaborator.{name}.mitigation") \
+                != mitigation:
+            raise ValueError(f"{key}: every party must send dp_fedavg updates with the plan's clip and sigma; "
+                             f"task_runner.settings.per_collaborator.{name}.mitigation differs")
+    audit = AuditSettings.from_mapping(runner.get("audit"), prefix="task_runner.settings.audit")
+    return CanaryClients(count=settings.count, scale=settings.scale, clip=mitigation.clip, sigma=mitigation.sigma,
+                         seed=settings.seed, delta=audit.epsilon_delta, confidence=audit.confidence)
 
 
 def build_callbacks(entries: Any) -> list:
@@ -140,7 +173,7 @@ class AuditingAggregator(Aggregator):
 
     def __init__(self, *, poll_interval_s: int = DEFAULT_POLL_INTERVAL_S, report_dir: str = DEFAULT_REPORT_DIR,
                  deanon: dict | None = None, callbacks: Iterable | None = None, save_every_round: bool = False,
-                 **kwargs):
+                 canary_clients: dict | None = None, **kwargs):
         # OpenFL has loaded torch: without a GPU its CUDA libraries' pages are dead weight (before the initial model
         # and the TensorDB are loaded, the process's peak otherwise).
         release_cuda_library_pages()
@@ -148,7 +181,8 @@ class AuditingAggregator(Aggregator):
         # TypeError from Aggregator.__init__.
         settings = AggregatorSettings.from_mapping({**kwargs, "poll_interval_s": poll_interval_s,
                                                     "report_dir": report_dir, "deanon": deanon,
-                                                    "save_every_round": save_every_round})
+                                                    "save_every_round": save_every_round,
+                                                    "canary_clients": canary_clients})
         # The plan's tasks reach the collaborators' task functions only in round 0: check them before anyone connects.
         if getattr(kwargs.get("assigner"), "tasks", None) is not None:
             check_tasks(kwargs["assigner"].tasks)
@@ -161,6 +195,8 @@ class AuditingAggregator(Aggregator):
         if built is not None:
             check_built_plan(built, list(kwargs.get("authorized_cols") or []))
             self.insecure = check_transport(built.config)
+        clients = (_canary_clients(settings.canary_clients, None if built is None else built.config)
+                   if settings.canary_clients.enabled else None)
         self.poll_interval_s = settings.poll_interval_s
         self.save_every_round = settings.save_every_round
         self._unsaved_best: int | None = None  # round of a best model whose file is not written yet
@@ -188,6 +224,7 @@ class AuditingAggregator(Aggregator):
         # OpenFL's pandas TensorDB was most of the end of a round (src/aggregator_tensordb.py): the same rows and
         # answers, indexed. Converted in place: the callbacks already hold this object.
         IndexedTensorDB.convert(self.tensor_db)
+        self._attach_canary_clients(clients)
         self._tensor_names = list(utils.deconstruct_model_proto(self.model, self.compression_pipeline,
                                                                 keys_only=True)[0])
         if not self.persistent_db:
@@ -201,6 +238,21 @@ class AuditingAggregator(Aggregator):
     @property
     def report_dir(self):
         return self.report.writer.root
+
+    def _attach_canary_clients(self, clients) -> None:
+        """The canary clients (None: none) go into every task's GatedWeightedAverage (the train task's); the report
+        reads them. Set every time: OpenFL's aggregation functions are one object per class and process
+        (SingletonABCMeta), so an earlier aggregator's canary clients would stay in an in-process run's average."""
+        from src.aggregation import GatedWeightedAverage
+
+        functions = [self.assigner.get_aggregation_type_for_task(task) for task in self.assigner.tasks]
+        gated = [f for f in functions if isinstance(f, GatedWeightedAverage)]
+        if clients is not None and not gated:
+            raise ValueError(f"{PREFIX}.canary_clients: needs the train task's aggregation_type "
+                             "src.aggregation.GatedWeightedAverage (tasks.train.aggregation_type), which adds them")
+        for function in gated:
+            function.canary_clients = clients
+        self.report.canary_clients = clients
 
     def _save_model(self, round_number, file_path):
         """OpenFL's model files (best_state_path, last_state_path) each round only with `save_every_round`; else the

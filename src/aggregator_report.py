@@ -37,11 +37,11 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-from audit.config.gate_contract import (DP_RETRAINED, GATE_EPSILON, GATE_KEPT, GATE_KEPT_NOT_FINITE,
-                                        GATE_MISSING_PREFIX, GATE_RETRIES, GATE_THRESHOLD_PREFIX, GATE_TRIPPED_PREFIX,
-                                        KEPT, LEFT_OUT_NON_FINITE, NO_GATE_METRIC, NON_FINITE_TENSORS,
-                                        NON_FINITE_UPDATE, RECEIVED_MODEL_ALARM, RECEIVED_MODEL_REJECTED, STRAGGLER,
-                                        WITHHELD, Decision, decide)
+from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, DP_VIOLATED_TEXT, GATE_EPSILON, GATE_KEPT,
+                                        GATE_KEPT_NOT_FINITE, GATE_MISSING_PREFIX, GATE_RETRIES, GATE_THRESHOLD_PREFIX,
+                                        GATE_TRIPPED_PREFIX, KEPT, LEFT_OUT_NON_FINITE, NO_GATE_METRIC,
+                                        NON_FINITE_TENSORS, NON_FINITE_UPDATE, RECEIVED_MODEL_ALARM,
+                                        RECEIVED_MODEL_REJECTED, STRAGGLER, WITHHELD, Decision, decide)
 from audit.config.steps import is_audit_metric
 from audit.config.vocabulary import LEAK_DETECTED, LEAK_EPSILON_CEILING, LEAK_EPSILON_LB, LEAK_P_VALUE
 from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
@@ -111,7 +111,8 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
                      if name.startswith(GATE_MISSING_PREFIX) and value == 1.0)
     causes = [
         "non-finite update (NaN/Inf)" if name == NON_FINITE_UPDATE else
-        f"missing: {name}" if name in missing else f"{name} = {_fmt(value)}"
+        f"missing: {name}" if name in missing else
+        f"{DP_VIOLATED_TEXT} (canary epsilon >= {_fmt(value)})" if name == DP_VIOLATED else f"{name} = {_fmt(value)}"
         for name, value in tripped.items()
     ] + [f"missing: {name}" for name in missing if name not in tripped]
     retries = _finite_or_none(metrics.get(GATE_RETRIES))
@@ -196,12 +197,13 @@ def _number(value: Any) -> str:
 
 def round_record(round_num: int, *, authorized: Iterable[str], stragglers: Iterable[str],
                  metrics: Mapping[str, Mapping[str, float]], decisions: Mapping[str, Decision] | None = None,
-                 aggregator_logs: Mapping[str, Any] | None = None) -> dict:
+                 aggregator_logs: Mapping[str, Any] | None = None, canary_clients: Mapping | None = None) -> dict:
     """The report of one round (a JSON-able dict).
 
     `decisions`: each collaborator's audit.config.gate_contract decision as the average made it
     (src.aggregation.round_decisions on the same TensorDB); a collaborator without one is decided from its
-    metrics as if its tensors were finite.
+    metrics as if its tensors were finite. `canary_clients`: the round's user-level epsilon estimate
+    (audit.canary.clients.CanaryClients.estimate), when the aggregator inserts canary clients.
     """
     stragglers = set(stragglers)
     decisions = decisions or {}
@@ -236,6 +238,7 @@ def round_record(round_num: int, *, authorized: Iterable[str], stragglers: Itera
         "averaged_audit_metrics": averaged,
         "aggregator_logs": {k: _finite_or_none(v) for k, v in sorted((aggregator_logs or {}).items())},
         "notes": notes,
+        **({"canary_clients": dict(canary_clients)} if canary_clients else {}),
     }
 
 
@@ -326,7 +329,7 @@ def gate_metrics(records: list[dict]) -> list[str]:
     when no gate is set."""
     return sorted({m for r in records for e in r["collaborators"].values()
                    for m in (*e.get("thresholds", {}), *e.get("tripped", {}), *e.get("missing", ()))
-                   if m != NON_FINITE_UPDATE})
+                   if m not in (NON_FINITE_UPDATE, DP_VIOLATED)})
 
 
 def plotted_metrics(records: list[dict]) -> list[str]:
@@ -494,6 +497,35 @@ def _received_model_section(records: list[dict], names: list[str]) -> list[str]:
         out.append(f'<tr><td><a href="#round-{r["round"]}">{r["round"]}</a></td>' + "".join(cells) + "</tr>")
     out.append("</table></div>")
     out.append(f"<p>{len(flagged)} of {len(checked)} rounds' global models were flagged by at least one party.</p>")
+def _canary_clients_section(records: list[dict]) -> list[str]:
+    """The user-level epsilon estimate of the global model per round (canary clients) beside the accountant's."""
+    rows = [r["canary_clients"] for r in records if r.get("canary_clients")]
+    if not rows:
+        return []
+    e = html.escape
+    first = rows[0]
+    out = ["<h2>User-level privacy of the global model (canary clients)</h2>",
+           f"<p class=\"muted\">Each round {first['count']} canary clients (random update directions of the "
+           f"parties' dp_fedavg clipping bound {_fmt(first['clip'])}, each at {_fmt(first['scale'])} of a party's "
+           "share) go into the average and as many are held out; from their cosines with the model's change, the "
+           f"epsilon of one party's presence in the published model (at delta {_fmt(first['delta'])}) is estimated "
+           f"(Andrew et al., ICLR 2024): an estimate with its {first['confidence']:.0%} interval, not a bound. Beside "
+           f"it the accountant's epsilon of the same release (noise multiplier {_fmt(first['sigma'])} of every "
+           "averaged party). Held out z: each held-out canary's coordinate along its direction, in units of the "
+           "parties' change per value: it must look like N(0, 1).</p>",
+           '<div class="scroll"><table><tr><th>round</th><th>ε estimate [interval]</th><th>accountant ε</th>'
+           "<th>run so far: ε estimate</th><th>run so far: accountant ε</th><th>held out z: mean, sd</th></tr>"]
+    for c in reversed(rows):
+        if not c.get("estimated"):
+            out.append(f'<tr><td>{c["round"]}</td><td class="text" colspan="5">not estimated: {e(c["why"])}</td></tr>')
+            continue
+        lo, hi = c["epsilon_interval"]
+        accountant = "∞ (no noise)" if c["accountant_epsilon"] is None else _fmt(c["accountant_epsilon"])
+        run = "∞ (no noise)" if c["accountant_epsilon_run"] is None else _fmt(c["accountant_epsilon_run"])
+        out.append(f'<tr><td>{c["round"]}</td><td>{_fmt(c["epsilon"])} [{_fmt(lo)}, {_fmt(hi)}]</td>'
+                   f"<td>{e(accountant)}</td><td>{_fmt(c['epsilon_run'])} ({c['rounds']} rounds)</td>"
+                   f"<td>{e(run)}</td><td>{_fmt(c['held_out_mean_z'])}, {_fmt(c['held_out_sd_z'])}</td></tr>")
+    out.append("</table></div>")
     return out
 
 
@@ -514,6 +546,7 @@ def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool,
     if not records:
         body.append("<p>No rounds yet.</p>")
         return page("Aggregator report", body)
+    body += _canary_clients_section(records)
     names = sorted({n for r in records for n in r["collaborators"]})
     metric = next(iter(gate_metrics(records)), None)
     warning = withheld_warning(records)

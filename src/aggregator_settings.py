@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from audit.config.deanon_settings import ATTACK_CHOICES, ATTACKS  # reading a plan imports neither torch nor sklearn
-from audit.config.fields import (boolean, integer, module_name, optional, parse, path, reject_unknown, setting,
+from audit.config.fields import (boolean, integer, module_name, optional, parse, path, real, reject_unknown, setting,
                                  subsection, to_dict)
 
 PREFIX = "aggregator.settings"
@@ -37,6 +37,26 @@ class DeanonServerSettings:
         return to_dict(self)
 
 
+@dataclass(frozen=True)
+class CanaryClientSettings:
+    """`aggregator.settings.canary_clients`: Andrew et al.'s canary clients for a federation whose parties send
+    dp_fedavg updates (audit.canary.clients): a user-level epsilon estimate of the global model each round, beside the
+    accountant's. The clipping bound and noise multiplier are the plan's `task_runner.settings.mitigation`."""
+
+    enabled: bool = setting(False, boolean(), "insert canary clients and estimate the federation's epsilon")
+    count: int = setting(16, integer(min=2, note="canaries inserted per round"),
+                         "k canaries inserted per round, and k more held out")
+    # 1 would move the model as much as k more parties (accuracy, with 3 parties: benchmarks/README.md); the estimate
+    # is scaled back to a full party.
+    scale: float = setting(0.01, real(gt=0, le=1, note="of one party's update"),
+                           "each inserted canary as this fraction of one party's update")
+    seed: int = setting(0, integer(min=0), "seed of the canaries' directions")
+
+    def to_dict(self) -> dict:
+        return to_dict(self)
+
+
+
 # The keys of `aggregator.settings` OpenFL's Aggregator takes from a plan (its __init__ parameters but those Plan fills
 # in itself, OPENFL_FILLED); tests/test_settings_at_start.py checks both lists against its signature. Written out so
 # that the tooling checks a plan without importing OpenFL: any other key reached Aggregator.__init__ and failed only
@@ -47,7 +67,7 @@ OPENFL_KEYS = ("init_state_path", "best_state_path", "last_state_path", "use_del
 OPENFL_FILLED = ("aggregator_uuid", "federation_uuid", "authorized_cols", "assigner", "connector",
                  "straggler_handling_policy", "compression_pipeline", "initial_tensor_dict")
 # This workspace's own keys (src.aggregator.AuditingAggregator); `callbacks` is checked where they are built.
-OWN_KEYS = ("poll_interval_s", "report_dir", "deanon", "callbacks", "save_every_round")
+OWN_KEYS = ("poll_interval_s", "report_dir", "deanon", "callbacks", "save_every_round", "canary_clients")
 
 
 @dataclass(frozen=True)
@@ -64,6 +84,8 @@ class AggregatorSettings:
     deanon: DeanonServerSettings = subsection(DeanonServerSettings, "the aggregator-side deanonymization audit")
     save_every_round: bool = setting(False, boolean(), "write OpenFL's model files (last/best_state_path) every "
                                                        "round, not only at the end")
+    canary_clients: CanaryClientSettings = subsection(CanaryClientSettings, "Andrew et al.'s canary clients for a "
+                                                      "dp_fedavg federation (audit.canary.clients)")
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any] | None) -> "AggregatorSettings":

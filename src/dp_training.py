@@ -37,6 +37,7 @@ class DPResult:
     loss: float  # mean training loss of the last epoch
     noise_multiplier: float
     steps: int
+    sample_rate: float = 0.0  # Poisson sampling rate of each example per step (what the accountant is told)
 
 
 class RoundAccountant:
@@ -51,10 +52,11 @@ class RoundAccountant:
             warnings.simplefilter("ignore", UserWarning)
             self.engine = PrivacyEngine(accountant="rdp")
         x, y = members
-        # One dataset object for every try, so opacus knows they train on the same data.
-        self.dataset = TensorDataset(
-            torch.as_tensor(np.asarray(x), dtype=torch.float32), torch.as_tensor(np.asarray(y), dtype=torch.int64)
-        )
+        x = torch.as_tensor(np.asarray(x))
+        # One dataset object for every try, so opacus knows they train on the same data. Integer inputs (token ids
+        # for an Embedding) stay integer.
+        self.dataset = TensorDataset(x.float() if x.is_floating_point() else x,
+                                     torch.as_tensor(np.asarray(y), dtype=torch.int64))
 
     def epsilon(self, delta: float) -> float:
         if not self.engine.accountant.history:
@@ -72,8 +74,12 @@ def dp_retrain(
     noise_multiplier: float,
     max_grad_norm: float,
     seed: int,
+    canaries=None,
 ) -> DPResult:
-    """Train a copy of `start_model` for `epochs` with DP-SGD; `start_model` itself is left untouched."""
+    """Train a copy of `start_model` for `epochs` with DP-SGD; `start_model` itself is left untouched.
+
+    `canaries` (audit.canary.gradients.GradientCanaries, for an audit's shadow training only): white-box canary
+    gradients added among each step's per-sample gradients before opacus clips them, and read back after the step."""
     model = copy.deepcopy(start_model)
     model.train()
     _freeze_batchnorm(model)
@@ -90,6 +96,10 @@ def dp_retrain(
         poisson_sampling=True,
         noise_generator=torch.Generator().manual_seed(seed + 1),
     )
+    sample_rate = float(private_loader.sample_rate)  # what opacus tells its accountant: 1 / batches per epoch
+    if canaries is not None:
+        canaries.start(private_optimizer.params, sample_rate=sample_rate, noise_multiplier=noise_multiplier,
+                       max_grad_norm=max_grad_norm)
     steps, losses = 0, []
     with warnings.catch_warnings():
         # The input does not require grad, so torch warns that opacus' full backward hook on the first
@@ -103,7 +113,11 @@ def dp_retrain(
                     private_optimizer.zero_grad()
                     loss = F.cross_entropy(private_model(x), y)
                     loss.backward()
+                    if canaries is not None:
+                        canaries.before_step(private_optimizer)
                     private_optimizer.step()
+                    if canaries is not None:
+                        canaries.after_step(private_optimizer)
                     steps += 1
                     if len(y):  # Poisson sampling may draw an empty batch (its loss is NaN)
                         losses.append(float(loss.detach()))
@@ -111,7 +125,7 @@ def dp_retrain(
             private_model.cleanup()  # remove opacus' hooks and attributes from the model
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return DPResult(state_dict=state, loss=float(np.mean(losses)) if losses else float("nan"),
-                    noise_multiplier=noise_multiplier, steps=steps)
+                    noise_multiplier=noise_multiplier, steps=steps, sample_rate=sample_rate)
 
 
 _BATCHNORM = (torch.nn.modules.batchnorm._BatchNorm,)
@@ -125,3 +139,24 @@ def _freeze_batchnorm(model: torch.nn.Module) -> None:
             module.eval()
             for parameter in module.parameters(recurse=False):
                 parameter.requires_grad_(False)
+
+
+@dataclass(frozen=True)
+class DPTraining:
+    """The party's DP-SGD recipe as the audit's `audit.canary.dp.DPTrainer`: `dp_retrain` itself (this module's, the
+    code that trains the sent update) run on other data, with its own accountant, and white-box canaries when
+    given. The canary audit trains its shadows with it, so it audits this very code."""
+
+    make_optimizer: Callable[[torch.nn.Module], torch.optim.Optimizer]
+    batch_size: int
+    epochs: int
+    noise_multiplier: float
+    max_grad_norm: float
+
+    def __call__(self, start_model: torch.nn.Module, x, y, *, seed: int, gradient_canaries=None):
+        from audit.canary.dp import DPRun
+
+        result = dp_retrain(start_model, self.make_optimizer, RoundAccountant((x, y)), batch_size=self.batch_size,
+                            epochs=self.epochs, noise_multiplier=self.noise_multiplier,
+                            max_grad_norm=self.max_grad_norm, seed=seed, canaries=gradient_canaries)
+        return DPRun(result.state_dict, result.noise_multiplier, self.max_grad_norm, result.sample_rate, result.steps)

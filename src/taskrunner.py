@@ -10,6 +10,7 @@ the gate's verdict, stays in its own report folder.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import sys
@@ -29,6 +30,7 @@ from audit.config.gate_contract import sent_to_aggregator
 from audit.config.steps import registered
 from audit.config.mitigation_settings import DATA_MITIGATIONS, UPDATE_MITIGATIONS, Mitigation
 from audit.before_training import ReceivedVerdict, check_received
+from audit.canary.dp import audit_dp_training, check_canary_settings, dp_fedavg_entry
 from audit.deanon.mitigation import mitigate_data, mitigate_update, update_norm
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, Retrained, run_gate
 from audit.membership.resolution import resolution_warning
@@ -42,7 +44,7 @@ from audit.training import TrainingRecipe
 from src.audit_cost import audit_cost_note
 from src.collaborator_overrides import CollaboratorSettings, check_gate_resolution, parse_per_collaborator
 from src.cuda_pages import release_cuda_library_pages
-from src.dp_training import RoundAccountant, dp_retrain
+from src.dp_training import DPTraining, RoundAccountant, dp_retrain
 from src.models import build_model
 from src.plan_checks import check_built_plan, plan_being_built
 from src.runner_settings import PREFIX as SETTINGS_PREFIX, RunnerSettings
@@ -114,6 +116,12 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             raise SettingsError(f"{SETTINGS_PREFIX}.model_settings: {err}") from None
         self._check_layers(tuple(data_loader.get_feature_shape()))
         release_cuda_library_pages()  # torch and torchvision are loaded: without a GPU their CUDA pages are dead weight
+        parties = (self.default_settings, *self.per_collaborator.values())
+        dp = any(c.gate.action == "dp_retrain" or c.mitigation.method == "dp_fedavg" for c in parties)
+        population = None if data_loader.shard is None else len(data_loader.get_audit_sets()["population"][1])
+        check_canary_settings(self.audit_settings, sum(p.numel() for p in self.model.parameters() if p.requires_grad),
+                              population, data_loader.get_num_classes(), dp_training=dp,
+                              prefix=f"{SETTINGS_PREFIX}.audit.canary")
         self.to(self.device)
         # The plan's initial model (what `fx plan initialize` saves: this model, built with the plan's seed), which
         # every party has without anyone's data: RMIA's independent references start from it, and nothing else
@@ -128,6 +136,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._mia_sets: dict[str, AuditSets] = {}  # per party: the membership audits' sample of the audit sets
         self._training: LocalTraining | None = None  # this round's local training, for the audits that train alike
         self._data_mitigation: dict | None = None  # what the data mitigation did, once per collaborator
+        self._dp_fedavg_releases: dict[str, int] = {}  # per party: updates sent with dp_fedavg (their epsilons compose)
         self._resolution_said = False  # whether the audit sets' resolvable tolerances were logged
         self._cost_said = False  # whether an audit costing several times the training was logged (once per party)
         self.last_record: dict | None = None  # the latest round record, for in-process callers
@@ -294,6 +303,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._training = LocalTraining(
             recipe=TrainingRecipe(self.optimizer_name, learning_rate, self.momentum, epochs, self.data_loader.batch_size),
             member_count=len(self.audit_sets().members[1]), federation_alpha=self.data_loader.dirichlet_alpha,
+            update_mitigation=col.mitigation if col.mitigation.method in UPDATE_MITIGATIONS else None,
         )
         # What withholding sends back. rebuild_model pops from input_tensor_dict: keep the dict, not copies of the
         # arrays (the TensorDB's own; loading them into the model copies, and nothing writes into them).
@@ -329,6 +339,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             audit_retrained=lambda retrained: self._audit(
                 self._with_state(global_model, retrained.state), global_model, col_name, round_num,
                 what="the DP retrain"),
+            dp_audit=(mitigation_record or {}).get("dp_audit"),
         )
         if outcome.sends == SEND_RECEIVED:
             self._send(global_out, local_out, received)
@@ -418,11 +429,19 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         names = [n for n in trained if n in received]
         start = {n: received[n] for n in names}
         before = {n: trained[n] for n in names}
-        sent = mitigate_update(mitigation, start, before, seed=round_seed(self.seed, f"{col_name}/mitigation", round_num))
+        seed = round_seed(self.seed, f"{col_name}/mitigation", round_num)
+        sent = mitigate_update(mitigation, start, before, seed=seed)
         self._send(global_out, local_out, sent)
         trained.update(sent)
-        return {**mitigation.to_dict(), "update_norm": update_norm(start, before),
-                "sent_update_norm": update_norm(start, sent)}
+        out = {**mitigation.to_dict(), "update_norm": update_norm(start, before),
+               "sent_update_norm": update_norm(start, sent)}
+        if mitigation.method == "dp_fedavg" and mitigation.sigma > 0:  # its accountant, and its canary check
+            releases = self._dp_fedavg_releases[col_name] = self._dp_fedavg_releases.get(col_name, 0) + 1
+            out.update(dp_fedavg_entry(mitigation, start, releases=releases, audit_settings=self.audit_settings,
+                                       seed=round_seed(self.seed, f"{col_name}/mitigation/canary", round_num)))
+            if "dp_audit" in out:
+                logger.info("%s round %d: dp_fedavg: %s", col_name, round_num, out["dp_audit"]["summary"])
+        return out
 
     # ------------------------------------------------------------------ gate
     def _audit(self, model, global_model, col_name: str, round_num: int, what: str = "the trained model") -> dict:
@@ -481,8 +500,11 @@ class AuditedTaskRunner(PyTorchTaskRunner):
     def _dp_retrainer(self, gate: GatePolicy, global_model, col_name: str, round_num: int, epochs: int,
                       learning_rate: float):
         """retrain(attempt, noise_multiplier) for audit.gate_flow: DP-SGD from the received weights (opacus).
-        One accountant per round, so the epsilon each try reports composes every try of the round."""
+        One accountant per round, so the epsilon each try reports composes every try of the round. With
+        audit.canary.dp_check each try's DP training is audited with gradient canaries (a shadow run of the same
+        training: audit.canary.dp.audit_dp_training), and the try's re-audit trains its shadows with DP too."""
         accountant = None
+        settings = self.audit_settings
 
         def retrain(attempt: int, noise_multiplier: float) -> Retrained:
             nonlocal accountant
@@ -496,9 +518,19 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             epsilon = accountant.epsilon(gate.dp.delta)
             logger.info("%s round %d: DP retrain %d (noise %.3g): epsilon %.3g", col_name, round_num, attempt,
                         result.noise_multiplier, epsilon)
+            trainer = DPTraining(lambda m: self.make_optimizer(m, learning_rate), self.data_loader.batch_size, epochs,
+                                 noise_multiplier, gate.dp.max_grad_norm)
+            self._training = dataclasses.replace(self._training, dp=trainer)  # the try's audit trains like it
+            dp_audit = None
+            if settings.canary.dp_check:
+                dp_audit = audit_dp_training(
+                    trainer, global_model, (self.data_loader.X_train, self.data_loader.y_train), settings.canary,
+                    delta=gate.dp.delta, alpha=1 - settings.confidence,
+                    seed=round_seed(self.seed, f"{col_name}/dp{attempt}/canary", round_num)).to_dict()
+                logger.info("%s round %d: DP retrain %d: %s", col_name, round_num, attempt, dp_audit["summary"])
+            non_finite = bool(non_finite_tensors({k: v.cpu().numpy() for k, v in result.state_dict.items()}))
             return Retrained(state=result.state_dict, train_loss=result.loss, noise_multiplier=result.noise_multiplier,
-                             steps=result.steps, epsilon=epsilon,
-                             non_finite=bool(non_finite_tensors({k: v.cpu().numpy() for k, v in result.state_dict.items()})))
+                             steps=result.steps, epsilon=epsilon, non_finite=non_finite, dp_audit=dp_audit)
 
         return retrain
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from audit.config.gate import GatePolicy
-from audit.config.gate_contract import (GATE_EPSILON, GATE_KEPT, GATE_MISSING_PREFIX, GATE_RETRIES, GATE_TRIPPED_PREFIX,
+from audit.config.gate_contract import (DP_VIOLATED, GATE_EPSILON, GATE_KEPT, GATE_MISSING_PREFIX, GATE_RETRIES,
+                                        GATE_TRIPPED_PREFIX,
                                         NON_FINITE_UPDATE)
 from audit.gate_flow import (DP_RETRAINED, KEPT, OVER_THRESHOLD, SEND_RECEIVED, SEND_RETRAINED, SEND_TRAINED,
                              WITHHELD, Retrained, run_gate)
@@ -87,7 +88,7 @@ def test_dp_retrain_doubles_the_noise_until_a_try_passes():
     # the aggregator hears that it was kept after 2 retrains, and what tripped the first audit
     assert out.scalars((METRIC,)) == {GATE_KEPT: 1.0, GATE_RETRIES: 2.0, GATE_EPSILON: 4.0,
                                       GATE_TRIPPED_PREFIX + METRIC: 0.8, GATE_TRIPPED_PREFIX + NON_FINITE_UPDATE: 0.0,
-                                      GATE_MISSING_PREFIX + METRIC: 0.0}
+                                      GATE_TRIPPED_PREFIX + DP_VIOLATED: 0.0, GATE_MISSING_PREFIX + METRIC: 0.0}
 
 
 def test_dp_retrain_withholds_when_every_try_fails_and_reports_the_composed_epsilon():

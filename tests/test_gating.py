@@ -210,6 +210,7 @@ def retrained(tmp_path_factory):
                                                  "dp": {"noise_multiplier": 0.01, "max_grad_norm": 100.0}}},
              "collaborator3": LEAKY},
             rmia=True,  # the tries' empirical epsilon takes RMIA's bounds too
+            audit={"canary": {"gradient_count": 200}},  # each try's canary check: fewer canaries, a faster test
         ),
     )
 
@@ -248,6 +249,10 @@ def test_dp_epsilon_is_the_accountants_at_the_plans_delta(retrained):
     assert proven["bounds"] == len(bounds) == 5  # 3 + 2 RMIA
     assert proven["delta"] == 1e-5 and proven["confidence"] == 0.95 and 0 <= proven["value"] <= epsilon
     assert gate["empirical_epsilon"]["value"] >= 0  # and the plain update's, at the top
+    # The canary check of the same DP training: the accountant's epsilon of this one try, never below its bound.
+    check = attempt["dp_audit"]
+    assert check["claimed_epsilon"] == pytest.approx(epsilon, rel=1e-9) and 0 <= check["epsilon_lb"] <= epsilon
+    assert check["violated"] is False and check["canaries"] == 200
 
 
 @pytest.mark.federation

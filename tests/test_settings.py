@@ -40,6 +40,8 @@ DEFAULTS = {
     "received_model": {"enabled": True, "action": "reject", "max_change_ratio": 10.0, "parallel_rows": 4,
                        "min_support": 0.15, "max_isolating": 0.25, "class_weight_ratio": 10.0, "probe_margin": 0.25,
                        "probe_alpha": 0.01},
+    "canary": {"enabled": False, "interval": 1, "count": 500, "construction": "noise", "score": "loss",
+               "dp_check": True, "gradient_count": 1000, "gradient_kind": "dirac", "gradient_norm": 10.0},
 }
 DEFAULTS_SIGNALS = tuple(DEFAULTS["signals"])
 

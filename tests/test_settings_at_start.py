@@ -82,8 +82,13 @@ def runner(settings: dict) -> dict:
      "task_runner.settings.audit.fidel.layer: layer 'features.conv1' is Conv2d, not nn.Linear", []),
     (runner({"audit": {"deanon": {"enabled": True, "layer": "classifier.fc9"}}}),
      "task_runner.settings.audit.deanon.layer: no tensor of layer 'classifier.fc9'", ["classifier.out"]),
+    # failed in the first DP training with no key named
+    (runner({"audit": {"canary": {"gradient_count": 100000}}, "gate": {"action": "dp_retrain"}}),
+     "task_runner.settings.audit.canary.gradient_count: 100000 canaries need as many of the model's trainable "
+     "values, it has 74890", []),
 ], ids=["misspelt-key", "per-collaborator-name", "noise-without-sigma", "per-collaborator-noise-sigma-0",
-        "mm_aug-without-alpha", "fidel-layer-missing", "fidel-layer-not-dense", "deanon-layer-missing"])
+        "mm_aug-without-alpha", "fidel-layer-missing", "fidel-layer-not-dense", "deanon-layer-missing",
+        "canary-gradient-count"])
 def test_task_runner_settings_fail_before_anything(tmp_path, overrides, start, words):
     message = fails_before_anything(tmp_path, overrides)
     assert message.startswith(start), message
@@ -189,9 +194,11 @@ def test_the_devices_this_machine_has_are_accepted():
 # ------------------------------------------------------------------------------------------------- aggregator
 
 @pytest.mark.parametrize("settings, key, known", [
-    ({"pol_interval_s": 2}, "pol_interval_s", "poll_interval_s, report_dir, deanon, callbacks, save_every_round, init_state_path"),
+    ({"pol_interval_s": 2}, "pol_interval_s",
+     "poll_interval_s, report_dir, deanon, callbacks, save_every_round, canary_clients, init_state_path"),
     ({"rounds_to_trian": 5}, "rounds_to_trian", "rounds_to_train"),
     ({"deanon": {"enabled": False, "layr": "x"}}, "deanon.layr", "enabled, layer, attacks, min_history_rounds, seed"),
+    ({"canary_clients": {"enabled": True, "cont": 3}}, "canary_clients.cont", "enabled, count, scale, seed"),
 ])
 def test_unknown_aggregator_settings_fail_before_anything_and_at_fx_aggregator_start(tmp_path, settings, key, known):
     overrides = {"aggregator": {"settings": settings}}

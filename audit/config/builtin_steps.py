@@ -1,6 +1,6 @@
 """The built-in audit steps, declared in run order: membership inference (population and update attacks), RMIA with
-the federation's reference models, Fidel reconstruction, deanonymization; and, before training, the check of the
-received global model (phase BEFORE_TRAINING).
+the federation's reference models, Fidel reconstruction, deanonymization, the canary audit (one-run epsilon
+bound); and, before training, the check of the received global model (phase BEFORE_TRAINING).
 
 Each declaration names the step's plan section, its settings parser, the metrics it reports and where its run lives
 (imported on first use, so reading a plan needs no torch). See audit.config.steps for how to add one.
@@ -8,15 +8,16 @@ Each declaration names the step's plan section, its settings parser, the metrics
 
 from __future__ import annotations
 
+from audit.config.canary_settings import CANARY_METRIC_RANGES, CANARY_METRICS, canary_settings
 from audit.config.deanon_settings import deanon_settings
 from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
 from audit.config.rmia_settings import rmia_settings
 from audit.config.steps import BEFORE_TRAINING, AuditStep, register
-from audit.config.vocabulary import (FIDEL_GRID_FILE, MIA_PREFIX, RMIA, RMIA_SCORES_FILE, SIGNALS_FILE, attack_statistics,
+from audit.config.vocabulary import (CANARY_FILE, FIDEL_GRID_FILE, MIA_PREFIX, RMIA, RMIA_SCORES_FILE, SIGNALS_FILE, attack_statistics,
                                      mia_metric)
 from audit.received_model.settings import METRICS as RECEIVED_MODEL_METRICS, received_model_settings
 
-__all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "RECEIVED_MODEL", "membership_series"]
+__all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "RECEIVED_MODEL", "CANARY", "membership_series"]
 
 
 def membership_series(settings) -> list[tuple[str, str]]:
@@ -64,4 +65,9 @@ RECEIVED_MODEL = register(AuditStep(
     name="received_model", section="received_model", parse=received_model_settings,
     metric_names=lambda settings, _: list(RECEIVED_MODEL_METRICS), run="audit.received_model.check:run",
     needs_global=False, phase=BEFORE_TRAINING, metric_prefix="received_model_", summary=None,
+))
+CANARY = register(AuditStep(
+    name="canary", section="canary", parse=canary_settings, metric_names=lambda settings, _: list(CANARY_METRICS),
+    run="audit.canary.step:run", metric_ranges=CANARY_METRIC_RANGES, metric_prefix="canary_",
+    private_files=(CANARY_FILE,),
 ))

@@ -8,7 +8,8 @@ The collaborator's `train` task (src/taskrunner.py) sends, with its update, thes
     gate_tripped__<metric>   the measured value of each watched metric that tripped the gate, 0.0 if it did not
                              (OpenFL averages a task's metrics by the names the first reporter sent, so every
                              collaborator sends every watched name each round); gate_tripped__non_finite_update
-                             is 1.0 for an update with NaN/Inf
+                             is 1.0 for an update with NaN/Inf; gate_tripped__dp_guarantee_violated is the canary
+                             epsilon lower bound of a DP training it found above the accountant's epsilon
     gate_threshold__<metric> the limit its gate holds the metric to (NaN: its gate does not watch it)
     gate_missing__<metric>   1.0 if the round did not produce the watched metric (the gate failed closed), else 0.0
 
@@ -31,7 +32,7 @@ from audit.config.vocabulary import LOWER, UPPER
 
 __all__ = [
     "GATE_KEPT", "GATE_RETRIES", "GATE_EPSILON", "GATE_TRIPPED_PREFIX", "GATE_THRESHOLD_PREFIX",
-    "GATE_MISSING_PREFIX", "NON_FINITE_UPDATE", "missing_name",
+    "GATE_MISSING_PREFIX", "NON_FINITE_UPDATE", "missing_name", "DP_VIOLATED", "DP_VIOLATED_TEXT",
     "KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "LEFT_OUT_NON_FINITE", "STRAGGLER", "STATUSES",
     "PASSED", "NO_GATE_METRIC", "GATE_WITHHELD", "GATE_KEPT_NOT_FINITE", "NON_FINITE_TENSORS",
     "Decision", "decide", "tripped_name", "threshold_name", "sent_to_aggregator",
@@ -51,6 +52,10 @@ RECEIVED_MODEL_ALARM = "received_model_alarm"
 RECEIVED_MODEL_REJECTED = "received_model_rejected"
 # The gate's reason in a round whose received model was rejected: "received model rejected: <check>: <figure>".
 RECEIVED_MODEL_REJECTED_REASON = "received model rejected"
+# The gate's reason, and the tripped name, for an update whose DP training a canary audit proved weaker than its
+# accountant says (audit.canary.dp): withheld whatever the thresholds.
+DP_VIOLATED = "dp_guarantee_violated"
+DP_VIOLATED_TEXT = "DP guarantee violated by the audit"
 
 # A collaborator's gate verdict on its own update (audit.gate_flow): sent as trained, sent after a DP retrain, or
 # withheld (the received weights are sent back).

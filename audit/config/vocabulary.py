@@ -13,7 +13,7 @@ __all__ = [
     "GATE_ACTIONS", "MODEL_KINDS", "AUC", "EXACT_AUC", "EPSILON_LB", "ADVANTAGE", "LOWER", "UPPER", "BOUNDS",
     "tolerance_name", "tolerance_name_clash", "MIA_PREFIX", "mia_metric", "tpr_statistic", "bounded", "attack_statistics",
     "RMIA", "rmia_metric", "attack_metric", "LEAK_PREFIX", "LEAK_DETECTED", "LEAK_P_VALUE", "LEAK_EPSILON_LB",
-    "LEAK_EPSILON_CEILING", "LEAK_METRICS", "SIGNALS_FILE", "RMIA_SCORES_FILE", "FIDEL_GRID_FILE",
+    "LEAK_EPSILON_CEILING", "LEAK_METRICS", "SIGNALS_FILE", "RMIA_SCORES_FILE", "FIDEL_GRID_FILE", "CANARY_FILE",
 ]
 
 # Per-sample membership signals (audit.membership.signals computes them) and their direction: members tend to have a
@@ -144,6 +144,7 @@ def attack_metric(model: str, signal: str, statistic: str) -> str:
 SIGNALS_FILE = "signals.npz"          # per-sample signals, `<model>_<signal>_<set>` (members, nonmembers, population)
 RMIA_SCORES_FILE = "rmia_scores.npz"  # per-sample RMIA scores, `<reference kind>_<set>`
 FIDEL_GRID_FILE = "fidel_grid.png"    # Fidel's reconstructions beside the members they reveal
+CANARY_FILE = "canary.npz"            # the canaries' labels, inclusion and scores (audit.canary.step)
 
 # The round's leak verdict (audit.verdict.leak), computed from every step's evidence in every audited round:
 LEAK_PREFIX = "leak_"

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from audit.config.gate import MISSING
-from audit.config.gate_contract import (DP_RETRAINED, KEPT, NON_FINITE_UPDATE, RECEIVED_MODEL_REJECTED_REASON,
-                                        WITHHELD)
+from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, DP_VIOLATED_TEXT, KEPT, NON_FINITE_UPDATE,
+                                        RECEIVED_MODEL_REJECTED_REASON, WITHHELD)
 from audit.config.vocabulary import LOWER, UPPER, bounded
 from audit.reporting.readings import (exact_auc_band, exact_auc_of, float_or_nan, fmt, fmt_interval, ordered_models,
                                       rates_at, resolvable_at, tolerances_of)
@@ -103,16 +103,32 @@ def _checks(gate: Mapping, metrics: Mapping) -> list[Check]:
     return out
 
 
-def _epsilon(gate: Mapping) -> str:
-    """The accountant's epsilon when this round trained with DP (a retry ran), else "no DP": a round without DP
-    spends no privacy budget it could account for, which 0.0 would wrongly claim."""
+def _canary(dp_audit: Mapping | None) -> str:
+    """A DP training's canary check beside its accountant (audit.canary.dp): the bound, its ceiling, the claim."""
+    if not isinstance(dp_audit, Mapping):
+        return ""
+    return (f"; canary check ε ≥ {fmt(float_or_nan(dp_audit.get('epsilon_lb')), 3)} (ceiling "
+            f"{fmt(float_or_nan(dp_audit.get('ceiling')), 3)}) against the accountant's "
+            f"{fmt(float_or_nan(dp_audit.get('claimed_epsilon')), 3)} for that training")
+
+
+def _epsilon(gate: Mapping, mitigation: Mapping | None = None) -> str:
+    """The accountant's epsilon when this round trained with DP (a retry ran, or the update was sent with dp_fedavg),
+    with its canary check beside it, else "no DP": a round without DP spends no privacy budget it could account for,
+    which 0.0 would wrongly claim."""
     retries = float_or_nan(gate.get("retries"))
     epsilon = float_or_nan(gate.get("epsilon"))
-    if not retries > 0 or math.isnan(epsilon):
-        return NO_DP
-    delta = float_or_nan(gate.get("delta"))
-    at = f" at δ = {delta:g}" if not math.isnan(delta) else ""
-    return f"ε = {fmt(epsilon, 3)}{at}" + ("" if gate.get("verdict") == DP_RETRAINED else " (spent on DP tries)")
+    if retries > 0 and not math.isnan(epsilon):
+        delta = float_or_nan(gate.get("delta"))
+        at = f" at δ = {delta:g}" if not math.isnan(delta) else ""
+        last = (gate.get("tries") or [{}])[-1]
+        return (f"ε = {fmt(epsilon, 3)}{at}" + ("" if gate.get("verdict") == DP_RETRAINED else " (spent on DP tries)")
+                + _canary(last.get("dp_audit") if isinstance(last, Mapping) else None))
+    if isinstance(mitigation, Mapping) and mitigation.get("method") == "dp_fedavg" and "epsilon" in mitigation:
+        return (f"dp_fedavg ε = {fmt(float_or_nan(mitigation.get('epsilon')), 3)} this round, "
+                f"{fmt(float_or_nan(mitigation.get('epsilon_composed')), 3)} over {mitigation.get('releases')} "
+                f"updates at δ = {float_or_nan(mitigation.get('delta')):g}" + _canary(mitigation.get("dp_audit")))
+    return NO_DP
 
 
 def strongest_tpr(record: Mapping) -> tuple[str, float, Mapping | None] | None:
@@ -227,7 +243,7 @@ def round_verdict(record: Mapping) -> RoundVerdict:
         return RoundVerdict(None, None, status=leak["leak_text"], **leak)
     verdict, action = gate.get("verdict"), gate.get("action")
     checks = _checks(gate, record.get("metrics") or {})
-    epsilon = _epsilon(gate)
+    epsilon = _epsilon(gate, (record.get("extra") or {}).get("mitigation"))
     tripped = [c for c in checks if c.tripped]
     reason = str(gate.get("reason") or "")
     if NON_FINITE_UPDATE in (gate.get("tripped") or {}) or reason == NON_FINITE_UPDATE:
@@ -236,6 +252,10 @@ def round_verdict(record: Mapping) -> RoundVerdict:
         status = f"{verdict}: {reason} (fail closed: what the round did not measure cannot pass)"
     elif reason.startswith(RECEIVED_MODEL_REJECTED_REASON):
         status = f"{gate['reason']}; not trained on, nothing new sent"
+    elif reason == DP_VIOLATED:
+        proof = (gate.get("tripped") or {}).get(DP_VIOLATED) or {}
+        status = (f"withheld: {DP_VIOLATED_TEXT} (canary ε ≥ {fmt(float_or_nan(proof.get('value')), 3)} > the "
+                  f"accountant's {fmt(float_or_nan(proof.get('threshold')), 3)})")
     elif not checks:
         status = "no gate set: sent as trained"
     elif verdict == WITHHELD:
