@@ -34,7 +34,9 @@ from audit.membership.resolution import resolution_warning
 from audit.membership.signal_memo import SignalMemo
 from audit.membership.signals import compute_signals
 from audit.membership.step import signal_names
+from audit.config.vocabulary import EXACT_AUC, population_name
 from audit.reporting.party import ReportWriter
+from audit.reporting.readings import population_sizes
 from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json, sample_seed
 from audit.spill import SpilledModel
 from audit.training import TrainingRecipe
@@ -97,6 +99,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         # For the same reason every audited round sends every audit metric the plan's audit declares (NaN where a
         # round lacks one, e.g. a step that failed): the scalars that may leave the party (gate_contract).
         self._sent_metrics = tuple(n for n in audit_metric_names(self.audit_settings) if sent_to_aggregator(n))
+        # and each membership attack's population size (its name: what its exact AUC's metric name starts with), so
+        # that the aggregator marks the TPR figures a population cannot resolve as this party's report marks them
+        self._sent_populations = tuple(population_name(n[:-len(EXACT_AUC) - 1]) for n in self._sent_metrics
+                                       if n.endswith("_" + EXACT_AUC))
         self.seed = settings.seed
         self.optimizer_name, self.learning_rate, self.momentum = (settings.optimizer, settings.learning_rate,
                                                                   settings.momentum)
@@ -338,6 +344,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             for name in self._sent_metrics:
                 value = record["metrics"].get(name, math.nan)
                 global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
+            sizes = {population_name(a): float(n) for a, n in population_sizes(record).items()}
+            for name in self._sent_populations:
+                size = sizes.get(name, math.nan)
+                global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(size)
         for name, value in outcome.scalars(self.gate_watched, gate.limits).items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out
