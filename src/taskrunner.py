@@ -41,6 +41,7 @@ from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_j
 from audit.spill import SpilledModel
 from audit.training import TrainingRecipe
 from src.audit_cost import audit_cost_note
+from src.chance_accuracy import CHECK_ROUND, near_chance_note
 from src.collaborator_overrides import CollaboratorSettings, parse_per_collaborator
 from src.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
@@ -133,6 +134,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._data_mitigation: dict | None = None  # what the data mitigation did, once per collaborator
         self._resolution_said = False  # whether the audit sets' resolvable tolerances were logged
         self._cost_said = False  # whether an audit costing several times the training was logged (once per party)
+        self._chance_checked: set[str] = set()  # parties whose global model's accuracy was held against chance
         self.last_record: dict | None = None  # the latest round record, for in-process callers
         # This round's signals by model weights and set: the validation tasks and the audit share them.
         self._signal_memo = SignalMemo()
@@ -220,6 +222,19 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             self._validating = None
 
     def validate_(self, validation_dataloader) -> Metric:
+        """The accuracy on the validation set (see _validation_accuracy); the received model's, once per party from
+        src.chance_accuracy.CHECK_ROUND on, held against chance (a warning when the model has not learnt)."""
+        metric = self._validation_accuracy(validation_dataloader)
+        if self._validating is not None and self._validating[2] == "global":
+            col_name, round_num, _ = self._validating
+            if round_num >= CHECK_ROUND and col_name not in self._chance_checked:
+                self._chance_checked.add(col_name)
+                note = near_chance_note(col_name, round_num, float(metric.value), self.data_loader.y_valid)
+                if note:
+                    logger.warning(note)
+        return metric
+
+    def _validation_accuracy(self, validation_dataloader) -> Metric:
         """The accuracy on the validation set, read off the audit's signals of the same weights where the round has
         them, else OpenFL's own loop. In a round the audit covers, validating the received model computes its audit
         signals (all three sets, the audit's settings) first: the audit after training then reuses them, and the
