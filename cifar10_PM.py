@@ -30,10 +30,12 @@ if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by 
 
 import src  # noqa: E402,F401  (first: on a machine without a GPU it keeps triton out, see src/__init__.py)
 from audit.config.audit_settings import AuditSettings  # noqa: E402  (torch-free)
+from audit.config.fields import did_you_mean  # noqa: E402
 from audit.config.gate import BOUND_CHOICES  # noqa: E402
 from audit.config.rmia_settings import REFERENCE_KINDS, RMIASettings  # noqa: E402
 from audit.config.vocabulary import GATE_ACTIONS, MODELS, SIGNALS  # noqa: E402
 from src.datasets import DATASETS  # noqa: E402  (numpy only)
+from workspace.arguments import NEAREST, SuggestingParser  # noqa: E402
 
 PLAN = ROOT / "plan" / "plan.yaml"  # the plan every run starts from
 RUN_FOLDER = "_run"  # inside --log_dir: the run's plan and the aggregator's report; marks a report folder of ours
@@ -46,7 +48,8 @@ def str2bool(text: str) -> bool:
         return True
     if value in {"false", "f", "no", "n", "0"}:
         return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (True/False), got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected a boolean (True/False), got {text!r}"
+                                     + did_you_mean(str(text), ("True", "False"), count=NEAREST))
 
 
 class GateArgument(argparse.Action):
@@ -59,7 +62,8 @@ class GateArgument(argparse.Action):
     def __call__(self, parser, namespace, values, option_string=None):
         action, *items = values
         if action not in GATE_ACTIONS:
-            parser.error(f"{option_string}: unknown action {action!r}; choose one of {', '.join(GATE_ACTIONS)}")
+            parser.error(f"{option_string}: unknown action {action!r}; choose one of {', '.join(GATE_ACTIONS)}"
+                         + did_you_mean(action, GATE_ACTIONS, count=NEAREST))
         thresholds = {}
         for item in items:
             name, sep, text = item.partition("=")
@@ -92,7 +96,11 @@ def sample_size(text: str) -> int | None:
     """argparse type: samples per set (a whole number >= 2) or `all` (every sample: None)."""
     if text.strip().lower() == "all":
         return None
-    return whole_number(2)(text)
+    try:
+        return whole_number(2)(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 2 or all, got {text!r}"
+                                         + did_you_mean(text, ("all",), count=NEAREST)) from None
 
 
 def positive_number(text: str) -> float:
@@ -106,8 +114,8 @@ def positive_number(text: str) -> float:
     return value
 
 
-class Parser(argparse.ArgumentParser):
-    """Errors in one line that names the flag (argparse's usage block is --help's)."""
+class Parser(SuggestingParser):
+    """Errors in one line that names the flag (argparse's usage block is --help's), with the nearest choices."""
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}  (see --help)\n")
@@ -389,6 +397,91 @@ def overrides_from_args(args) -> dict:
     return overrides
 
 
+def check_deanon_sizes(args, config) -> None:
+    """--deanon: each collaborator's shards, as the run's data loader cuts them, give the self-audit its crowd (every
+    crowd user needs the member count of private samples and a prior from the party's population shard); checked
+    before anything is written, naming the flags that set the sizes (ValueError). Loads the dataset, which the run
+    then reuses (src.dataloader keeps it for the loaders)."""
+    if not args.deanon:
+        return
+    from audit.config.audit_settings import AuditSettings
+    from audit.deanon.self_audit import MIN_CROWD, audit_sizes
+    from src.dataloader import AuditDataLoader
+
+    settings = AuditSettings.from_mapping(config["task_runner"]["settings"].get("audit"),
+                                          prefix="task_runner.settings.audit").sections["deanon"]
+    if not settings.enabled:
+        return
+    loader_settings = config["data_loader"]["settings"]
+    for shard, name in enumerate(collaborator_names_of(args), 1):
+        loader = AuditDataLoader(data_path=str(shard), **loader_settings)
+        members, nonmembers, population = len(loader.y_train), len(loader.y_valid), len(loader.y_population)
+        try:
+            audit_sizes(members, nonmembers, population, settings)
+        except ValueError:
+            skew = (f", split by --dirichlet_alpha {args.dirichlet_alpha}" if args.dirichlet_alpha is not None
+                    else "")
+            raise ValueError(
+                f"--deanon: {name}'s population shard ({population} samples: --audit_dataset_ratio "
+                f"{args.audit_dataset_ratio} of --dataset {args.dataset}{skew}) cannot give {MIN_CROWD} crowd users "
+                f"{members} private samples each (its members: --train_dataset_ratio {args.train_dataset_ratio}) "
+                f"and a prior, all distinct: it needs at least {MIN_CROWD * (members + 1)}; raise "
+                "--audit_dataset_ratio or lower --train_dataset_ratio (e.g. --train_dataset_ratio 0.1 "
+                "--test_dataset_ratio 0.45 --audit_dataset_ratio 0.45, as `make demo`)") from None
+
+
+def collaborator_names_of(args) -> list[str]:
+    from workspace.in_process import collaborator_names
+
+    return collaborator_names(args.collaborators)
+
+
+def flag_notes(args, typed: set[str]) -> list[str]:
+    """One line for each flag the run overrides or does not use, so that nothing is silently ignored: `typed`, the
+    flags given on the command line (dest names); defaults are named only where they change what the user may
+    expect (--is_features True on a model with no layer with parameters in `features`)."""
+    notes = []
+    gradient = "gradient_norm" in args.signals
+    if args.is_features and gradient:
+        try:
+            layer = feature_layer(args.model, args.dataset, args.layer_number)
+        except ValueError:
+            layer = "?"  # parse_args reports it
+        if layer is None:
+            notes.append(f"--is_features True: model {args.model}'s `features` block has no layer with parameters, "
+                         "so the gradient norm is taken over all parameters (as with --is_features False)")
+    if "layer_number" in typed and args.layer_number is not None and (not args.is_features or not gradient):
+        why = "--is_features False (all parameters)" if gradient else "--signals has no gradient_norm"
+        notes.append(f"--layer_number {args.layer_number}: not used: {why}")
+    if "is_features" in typed and not gradient:
+        notes.append(f"--is_features {args.is_features}: not used: --signals has no gradient_norm")
+    if not args.rmia:
+        unused = [f for f, dest in (("--rmia_references", "rmia_references"),
+                                    ("--reference_models", "reference_models")) if dest in typed]
+        if unused:
+            notes.append(f"{' and '.join(unused)}: not used: --rmia False")
+    if args.dataset == "digits":
+        unused = [f for f, dest in (("--data-dir", "data_dir"), ("--download", "download")) if dest in typed]
+        if unused:
+            notes.append(f"{' and '.join(unused)}: not used: --dataset digits is bundled with scikit-learn")
+    if args.auditing_interval >= args.comm_round and args.comm_round > 1:
+        notes.append(f"--auditing_interval {args.auditing_interval} with --comm_round {args.comm_round}: only "
+                     "round 0 is audited")
+    if "gate_bound" in typed and args.gate is not None and not args.gate["thresholds"]:
+        notes.append(f"--gate_bound {args.gate_bound}: not used: the gate has no METRIC=THRESHOLD (an "
+                     "--epsilon_budget compares the epsilon lower bound itself)")
+    return notes
+
+
+def typed_flags(argv) -> set[str]:
+    """The dest names of the flags given on the command line (abbreviations included): the parser again, with
+    every default suppressed."""
+    parser = build_parser()
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    return set(vars(parser.parse_known_args(argv)[0]))
+
+
 def check_log_dir(report_dir: Path, replace: bool) -> None:
     """--log_dir must be a folder that can be made, new or empty: a run never mixes its rounds with an earlier run's.
     With --replace_log_dir, a folder holding an earlier run's reports (its _run/ folder) may be replaced. Nothing is
@@ -451,14 +544,18 @@ def main(argv=None) -> int:
         check_available(args.dataset, args.data_dir, download=args.download)
         overrides = overrides_from_args(args)
         run_dir = args.report_dir / RUN_FOLDER
-        check_run_plan(run_plan_config(run_dir, collaborators=args.collaborators, rounds=args.comm_round,
-                                       overrides=overrides, plan_path=PLAN), names)
+        config = run_plan_config(run_dir, collaborators=args.collaborators, rounds=args.comm_round,
+                                 overrides=overrides, plan_path=PLAN)
+        check_run_plan(config, names)
+        check_deanon_sizes(args, config)
         make_log_dir(args.report_dir)
     except (DatasetUnavailableError, ValueError) as err:  # the message names the flag, the key or the file
         text = str(err)
         gate_key = "task_runner.settings.gate.thresholds."  # set by --gate: named so
         print(f"error: {'--gate: ' + text[len(gate_key):] if text.startswith(gate_key) else text}", file=sys.stderr)
         return 2
+    for note in flag_notes(args, typed_flags(argv)):
+        print(f"note: {note}", file=sys.stderr)
     progress = Progress(args.comm_round, args.collaborators, args.auditing_interval, enabled=not args.no_progress)
 
     def on_round_end(round_num, _logs):

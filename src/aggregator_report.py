@@ -43,11 +43,14 @@ from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, DP_VIOLATED_T
                                         NON_FINITE_TENSORS, NON_FINITE_UPDATE, RECEIVED_MODEL_ALARM,
                                         RECEIVED_MODEL_REJECTED, STRAGGLER, WITHHELD, Decision, decide)
 from audit.config.steps import is_audit_metric
-from audit.config.vocabulary import LEAK_DETECTED, LEAK_EPSILON_CEILING, LEAK_EPSILON_LB, LEAK_P_VALUE
+from audit.config.vocabulary import (BOUNDS, LEAK_DETECTED, LEAK_EPSILON_CEILING, LEAK_EPSILON_LB, LEAK_P_VALUE,
+                                     POPULATION_PREFIX, tpr_statistic)
+from audit.membership.resolution import resolvable
 from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
 from audit.reporting.background import render_queue
 from audit.reporting.csv_cells import spreadsheet_safe_row
 from audit.reporting.html import page, write_index
+from audit.reporting.party_page import UNRESOLVED_MARK  # the parties' mark, on their figures here too
 from audit.reporting.plots import plot_collaborators
 from audit.reporting.writer import RoundReportWriter
 
@@ -155,8 +158,9 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
         "audit_metrics": {k: _finite_or_none(v) for k, v in sorted(metrics.items()) if is_audit_metric(k)},
         "other_metrics": {
             k: _finite_or_none(v) for k, v in sorted(metrics.items())
-            if not is_audit_metric(k) and not k.startswith("gate_")
+            if not is_audit_metric(k) and not k.startswith(("gate_", POPULATION_PREFIX))
         },
+        "population": populations_sent(metrics),
     }
 
 
@@ -170,6 +174,41 @@ def _received_model_verdict(metrics: Mapping[str, float]) -> str | None:
     if rejected:
         return "rejected"
     return "alarm" if alarm else "passed"
+
+
+def populations_sent(metrics: Mapping[str, float]) -> dict[str, int]:
+    """attack_name -> the population size a collaborator's attack set its thresholds on (population__<attack>)."""
+    out = {}
+    for name, value in metrics.items():
+        n = _finite_or_none(value) if name.startswith(POPULATION_PREFIX) else None
+        if n is not None and n >= 0:
+            out[name[len(POPULATION_PREFIX):]] = int(n)
+    return out
+
+
+# <attack>_tpr_at_fpr_<tolerance>, or one of its bounds
+_TPR_METRIC = re.compile(r"^(?P<attack>.+)_" + re.escape(tpr_statistic(1)[:-1]) + r"(?P<tolerance>[^_]+)"
+                         r"(?:_(?:" + "|".join(BOUNDS) + r"))?$")
+
+
+def unresolvable(entry: Mapping, metric: str) -> bool:
+    """Whether a collaborator's `metric` is a TPR at an FPR tolerance its population cannot resolve (fewer than 1/t
+    samples: the figure is the TPR at population FPR 0), from the population size it sent; False when it sent
+    none (the party's own page still marks it)."""
+    match = _TPR_METRIC.match(metric)
+    n = (entry.get("population") or {}).get(match.group("attack")) if match else None
+    if n is None:
+        return False
+    try:
+        tolerance = float(match.group("tolerance"))
+    except ValueError:
+        return False
+    return not resolvable(tolerance, n)
+
+
+UNRESOLVED_NOTE = ("* Unresolvable: the collaborator's population (the size it sent) has fewer than 1/t samples, so "
+                   "its threshold at FPR t flags none of it and the figure is its TPR at population FPR 0, not at "
+                   "FPR t; a mean or worst value marked * includes such a figure.")
 
 
 def _reason(decision: Decision, gate_kept, causes: list[str], retries: float | None) -> str:
@@ -402,7 +441,9 @@ def leak_text(entry: Mapping) -> str:
     leak = entry.get("leak") or {}
     if leak.get("detected") is None:
         return "no leak verdict (not audited)"
-    said = f"leak detected (p {_fmt(leak.get('p_value'))})" if leak["detected"] else "no leak detected"
+    p = leak.get("p_value")
+    said = f"leak detected (p {p:.2g})" if leak["detected"] and p is not None else (
+        "leak detected" if leak["detected"] else "no leak detected")
     return said + (f"; ε ≥ {_fmt(leak['epsilon_lb'])}" if leak.get("epsilon_lb") is not None else "")
 
 
@@ -418,12 +459,13 @@ def _round_row(record: Mapping, names: list[str], metric: str | None) -> str:
         leak = entry.get("leak") or {}
         state = "not_audited" if leak.get("detected") is None else "leak" if leak["detected"] else "no_leak"
         detail = _verdict_text(entry, metric) if metric else ""
+        mark = UNRESOLVED_MARK if metric and unresolvable(entry, metric) else ""
         if entry.get("received_model") in ("rejected", "alarm"):
             detail = ("rejected the received model" if entry["received_model"] == "rejected"
                       else "alarm on the received model (reported only)") + (f"; {detail}" if detail else "")
             detail_text = detail
         else:
-            detail_text = f"{metric}: {detail}" if detail else ""
+            detail_text = f"{metric}: {detail}{mark}" if detail else ""
         cells.append(f'<td class="text"><span class="{e(verdict)}">{e(verdict)}</span> · '
                      f'<span class="{state}">{e(leak_text(entry))}</span>'
                      + (f"<br><span class=\"muted\">{e(detail_text)}</span>" if detail_text else "") + "</td>")
@@ -435,8 +477,9 @@ def _round_row(record: Mapping, names: list[str], metric: str | None) -> str:
         # A worst collaborator is named only where the values differ: with equal values nobody is worse.
         who = [n for n, v in values.items() if v == worst] if len(set(values.values())) > 1 else []
         threshold = _threshold_of(record, metric)
-        summary = (f"<td>{e(_fmt(sum(values.values()) / len(values)) if values else '')}</td>"
-                   f"<td>{e(_fmt(worst))}{e(f' ({who[0]})' if who else '')}</td>"
+        mark = UNRESOLVED_MARK if any(unresolvable(record["collaborators"][n], metric) for n in values) else ""
+        summary = (f"<td>{e(_fmt(sum(values.values()) / len(values)) if values else '')}{mark}</td>"
+                   f"<td>{e(_fmt(worst))}{mark}{e(f' ({who[0]})' if who else '')}</td>"
                    f"<td>{e(_fmt(threshold) if threshold is not None else 'none')}</td>")
     return (f'<tr><td><a href="#round-{record["round"]}">{record["round"]}</a></td>' + "".join(cells) + summary
             + f"<td class=\"text\">{e(', '.join(record['kept']) or 'none')}</td></tr>")
@@ -497,6 +540,9 @@ def _received_model_section(records: list[dict], names: list[str]) -> list[str]:
         out.append(f'<tr><td><a href="#round-{r["round"]}">{r["round"]}</a></td>' + "".join(cells) + "</tr>")
     out.append("</table></div>")
     out.append(f"<p>{len(flagged)} of {len(checked)} rounds' global models were flagged by at least one party.</p>")
+    return out
+
+
 def _canary_clients_section(records: list[dict]) -> list[str]:
     """The user-level epsilon estimate of the global model per round (canary clients) beside the accountant's."""
     rows = [r["canary_clients"] for r in records if r.get("canary_clients")]
@@ -529,6 +575,89 @@ def _canary_clients_section(records: list[dict]) -> list[str]:
     return out
 
 
+def _summary(records: list[dict], names: list[str], metric: str | None) -> list[str]:
+    """The page's first lines: what was averaged over the run, the gate (only where one is set) and each
+    collaborator's leak verdicts, in one sentence each."""
+    e = html.escape
+    statuses = [entry.get("verdict", entry["status"]) for r in records for entry in r["collaborators"].values()]
+    counts = ", ".join(f"{statuses.count(v)} {v.replace('_', ' ')}"
+                       for v in (KEPT, DP_RETRAINED, WITHHELD, LEFT_OUT_NON_FINITE, STRAGGLER) if statuses.count(v))
+    out = [f"<p>{len(records)} round{'s' if len(records) != 1 else ''}, {len(names)} collaborator"
+           f"{'s' if len(names) != 1 else ''}; their updates: {e(counts)}.</p>"]
+    if metric:
+        thresholds = sorted({t for r in records for entry in r["collaborators"].values()
+                             for m, t in entry.get("thresholds", {}).items() if m == metric and t is not None})
+        out.append(f"<p>Gate: <code>{e(metric)}</code> at most {e(', '.join(_fmt(t) for t in thresholds) or '?')} "
+                   "(each collaborator's gate decides on its own update).</p>")
+    else:
+        out.append("<p>No gate is set: every update is averaged as sent; the leak verdicts are the parties' own.</p>")
+    leaks, leaked = [], False
+    for n in names:
+        said = [r["collaborators"][n].get("leak", {}).get("detected") for r in records if n in r["collaborators"]]
+        audited = [d for d in said if d is not None]
+        if audited:
+            leaks.append(f"{n} in {sum(audited)} of {len(audited)} audited rounds")
+            leaked = leaked or any(audited)
+    if leaks:
+        out.append(f'<p class="{"leak" if leaked else "no_leak"}">Leak detected (each party\'s own verdict): '
+                   f"{e('; '.join(leaks))}.</p>")
+    return out
+
+
+def _round_section(record: Mapping, names: list[str]) -> list[str]:
+    """One round: what was averaged, each collaborator's verdict, its gate metrics against their thresholds, the DP
+    epsilon and the reason; then its audit metrics, collapsed."""
+    e = html.escape
+    counts = ", ".join(f"{key.replace('_', ' ')} {len(record.get(key, []))}" for key in STATUS_LISTS)
+    out = [f'<h3 id="round-{record["round"]}">Round {record["round"]}</h3><p>averaged: '
+           f"{e(', '.join(record['kept']) or 'none')} ({counts})</p>",
+           '<div class="scroll"><table><tr><th>collaborator</th><th>verdict</th><th>gate metric vs threshold'
+           "</th><th>DP ε</th><th>reason</th></tr>"]
+    for name, entry in record["collaborators"].items():
+        verdict = entry.get("verdict", entry["status"])
+        checks = "; ".join(f"{m}: {t}" for m in sorted({*entry.get("thresholds", {}), *entry.get("tripped", {})})
+                           if (t := _verdict_text(entry, m)))
+        epsilon = (_fmt(entry.get("gate_epsilon")) if entry.get("gate_retries") and entry.get("gate_epsilon")
+                   is not None else "no DP")
+        out.append(f'<tr><td>{e(name)}</td><td class="text {e(verdict)}">{e(verdict)}</td>'
+                   f'<td class="text">{e(checks or "–")}</td><td>{e(epsilon)}</td>'
+                   f'<td class="text">{e(entry["reason"])}</td></tr>')
+    out.append("</table></div>")
+    return out + _metrics_table(record, names)
+
+
+def _metrics_table(record: Mapping, names: list[str]) -> list[str]:
+    """The round's audit metrics, collapsed: each one's mean over the collaborators, the worst (largest) value and
+    whose it is where the values differ, and each collaborator's value; TPR figures a population cannot resolve
+    marked."""
+    e = html.escape
+    averaged = record.get("averaged_audit_metrics", {})
+    if not averaged:
+        return []
+    out = [f"<details><summary>Audit metrics: mean and worst collaborator ({len(averaged)} metrics)</summary>",
+           '<div class="scroll"><table><tr><th>metric</th><th>mean</th><th>worst (max)</th>'
+           "<th>worst collaborator</th>" + "".join(f"<th>{e(n)}</th>" for n in names) + "</tr>"]
+    marked = False
+    for m, a in averaged.items():
+        entries = [record["collaborators"].get(n, {}) for n in names]
+        per = [entry.get("audit_metrics", {}).get(m) for entry in entries]
+        marks = [UNRESOLVED_MARK if v is not None and unresolvable(entry, m) else "" for entry, v in zip(entries, per)]
+        any_mark = UNRESOLVED_MARK if any(marks) else ""
+        marked = marked or bool(any_mark)
+        worst = a.get("max", max((v for v in per if v is not None), default=None))
+        sent = {v for v in per if v is not None}
+        # A worst collaborator is named only where the values differ: with equal values nobody is worse.
+        who = a.get("worst", "") if len(sent) > 1 else ("all equal" if len(sent) == 1 and len(per) > 1 else "")
+        out.append(f"<tr><td>{e(m)}</td><td>{e(_fmt(a['mean']))}{any_mark}</td><td>{e(_fmt(worst))}{any_mark}</td>"
+                   f'<td class="text">{e(who)}</td>'
+                   + "".join(f"<td>{e(_fmt(v))}{mark}</td>" for v, mark in zip(per, marks)) + "</tr>")
+    out.append("</table></div>")
+    if marked:
+        out.append(f'<p class="muted">{e(UNRESOLVED_NOTE)}</p>')
+    out.append("</details>")
+    return out
+
+
 def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool, deanon: bool) -> str:
     e = html.escape
     body = (['<p><a href="../index.html">&larr; run index</a></p>'] if run_index else []) + [
@@ -546,60 +675,35 @@ def _page(records: list[dict], plots: list[tuple[str, str]], *, run_index: bool,
     if not records:
         body.append("<p>No rounds yet.</p>")
         return page("Aggregator report", body)
-    body += _canary_clients_section(records)
     names = sorted({n for r in records for n in r["collaborators"]})
     metric = next(iter(gate_metrics(records)), None)
     warning = withheld_warning(records)
     if warning:
         body.append(f'<p class="flag"><strong>Warning:</strong> {e(warning)}.</p>')
+    body += _summary(records, names, metric)
     body.append("<h2>Verdict per round</h2>")
-    body.append(f'<p class="muted">{_VOCABULARY}</p>')
-    if metric:
-        body.append(f"<p>Gate metric: <code>{e(metric)}</code>.</p>")
-    else:
-        body.append("<p>No gate is set: every update is averaged as sent; the leak verdicts are the parties' own.</p>")
     body.append('<div class="scroll"><table><tr><th>round</th>' + "".join(f"<th>{e(n)}</th>" for n in names)
                 + ("<th>mean</th><th>worst (max)</th><th>threshold</th>" if metric else "")
                 + "<th>averaged</th></tr>")
     body += [_round_row(r, names, metric) for r in reversed(records)]
     body.append("</table></div>")
     body += _received_model_section(records, names)
+    body += _canary_clients_section(records)
+    if metric and any(unresolvable(entry, metric) for r in records for entry in r["collaborators"].values()):
+        body.append(f'<p class="muted">{e(UNRESOLVED_NOTE)}</p>')
+    body.append(f'<details><summary>How to read this page</summary><p class="muted">{_VOCABULARY}</p></details>')
+    watched = gate_metrics(records)
     for name, file in plots:
         body.append(f"<h2>{e(name)} per round</h2>")
-        body.append('<p class="muted">Each collaborator\'s value (dots), their mean and the worst (largest) of them; '
-                    "the red line is the gate's threshold (none drawn: no gate watches it). A collaborator above the "
-                    "red line, or whose interval reaches above it when its gate compares the upper bound (gate.bound: "
-                    "upper, the default), had its update withheld or DP-retrained: ringed in red where its gate "
-                    "tripped.</p>")
+        body.append('<p class="muted">Each collaborator\'s value (dots), their mean and the worst (largest) of them'
+                    + ("; the red line is the gate's threshold. A collaborator above the red line, or whose interval "
+                       "reaches above it when its gate compares the upper bound (gate.bound: upper, the default), had "
+                       "its update withheld or DP-retrained: ringed in red where its gate tripped." if name in watched
+                       else ": no gate watches it.") + "</p>")
         body.append(f'<p><img src="{e(file)}" alt="{e(name)} per round for every collaborator"></p>')
+    body.append(f"<details><summary>Rounds, newest first ({len(records)}): each collaborator's status, the reason "
+                "and its audit metrics</summary>")
     for r in reversed(records):
-        counts = ", ".join(f"{key.replace('_', ' ')} {len(r.get(key, []))}" for key in STATUS_LISTS)
-        body.append(f'<h2 id="round-{r["round"]}">Round {r["round"]}</h2><p>averaged: '
-                    f"{e(', '.join(r['kept']) or 'none')} ({counts})</p>")
-        body.append('<div class="scroll"><table><tr><th>collaborator</th><th>verdict</th><th>gate metric vs threshold'
-                    "</th><th>DP ε</th><th>reason</th></tr>")
-        for name, entry in r["collaborators"].items():
-            verdict = entry.get("verdict", entry["status"])
-            checks = "; ".join(f"{m}: {t}" for m in sorted({*entry.get("thresholds", {}), *entry.get("tripped", {})})
-                               if (t := _verdict_text(entry, m)))
-            epsilon = (_fmt(entry.get("gate_epsilon")) if entry.get("gate_retries") and entry.get("gate_epsilon")
-                       is not None else "no DP")
-            body.append(f'<tr><td>{e(name)}</td><td class="text {e(verdict)}">{e(verdict)}</td>'
-                        f'<td class="text">{e(checks or "–")}</td><td>{e(epsilon)}</td>'
-                        f'<td class="text">{e(entry["reason"])}</td></tr>')
-        body.append("</table></div>")
-        averaged = r.get("averaged_audit_metrics", {})
-        if averaged:
-            body.append(f"<details{' open' if r is records[-1] else ''}><summary>Audit metrics: mean and worst "
-                        f"collaborator ({len(averaged)})</summary>")
-            body.append('<div class="scroll"><table><tr><th>metric</th><th>mean</th><th>worst (max)</th>'
-                        "<th>worst collaborator</th>" + "".join(f"<th>{e(n)}</th>" for n in names) + "</tr>")
-            for m, a in averaged.items():
-                per = [r["collaborators"].get(n, {}).get("audit_metrics", {}).get(m) for n in names]
-                worst = a.get("max", max((v for v in per if v is not None), default=None))
-                who = a.get("worst", next((n for n, v in zip(names, per) if v == worst and v is not None), ""))
-                body.append(f"<tr><td>{e(m)}</td><td>{e(_fmt(a['mean']))}</td><td>{e(_fmt(worst))}</td>"
-                            f'<td class="text">{e(who)}</td>' + "".join(f"<td>{e(_fmt(v))}</td>" for v in per)
-                            + "</tr>")
-            body.append("</table></div></details>")
+        body += _round_section(r, names)
+    body.append("</details>")
     return page("Aggregator report", body)

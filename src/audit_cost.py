@@ -56,8 +56,15 @@ def _membership_advice(timings: dict, settings: dict) -> str:
     costliest = max(signals, key=signals.get) if signals else None
     parts = []
     if costliest == "gradient_norm":
-        parts.append(f"gradient_norm is its costliest signal ({signals['gradient_norm']:.1f} s): audit.gradient_layer "
-                     "(the norm over one layer) or drop it from audit.signals (--signals)")
+        layer = settings.get("gradient_layer")
+        if layer:  # already over one layer: a smaller one, or none
+            parts.append(f"gradient_norm is its costliest signal ({signals['gradient_norm']:.1f} s, over "
+                         f"audit.gradient_layer {layer}): a layer with fewer parameters in audit.gradient_layer "
+                         "(--layer_number), or drop it from audit.signals (--signals)")
+        else:
+            parts.append(f"gradient_norm is its costliest signal ({signals['gradient_norm']:.1f} s, over every "
+                         "parameter): audit.gradient_layer (the norm over one layer; --is_features True) or drop it "
+                         "from audit.signals (--signals)")
     elif costliest is not None:
         parts.append(f"fewer audit.signals (--signals; {costliest} took {signals[costliest]:.1f} s)")
     if settings.get("audit_global", True):

@@ -37,11 +37,14 @@ from audit.membership.resolution import resolution_warning
 from audit.membership.signal_memo import SignalMemo
 from audit.membership.signals import compute_signals
 from audit.membership.step import signal_names
+from audit.config.vocabulary import EXACT_AUC, population_name
 from audit.reporting.party import ReportWriter
+from audit.reporting.readings import population_sizes
 from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json, sample_seed
 from audit.spill import SpilledModel
 from audit.training import TrainingRecipe
 from src.audit_cost import audit_cost_note
+from src.chance_accuracy import CHECK_ROUND, near_chance_note
 from src.collaborator_overrides import CollaboratorSettings, check_gate_resolution, parse_per_collaborator
 from src.cuda_pages import release_cuda_library_pages
 from src.dp_training import DPTraining, RoundAccountant, dp_retrain
@@ -95,6 +98,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         # For the same reason every audited round sends every audit metric the plan's audit declares (NaN where a
         # round lacks one, e.g. a step that failed): the scalars that may leave the party (gate_contract).
         self._sent_metrics = tuple(n for n in audit_metric_names(self.audit_settings) if sent_to_aggregator(n))
+        # and each membership attack's population size (its name: what its exact AUC's metric name starts with), so
+        # that the aggregator marks the TPR figures a population cannot resolve as this party's report marks them
+        self._sent_populations = tuple(population_name(n[:-len(EXACT_AUC) - 1]) for n in self._sent_metrics
+                                       if n.endswith("_" + EXACT_AUC))
         # With this party's data loaded (`fx collaborator start`, in-process runs): a gate its audit population cannot
         # resolve fails now, not as a comparison at population FPR 0 every round.
         population = getattr(self.data_loader, "y_population", None)
@@ -139,6 +146,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self._dp_fedavg_releases: dict[str, int] = {}  # per party: updates sent with dp_fedavg (their epsilons compose)
         self._resolution_said = False  # whether the audit sets' resolvable tolerances were logged
         self._cost_said = False  # whether an audit costing several times the training was logged (once per party)
+        self._chance_checked: set[str] = set()  # parties whose global model's accuracy was held against chance
         self.last_record: dict | None = None  # the latest round record, for in-process callers
         # The checks of the received global model (audit.before_training): per party their state across rounds, and
         # this round's verdict ((party, round, the arrays' ids), verdict), by the first task that sees the model.
@@ -253,6 +261,19 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             self._validating = None
 
     def validate_(self, validation_dataloader) -> Metric:
+        """The accuracy on the validation set (see _validation_accuracy); the received model's, once per party from
+        src.chance_accuracy.CHECK_ROUND on, held against chance (a warning when the model has not learnt)."""
+        metric = self._validation_accuracy(validation_dataloader)
+        if self._validating is not None and self._validating[2] == "global":
+            col_name, round_num, _ = self._validating
+            if round_num >= CHECK_ROUND and col_name not in self._chance_checked:
+                self._chance_checked.add(col_name)
+                note = near_chance_note(col_name, round_num, float(metric.value), self.data_loader.y_valid)
+                if note:
+                    logger.warning(note)
+        return metric
+
+    def _validation_accuracy(self, validation_dataloader) -> Metric:
         """The accuracy on the validation set, read off the audit's signals of the same weights where the round has
         them, else OpenFL's own loop. In a round the audit covers, validating the received model computes its audit
         signals (all three sets, the audit's settings) first: the audit after training then reuses them, and the
@@ -388,6 +409,10 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             for name in self._sent_metrics:
                 value = record["metrics"].get(name, math.nan)
                 global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
+            sizes = {population_name(a): float(n) for a, n in population_sizes(record).items()}
+            for name in self._sent_populations:
+                size = sizes.get(name, math.nan)
+                global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(size)
         for name, value in {**outcome.scalars(self.gate_watched, gate.limits), **verdict.metrics()}.items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out

@@ -238,8 +238,9 @@ def test_the_audit_sample_size_flag_reaches_the_plan():
 
 @pytest.mark.parametrize("argv, expected", [
     (["--reference_models", "0"], "error: argument --reference_models: expected a whole number >= 1, got '0'"),
-    (["--audit_sample_size", "1"], "error: argument --audit_sample_size: expected a whole number >= 2, got '1'"),
-    (["--audit_sample_size", "some"], "error: argument --audit_sample_size: expected a whole number >= 2, got 'some'"),
+    (["--audit_sample_size", "1"], "error: argument --audit_sample_size: expected a whole number >= 2 or all, got '1'"),
+    (["--audit_sample_size", "some"],
+     "error: argument --audit_sample_size: expected a whole number >= 2 or all, got 'some'"),
     (["--confidence", "1.5"], "error: --confidence: expected a number in [0.5, 1)"),
     (["--epsilon_delta", "-1"], "error: --epsilon_delta: expected a number in [0, 1)"),
     (["--gate_bound", "upper"], "error: --gate_bound: it says how --gate compares"),

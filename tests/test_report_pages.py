@@ -88,7 +88,7 @@ def run(tmp_path_factory):
         "aggregator": {"settings": {"report_dir": str(root / "aggregator"), "deanon": {"enabled": True}}},
         "task_runner": {"settings": {
             "seed": 3,
-            "audit": {"report_dir": str(root), "signals": ["loss"], "fpr_tolerance": [0.01, 0.1],
+            "audit": {"report_dir": str(root), "signals": ["loss"], "fpr_tolerance": [0.001, 0.01, 0.1],
                       "rmia": {"references": ["global"]}, "fidel": {"enabled": True},
                       "deanon": {"enabled": True, "crowd_users": 3, "shadows_per_user": 2, "attacks": ["knn"]}},
             "per_collaborator": {"collaborator1": {"gate": {"action": "withhold",
@@ -121,17 +121,20 @@ def test_every_link_and_image_of_every_page_resolves(run):
 def test_a_withheld_round_leads_with_its_verdict(run):
     parsed = _parse(run / "collaborator1" / "index.html")
     texts = [t for tag, t in parsed.events if tag == "#text"]
-    # the page's first table is the verdict per round, before any plot
-    first_img = next(i for i, (tag, _) in enumerate(parsed.events) if tag == "img")
+    # the page opens with its headline chart, then the verdict per round, before any other plot
+    images = [a["src"] for tag, a in parsed.events if tag == "img"]
+    first_other = next(i for i, (tag, a) in enumerate(parsed.events) if tag == "img" and a["src"] != "headline.png")
     verdict_heading = parsed.events.index(("#text", "Verdict per round"))
-    assert verdict_heading < first_img
+    assert images[0] == "headline.png" and verdict_heading < first_other
     for r in range(ROUNDS):
         start = next(i for i, (tag, a) in enumerate(parsed.events) if isinstance(a, dict) and a.get("id") == f"round_{r:04d}")
-        section = [t for tag, t in parsed.events[start:start + 20] if tag == "#text"]
-        assert section[0] == f"Round {r}" and section[1] == "Leak verdict:", section
-        assert re.match(r"(no )?leak detected \(\d+ tests, Holm-corrected, 95%\)", section[2]), section
-        assert section[3] == "Proven:" and section[4].startswith("ε ≥ "), section
-        assert section[5] == "Gate:" and section[6] == "withheld", section
+        section = [t for tag, t in parsed.events[start:start + 30] if tag == "#text"]
+        # collapsed to one line: the round, its leak verdict and the gate's
+        assert section[0] == f"Round {r}" and re.match(r"(no )?leak detected · withheld$", section[1]), section
+        assert section[2] == "Leak verdict:", section
+        assert re.match(r"(no )?leak detected \(\d+ tests, Holm-corrected, 95%\)", section[3]), section
+        assert section[4] == "Proven:" and section[5].startswith("ε ≥ "), section
+        assert section[6] == "Gate:" and section[7] == "withheld", section
         assert "above threshold: withheld" in " ".join(section)
     assert NO_DP in texts and not any(re.search(r"ε = 0(\.0)?\b", t) for t in texts)
     other = " ".join(t for tag, t in _parse(run / "collaborator2" / "index.html").events if tag == "#text")
@@ -152,6 +155,31 @@ def test_histograms_come_from_the_scores_the_party_keeps(run):
         assert (folder / "signals.png").stat().st_size > 0
     # only scalars left the party: no per-sample file in the aggregator's report
     assert not list((run / "aggregator").rglob("*.npz"))
+
+
+@pytest.mark.federation
+def test_the_aggregator_marks_the_figures_each_party_marks_from_the_sizes_it_sent(run):
+    """Only scalars reach the aggregator: each party's population size per attack. From them and the tolerance the
+    aggregator marks exactly the TPR figures the party's own report marks unresolvable (FPR 0.001 on a few hundred
+    population samples), on its page too."""
+    from audit.reporting.readings import unresolvable_metrics
+    from src.aggregator_report import unresolvable
+
+    marked = 0
+    for r in range(ROUNDS):
+        record = json.loads((run / "aggregator" / f"round_{r:04d}.json").read_text())
+        for name, entry in record["collaborators"].items():
+            party = json.loads((run / name / f"round_{r:04d}" / "audit.json").read_text())
+            sent = set(entry["audit_metrics"])
+            theirs = unresolvable_metrics(party) & sent
+            ours = {m for m in sent if unresolvable(entry, m)}
+            assert ours == theirs, (r, name)
+            marked += len(ours)
+            assert set(entry["population"]) == {"mia_local_loss", "mia_global_loss", "mia_update_loss_reduction",
+                                                "rmia_global"}
+    assert marked >= 2 * ROUNDS * 4  # every attack of both parties at FPR 0.001
+    page = (run / "aggregator" / "index.html").read_text()
+    assert "*</sup>" in page and "* Unresolvable: the collaborator" in page
 
 
 # ----------------------------------------------------------------------------------------------- unit, no federation

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from workspace.arguments import SuggestingParser
 from workspace.in_process import WORKSPACE_ROOT
 
 if str(WORKSPACE_ROOT) not in sys.path:  # src.aggregator_settings, audit.reporting.atomic_io
@@ -108,8 +109,9 @@ def _timeout_seconds(text: str) -> float:
                                          f"got {text!r}") from None
 
 
-class Parser(argparse.ArgumentParser):
-    """Errors in one line that names the flag and the value (argparse's usage block is --help's)."""
+class Parser(SuggestingParser):
+    """Errors in one line that names the flag and the value (argparse's usage block is --help's), with the nearest
+    choices of an unknown one (a subcommand)."""
 
     def error(self, message):
         self.exit(2, f"error: {message}  (see {self.prog} --help)\n")

@@ -61,12 +61,22 @@ def is_real(value) -> bool:
     return isinstance(value, Real) and not _is_bool(value)
 
 
-def did_you_mean(name, known: Iterable) -> str:
-    """"; did you mean X?" for the nearest of `known` to `name` (difflib), or ""."""
+def did_you_mean(name, known: Iterable, count: int = 1) -> str:
+    """"; did you mean X?" for the nearest of `known` to `name` (difflib), or "". `count` > 1: up to that many
+    nearest names ("; did you mean X, Y or Z?"), case ignored in the comparison (a typed "adam" finds "Adam")."""
     if not isinstance(name, str):
         return ""
-    close = difflib.get_close_matches(name, [str(k) for k in known], n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
+    known = [str(k) for k in known]
+    if count == 1:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    else:
+        lowered = {}
+        for k in known:
+            lowered.setdefault(k.lower(), k)
+        close = [lowered[k] for k in difflib.get_close_matches(name.lower(), list(lowered), n=count, cutoff=0.6)]
+    if not close:
+        return ""
+    return "; did you mean " + (close[0] if len(close) == 1 else ", ".join(close[:-1]) + " or " + close[-1]) + "?"
 
 
 # ------------------------------------------------------------------------------------------------ checks

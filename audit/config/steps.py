@@ -20,7 +20,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from audit.config.vocabulary import LEAK_PREFIX
+from audit.config.vocabulary import LEAK_PREFIX, POPULATION_PREFIX
 
 # When a step runs in a round: on the update after local training, or on the received global model before it.
 AFTER_TRAINING = "after_training"
@@ -30,9 +30,10 @@ PHASES = (AFTER_TRAINING, BEFORE_TRAINING)
 __all__ = ["AuditStep", "AFTER_TRAINING", "BEFORE_TRAINING", "PHASES", "register", "unregister", "registered",
            "step", "metric_prefixes", "is_audit_metric", "producer_of", "private_file_names"]
 
-# Scalar names that are not a step's: the round's leak verdict's (audit.verdict.leak) and the gate's contract with
-# the aggregator (audit.config.gate_contract). No step's prefix may overlap them.
-RESERVED_PREFIXES = (LEAK_PREFIX, "gate_")
+# Scalar names that are not a step's: the round's leak verdict's (audit.verdict.leak), the gate's contract with
+# the aggregator (audit.config.gate_contract) and the attacks' population sizes (audit.config.vocabulary). No step's
+# prefix may overlap them.
+RESERVED_PREFIXES = (LEAK_PREFIX, "gate_", POPULATION_PREFIX)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ __all__ = [
     "tolerance_name", "tolerance_name_clash", "MIA_PREFIX", "mia_metric", "tpr_statistic", "bounded", "attack_statistics",
     "RMIA", "rmia_metric", "attack_metric", "LEAK_PREFIX", "LEAK_DETECTED", "LEAK_P_VALUE", "LEAK_EPSILON_LB",
     "LEAK_EPSILON_CEILING", "LEAK_METRICS", "SIGNALS_FILE", "RMIA_SCORES_FILE", "FIDEL_GRID_FILE", "CANARY_FILE",
+    "attack_name", "POPULATION_PREFIX", "population_name",
 ]
 
 # Per-sample membership signals (audit.membership.signals computes them) and their direction: members tend to have a
@@ -137,6 +138,21 @@ def attack_metric(model: str, signal: str, statistic: str) -> str:
     """The metric name of one membership attack's statistic as the round record keys its attacks (model kind ->
     signal): rmia_<references>_<statistic> for RMIA (model kind RMIA), mia_<model>_<signal>_<statistic> otherwise."""
     return rmia_metric(signal, statistic) if model == RMIA else mia_metric(model, signal, statistic)
+
+
+def attack_name(model: str, signal: str) -> str:
+    """What every metric of one membership attack starts with: mia_<model>_<signal>, or rmia_<references>."""
+    return f"{RMIA}_{signal}" if model == RMIA else f"{MIA_PREFIX}{model}_{signal}"
+
+
+# The population size each membership attack set its thresholds on, sent beside the audit metrics (a count, not an
+# audit figure: no step's metric) so that the aggregator can mark the TPR figures a party's population cannot resolve
+# (audit.membership.resolution), as the party's own report marks them: population__<attack_name>.
+POPULATION_PREFIX = "population__"
+
+
+def population_name(attack: str) -> str:
+    return POPULATION_PREFIX + attack
 
 
 # The built-in steps' private files in a party's round folder (per-sample data; the steps declare them,

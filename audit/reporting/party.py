@@ -2,11 +2,13 @@
 
 Layout (every file written atomically, see :mod:`audit.reporting.atomic_io`)::
 
-    root/index.html                      links every party's report
-    root/<party>/index.html              AUC + TPR plots, metrics table, per-round ROC images (newest first)
+    root/index.html                      the run index: every party's leak verdict per round (verdicts.png, a table)
+    root/<party>/index.html              headline chart, verdict per round, then collapsed: plots, rounds, metrics
     root/<party>/metrics.csv             one row per round: "round", then the sorted metric names
-    root/<party>/auc.png                 exact AUC per round for every model x signal, with error bars (its interval)
-    root/<party>/tpr_at_<fpr:g>.png      TPR at each FPR tolerance per round, with error bars (its interval)
+    root/<party>/headline.png            the headline leakage per round (audit.reporting.headline)
+    root/<party>/auc.png                 exact AUC per round, the strongest attack of each family, with error bars
+    root/<party>/tpr_at_<fpr:g>.png      TPR at each FPR tolerance per round, the same attacks, with error bars
+    root/<party>/all_auc.png, all_tpr_at_<fpr:g>.png   the same for every model x signal
     root/<party>/round_0003/audit.json   the round record, exactly as given
     root/<party>/round_0003/roc.png      ROC curves: one subplot per audited model
     root/<party>/round_0003/signals.png  members' and non-members' per-sample values, one panel per attack
@@ -48,9 +50,11 @@ from audit.config.steps import registered
 from audit.reporting.atomic_io import PRIVATE_FILE_MODE, atomic_write_json, atomic_write_text, private_folder
 from audit.reporting.background import render_queue
 from audit.reporting.html import party_page, write_index
+from audit.reporting.headline import headline_of, strongest_per_family
+from audit.reporting.overview_plots import plot_headline
 from audit.reporting.plots import plot_per_round, plot_roc, plot_signal_histograms
-from audit.reporting.readings import (csv_cell, exact_auc_band, exact_auc_of, tolerances_of, tpr_at, tpr_band_at,
-                                      unresolvable)
+from audit.reporting.readings import (csv_cell, exact_auc_band, exact_auc_of, rates_at, tolerances_of, tpr_at,
+                                      tpr_band_at, unresolvable)
 from audit.reporting.records import (HISTOGRAMS_FILE, load_cached_round_records, load_round_records, round_dir_name,
                                      validate_party_name, validate_record)
 from audit.reporting.writer import RoundReportWriter
@@ -65,6 +69,9 @@ __all__ = [
 ]
 
 _TPR_PLOT_RE = re.compile(r"^tpr_at_.+\.png$")
+HEADLINE_PLOT = "headline.png"  # the page's first chart: the headline leakage per round
+ALL_SERIES = "all_"  # all_auc.png, all_tpr_at_<t>.png: every attack (auc.png, tpr_at_<t>.png: the strongest per family)
+SUMMARY_PLOTS = (HEADLINE_PLOT, "auc.png", ALL_SERIES + "auc.png")
 logger = logging.getLogger(__name__)
 
 
@@ -194,25 +201,14 @@ class ReportWriter(RoundReportWriter):
         unplotted = {t: n for t in tols if (n := unresolvable(records, t)) is not None}
         tpr_files = [f"tpr_at_{t:g}.png" for t in tols if t not in unplotted]
         if records:
-            plot_per_round(
-                records, self.party_dir / "auc.png", party=self.party, value_of=exact_auc_of,
-                ylabel="exact AUC (every threshold)", title="membership-inference AUC per round (exact AUC)",
-                chance=0.5, chance_label="chance (AUC 0.5)", band_of=exact_auc_band, flag_below=0.5,
-            )
-            for t, name in zip([t for t in tols if t not in unplotted], tpr_files):
-                plot_per_round(
-                    records, self.party_dir / name, party=self.party,
-                    value_of=lambda res, t=t: tpr_at(res, t),
-                    ylabel=f"TPR at FPR ≤ {t:g}", title=f"TPR at FPR ≤ {t:g} per round",
-                    chance=t, chance_label=f"chance (TPR = {t:g})", log_y=self.log_scale,
-                    band_of=lambda res, t=t: tpr_band_at(res, t),
-                )
+            self._plot_over_rounds(records, [t for t in tols if t not in unplotted], tpr_files)
         # Derived state: drop plots no longer backed by the records (e.g. a tolerance was removed).
-        stale = [p for p in self.party_dir.glob("tpr_at_*.png") if p.name not in tpr_files]
+        stale = [p for pattern in ("tpr_at_*.png", ALL_SERIES + "tpr_at_*.png") for p in self.party_dir.glob(pattern)
+                 if p.name.removeprefix(ALL_SERIES) not in tpr_files]
         if not records:
-            stale.append(self.party_dir / "auc.png")
+            stale += [self.party_dir / name for name in SUMMARY_PLOTS]
         for p in stale:
-            if _TPR_PLOT_RE.match(p.name) or p.name == "auc.png":
+            if _TPR_PLOT_RE.match(p.name.removeprefix(ALL_SERIES)) or p.name in SUMMARY_PLOTS:
                 p.unlink(missing_ok=True)
         atomic_write_text(
             self.party_dir / "index.html",
@@ -220,6 +216,35 @@ class ReportWriter(RoundReportWriter):
                        {r["round"]: _file_names(self.round_dir(r["round"])) for r in records})
         )
         write_index(self.root)
+
+    def _plot_over_rounds(self, records: list[dict], tols: list[float], tpr_files: list[str]) -> None:
+        """headline.png (the page's first chart), then each figure per round: the strongest attack of each family
+        (auc.png, tpr_at_<t>.png) and every attack (all_auc.png, all_tpr_at_<t>.png, a click away)."""
+        plot_headline(records, [headline_of(r) for r in records], self.party_dir / HEADLINE_PLOT, party=self.party)
+        for prefix, only in (("", strongest_per_family(records, exact_auc_of)), (ALL_SERIES, None)):
+            plot_per_round(
+                records, self.party_dir / (prefix + "auc.png"), party=self.party, value_of=exact_auc_of,
+                ylabel="exact AUC (every threshold)", chance=0.5, chance_label="chance (AUC 0.5)",
+                title="exact AUC per round" + (", strongest attack per family" if only else ", every attack"),
+                band_of=exact_auc_band, flag_below=0.5, only=only,
+            )
+        for t, name in zip(tols, tpr_files):
+            def value_of(res, t=t):
+                return tpr_at(res, t)
+
+            def counts_of(res, t=t):
+                tpr = (rates_at(res, t) or {}).get("tpr") or {}
+                return (tpr["k"], tpr["n"]) if "k" in tpr and "n" in tpr else None
+
+            for prefix, only in (("", strongest_per_family(records, value_of)), (ALL_SERIES, None)):
+                plot_per_round(
+                    records, self.party_dir / (prefix + name), party=self.party, value_of=value_of,
+                    ylabel=f"TPR at FPR ≤ {t:g}", chance=t, chance_label=f"chance (TPR = {t:g})",
+                    title=f"TPR at FPR ≤ {t:g} per round" + (", strongest attack per family" if only else
+                                                              ", every attack"),
+                    log_y=self.log_scale, band_of=lambda res, t=t: tpr_band_at(res, t), counts_of=counts_of,
+                    only=only,
+                )
 
     def _write_metrics_csv(self, records: list[dict]) -> None:
         names = sorted({k for r in records for k in r["metrics"]})

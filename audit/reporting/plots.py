@@ -9,14 +9,15 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 from matplotlib.figure import Figure  # no pyplot: figures are never registered globally, so none leak
-from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
 from audit.config.fields import is_int
 from audit.reporting.atomic_io import atomic_savefig
 from audit.reporting.readings import (auc_of, curve, exact_auc_of, float_or_nan, fmt, ordered_models, rates_at,
                                       series_keys)
 
-__all__ = ["plot_roc", "plot_per_round", "plot_signal_histograms", "plot_collaborators", "INVERTED_NOTE"]
+__all__ = ["plot_roc", "plot_per_round", "plot_signal_histograms", "plot_collaborators", "INVERTED_NOTE",
+           "log_axis_wanted"]
 
 # An AUC below 0.5: the attack scores members on the wrong side of its threshold; reversed it would score 1 - AUC.
 INVERTED_NOTE = "signal direction wrong, not a safer model"
@@ -166,19 +167,51 @@ def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
     atomic_savefig(fig, path, dpi=DPI, bbox_inches="tight")  # no label clipped, whatever the legend's length
 
 
+def log_axis_wanted(values: np.ndarray) -> bool:
+    """Whether a log axis helps: the positive values span more than a decade (a rate near 0.001 beside one near
+    0.3). Otherwise a linear axis shows the values better, and a zero is simply drawn at 0."""
+    positive = values[np.isfinite(values) & (values > 0)]
+    return positive.size > 0 and float(positive.max()) / float(positive.min()) > 10.0
+
+
+def _tick_text(value: float, _pos=None) -> str:
+    return f"{value:g}"
+
+
+def _readable_log_ticks(axis, low: float, high: float) -> None:
+    """Enough labelled ticks on a log axis: powers of ten, and 2 and 5 times them where it spans few decades (one
+    decade or less had a single label). No minor ticks: they make a log axis several times slower to draw."""
+    decades = math.log10(max(high, low * 1.0001) / low)
+    subs = (1.0,) if decades > 4 else (1.0, 2.0, 5.0) if decades > 1.2 else (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)
+    axis.set_major_locator(LogLocator(base=10, subs=subs, numticks=20))
+    axis.set_major_formatter(FuncFormatter(_tick_text))
+    axis.set_minor_locator(NullLocator())
+
+
+# Each series of a per-round plot has its own colour, and its family (model kind) its own dash and marker.
+_SERIES_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+                  "tab:olive", "tab:cyan", "tab:gray", "navy", "gold")
+
+
 def plot_per_round(
     records: list[dict], path: Path, *, party: str, value_of, ylabel: str, title: str,
     chance: float, chance_label: str, log_y: bool = False, band_of=None, flag_below: float | None = None,
+    counts_of=None, only: set | None = None,
 ) -> None:
-    """One line per model / signal across rounds; `band_of(result) -> (lower, upper)` adds each value's confidence
-    interval as an error bar, the series side by side around each round so that their bars stay apart.
-    `flag_below`: shade the values below it (an AUC below 0.5) and say what they mean."""
+    """One line per model / signal across rounds (`only`: just these (model, signal) pairs); `band_of(result) ->
+    (lower, upper)` adds each value's confidence interval as an error bar, the series side by side around each round
+    so that their bars stay apart. `flag_below`: shade the values below it (an AUC below 0.5) and say what they mean.
+    `log_y`: a log axis where the values span more than a decade (log_axis_wanted); a zero on it is drawn as an open
+    marker on the axis floor with its count (`counts_of(result) -> (k, n)`, e.g. "0/90"), never joined into the line
+    as if it were a small value."""
     rounds = np.array([r["round"] for r in records], dtype=float)
     fig = Figure(figsize=(8.4, 4.4), dpi=DPI)
     fig.subplots_adjust(left=0.08, right=0.75, bottom=0.12, top=0.91)
     ax = fig.add_subplot()
     series = []
     for model, signal in series_keys(records):
+        if only is not None and (model, signal) not in only:
+            continue
         results = [r["attacks"].get(model, {}).get(signal) for r in records]
         ys = np.array([value_of(res) if isinstance(res, Mapping) else math.nan for res in results], dtype=float)
         bands = None
@@ -187,26 +220,37 @@ def plot_per_round(
                              dtype=float).reshape(-1, 2)
             if not np.isfinite(bands).any():
                 bands = None
-        series.append((model, signal, ys, bands))
-    finite = np.concatenate([v[np.isfinite(v)] for _, _, ys, bands in series
+        counts = [counts_of(res) if counts_of is not None and isinstance(res, Mapping) else None for res in results]
+        series.append((model, signal, ys, bands, counts))
+    finite = np.concatenate([v[np.isfinite(v)] for _, _, ys, bands, _ in series
                              for v in ((ys,) if bands is None else (ys, bands.ravel()))] or [np.empty(0)])
+    log_y = log_y and log_axis_wanted(np.concatenate([finite, [chance]]))
     floor = _log_floor([finite, np.array([chance])]) if log_y else None
     step = min(np.diff(np.unique(rounds)).min(), 1.0) if len(np.unique(rounds)) > 1 else 1.0
     width = 0.5 * step / max(len(series), 1)  # the series' bars spread over half the gap between rounds
-    drew_bars = False
-    for i, (model, signal, ys, bands) in enumerate(series):
+    drew_bars = drew_zeros = False
+    for i, (model, signal, ys, bands, counts) in enumerate(series):
         linestyle, marker = _model_style(model)
-        color = _signal_color(signal)
-        shown = ys if floor is None else np.where(np.isfinite(ys), np.clip(ys, floor, None), np.nan)
+        color = _SERIES_COLORS[i % len(_SERIES_COLORS)]
+        x = rounds + (i - (len(series) - 1) / 2) * width
+        zero = np.isfinite(ys) & (ys <= 0) if floor is not None else np.zeros(ys.shape, dtype=bool)
+        shown = np.where(zero, np.nan, ys)  # a zero breaks the line: it is not a small value
         ax.plot(rounds, shown, linestyle=linestyle, marker=marker, markersize=5, linewidth=1.5, color=color,
                 label=f"{model} / {signal}")
+        if zero.any():
+            drew_zeros = True
+            ax.plot(x[zero], np.full(int(zero.sum()), floor), linestyle="none", marker=marker, markersize=6,
+                    markerfacecolor="white", markeredgecolor=color, markeredgewidth=1.3, clip_on=False, zorder=4)
+            for xi, count in zip(x[zero], [c for c, z in zip(counts, zero) if z]):
+                if count is not None:
+                    ax.annotate(f"{count[0]}/{count[1]}", (xi, floor), xytext=(0, 5), textcoords="offset points",
+                                rotation=90, ha="center", va="bottom", fontsize=6.5, color=color)
         if bands is not None:
             lo, hi = bands[:, 0], bands[:, 1]
             if floor is not None:  # a lower bound of 0 sits on the axis floor
                 lo, hi = np.clip(lo, floor, None), np.clip(hi, floor, None)
-            centre = np.clip(shown, lo, hi)
+            centre = np.where(zero, floor if floor is not None else 0.0, np.clip(shown, lo, hi))
             keep = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(centre)
-            x = rounds + (i - (len(series) - 1) / 2) * width
             ax.vlines(x[keep], lo[keep], hi[keep], colors=color, linewidth=1.0, alpha=0.55)
             drew_bars = True
     ax.axhline(chance, label=chance_label, **_CHANCE_STYLE)
@@ -215,12 +259,13 @@ def plot_per_round(
                    label=f"below {flag_below:g}: {INVERTED_NOTE}")
     if log_y:
         ax.set_yscale("log")
-        _sparse_log_ticks(ax.yaxis)
         ax.set_ylim(floor, 1.05)
+        _readable_log_ticks(ax.yaxis, floor, 1.05)
     else:
         lo = min([chance - 0.05] + ([float(finite.min()) - 0.05] if finite.size else []))
         hi = max([chance + 0.05] + ([float(finite.max()) + 0.05] if finite.size else []))
         ax.set_ylim(max(lo, 0.0), min(hi, 1.02))  # rates and AUCs: never a negative axis
+        ax.yaxis.set_major_locator(MaxNLocator(nbins=6, min_n_ticks=4))
     if len(rounds) == 1:
         ax.set_xlim(rounds[0] - 1, rounds[0] + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -230,12 +275,29 @@ def plot_per_round(
     ax.set_title(f"{party}: {title}", fontsize=11)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="model / signal",
               title_fontsize=8)
-    if drew_bars:
-        ax.text(1.01, 0.0, "bars: confidence interval\nof each value", transform=ax.transAxes, fontsize=7,
-                color="0.35", va="bottom")
+    notes = (["bars: confidence interval\nof each value"] if drew_bars else []) + (
+        ["open markers on the floor:\na zero (members flagged / members)"] if drew_zeros else [])
+    if notes:
+        ax.text(1.01, 0.0, "\n".join(notes), transform=ax.transAxes, fontsize=7, color="0.35", va="bottom")
     atomic_savefig(fig, path, dpi=DPI, bbox_inches="tight")
 
 
+
+
+def histogram_bins(values: np.ndarray, count: int = 30) -> tuple[np.ndarray, bool]:
+    """Bin edges for a histogram of `values` (finite), over their 0.5%..99.5% range (one extreme loss would squeeze
+    every other sample into one bin), and whether they are on a log scale: geometric bins where the values are (all
+    but at most 5%) positive and span more than two decades, as losses and gradient norms near 0 do (on linear bins
+    most samples fall in the first one); a value at or below the range's start is counted in the first bin."""
+    positive = values[values > 0]
+    if positive.size >= 2 and positive.size >= 0.95 * values.size:
+        low, high = np.quantile(positive, [0.005, 0.995])
+        if low > 0 and high / low > 100:
+            return np.geomspace(low, high, count + 1), True
+    low, high = np.quantile(values, [0.005, 0.995])
+    if not high > low:
+        low, high = float(values.min()) - 0.5, float(values.max()) + 0.5
+    return np.linspace(low, high, count + 1), False
 
 
 def plot_signal_histograms(record: Mapping, panels: list, path: Path) -> bool:
@@ -261,11 +323,8 @@ def plot_signal_histograms(record: Mapping, panels: list, path: Path) -> bool:
         if both.size == 0:
             ax.text(0.5, 0.5, "no finite values", ha="center", va="center", transform=ax.transAxes)
             continue
-        # The 0.5%..99.5% range: one extreme loss would squeeze every other sample into one bin.
-        lo, hi = np.quantile(both, [0.005, 0.995])
-        if not hi > lo:
-            lo, hi = float(both.min()) - 0.5, float(both.max()) + 0.5
-        bins = np.linspace(lo, hi, 31)
+        bins, log_x = histogram_bins(both)
+        lo, hi = bins[0], bins[-1]
         for values, label, color in ((nonmembers, "non-members", "tab:gray"), (members, "members", "tab:blue")):
             values = np.clip(values[np.isfinite(values)], lo, hi)
             counts, _ = np.histogram(values, bins=bins)
@@ -278,10 +337,16 @@ def plot_signal_histograms(record: Mapping, panels: list, path: Path) -> bool:
         if inverted:
             title += f" < 0.5: {INVERTED_NOTE}"
         ax.set_title(title, fontsize=8.5, color="tab:red" if inverted else "black")
-        ax.set_xlabel(panel.xlabel, fontsize=8)
+        if log_x:
+            ax.set_xscale("log")
+            ax.xaxis.set_major_locator(LogLocator(base=10, numticks=6))
+            ax.xaxis.set_major_formatter(FuncFormatter(_tick_text))
+            ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel(panel.xlabel + ("; log scale" if log_x else ""), fontsize=8)
         ax.set_ylabel("share of the set", fontsize=8)
         ax.tick_params(labelsize=7)
-        ax.xaxis.set_major_locator(MaxNLocator(5))  # few ticks: the axes' ticks are most of the drawing time
+        if not log_x:
+            ax.xaxis.set_major_locator(MaxNLocator(5))  # few ticks: the axes' ticks are most of the drawing time
         ax.yaxis.set_major_locator(MaxNLocator(4))
         ax.legend(fontsize=7, loc="upper right")  # "best" searches every position against the data
     for ax in axes[len(panels):]:
@@ -321,10 +386,11 @@ def plot_collaborators(rounds: list[int], values: Mapping[str, list[float]], pat
     if "auc" in metric:
         ax.axhline(0.5, label="chance (AUC 0.5)", **_CHANCE_STYLE)
     finite = table[np.isfinite(table)]
-    if log_y and finite.size and (finite > 0).any():
+    if log_y and finite.size and log_axis_wanted(finite):
         ax.set_yscale("log")
-        _sparse_log_ticks(ax.yaxis)
-        ax.set_ylim(_log_floor([finite]), None)
+        floor = _log_floor([finite])
+        ax.set_ylim(floor, None)
+        _readable_log_ticks(ax.yaxis, floor, float(finite.max()))
     elif finite.size and finite.min() >= 0:
         shown = [float(finite.min()), float(finite.max())] + [t for t in (thresholds or []) if math.isfinite(t)]
         shown += [0.5] if "auc" in metric else []

@@ -11,13 +11,13 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from audit.config.fields import is_int
-from audit.config.vocabulary import attack_metric, tpr_statistic
+from audit.config.vocabulary import attack_metric, attack_name, tpr_statistic
 from audit.reporting.csv_cells import spreadsheet_safe
 
 __all__ = ["MODEL_ORDER", "ordered_models", "float_or_nan", "curve", "auc_of", "exact_auc_of", "tpr_at",
            "resolvable_at", "unresolvable_metrics", "exact_auc_band", "rates_at", "tpr_band_at", "epsilon_lb_of",
            "advantage_of", "confidence_of", "unresolvable", "tolerances_of", "series_keys", "fmt", "fmt_interval",
-           "csv_cell"]
+           "csv_cell", "population_sizes"]
 
 MODEL_ORDER = ("local", "global", "update", "rmia")
 
@@ -243,3 +243,16 @@ def csv_cell(value: Any) -> str:
     return repr(float(value))  # shortest string that round-trips exactly
 
 
+
+
+def population_sizes(record: Mapping) -> dict[str, int]:
+    """attack_name (audit.config.vocabulary) -> the population size the attack's thresholds were set on: what the
+    aggregator needs to mark the TPR figures this party's population cannot resolve. The attacks as the stored
+    record holds them (dicts) or as the audit made them (AttackResult)."""
+    out = {}
+    for model, per_signal in (record.get("attacks") or {}).items():
+        for signal, result in (per_signal or {}).items():
+            n = result.get("n_population") if isinstance(result, Mapping) else getattr(result, "n_population", None)
+            if is_int(n):
+                out[attack_name(model, signal)] = int(n)
+    return out

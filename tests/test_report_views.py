@@ -1,0 +1,284 @@
+"""What a reader sees first: the run index's grid picture, a party page's headline chart and its collapsed details,
+plots that do not mislead (zeros on log axes, enough tick labels, series told apart by colour, the strongest attack
+per family, histograms on axes that fit their spread) and the aggregator's page (a gate only when set, the parties'
+unresolvable marks, a worst collaborator only where values differ). Records come from the real audit functions on
+synthetic scores; figures are read back from matplotlib's objects, pages from their HTML."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.colors import to_rgba
+
+from audit.membership.population_attack import population_attack
+from audit.membership.step import scalar_metrics
+from audit.reporting import overview_plots, plots
+from audit.reporting.headline import Headline, headline_of, strongest_per_family, worst_of
+from audit.reporting.party import ReportWriter
+from audit.reporting.plots import histogram_bins, log_axis_wanted
+from audit.reporting.readings import exact_auc_of
+from audit.reporting.verdicts import LEAK, NO_LEAK, NOT_AUDITED
+from src.aggregator_report import AggregatorReportWriter, round_record, unresolvable
+
+TOLERANCES = (0.001, 0.01, 0.5)
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the report writers save, by file name (the files are still written)."""
+    kept = {}
+    for module in (plots, overview_plots):
+        save = module.atomic_savefig
+
+        def keep(fig, path, _save=save, **kwargs):
+            kept[Path(path).name] = fig
+            return _save(fig, path, **kwargs)
+
+        monkeypatch.setattr(module, "atomic_savefig", keep)
+    return kept
+
+
+def _attack(rng, shift, n_members=90, n_population=404):
+    """A real population attack on Gaussian scores (lower = member): `shift` apart."""
+    return population_attack(rng.normal(-shift, 1, n_members), rng.normal(0, 1, 404), rng.normal(0, 1, n_population),
+                             TOLERANCES)
+
+
+def _record(round_num, rng, *, shifts=None, leak=None, gate=None, party="p"):
+    shifts = shifts or {"local": {"loss": 0.5, "logits": 0.3, "gradient_norm": 0.1}, "global": {"loss": 0.2},
+                        "update": {"loss_reduction": 0.4}}
+    attacks = {m: {s: _attack(rng, shift) for s, shift in per.items()} for m, per in shifts.items()}
+    record = {"party": party, "round": round_num, "seed": 0, "settings": {"fpr_tolerance": list(TOLERANCES)},
+              "attacks": {m: {s: a.to_dict() for s, a in per.items()} for m, per in attacks.items()},
+              "metrics": scalar_metrics(attacks), "extra": {}}
+    if leak is not None:
+        record["leak"] = leak
+    if gate is not None:
+        record["extra"]["gate"] = gate
+    return record
+
+
+def _leak(detected, estimate=0.66, p=1e-4, epsilon=0.0, attack="local / loss", statistic="exact_auc"):
+    return {"detected": detected, "confidence": 0.95, "tests": 20, "significant": [{}] if detected else [],
+            "headline": {"attack": attack, "statistic": statistic, "estimate": estimate, "chance": 0.5,
+                         "p_adjusted": p, "interval": [estimate - 0.06, estimate + 0.06],
+                         "corrected_interval": [estimate - 0.1, estimate + 0.1]},
+            "floor": {"members": 90, "nonmembers": 404, "exact_auc": 0.6, "tpr_at_fpr": {}},
+            "epsilon": {"value": epsilon, "ceiling": 3.3, "sources": 5, "confidence": 0.95, "delta": 1e-5}}
+
+
+def _write(root, party, records, log_scale=True) -> ReportWriter:
+    """Store the rounds and draw the summaries once (write_round would redraw them every round)."""
+    writer = ReportWriter(root, party, log_scale=log_scale)
+    for record in records:
+        writer.store_round(record)
+    writer.rebuild_summary()
+    return writer
+
+
+def _visible_tick_labels(fig, axis="y"):
+    fig.canvas.draw()  # the Agg canvas lays the ticks out
+    ax = fig.axes[0]
+    low, high = sorted(ax.get_ylim() if axis == "y" else ax.get_xlim())
+    ticks = ax.get_yticklabels() if axis == "y" else ax.get_xticklabels()
+    values = ax.get_yticks() if axis == "y" else ax.get_xticks()
+    return [t.get_text() for t, v in zip(ticks, values) if low <= v <= high and t.get_text()]
+
+
+# ----------------------------------------------------------------------------------------------- per-round plots
+
+def test_a_zero_on_a_log_axis_is_an_open_marker_on_the_floor_with_its_count_never_joined(tmp_path, figures):
+    """TPR at FPR 0.01 of 0/90 members in rounds 1 and 3 (the demo's zig-zag): the line breaks there, and an open
+    marker sits on the axis floor with "0/90" beside it."""
+    rng = np.random.default_rng(1)
+    records = [_record(r, rng, shifts={"local": {"loss": 0.6}}) for r in range(4)]
+    for r in (1, 3):
+        rates = records[r]["attacks"]["local"]["loss"]["uncertainty"]["at_fpr"]["0.01"]
+        rates["tpr"].update(rate=0.0, k=0, lower=0.0)
+        records[r]["attacks"]["local"]["loss"]["tpr_at_fpr"]["0.01"] = 0.0
+    for r in (0, 2):  # two decades apart from the zeros' neighbours: a log axis is wanted
+        rates = records[r]["attacks"]["local"]["loss"]["uncertainty"]["at_fpr"]["0.01"]
+        records[r]["attacks"]["local"]["loss"]["tpr_at_fpr"]["0.01"] = rates["tpr"]["rate"] = 0.3
+    _write(tmp_path, "p", records)
+    ax = figures["tpr_at_0.01.png"].axes[0]
+    assert ax.get_yscale() == "log"
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "local / loss"]
+    y = np.asarray(line.get_ydata(), dtype=float)
+    assert np.isnan(y[[1, 3]]).all() and np.isfinite(y[[0, 2]]).all()  # not joined through the zeros
+    floor = ax.get_ylim()[0]
+    hollow = [ln for ln in ax.get_lines() if ln.get_markerfacecolor() in ("white", "w", (1, 1, 1, 1))
+              and ln.get_linestyle() in ("None", "none", "")]
+    (zeros,) = hollow
+    assert np.allclose(zeros.get_ydata(), floor) and len(zeros.get_xdata()) == 2
+    assert sorted(t.get_text() for t in ax.texts if "/" in t.get_text() and "members" not in t.get_text()) \
+        == ["0/90", "0/90"]
+    assert len(_visible_tick_labels(figures["tpr_at_0.01.png"])) >= 3
+
+
+def test_every_per_round_plot_has_at_least_three_tick_labels_and_a_log_axis_only_over_decades(tmp_path, figures):
+    """TPR at FPR 0.5 spans 0.4-0.9: one power of ten on a log axis gave one label; it is now linear with several.
+    AUC plots are linear too. A log axis is kept only where the values span more than a decade."""
+    rng = np.random.default_rng(2)
+    _write(tmp_path, "p", [_record(r, rng) for r in range(3)])
+    assert not log_axis_wanted(np.array([0.45, 0.9])) and log_axis_wanted(np.array([0.002, 0.3]))
+    assert figures["tpr_at_0.5.png"].axes[0].get_yscale() == "linear"
+    for name in ("auc.png", "all_auc.png", "tpr_at_0.5.png", "tpr_at_0.01.png", "all_tpr_at_0.01.png"):
+        labels = _visible_tick_labels(figures[name])
+        assert len(labels) >= 3, (name, labels)
+
+
+def test_series_differ_by_colour_and_the_default_view_keeps_the_strongest_attack_per_family(tmp_path, figures):
+    rng = np.random.default_rng(3)
+    records = [_record(r, rng) for r in range(3)]
+    _write(tmp_path, "p", records, log_scale=False)
+
+    def series(name):
+        ax = figures[name].axes[0]
+        return [ln for ln in ax.get_lines() if " / " in str(ln.get_label())]
+
+    every, default = series("all_auc.png"), series("auc.png")
+    assert len(every) == 5 and len({to_rgba(ln.get_color()) for ln in every}) == 5  # colour, not dash alone
+    families = {str(ln.get_label()).split(" / ")[0] for ln in default}
+    assert len(default) == len(families) == 3  # local, global, update: one each
+    strongest = strongest_per_family(records, exact_auc_of)
+    assert {tuple(str(ln.get_label()).split(" / ")) for ln in default} == strongest
+    local = [s for m, s in strongest if m == "local"]
+    means = {s: np.mean([r["attacks"]["local"][s]["exact_auc"] for r in records]) for s in ("loss", "logits",
+                                                                                          "gradient_norm")}
+    assert local == [max(means, key=means.get)]
+    page = (tmp_path / "p" / "index.html").read_text()
+    assert 'src="all_auc.png"' in page and 'src="all_tpr_at_0.01.png"' in page  # a click away
+
+
+def test_histograms_use_a_log_axis_where_values_span_decades():
+    """Losses near 0 (exponential, spanning five decades): on linear bins most samples share the first bin; on the
+    log bins chosen none holds half of them. Logits (Gaussian, negative too) stay linear."""
+    rng = np.random.default_rng(4)
+    losses = np.concatenate([rng.exponential(0.01, 300), rng.exponential(1.0, 100)])
+    bins, log_x = histogram_bins(losses)
+    assert log_x and np.allclose(np.diff(np.log(bins)), np.diff(np.log(bins))[0])
+    linear = np.histogram(losses, bins=np.linspace(*np.quantile(losses, [0.005, 0.995]), 31))[0]
+    assert linear.max() > 0.6 * losses.size
+    assert np.histogram(np.clip(losses, bins[0], bins[-1]), bins=bins)[0].max() < 0.5 * losses.size
+    assert not histogram_bins(rng.normal(2, 2, 400))[1]
+    assert not histogram_bins(rng.uniform(0.5, 3.0, 400))[1]  # positive, but within a decade
+
+
+# -------------------------------------------------------------------------------------- headline and verdict grid
+
+def test_the_headline_chart_shows_epsilon_against_the_budget_or_the_figure_against_chance(tmp_path, figures):
+    rng = np.random.default_rng(5)
+    budget = {"verdict": "kept", "action": "withhold", "thresholds": {}, "epsilon_budget": 0.5, "retries": 0}
+    withheld = {**budget, "verdict": "withheld"}
+    records = [_record(0, rng, leak=_leak(False, epsilon=0.1), gate=budget),
+               _record(1, rng, leak=_leak(True, epsilon=0.8, p=1e-6), gate=withheld)]
+    overview_plots.plot_headline(records, [headline_of(r) for r in records], tmp_path / "h.png", party="p")
+    ax = figures["h.png"].axes[0]
+    dots = ax.collections[0]
+    assert np.allclose(dots.get_offsets()[:, 1], [0.1, 0.8])
+    assert [to_rgba(c) for c in dots.get_facecolors()] == [to_rgba(overview_plots.STATE_COLORS[s])
+                                                           for s in (NO_LEAK, LEAK)]
+    budget_line = [ln for ln in ax.get_lines() if ln.get_color() == "tab:red"]
+    assert budget_line and np.allclose(budget_line[0].get_ydata(), 0.5)
+    assert any("ceiling" in t.get_text() and "3.3" in t.get_text() for t in ax.texts)  # above the chart: said
+    assert "budget" in ax.get_title()
+
+    plain = [_record(r, rng, leak=_leak(r == 1, estimate=0.6 + 0.05 * r)) for r in range(3)]
+    overview_plots.plot_headline(plain, [headline_of(r) for r in plain], tmp_path / "f.png", party="p")
+    ax = figures["f.png"].axes[0]
+    markers = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
+    assert [ln.get_ydata()[0] for ln in markers] == pytest.approx([0.6, 0.65, 0.7])
+    assert [to_rgba(ln.get_color()) for ln in markers][1] == to_rgba(overview_plots.STATE_COLORS[LEAK])
+    # at each round: its interval (thick), the corrected one (thin, wider), chance (a flat dash at 0.5)
+    segments = [seg for c in ax.collections for seg in c.get_segments()]
+    assert sorted(float(np.ptp(seg[:, 1])) for seg in segments if np.ptp(seg[:, 1]) > 0) == pytest.approx(
+        [0.12] * 3 + [0.2] * 3)
+    assert [seg[0, 1] for seg in segments if np.ptp(seg[:, 1]) == 0] == pytest.approx([0.5] * 3)
+
+
+def test_the_grid_picture_colours_each_cell_by_its_verdict_marks_gated_updates_and_frames_the_worst(tmp_path,
+                                                                                                     figures):
+    grid = {"a": {0: Headline(NO_LEAK, "kept", estimate=0.55, statistic="exact_auc"),
+                  1: Headline(LEAK, "withheld", estimate=0.7, statistic="exact_auc", p_adjusted=1e-8)},
+            "b": {0: Headline(LEAK, "dp_retrained", estimate=0.6, statistic="exact_auc", p_adjusted=1e-3)}}
+    assert overview_plots.plot_verdict_grid(grid, tmp_path / "g.png")
+    ax = figures["g.png"].axes[0]
+    cells = {(int(p.get_x()), int(p.get_y())): p for p in ax.patches if p.get_width() == 1}
+    assert cells[(0, 0)].get_facecolor()[:3] == pytest.approx(to_rgba(overview_plots.STATE_COLORS[NO_LEAK])[:3])
+    assert cells[(1, 1)].get_facecolor()[:3] == pytest.approx(to_rgba(overview_plots.STATE_COLORS[NOT_AUDITED])[:3])
+    strong, weak = cells[(1, 0)].get_facecolor(), cells[(0, 1)].get_facecolor()
+    assert strong[1] < weak[1]  # the stronger leak is the deeper red
+    bands = {(math.floor(p.get_x()), math.floor(p.get_y())): to_rgba(p.get_facecolor()) for p in ax.patches
+             if p.get_fill() and p.get_width() < 1}  # a band at the foot of a gated update's cell
+    assert bands == {(1, 0): to_rgba(overview_plots.GATE_COLORS["withheld"]),
+                     (0, 1): to_rgba(overview_plots.GATE_COLORS["dp_retrained"])}
+    (frame,) = [p for p in ax.patches if not p.get_fill()]
+    assert (math.floor(frame.get_x()), math.floor(frame.get_y())) == (1, 0)  # a's round 1
+    assert worst_of({(p, r): h for p, cells_ in grid.items() for r, h in cells_.items()}) == ("a", 1)
+    texts = " ".join(t.get_text() for t in ax.texts)
+    assert "withheld" in texts and "DP-retrained" in texts and "not audited" in texts
+    assert not overview_plots.plot_verdict_grid({}, tmp_path / "none.png")
+
+
+# ----------------------------------------------------------------------------------------------------- the pages
+
+def test_a_party_page_opens_with_its_chart_and_verdicts_and_collapses_the_rest(tmp_path):
+    rng = np.random.default_rng(6)
+    _write(tmp_path, "p", [_record(r, rng, leak=_leak(r >= 2)) for r in range(4)])
+    page = (tmp_path / "p" / "index.html").read_text()
+    body = page[page.index("<body>"):]
+    first_details = body.index("<details")
+    shown = body[:first_details]
+    assert re.findall(r'<img src="([^"]+)"', shown) == ["headline.png"]  # one picture in the default view
+    assert "Verdict per round" in shown and "Leak detected in 2 of 4" in shown
+    assert (tmp_path / "p" / "headline.png").is_file()
+    # the explanations once per page, not per round; each round collapsed, the latest open
+    assert page.count("Exact AUC: members against non-members") == 1
+    assert page.count('<details class="round"') == 4 and page.count('<details class="round" id="round_0003" open') == 1
+    assert "<table" not in shown[shown.index("</table>") + 1:]  # after the verdict table, only collapsed content
+    # the metrics table: a row per metric, its interval beside it, no columns of bounds
+    table = page[page.index("Metrics per round"):]
+    assert "<td>mia_local_loss_exact_auc</td>" in table and "<td>mia_local_loss_exact_auc_lower</td>" not in table
+    assert re.search(r"<td>mia_local_loss_tpr_at_fpr_0.001</td>.*?\*</sup>", table)  # 404 cannot resolve 0.001
+
+
+def test_the_run_index_opens_with_the_grid_picture_naming_the_worst_round_and_what_was_done(tmp_path):
+    rng = np.random.default_rng(7)
+    gate = {"verdict": "withheld", "action": "withhold", "thresholds": {"mia_local_loss_exact_auc": 0.6},
+            "retries": 0}
+    for party, leaks in (("alice", [(False, 1.0), (True, 1e-3)]), ("bob", [(True, 1e-9), (False, 1.0)])):
+        _write(tmp_path, party, [_record(r, rng, party=party, leak=_leak(detected, p=p), shifts={"local": {"loss": 1}},
+                                         gate=gate if (party, r) == ("bob", 0) else None)
+                                 for r, (detected, p) in enumerate(leaks)])
+    index = (tmp_path / "index.html").read_text()
+    body = index[index.index("<body>"):]
+    assert body.index('src="verdicts.png"') < body.index("<table")
+    assert (tmp_path / "verdicts.png").is_file()
+    assert "Worst: bob, round 0: local / loss AUC 0.66" in index
+    assert "What was done: 1 update withheld (bob in round 0)." in index
+
+
+def test_the_aggregator_page_names_a_gate_only_when_set_and_collapses_its_tables(tmp_path):
+    sent = {n: {"gate_kept": 1.0, "gate_retries": 0.0, "gate_epsilon": 0.0, "mia_local_loss_exact_auc": 0.6,
+                "mia_local_loss_tpr_at_fpr_0.001": 0.0, "population__mia_local_loss": 404.0} for n in ("a", "b")}
+    sent["b"]["mia_local_loss_exact_auc"] = 0.7
+    AggregatorReportWriter(tmp_path / "aggregator").write_round(
+        round_record(0, authorized=["a", "b"], stragglers=[], metrics=sent))
+    page = (tmp_path / "aggregator" / "index.html").read_text()
+    assert "No gate is set" in page and "Gate metric" not in page and "Gate:" not in page
+    assert "<details open" not in page  # no raw table opens the page
+    rows = {m: row for m, row in re.findall(r"<tr><td>([a-z0-9_.]+)</td>(.*?)</tr>", page)}
+    # equal values: nobody is the worst; differing ones: the larger's party
+    assert "all equal" in rows["mia_local_loss_tpr_at_fpr_0.001"] and ">b<" in rows["mia_local_loss_exact_auc"]
+    # the population of 404 cannot resolve FPR 0.001: marked as the parties' pages mark it; 0.6's AUC is not
+    assert rows["mia_local_loss_tpr_at_fpr_0.001"].count("*</sup>") == 4  # mean, worst, a, b
+    assert "*</sup>" not in rows["mia_local_loss_exact_auc"]
+    entry = round_record(0, authorized=["a"], stragglers=[], metrics={"a": sent["a"]})["collaborators"]["a"]
+    assert entry["population"] == {"mia_local_loss": 404} and "population__mia_local_loss" not in entry["other_metrics"]
+    assert unresolvable(entry, "mia_local_loss_tpr_at_fpr_0.001")
+    assert not unresolvable(entry, "mia_local_loss_tpr_at_fpr_0.01")
+    assert not unresolvable({"population": {}}, "mia_local_loss_tpr_at_fpr_0.001")  # sent none: no mark claimed
