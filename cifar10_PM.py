@@ -596,8 +596,12 @@ def main(argv=None) -> int:
     print(f"reports: {result.report_dir}  (open {result.report_dir / 'index.html'})")
     if result.aggregator_report_dir is not None:
         print(f"aggregator report (kept/withheld per round): {result.aggregator_report_dir / 'index.html'}")
-    if tensorboard:  # OpenFL's MetricWriter wrote event files
-        print(f"TensorBoard event files: tensorboard --logdir {run_dir / 'logs'}")
+    if tensorboard:  # src.metric_writer wrote event files: one run per party, tags named by metric
+        from src.metric_writer import UNSMOOTHED_URL
+
+        print(f"TensorBoard event files: tensorboard --logdir {run_dir / 'logs'}, then open {UNSMOOTHED_URL} "
+              "(one run per party, privacy/<metric> tags overlay the parties; smoothing 0: the event files cannot "
+              "set it)")
     return 0
 
 

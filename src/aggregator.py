@@ -36,7 +36,7 @@ import logging
 import threading
 from typing import Any, Iterable
 
-from openfl.callbacks import Callback
+from openfl.callbacks import Callback, MetricWriter
 from openfl.component import Aggregator
 from openfl.protocols import utils
 from openfl.utilities import TensorKey
@@ -47,6 +47,7 @@ from src.aggregation import round_decisions
 from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record, withheld_warning
 from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
 from src.aggregator_tensordb import IndexedTensorDB
+from src.metric_writer import PartyMetricWriter
 from src.plan_checks import check_built_plan, check_tasks, check_transport, plan_being_built
 
 logger = logging.getLogger(__name__)
@@ -212,6 +213,8 @@ class AuditingAggregator(Aggregator):
             self.deanon = DeanonymizationCallback(settings.report_dir, **options)
             own.append(self.deanon)
         own += build_callbacks(callbacks)
+        if kwargs.get("write_logs") and not any(isinstance(c, MetricWriter) for c in own):
+            own.append(PartyMetricWriter())  # in place of OpenFL's: TensorBoard tags named by metric
         for callback in own:
             if hasattr(callback, "set_aggregator"):
                 callback.set_aggregator(self)

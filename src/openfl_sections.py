@@ -60,6 +60,8 @@ NETWORK_FILLED = ("aggregator_uuid", "federation_uuid", "collaborator_name", "ro
 # `collaborator.settings`: Collaborator.__init__'s parameters a plan sets (OpenFL's Plan.get_collaborator fills in
 # COLLABORATOR_FILLED; `secure_aggregation` comes from aggregator.settings).
 COLLABORATOR_TEMPLATE = "openfl.component.Collaborator"
+# ... and the plan's, which takes the same settings (src.collaborator: its metric writer's tags differ).
+COLLABORATOR_TEMPLATES = (COLLABORATOR_TEMPLATE, "src.collaborator.AuditingCollaborator")
 COLLABORATOR_KEYS = {
     "opt_treatment": choice(("RESET", "CONTINUE_LOCAL", "CONTINUE_GLOBAL")),
     "device_assignment_policy": choice(("CPU_ONLY", "CUDA_PREFERRED")),  # deprecated by OpenFL, still accepted
@@ -118,7 +120,7 @@ def check_network(config: Mapping) -> None:
 def check_collaborator(config: Mapping) -> None:
     section = _section(config, "collaborator")
     # Another collaborator class takes its own settings; a plan with no template gets OpenFL's (defaults file).
-    if section is not None and section.get("template", COLLABORATOR_TEMPLATE) == COLLABORATOR_TEMPLATE:
+    if section is not None and section.get("template", COLLABORATOR_TEMPLATE) in COLLABORATOR_TEMPLATES:
         _check_keys("collaborator.settings", section.get("settings"), COLLABORATOR_KEYS, COLLABORATOR_FILLED)
 
 

@@ -24,27 +24,59 @@ def demo(demo_run):
 def test_the_demo_says_where_the_event_files_are(demo):
     proc, log_dir = demo
     logs = log_dir / "_run" / "logs"
-    assert f"tensorboard --logdir {logs}" in proc.stdout
+    assert f"tensorboard --logdir {logs}, then open http://localhost:6006/?smoothing=0#timeseries" in proc.stdout
     assert sorted(p.name for p in logs.iterdir() if p.is_dir()) == [f"{p}_tensorboard" for p in PARTIES]
 
 
 @pytest.mark.federation
 @pytest.mark.parametrize("party", PARTIES)
-def test_event_files_hold_every_rounds_metrics(demo, party):
-    """Tags, steps and values are those of the party's metrics file (OpenFL's MetricWriter writes both)."""
+def test_event_files_hold_every_rounds_metrics_under_tags_named_by_metric(demo, party):
+    """One run per party (its own folder), and the same tag for a metric in every party's run, so that TensorBoard
+    overlays the parties on one chart: privacy/<metric>, train/<metric>, validation/..., gate/...; the values are
+    those of the party's metrics file (the writer writes both), each round a step."""
+    from src.metric_writer import tensorboard_tag
+
     _proc, log_dir = demo
     logs = log_dir / "_run" / "logs"
     lines = read_metric_lines(logs / f"{party}_metrics.txt")
     assert [line["round_number"] for line in lines] == list(range(ROUNDS))
     events = read_events(logs / f"{party}_tensorboard")
-    assert set(events) == set(lines[0]) == set(lines[-1])
-    prefix = f"{party}/train/" if party != "aggregator" else "aggregator/train/"
-    assert {f"{prefix}mia_local_loss_auc", f"{prefix}mia_local_logits_tpr_at_fpr_0.1", f"{prefix}gate_kept",
-            f"{prefix}mia_update_loss_reduction_auc", "round_number", "elapsed_seconds"} <= set(events)
-    for tag, points in events.items():
+    assert not any(tag.startswith(party) for tag in events)  # no party in a tag
+    expected = {tensorboard_tag(key, party): key for key in lines[0] if key != "round_number"}
+    assert {"privacy/mia_local_loss_auc", "privacy/mia_local_logits_tpr_at_fpr_0.1", "gate/gate_kept",
+            "privacy/mia_update_loss_reduction_auc", "privacy/leak_epsilon_lb", "train/cross_entropy",
+            "validation/global_model_accuracy", "validation/local_model_accuracy",
+            "time/elapsed_seconds"} <= set(expected)
+    assert set(expected) <= set(events)
+    for tag, key in expected.items():
+        points = events[tag]
         assert [step for step, _ in points] == list(range(ROUNDS)), tag
         for (step, value), line in zip(points, lines):
-            assert same_float32(value, line[tag]), (tag, step, value, line[tag])
+            assert same_float32(value, line[key]), (tag, step, value, line[key])
+
+
+@pytest.mark.federation
+def test_the_parties_share_their_tags_and_a_collaborator_adds_its_intervals(demo):
+    """Every privacy tag of the aggregator's run (the averages) is in each collaborator's, so they overlay; a
+    collaborator's run also holds its figures' bounds as their own tags (they never leave the party: the aggregator's
+    run has none), with a custom-scalars margin chart for each figure with both."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    _proc, log_dir = demo
+    logs = log_dir / "_run" / "logs"
+    runs = {party: read_events(logs / f"{party}_tensorboard") for party in PARTIES}
+    privacy = {party: {t for t in tags if t.startswith("privacy/")} for party, tags in runs.items()}
+    assert privacy["aggregator"] and all(privacy["aggregator"] <= privacy[c] for c in PARTIES[1:])
+    assert not any(t.endswith(("_lower", "_upper")) for t in privacy["aggregator"])
+    for col in PARTIES[1:]:
+        record = json.loads((log_dir / col / "round_0001" / "audit.json").read_text())
+        lower = record["metrics"]["mia_local_loss_exact_auc_lower"]
+        step, stored = runs[col]["privacy/mia_local_loss_exact_auc_lower"][1]
+        assert step == 1 and same_float32(stored, lower)
+        assert "privacy/mia_local_loss_tpr_at_fpr_0.1_upper" in runs[col]
+        accumulator = EventAccumulator(str(logs / f"{col}_tensorboard"), size_guidance={"tensors": 0})
+        accumulator.Reload()
+        assert "custom_scalars__config__" in accumulator.Tags()["tensors"]
 
 
 @pytest.mark.federation
@@ -53,6 +85,7 @@ def test_a_collaborators_events_are_its_audit_per_round(demo, col):
     """Each collaborator's audit metrics per round, as its audit.json and metrics.csv hold them."""
     _proc, log_dir = demo
     events = read_events(log_dir / "_run" / "logs" / f"{col}_tensorboard")
+    events = {tag.replace("privacy/", f"{col}/train/", 1): points for tag, points in events.items()}
     with open(log_dir / col / "metrics.csv", newline="") as f:
         rows = {int(row["round"]): row for row in csv.DictReader(f)}
     checked = 0
@@ -71,6 +104,8 @@ def test_a_collaborators_events_are_its_audit_per_round(demo, col):
 @pytest.mark.federation
 def test_the_aggregators_events_are_its_weighted_averages(demo):
     """The aggregator's tags are OpenFL's data-size-weighted averages, as its report's round files keep them."""
+    from src.metric_writer import tensorboard_tag
+
     _proc, log_dir = demo
     logs = log_dir / "_run" / "logs"
     events = read_events(logs / "aggregator_tensorboard")
@@ -78,12 +113,12 @@ def test_the_aggregators_events_are_its_weighted_averages(demo):
     for round_num in range(ROUNDS):
         record = json.loads((log_dir / "aggregator" / f"round_{round_num:04d}.json").read_text())
         assert record["aggregator_logs"]
-        for tag, value in record["aggregator_logs"].items():
-            step, stored = events[tag][round_num]
-            assert step == round_num and same_float32(stored, value), (tag, stored, value)
+        for key, value in record["aggregator_logs"].items():
+            step, stored = events[tensorboard_tag(key, "aggregator")][round_num]
+            assert step == round_num and same_float32(stored, value), (key, stored, value)
         # An average lies between the collaborators' values.
-        values = [c[f"{col}/train/mia_local_loss_auc"][round_num][1] for col, c in cols.items()]
-        assert min(values) - 1e-6 <= events["aggregator/train/mia_local_loss_auc"][round_num][1] <= max(values) + 1e-6
+        values = [c["privacy/mia_local_loss_auc"][round_num][1] for c in cols.values()]
+        assert min(values) - 1e-6 <= events["privacy/mia_local_loss_auc"][round_num][1] <= max(values) + 1e-6
 
 
 def test_a_tensorboard_value_openfl_cannot_read_fails_before_any_work(tmp_path, monkeypatch, capsys):
@@ -101,3 +136,30 @@ def test_a_tensorboard_value_openfl_cannot_read_fails_before_any_work(tmp_path, 
     assert code == 2 and err.strip() == ("error: TENSORBOARD='yes': OpenFL reads it as a whole number; set "
                                          "TENSORBOARD=1 to write TensorBoard event files, 0 or unset for none")
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tag_is_named_by_its_metric_whoever_sent_it():
+    """The same tag in every party's run (the aggregator's averages too): audit metrics by the step registry's
+    prefixes under privacy/, the rest by what they are; a margin chart for each figure with both bounds."""
+    from src.metric_writer import interval_layout, tensorboard_tag
+
+    for party in ("collaborator1", "aggregator"):
+        assert tensorboard_tag(f"{party}/train/mia_local_loss_exact_auc", party) == "privacy/mia_local_loss_exact_auc"
+        assert tensorboard_tag(f"{party}/train/rmia_global_tpr_at_fpr_0.1", party) == "privacy/rmia_global_tpr_at_fpr_0.1"
+        assert tensorboard_tag(f"{party}/train/fidel_revealed_fraction", party) == "privacy/fidel_revealed_fraction"
+        assert tensorboard_tag(f"{party}/train/leak_epsilon_lb", party) == "privacy/leak_epsilon_lb"
+        assert tensorboard_tag(f"{party}/train/gate_kept", party) == "gate/gate_kept"
+        assert tensorboard_tag(f"{party}/train/cross_entropy", party) == "train/cross_entropy"
+        assert tensorboard_tag(f"{party}/train/population__rmia_global", party) == "population/rmia_global"
+        assert (tensorboard_tag(f"{party}/aggregated_model_validation/accuracy", party)
+                == "validation/global_model_accuracy")
+    assert tensorboard_tag("round_number", "a") is None
+    assert tensorboard_tag("elapsed_seconds", "a") == "time/elapsed_seconds"
+    tags = {f"privacy/{m}{b}" for m in ("mia_local_loss_exact_auc", "mia_local_loss_tpr_at_fpr_0.1",
+                                          "mia_local_loss_advantage") for b in ("", "_lower", "_upper")}
+    layout = interval_layout(tags | {"privacy/leak_epsilon_lb", "privacy/mia_local_loss_auc"})
+    assert list(layout) == ["privacy with intervals: exact AUC", "privacy with intervals: TPR at FPR 0.1",
+                            "privacy with intervals: advantage"]
+    assert layout["privacy with intervals: exact AUC"] == {"mia_local_loss_exact_auc": [
+        "Margin", ["privacy/mia_local_loss_exact_auc", "privacy/mia_local_loss_exact_auc_lower",
+                   "privacy/mia_local_loss_exact_auc_upper"]]}

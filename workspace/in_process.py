@@ -292,9 +292,10 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     `on_audit_start(collaborator, round)` when a collaborator's audit starts (inside its train task).
     The plan (`plan_path`, default the workspace's) is checked (check_run_plan) before anything is written, unless
     the caller did (`check=False`)."""
-    from openfl.callbacks import LambdaCallback, MetricWriter
+    from openfl.callbacks import LambdaCallback
 
     from audit.reporting.background import flush as flush_reports
+    from src.metric_writer import PartyMetricWriter
 
     tensorboard_enabled()  # fails here, not inside OpenFL's MetricWriter
     if check:
@@ -315,20 +316,22 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     # Callback objects go in next to the plan's {template, settings} entries; AuditingAggregator (the plan's
     # template) hands OpenFL a fresh list, so nothing leaks into OpenFL's shared default `callbacks=[]`.
     agg_settings = agg_plan.config["aggregator"]["settings"]
-    # Every participant writes what `fx` runs write with the plan's write_logs (OpenFL's MetricWriter: per round
+    # Every participant writes what `fx` runs write with the plan's write_logs (src.metric_writer: per round
     # <name>_metrics.txt, and TensorBoard event files in <name>_tensorboard/ when TENSORBOARD=1), here under
     # run_dir/logs instead of each party's ./logs.
     logs_dir = str(Path(run_dir).resolve() / "logs")
     agg_settings["callbacks"] = [*(agg_settings.get("callbacks") or []), LambdaCallback(on_round_end=record_round),
-                                 MetricWriter(log_dir=logs_dir)]
+                                 PartyMetricWriter(log_dir=logs_dir)]
     aggregator = agg_plan.get_aggregator(tensor_dict=initial_tensor_dict(agg_plan))
 
     cols, clients = {}, {}
     for name in collaborator_names(collaborators):
         plan = parse_plan(plan_dir)
-        plan.config["collaborator"]["settings"]["callbacks"] = [MetricWriter(log_dir=logs_dir)]
+        writer = PartyMetricWriter(log_dir=logs_dir)
+        plan.config["collaborator"]["settings"]["callbacks"] = [writer]
         clients[name] = DirectClient(aggregator, name)
         cols[name] = plan.get_collaborator(name, client=clients[name])
+        writer.record_source = cols[name].task_runner  # the bounds of its audit's figures (its own TensorBoard run)
         if on_audit_start is not None:
             cols[name].task_runner.on_audit_start = on_audit_start
         cols[name].callbacks.on_experiment_begin()  # as Collaborator.run() does
