@@ -157,8 +157,9 @@ def test_a_broken_dp_training_is_caught_and_its_update_withheld(bug, monkeypatch
         return Retrained(state={}, train_loss=0.5, noise_multiplier=noise, steps=24, epsilon=broken.claimed_epsilon,
                          non_finite=False, dp_audit=broken.to_dict())
 
-    policy = GatePolicy.from_mapping({"action": "dp_retrain", "thresholds": {"mia_local_loss_auc": 0.5},
-                                      "dp": {"noise_multiplier": sigma}}, audit_settings=AuditSettings())
+    policy = GatePolicy.from_mapping({"action": "dp_retrain", "bound": "point",
+                                      "thresholds": {"mia_local_loss_auc": 0.5}, "dp": {"noise_multiplier": sigma}},
+                                     audit_settings=AuditSettings())
     outcome = run_gate(policy, {"w": np.zeros(3)}, audited=True,
                        audit_trained=lambda: {"metrics": {"mia_local_loss_auc": 0.9}, "attacks": {}},
                        audit_received=lambda: pytest.fail("not audited"), empty_record=lambda: pytest.fail("no"),
