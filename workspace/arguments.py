@@ -10,6 +10,7 @@ from audit.config.fields import did_you_mean
 __all__ = ["SuggestingParser", "NEAREST"]
 
 NEAREST = 3  # how many near names a "did you mean" offers
+LISTED_CHOICES = 12  # an error lists a flag's choices up to this many; beyond, it says how many and offers the nearest
 
 
 class SuggestingParser(argparse.ArgumentParser):
@@ -23,4 +24,7 @@ class SuggestingParser(argparse.ArgumentParser):
             hint = did_you_mean(value, action.choices or (), count=NEAREST) if isinstance(value, str) else ""
             if not hint:
                 raise
-            raise argparse.ArgumentError(action, err.message + hint) from None
+            message = err.message
+            if len(action.choices) > LISTED_CHOICES:  # argparse would list them all (every torchvision model)
+                message = f"invalid choice: {value!r} (one of {len(action.choices)} names)"
+            raise argparse.ArgumentError(action, message + hint) from None
