@@ -81,7 +81,7 @@ def rejected_round(runner, col_name: str, round_num: int, verdict, gate, loss_na
                    "plan's initial model" if verdict.previous is None
                    else f"global model of round {verdict.previous.round_num}")
     # the audit metrics every audited party sends this round (NaN: none was measured), the gate's usual names
-    sent = runner._sent_metrics if settings.due(round_num) else ()
+    sent = (*runner._sent_metrics, *runner._sent_populations) if settings.due(round_num) else ()
     scalars = {**dict.fromkeys(sent, math.nan), **outcome.scalars(runner.gate_watched, gate.limits),
                **verdict.metrics()}
     for name, value in scalars.items():

@@ -406,10 +406,13 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                 record["timings"].get("audit_s", 0.0), train_seconds, outcome.verdict,
                 f" (tripped {', '.join(tripped)})" if tripped else "",
             )
+        if audit_now:  # every party sends the same names in a round (OpenFL's averaging needs each from all)
+            measured = {} if record is None else record["metrics"]
+            sizes = {} if record is None else {population_name(a): float(n)
+                                               for a, n in population_sizes(record).items()}
             for name in self._sent_metrics:
-                value = record["metrics"].get(name, math.nan)
+                value = measured.get(name, math.nan)
                 global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
-            sizes = {population_name(a): float(n) for a, n in population_sizes(record).items()}
             for name in self._sent_populations:
                 size = sizes.get(name, math.nan)
                 global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(size)

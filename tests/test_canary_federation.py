@@ -144,7 +144,7 @@ def broken_dp(tmp_path_factory):
         finally:
             self.noise_multiplier = BROKEN_SIGMA
 
-    gate = {"action": "dp_retrain", "thresholds": {"mia_local_loss_auc": 0.0},
+    gate = {"action": "dp_retrain", "bound": "point", "thresholds": {"mia_local_loss_auc": 0.0},
             "dp": {"noise_multiplier": 3.5, "max_retries": 1}}
     plan = {
         "tasks": {"train": {"kwargs": {"epochs": 2}}},
