@@ -1,4 +1,4 @@
-"""Benchmark: the membership attacks of the per-round audit, side by side, on leaky configurations (issue 12).
+"""Benchmark: the membership attacks of the per-round audit, side by side, on leaky configurations.
 
 Real in-process federations (workspace/in_process.run_in_process: OpenFL's Aggregator and Collaborators, the plan's
 train task and audit): digits, 2 collaborators with few members each (train ratio 0.1: 90 members, 404 non-members

@@ -22,7 +22,7 @@ PLAN_PREFIX = "task_runner.settings.audit"
 # Per audit step: the settings that make it cheaper (plan key under task_runner.settings.audit; the demo's flag).
 STEP_ADVICE = {
     "fidel": "audit.fidel.enabled: false (--fidel false)",
-    # issue 12's RMIA step (audit.rmia): its reference models are trained like the local model, each round
+    # the RMIA step (audit.membership.rmia_step): its reference models are trained like the local model, each round
     "rmia": "audit.rmia.interval (RMIA every N audited rounds), fewer audit.rmia.reference_models (each one trains "
             "like the local model), a smaller audit.sample_size (the references train on the population sample), or "
             "audit.rmia.enabled: false",

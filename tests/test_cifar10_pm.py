@@ -174,7 +174,7 @@ def _parse_error(capsys, argv) -> str:
 
 
 @pytest.mark.parametrize("argv, expected", [
-    # f"{0.1000001:g}" == "0.1": the two would overwrite each other's mia_*_tpr_at_fpr_0.1 (issue 10)
+    # f"{0.1000001:g}" == "0.1": the two would overwrite each other's mia_*_tpr_at_fpr_0.1
     (["--fpr_tolerance", "0.05", "0.1", "0.1000001"],
      "error: --fpr_tolerance: 0.1 and 0.1000001 both give the metric name suffix _tpr_at_fpr_0.1"),
     (["--fpr_tolerance", "0.5", "0.5"], "error: --fpr_tolerance: 0.5 is listed twice"),

@@ -1,4 +1,4 @@
-"""The empirical epsilon lower bound against DP-SGD's accountant (issue 12): on models trained with DP-SGD the bound
+"""The empirical epsilon lower bound against DP-SGD's accountant: on models trained with DP-SGD the bound
 the audit proves never exceeds the epsilon the accountant gives for that training (soundness), and on the same task
 trained without DP, where the attacks are strong, it exceeds 1 (power).
 

@@ -1,5 +1,5 @@
 """Feedback on long work: the parties' phases read from their logs, the status line and its ETA, progress bars only on
-a terminal, the audit-cost note, the "auditing ..." line and the end-of-run summary (issue 13)."""
+a terminal, the audit-cost note, the "auditing ..." line and the end-of-run summary."""
 
 import contextlib
 import copy
@@ -234,7 +234,7 @@ def test_the_summary_reads_the_strongest_tpr_and_its_interval_from_a_real_record
     assert reading.startswith(f"TPR at FPR 0.05 {best:.3f} [")
     model_kind, signal = re.search(r"\((\w+) (\w+)\)$", reading).groups()  # the attack named reaches the best TPR
     assert metrics[f"mia_{model_kind}_{signal}_tpr_at_fpr_0.05"] == best
-    # The interval is issue 12's Clopper-Pearson interval at the attack's threshold rule, computed here on its own.
+    # The interval is the Clopper-Pearson interval at the attack's threshold rule, computed here on its own.
     with torch.no_grad():
         # float64 losses, as the audit's: in float32 the members' tiny losses round to 0 and tie with the threshold
         scores = {name: -nn.functional.cross_entropy(model(sets.tensors(name)[0]).double(), sets.tensors(name)[1],

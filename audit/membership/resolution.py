@@ -3,7 +3,7 @@
 TPR at FPR t is read with the threshold that flags at most k = floor(n t) of the n population samples
 (audit.membership.population_attack). With fewer than 1/t population samples k = 0: the threshold flags none of
 the population, the FPR reached is 0, not t, and "TPR at FPR t" is the TPR at population FPR 0 whatever t says.
-A tolerance is resolvable when the population has at least 1/t samples (issue 15's rule). Few members or
+A tolerance is resolvable when the population has at least 1/t samples. Few members or
 non-members do not make the figure a reading of another tolerance: they make it coarse (steps of 1/n), which its
 Clopper-Pearson interval (audit.membership.uncertainty) shows; with 7 members a TPR of 1/7 has the interval
 [0.004, 0.58], chance included. With 100 collaborators on digits and the tutorial's ratios a party has 4 population
