@@ -90,7 +90,8 @@ def _named_paths(page: Path):
         for token in _path_tokens(span):
             yield token, ROOT / token
         name = span.strip()
-        if package is not None and not name.startswith(VERSIONED) and name not in TOP_FILES and re.fullmatch(r"[\w./-]+\.(py|html|md)", name):
+        in_package = package is not None and not name.startswith(VERSIONED) and name not in TOP_FILES
+        if in_package and re.fullmatch(r"[\w./-]+\.(py|html|md)", name):
             found = [p for p in package.rglob(name) if "__pycache__" not in p.parts] if "/" not in name else []
             yield name, found[0] if found else package / name
 
@@ -154,7 +155,8 @@ def test_no_commit_is_named():
         return
     answer = subprocess.run(["git", "cat-file", "--batch-check"], cwd=ROOT, input="\n".join(candidates) + "\n",
                             capture_output=True, text=True, check=True).stdout.splitlines()
-    commits = [f"{token} in {candidates[token]}" for token, line in zip(candidates, answer) if not line.endswith("missing")]
+    commits = [f"{token} in {candidates[token]}" for token, line in zip(candidates, answer)
+               if not line.endswith("missing")]
     assert not commits, f"git objects named in the docs: {commits}"
 
 
