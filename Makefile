@@ -38,7 +38,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/bench_gradient_norm.py
 
 # A real federation on this machine: aggregator + 3 collaborators as separate `fx` processes on 127.0.0.1, each in
-# its own workspace under runs/<timestamp>, with mTLS certificates made by OpenFL's commands (README).
+# its own workspace under runs/<timestamp>, with mTLS certificates made by OpenFL's commands (docs/deployment.md).
 federation: $(STAMP)
 	$(PY) -m workspace run --collaborators 3 --rounds 3
 

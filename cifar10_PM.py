@@ -180,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--audit_sample_size", type=sample_size, default=AuditSettings.sample_size, metavar="N|all",
                    help="samples per set (members, non-members, population) the membership audits use: a random "
                         "sample per collaborator, the same every round; all: every sample (default "
-                        f"{AuditSettings.sample_size}; README \"Audit sampling\")")
+                        f"{AuditSettings.sample_size}; docs/membership.md, \"Audit sampling\")")
     p.add_argument("--deanon", type=str2bool, nargs="?", const=True, default=False,
                    help="also run the deanonymization audits: each collaborator's self-audit (metrics deanon_*) and "
                         "the aggregator's attack on the real updates (its report's deanon/ folder)")

@@ -30,7 +30,7 @@ MAX_ROUNDS = 100_000
 # (`.venv/bin/python benchmarks/bench_assigner_memory.py`, retained and peak under tracemalloc), rounded up.
 ASSIGNER_BYTES_PER_ENTRY = 160
 ASSIGNER_MEMORY_SHARE = 1 / 8
-# The libraries a party's process imports (torch, OpenFL, pandas, ...): 0.44 GB RSS (README "Memory").
+# The libraries a party's process imports (torch, OpenFL, pandas, ...): 0.44 GB RSS (benchmarks/README.md, "Memory").
 PARTY_PROCESS_BYTES = 440 * 2**20
 
 

@@ -1,4 +1,5 @@
-"""The fx deployment path of the README ("Running with fx"), end to end, with OpenFL's own commands only.
+"""The fx deployment path of docs/deployment.md ("A deployment over several hosts"), end to end, with OpenFL's own
+commands only.
 
 Marked federation: one federation of one round, run by hand with `fx`, and `python -m workspace prepare` once (the
 prepared federation of tests/shared_runs.py, shared with the multi-process tests). Every party works in its own fresh folder, as on separate hosts: the aggregator's folder is what a clone
@@ -102,7 +103,7 @@ def test_the_readme_fx_sequence_runs_a_federation_across_fresh_folders(tmp_path)
 
     def aggregator_host():  # the CA and the server certificate (the export holds none of it)
         fx(agg, "workspace", "certify")
-        subprocess.run("chmod 600 cert/ca/*/private/*.key", shell=True, cwd=agg, check=True)  # the README's step
+        subprocess.run("chmod 600 cert/ca/*/private/*.key", shell=True, cwd=agg, check=True)  # docs/deployment.md's step
         fx(agg, "aggregator", "generate-cert-request", "--fqdn", "localhost")
         fx(agg, "aggregator", "certify", "--fqdn", "localhost", "--silent")
 

@@ -385,7 +385,7 @@ def test_signals_computed_during_validation_count_as_the_membership_steps_cost()
 
 
 def test_the_self_audits_ceiling_is_n_over_the_harmonic_number():
-    """n/H_n for the collaborator and its crowd: 2 users 4/3, 3 users 18/11 (the README's 1.64 for the demo)."""
+    """n/H_n for the collaborator and its crowd: 2 users 4/3, 3 users 18/11 (docs/deanonymization.md)."""
     from audit.deanon.views import _ceiling
 
     assert _ceiling({"extra": {"deanon": {"crowd_users": 1}}}) == ", at most 1.33 with 2 users"

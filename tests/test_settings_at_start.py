@@ -505,7 +505,7 @@ def _cli(*args, cwd=ROOT, timeout=300):
      "error: task_runner.settings.audit.fidel.layer: layer 'nope': no such module"),
 ])
 def test_bad_settings_fail_before_any_certificate_is_made(tmp_path, override, line):
-    """The README's promise, on the real tool with mutual TLS: what only building the task runner can check (as
+    """docs/deployment.md's promise, on the real tool with mutual TLS: what only building the task runner can check (as
     `fx plan initialize` does) fails in the tool's own process before any folder is made; one line, naming the key.
     Before, it failed in `fx plan initialize` and left --dir holding aggregator/ and setup.log."""
     run_dir = tmp_path / "run"

@@ -1,4 +1,4 @@
-"""`python -m workspace`: a real multi-process OpenFL federation on this machine (README "A real federation").
+"""`python -m workspace`: a real multi-process OpenFL federation on this machine (docs/deployment.md).
 
     python -m workspace run --collaborators 3 --rounds 3      # prepare + start
     python -m workspace prepare --dir runs/x ...              # workspaces and certificates only

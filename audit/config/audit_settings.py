@@ -26,7 +26,7 @@ from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, SIGNALS, THRESHOLD_FUNC
 __all__ = ["AuditSettings", "DEFAULT_SAMPLE_SIZE", "FPR_TOLERANCES"]
 
 # Samples per set the membership audits use by default: their cost stays a fraction of a local epoch however large
-# the sets (README "Audit sampling" has the cost and the interval widths it gives).
+# the sets (docs/membership.md, "Audit sampling"; benchmarks/README.md has the cost and the interval widths it gives).
 DEFAULT_SAMPLE_SIZE = 1000
 
 # Keys of earlier plans that moved into a step's section: old key -> its place now.
@@ -80,7 +80,7 @@ class AuditSettings:
     report_dir: str = setting("reports", path("directory"), "where the collaborator's reports go")
     # The membership audits (signals, population, update and RMIA attacks) on at most this many samples of each set
     # (members, non-members, population): a random sample per party, the same every round; None = every sample.
-    # Their intervals are over the sampled counts, so they cover the sampling (README "Audit sampling").
+    # Their intervals are over the sampled counts, so they cover the sampling (docs/membership.md, "Audit sampling").
     sample_size: int | None = setting(DEFAULT_SAMPLE_SIZE,
                                       optional(integer(min=2, note="samples per set"), "every sample"),
                                       "samples per set (members, non-members, population) the membership audits "

@@ -20,7 +20,7 @@ ATTACK_CHOICES = choices(ATTACKS, "attack")
 @dataclass(frozen=True)
 class DeanonSettings:
     """Deanonymization self-audit: could a server that knows some of this party's data tell its update from a crowd
-    of synthetic users' (README "Deanonymization")?"""
+    of synthetic users' (docs/deanonymization.md)?"""
 
     enabled: bool = setting(False, boolean(), "run the deanonymization self-audit")
     interval: int = setting(1, integer(min=1), "in audited rounds where round % interval == 0")

@@ -15,7 +15,7 @@ DEFAULT_THRESHOLD = 0.98
 
 @dataclass(frozen=True)
 class FidelSettings:
-    """Fidel first-dense-layer reconstruction audit of the update (README "Reconstruction")."""
+    """Fidel first-dense-layer reconstruction audit of the update (docs/fidel.md)."""
 
     enabled: bool = setting(False, boolean(), "run the Fidel reconstruction audit")
     layer: str | None = setting(None, optional(module_name(), "the first nn.Linear in forward order"),

@@ -9,7 +9,7 @@
       offline_a: tune              # a in [0, 1], or tune: Privacy Meter v2's tuning on the party's own references
       gamma: 1.0                   # LR(x, z) >= gamma counts z as dominated by x
 
-Kinds of reference (what a party has without anyone's private data but its own; README "RMIA"):
+Kinds of reference (what a party has without anyone's private data but its own; docs/membership.md, "RMIA"):
 - global: the round's received global model (free). It has seen this party's members in earlier rounds, so the
   attack measures what this round's local training adds.
 - fine_tuned: K models trained from the received global model with the party's recipe, each on a subset of its
@@ -40,12 +40,13 @@ GLOBAL_A = 0.3
 
 @dataclass(frozen=True)
 class RMIASettings:
-    """RMIA on the local model, one attack per kind of reference model (README "RMIA")."""
+    """RMIA on the local model, one attack per kind of reference model (docs/membership.md, "RMIA")."""
 
     enabled: bool = setting(True, boolean(), "run RMIA on the local model")
     interval: int = setting(1, integer(min=1), "RMIA in audited rounds where round % interval == 0")
-    # The strongest attack at its cost (benchmarks/bench_attacks.py, README "RMIA"): the free global reference and 4
-    # that never saw the party's data, 4 local trainings a round; fine_tuned (4 more) answers a narrower question.
+    # The strongest attack at its cost (benchmarks/bench_attacks.py; docs/membership.md, "RMIA"): the free global
+    # reference and 4 that never saw the party's data, 4 local trainings a round; fine_tuned (4 more) answers a
+    # narrower question.
     references: tuple[str, ...] = setting((GLOBAL, INDEPENDENT), choices(REFERENCE_KINDS, "kind of reference"),
                                           "one attack per kind of reference model")
     reference_models: int = setting(4, integer(min=1), "K reference models per trained kind (fine_tuned, "

@@ -1,0 +1,218 @@
+"""The user's documentation says only what exists: the README, the pages under docs/, the package READMEs and
+benchmarks/README.md.
+
+Which names count as a file path of the repository (checked to exist):
+- a markdown link to a relative target, `[text](target)`, resolved against the linking file's folder; a `#anchor`
+  on it must be a heading of the target page (GitHub's slugs). Links to URLs (`scheme:`) are not checked.
+- a backticked token that starts with one of the repository's versioned folders (`audit/`, `src/`, `workspace/`,
+  `docs/`, `benchmarks/`, `tests/`, `tools/`, `plan/`) or is one of its top-level files (`README.md`, `Makefile`,
+  `cifar10_PM.py`, `requirements.txt`, `pytest.ini`), resolved against the repository root. A backticked span
+  that is a command is split on whitespace and each token checked the same way.
+- in a package's README, a backticked file name that does not start with a versioned folder (`steps.py`,
+  `config/steps.py`) is a file of that package: a bare name anywhere in its folder tree, a path from its folder.
+Not checked: tokens with a placeholder or a glob (`<`, `>`, `*`, `{`, `NNNN`, `...`), names quoted inside an error
+message (they start with a quote), and paths under the folders a run writes (`reports/`, `runs/`, `save/`, `logs/`,
+`cert/`, `data/`, `<log_dir>/...`): they exist only after a run.
+A reference to a section, `file.md`, "Heading", must name a heading of that file.
+
+The same for the code: every `docs/....md` and `benchmarks/...` path a comment or docstring of `src/`, `audit/`,
+`workspace/`, `tools/` or `cifar10_PM.py` names exists, and none of them points at a section of the README the README
+does not have.
+
+Also: the README is a short user's guide (at most 250 lines), its quick start runs Makefile targets that exist, its
+flag table lists exactly the flags `cifar10_PM.py` parses, and nothing in these files names a commit or an issue.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+PACKAGES = ("audit", "audit/membership", "audit/fidel", "audit/deanon", "audit/canary", "audit/received_model",
+            "audit/verdict", "audit/reporting", "audit/config", "src", "workspace")
+PACKAGE_READMES = [ROOT / p / "README.md" for p in PACKAGES]
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), *PACKAGE_READMES, ROOT / "benchmarks" / "README.md"]
+VERSIONED = ("audit/", "src/", "workspace/", "docs/", "benchmarks/", "tests/", "tools/", "plan/")
+TOP_FILES = ("README.md", "Makefile", "cifar10_PM.py", "requirements.txt", "pytest.ini")
+PLACEHOLDER = re.compile(r"[<>*{}]|NNNN|\.\.\.")
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+CODE = re.compile(r"`([^`\n]+)`")
+SECTION_REF = re.compile(r"`?([\w./-]+\.md)`?,? \"([^\"]+)\"")
+CODE_DIRS = ("src", "audit", "workspace", "tools")
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8")
+
+
+def _prose(text: str) -> str:
+    """The text without fenced code blocks (commands and output, checked on their own where it matters)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces to hyphens."""
+    text = re.sub(r"[`*_]", "", heading.strip().lower())
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def _headings(path: Path) -> list[str]:
+    return [m.group(1).strip() for m in re.finditer(r"^#{1,6} (.+)$", _prose(_text(path)), flags=re.M)]
+
+
+def _path_tokens(span: str) -> list[str]:
+    tokens = []
+    for token in span.split():
+        token = token.rstrip(".,;:)")
+        if PLACEHOLDER.search(token) or token[:1] in "'\"(":
+            continue
+        if token.startswith(VERSIONED) or token in TOP_FILES:
+            tokens.append(token)
+    return tokens
+
+
+def _named_paths(page: Path):
+    """(name as written, the path it must be) for every file path the page names (the module docstring's rule)."""
+    text = _text(page)
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
+            continue
+        yield target, page.parent / target.split("#")[0]
+    package = page.parent if page in PACKAGE_READMES else None
+    for span in CODE.findall(text):
+        for token in _path_tokens(span):
+            yield token, ROOT / token
+        name = span.strip()
+        in_package = package is not None and not name.startswith(VERSIONED) and name not in TOP_FILES
+        if in_package and re.fullmatch(r"[\w./-]+\.(py|html|md)", name):
+            found = [p for p in package.rglob(name) if "__pycache__" not in p.parts] if "/" not in name else []
+            yield name, found[0] if found else package / name
+
+
+def test_every_page_and_package_readme_exists():
+    missing = [str(p.relative_to(ROOT)) for p in PAGES if not p.is_file()]
+    assert not missing, f"missing: {missing}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_path_a_page_names_exists(page):
+    if not page.is_file():
+        pytest.skip("missing; test_every_page_and_package_readme_exists says so")
+    missing = sorted({name for name, path in _named_paths(page) if not path.exists()})
+    assert not missing, f"{page.relative_to(ROOT)} names paths that do not exist: {missing}"
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if p.is_file()], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_anchor_and_section_a_page_names_exists(page):
+    text = _text(page)
+    wrong = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or "#" not in target:
+            continue
+        file, anchor = target.split("#", 1)
+        linked = page if not file else page.parent / file
+        if linked.suffix == ".md" and linked.is_file() and anchor not in {_slug(h) for h in _headings(linked)}:
+            wrong.append(target)
+    for file, section in SECTION_REF.findall(_prose(text)):
+        linked = ROOT / file if (ROOT / file).is_file() else page.parent / file
+        if linked.is_file() and not any(section in h for h in _headings(linked)):
+            wrong.append(f'{file}, "{section}"')
+    assert not wrong, f"{page.relative_to(ROOT)}: no such heading: {wrong}"
+
+
+def test_the_readme_is_a_short_guide():
+    lines = _text(README).splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; the user's guide keeps to 250 (the rest: docs/)"
+
+
+def _hex_candidates(text: str) -> set[str]:
+    return {t for t in re.findall(r"\b[0-9a-f]{7,40}\b", text) if re.search(r"[a-f]", t) and re.search(r"\d", t)}
+
+
+def _doc_pages():
+    return [README, *sorted((ROOT / "docs").glob("*.md")), *(p for p in PACKAGE_READMES if p.is_file())]
+
+
+def test_no_issue_is_named():
+    found = [f"{page.relative_to(ROOT)}: {m.group(0)!r}" for page in _doc_pages()
+             for m in re.finditer(r"\bissues?\s+#?\d+|(?<![\w&/])#\d+\b", _text(page), re.I)]
+    assert not found, f"issue references: {found}"
+
+
+def test_no_commit_is_named():
+    candidates: dict[str, list[str]] = {}
+    for page in _doc_pages():
+        for token in _hex_candidates(_text(page)):
+            candidates.setdefault(token, []).append(str(page.relative_to(ROOT)))
+    if not candidates or shutil.which("git") is None or not (ROOT / ".git").exists():
+        return
+    answer = subprocess.run(["git", "cat-file", "--batch-check"], cwd=ROOT, input="\n".join(candidates) + "\n",
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    commits = [f"{token} in {candidates[token]}" for token, line in zip(candidates, answer)
+               if not line.endswith("missing")]
+    assert not commits, f"git objects named in the docs: {commits}"
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else None]
+
+
+def _makefile_targets() -> set[str]:
+    return set(re.findall(r"^([\w.-]+):(?!=)", _text(ROOT / "Makefile"), flags=re.M))
+
+
+def test_the_quick_start_runs_makefile_targets_that_exist():
+    quick = _section(_text(README), "Quick start")
+    commands = re.findall(r"^make (\S+)", "\n".join(re.findall(r"^```\n(.*?)^```", quick, flags=re.S | re.M)), re.M)
+    assert {"demo", "test"} <= set(commands), f"the quick start's commands: {commands}"
+    targets = _makefile_targets()
+    assert set(commands) <= targets, f"not Makefile targets: {set(commands) - targets}"
+    mentioned = set(re.findall(r"`make ([\w-]+)`", _text(README)))
+    assert mentioned <= targets, f"the README names Makefile targets that do not exist: {mentioned - targets}"
+
+
+def test_the_flag_table_lists_exactly_the_demos_flags():
+    import cifar10_PM
+
+    parser = cifar10_PM.build_parser()
+    parsed = {option for action in parser._actions for option in action.option_strings} - {"-h", "--help"}
+    table = _section(_text(README), "The demo's flags")
+    rows = [line for line in table.splitlines() if line.startswith("| `-")]
+    listed = [flag for row in rows for flag in re.findall(r"`(--[\w-]+)`", row.split("|")[1])]
+    assert len(listed) == len(set(listed)), f"listed twice: {[f for f in listed if listed.count(f) > 1]}"
+    assert set(listed) == parsed, (f"missing from the table: {sorted(parsed - set(listed))}; "
+                                   f"not flags of cifar10_PM.py: {sorted(set(listed) - parsed)}")
+
+
+def _code_files():
+    yield ROOT / "cifar10_PM.py"
+    for folder in CODE_DIRS:
+        yield from (p for p in (ROOT / folder).rglob("*.py") if "shipped" not in p.parts)
+
+
+def test_the_code_points_at_docs_that_exist():
+    readme_headings = _headings(README)
+    wrong = []
+    for path in _code_files():
+        text = _text(path)
+        name = str(path.relative_to(ROOT))
+        for ref in re.findall(r"\b((?:docs|benchmarks)/[\w./-]*\w)", text):
+            if not PLACEHOLDER.search(ref) and not (ROOT / ref).exists():
+                wrong.append(f"{name}: {ref} does not exist")
+        text = text.replace('\\"', '"')
+        for section in re.findall(r'README "([^"]+)"', text):
+            if not any(section in h for h in readme_headings):
+                wrong.append(f'{name}: README "{section}" is no section of the README')
+        for file, section in SECTION_REF.findall(text):
+            if (ROOT / file).is_file() and not any(section in h for h in _headings(ROOT / file)):
+                wrong.append(f'{name}: {file}, "{section}" is no section of {file}')
+    assert not wrong, "\n".join(wrong)
