@@ -116,7 +116,8 @@ def plot_verdict_grid(grid: Mapping[str, Mapping[int, Headline]], path: Path) ->
         handles.append(Patch(facecolor="white", edgecolor="black", linewidth=2.5, label="worst round"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=min(len(handles), 6),
               fontsize=8, frameon=False, handlelength=1.6)
-    atomic_savefig(fig, path, dpi=DPI)
+    # "tight": a grid of few rounds is narrower than its legend, which would be cut at the figure's edge
+    atomic_savefig(fig, path, dpi=DPI, bbox_inches="tight", pad_inches=0.15)
     return True
 
 
