@@ -5,6 +5,7 @@
       interval: 1                  # rounds where round % interval == 0 (on audited rounds)
       references: [global, independent]   # one attack per kind of reference models (also: fine_tuned)
       reference_models: 4          # K models per trained kind (fine_tuned, independent)
+      reference_budget: null       # null: each reference on the member count; b: the K together on b x it
       temperature: 2.0             # of the true-class probability softmax(z / T)[y]
       offline_a: tune              # a in [0, 1], or tune: Privacy Meter v2's tuning on the party's own references
       gamma: 1.0                   # LR(x, z) >= gamma counts z as dominated by x
@@ -23,7 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from audit.config.fields import boolean, choices, either, integer, literal, parse, real, setting, to_dict
+from audit.config.fields import (boolean, choices, either, integer, literal, optional, parse, real, setting,
+                                 to_dict)
 from audit.config.vocabulary import attack_statistics, rmia_metric
 
 __all__ = ["RMIASettings", "rmia_settings", "REFERENCE_KINDS", "TRAINED_KINDS", "GLOBAL", "FINE_TUNED", "INDEPENDENT",
@@ -50,6 +52,11 @@ class RMIASettings:
                                           "one attack per kind of reference model")
     reference_models: int = setting(4, integer(min=1), "K reference models per trained kind (fine_tuned, "
                                                        "independent); each costs about one local training a round")
+    # The K references of a kind share b local trainings a round: each trains on b x the member count / K samples
+    # (at least 1, at most half the population). null: each on the member count, K local trainings a round.
+    reference_budget: float | None = setting(None, optional(real(gt=0), "each reference on the member count"),
+                                             "local trainings a round the K references of a trained kind share: "
+                                             "each trains on reference_budget x the member count / K samples")
     temperature: float = setting(2.0, real(gt=0), "Pr(x | model) = softmax(logits / temperature)[label]")
     offline_a: float | str = setting(TUNE, either(real(ge=0, le=1), literal(TUNE)),
                                      "the offline approximation's a, or tune (Privacy Meter v2's tuning on the "
@@ -61,6 +68,12 @@ class RMIASettings:
 
     def due(self, round_num: int) -> bool:
         return self.enabled and round_num % self.interval == 0
+
+    def reference_size(self, member_count: int) -> int:
+        """Samples each trained reference learns from a round (before the population's cap of half its size)."""
+        if self.reference_budget is None:
+            return int(member_count)
+        return max(1, int(self.reference_budget * member_count / self.reference_models))
 
     def metric_names(self, fpr_tolerance) -> list[str]:
         """The scalars audit.membership.rmia_step reports: rmia_<kind>_<statistic> per kind of reference."""
