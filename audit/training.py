@@ -163,9 +163,10 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     chunk = chunk or copies_per_chunk(model)
     generator = torch.Generator().manual_seed(seed)
-    # One copy per chunk (a large model): plain autograd, not vmap over one copy, which is slower (AlexNet, 1 thread:
-    # 30 against 39-54 ms per sample) for the same training (same draws; 7e-9 apart in the trained weights).
-    batched = chunk > 1
+    # One copy per chunk (a large model, or a single copy): plain autograd, not vmap over one copy, which is slower
+    # (AlexNet, 1 thread: 30 against 39-54 ms per sample) for the same training (same draws; 7e-9 apart in the
+    # trained weights).
+    batched = min(chunk, copies) > 1
     # Train mode for every submodule, as the local training runs (model.train()); each one's flag comes back after.
     # Dropout draws from the generator of the device the model is on: that one is seeded here and given back after.
     cuda = [device] if device.type == "cuda" else []
@@ -319,7 +320,7 @@ class TrainedCopies:
         if x.ndim == 0 or x.shape[0] == 0:
             raise ValueError(f"TrainedCopies.logits: x must be (N, ...) with N >= 1, got {tuple(x.shape)}")
         chunk = chunk or copies_per_chunk(self.model)
-        batched = chunk > 1  # one copy at a time: plain calls, as in training
+        batched = min(chunk, len(self)) > 1  # one copy at a time: plain calls, as in training
         rows = []
         with torch.no_grad(), module_mode(self.model, training=False):
             for start in range(0, len(self), chunk):

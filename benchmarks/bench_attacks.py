@@ -20,6 +20,13 @@ seconds per reference per local-training second).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_attacks.py [--seeds 5] [--models cnn fcnn] [--epochs 20]
         [--rounds 10] [--reference-models 2] [--temperature 2] [--gamma 1] [--out reports/attacks_benchmark]
+        [--references global independent] [--rmia KEY=VALUE ...]
+
+`--references` runs only these kinds of RMIA reference (default all three; the population and update attacks always
+run); `--rmia KEY=VALUE` sets any other key of the plan's audit.rmia section (value read as YAML), e.g.
+`--rmia reference_schedule=budget`. The same seeds train the same local models whatever the RMIA settings (the
+references train on their own generators), so runs that differ only in them compare on the same models: their
+population attack's figures are identical.
 
 Writes <out>/runs.json (every party's figures per run) and <out>/table.md, and prints the table.
 """
@@ -40,10 +47,12 @@ sys.path.insert(0, str(ROOT))
 
 ATTACKS = (("population", "local", "loss"), ("update", "update", "loss_reduction"), ("rmia global", "rmia", "global"),
            ("rmia fine_tuned", "rmia", "fine_tuned"), ("rmia independent", "rmia", "independent"))
+KINDS = ("global", "fine_tuned", "independent")
 TOLERANCES = (0.001, 0.01)
 
 
-def overrides(model: str, seed: int, epochs: int, reference_models: int, temperature: float, gamma: float) -> dict:
+def overrides(model: str, seed: int, epochs: int, reference_models: int, temperature: float, gamma: float,
+              references=KINDS, rmia_extra: dict | None = None) -> dict:
     return {
         "tasks": {"train": {"kwargs": {"epochs": epochs}}},
         "data_loader": {"settings": {"dataset": "digits", "seed": seed, "train_dataset_ratio": 0.1,
@@ -53,8 +62,8 @@ def overrides(model: str, seed: int, epochs: int, reference_models: int, tempera
         "task_runner": {"settings": {
             "model": model, "seed": seed, "optimizer": "Adam", "learning_rate": 0.003,
             "audit": {"signals": ["loss"], "fpr_tolerance": [0.001, 0.01, 0.1],
-                      "rmia": {"references": ["global", "fine_tuned", "independent"],
-                               "reference_models": reference_models, "temperature": temperature, "gamma": gamma}},
+                      "rmia": {"references": list(references), "reference_models": reference_models,
+                               "temperature": temperature, "gamma": gamma, **(rmia_extra or {})}},
         }},
     }
 
@@ -64,6 +73,8 @@ def figures(record: dict) -> dict:
     train = record["timings"]["train_s"]
     out = {}
     for name, model, signal in ATTACKS:
+        if signal not in record["attacks"].get(model, {}):  # a kind of reference this run left out
+            continue
         result = record["attacks"][model][signal]
         u = result["uncertainty"]
         entry = {"exact_auc": result["exact_auc"], "epsilon_lb": u["epsilon_lb"]["epsilon"], "at": {}}
@@ -108,6 +119,8 @@ def table(runs: list[dict], rounds=(0, 4, 9)) -> str:
                 continue
             base = None
             for name, _, _ in ATTACKS:
+                if any(name not in p for p in parties):
+                    continue
                 auc, half = mean_interval([p[name]["exact_auc"] for p in parties])
                 cells = [f"{auc:.3f} ± {half:.3f}"]
                 for t in ("0.01", "0.001"):
@@ -141,7 +154,25 @@ def main() -> None:
     p.add_argument("--temperature", type=float, default=2.0)
     p.add_argument("--gamma", type=float, default=1.0)
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "attacks_benchmark")
+    p.add_argument("--references", nargs="+", choices=KINDS, default=list(KINDS),
+                   help="the kinds of RMIA reference to run (default: all three)")
+    p.add_argument("--rmia", action="append", default=[], metavar="KEY=VALUE",
+                   help="another key of the plan's audit.rmia section (value read as YAML; repeatable)")
     args = p.parse_args()
+    import yaml
+
+    rmia_extra = {}
+    for item in args.rmia:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            p.error(f"--rmia: expected KEY=VALUE, got {item!r}")
+        rmia_extra[key] = yaml.safe_load(value)
+    from audit.config.audit_settings import AuditSettings
+
+    try:  # a misspelt key or a bad value: one line naming it, before any federation runs
+        AuditSettings.from_mapping({"rmia": {"references": args.references, **rmia_extra}}, prefix="--rmia")
+    except ValueError as err:
+        p.error(str(err))
 
     import logging
 
@@ -160,11 +191,13 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 result = run_in_process(Path(tmp), collaborators=2, rounds=args.rounds,
                                         overrides=overrides(model, seed, args.epochs, args.reference_models,
-                                                            args.temperature, args.gamma))
+                                                            args.temperature, args.gamma, args.references,
+                                                            rmia_extra))
                 per_round = {str(r): [figures(json.loads((result.report_dir / name / f"round_{r:04d}" /
                                                           "audit.json").read_text()))
                                       for name in collaborator_names(2)] for r in wanted}
             runs.append({"model": model, "seed": seed, "epochs": args.epochs, "reference_models": args.reference_models,
+                         "rmia": rmia_extra,
                          "temperature": args.temperature, "gamma": args.gamma,
                          "seconds": time.perf_counter() - start, "rounds": per_round})
             (args.out / "runs.json").write_text(json.dumps(runs, indent=1))

@@ -13,7 +13,9 @@ same sizes (uint8, 10 classes, a faint class pattern plus noise), written in tor
 the files with torchvision check them against the official files' md5 sums: the child process puts the synthetic
 files' md5s in torchvision's table and changes nothing else (see CHILD_BOOT).
 
-    .venv/bin/python benchmarks/bench_tutorial_config.py                       # full size, 1 round
+    .venv/bin/python benchmarks/bench_tutorial_config.py                       # full size, 3 rounds
+    .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 --rounds 5   # each round's peak RSS
+    .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 --census  # what holds memory, round by round
     .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 0.25      # 6,000 and 15,000 images
     .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.25 --compare-with HEAD~1
     .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 --compare-with 82771dd --also-with "--rmia False"
@@ -108,7 +110,7 @@ def write_synthetic_cifar10(root: Path, n: int, seed: int = 0) -> Path:
 
 
 def run_script(code_root: Path, data_root: Path, log_dir: Path, rounds: int, timeout: float | None,
-               extra: list[str]) -> dict:
+               extra: list[str], census: bool = False) -> dict:
     """Run code_root/cifar10_PM.py once; wall seconds, exit code and the child's own peak RSS."""
     cmd = [sys.executable, "-c", CHILD_BOOT, str(code_root / "cifar10_PM.py"), *TUTORIAL_ARGS,
            "--data-dir", str(data_root), "--comm_round", str(rounds), "--log_dir", str(log_dir), *extra]
@@ -116,7 +118,8 @@ def run_script(code_root: Path, data_root: Path, log_dir: Path, rounds: int, tim
     phases_path = log_dir.parent / f"{log_dir.name}.phases.json"
     phases_path.unlink(missing_ok=True)
     env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
-           "BENCH_PHASE_SPLIT_DIR": str(Path(__file__).resolve().parent), "BENCH_PHASE_SPLIT_OUT": str(phases_path)}
+           "BENCH_PHASE_SPLIT_DIR": str(Path(__file__).resolve().parent), "BENCH_PHASE_SPLIT_OUT": str(phases_path),
+           "BENCH_CENSUS": "1" if census else "0"}
     start = time.perf_counter()
     with open(out_path, "w") as out:
         child = subprocess.Popen(cmd, cwd=data_root, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -136,8 +139,12 @@ def run_script(code_root: Path, data_root: Path, log_dir: Path, rounds: int, tim
     wall = time.perf_counter() - start
     timed_out = deadline is not None and wall > timeout
     phases = json.loads(phases_path.read_text()) if phases_path.is_file() else None
-    return {"returncode": child.returncode, "timed_out": timed_out, "wall_s": wall,
-            "peak_rss_gb": usage.ru_maxrss * 1024 / 1e9,  # Linux reports kilobytes
+    peak = usage.ru_maxrss * 1024 / 1e9  # Linux reports kilobytes
+    if phases and phases.get("peak_rss_gb"):
+        # phase_split resets the high-water mark at each phase (for each round's own peaks), which ru_maxrss
+        # follows: the run's peak is the largest the split saw.
+        peak = max(peak, phases["peak_rss_gb"])
+    return {"returncode": child.returncode, "timed_out": timed_out, "wall_s": wall, "peak_rss_gb": peak,
             "output": out_path, "phases": phases}
 
 
@@ -193,7 +200,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scale", type=float, nargs="+", default=[1.0],
                    help="fraction(s) of the 60,000 images, each in (0, 1] (default 1.0)")
-    p.add_argument("--rounds", type=int, default=1, help="federated rounds per run (default 1)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="federated rounds per run (default 3: memory is measured over several rounds)")
+    p.add_argument("--census", action="store_true",
+                   help="at each audit's and round's end, list the live tensors and arrays by holder (slow; for "
+                        "finding what stays across rounds, not for timing)")
     p.add_argument("--compare-with", metavar="REV", default=None,
                    help="also run cifar10_PM.py of git revision REV on the same data (e.g. HEAD)")
     p.add_argument("--also-with", metavar="ARGS", action="append", default=[],
@@ -238,7 +249,8 @@ def main(argv=None) -> int:
                 log_dir = work / f"reports_{n}_{index}"
                 shutil.rmtree(log_dir, ignore_errors=True)
                 print(f"running {label} on {n} images ...", flush=True)
-                run = run_script(code_root, data_root, log_dir, args.rounds, args.timeout, args.script_arg + extra)
+                run = run_script(code_root, data_root, log_dir, args.rounds, args.timeout, args.script_arg + extra,
+                                 census=args.census)
                 summary = summarise(read_records(log_dir, args.rounds))
                 row = {"label": label, "scale": scale, "n": n, **run, **summary}
                 phases = round_phases(row, args.rounds)
@@ -251,7 +263,9 @@ def main(argv=None) -> int:
                     print(f"  {label} at {n} images: {why}; last output:\n{tail}", flush=True)
     finally:
         print_table(rows)
+        print_round_peaks(rows, args.rounds)
         print_phases(rows, args.rounds)
+        print_census(rows)
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
@@ -294,6 +308,47 @@ def print_phases(rows: list[dict], rounds: int) -> None:
     for r, _ in split:
         peaks = " -> ".join(f"{gb:.2f} GB in {phase}" for phase, gb in r["phases"]["peaks"][-4:])
         print(f"peak RSS growth, last steps ({r['label']}, {r['n']} images): {peaks}")
+
+
+ROUND_PHASES = ("train", "audit", "validation", "reports", "communication", "end of round", "task other", "between")
+
+
+def print_round_peaks(rows: list[dict], rounds: int) -> None:
+    """Each run's peak RSS per round (the largest of its phases') and per phase within the round (phase_split resets
+    the high-water mark at every outermost phase), and the last round's peak against the second's (the first builds
+    what later rounds reuse)."""
+    runs = [r for r in rows if (r.get("phases") or {}).get("round_peaks")]
+    if not runs:
+        return
+    print("\npeak RSS GB per round (each round's own; per phase: the largest of its calls in the round, both "
+          "collaborators)")
+    head = f"{'code':<18}{'images':>8}{'round':>6}{'peak':>7}" + "".join(f"{p:>15}" for p in ROUND_PHASES)
+    print(head)
+    print("-" * len(head))
+    for r in runs:
+        per_round = r["phases"]["round_peaks"]
+        for number, phases in enumerate(per_round):
+            label = str(number + 1) if number < rounds else "after"  # after: the last round's end to exit
+            print(f"{r['label']:<18}{r['n']:>8}{label:>6}{max(phases.values()):>7.2f}"
+                  + "".join(f"{phases[p]:>15.2f}" if p in phases else f"{'-':>15}" for p in ROUND_PHASES))
+        peaks = [max(p.values()) for p in per_round[:rounds]]
+        if len(peaks) >= 2:
+            print(f"{r['label']}: last round's peak / second's {peaks[-1] / peaks[1]:.3f}; set-up peak "
+                  f"{r['phases'].get('setup_peak_gb') or float('nan'):.2f} GB; run peak {r['peak_rss_gb']:.2f} GB")
+        if not r["phases"].get("peak_resets", True):
+            print("  (/proc/self/clear_refs could not reset the peak: each figure is the run's peak so far)")
+
+
+def print_census(rows: list[dict], top: int = 12) -> None:
+    """The live tensors and arrays by holder at each audit's and round's end (--census)."""
+    for r in rows:
+        for entry in (r.get("phases") or {}).get("census") or []:
+            malloc = (f"; malloc in use {entry['malloc_in_use_gb']:.2f} GB, free but kept "
+                      f"{entry['malloc_free_kept_gb']:.2f} GB" if "malloc_in_use_gb" in entry else "")
+            print(f"\ncensus ({r['label']}, round {entry['round'] + 1}, {entry['at']}): RSS {entry['rss_gb']:.2f} GB, "
+                  f"tensors {entry['tensors_gb']:.3f} GB, arrays {entry['arrays_gb']:.3f} GB (>= 1 MB each){malloc}")
+            for holder, gb in entry["by_holder"][:top]:
+                print(f"  {gb:8.3f} GB  {holder}")
 
 
 def print_table(rows: list[dict]) -> None:

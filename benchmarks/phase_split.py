@@ -20,6 +20,19 @@ Phases:
   send_task_results: codecs, named-tensor protobufs, the aggregator's processing of what it receives);
 - task other: the rest of Collaborator.do_task (e.g. the copies the train task makes of the received model);
 - setup: from install to the first task (imports, data, building the parties).
+
+Per round and phase: the process's peak RSS while each phase ran (exclusive, as the seconds: a phase nested in
+another has its own peak; "between": outside every phase), the high-water mark (VmHWM) reset to the current RSS
+(/proc/self/clear_refs, Linux >= 4.0) whenever a phase starts or ends, so a round's train and audit peaks are their
+own, not the run's so far. Rounds are the aggregator's: a
+round ends when its end-of-round check moves the round number on. A reset also lowers what the kernel reports as the
+process's ru_maxrss at exit, so the run's peak (`peak_rss_gb`) is the largest the split saw.
+
+With BENCH_CENSUS=1 in the environment, at the end of each audit and of each round, the live torch tensors (by
+storage, each counted once) and numpy arrays that garbage collection can see are summed and grouped by what holds
+them (the attribute or key path from the nearest object of a class of ours), beside glibc's malloc statistics
+(mallinfo2: bytes in use, and bytes free but kept by the allocator): written as "census" (slow: seconds a call; for
+finding what stays across rounds, not for timing).
 """
 
 from __future__ import annotations
@@ -52,6 +65,9 @@ _calls: dict[str, int] = {}
 _peaks: list[tuple[str, float]] = []  # (phase, VmHWM GB) each time the peak grew at a phase's end
 _stack: list[list[float]] = []  # per active phase: [start, seconds of nested phases]
 _state = {"start": time.perf_counter(), "first_task": None, "peak": 0.0}
+_round = {"number": 0, "resets": True}
+_round_peaks: list[dict] = [{}]  # per round: {phase: peak GB while that phase ran in the round}
+_census: list[dict] = []
 
 
 def _peak_rss_gb() -> float:
@@ -62,12 +78,52 @@ def _peak_rss_gb() -> float:
     return 0.0
 
 
+def _reset_peak() -> bool:
+    """VmHWM back to the current RSS (write 5 to /proc/self/clear_refs); False where the kernel does not allow it."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _close_interval(phase: str) -> None:
+    """The peak since the last reset belongs to `phase` of the current round; then reset for the next interval."""
+    peak = round(_peak_rss_gb(), 3)
+    _state["peak"] = max(_state["peak"], peak)
+    current = _round_peaks[-1]
+    current[phase] = max(current.get(phase, 0.0), peak)
+    _round["resets"] = _reset_peak() and _round["resets"]
+
+
+_TRIM = __import__("os").environ.get("BENCH_MALLOC_TRIM") == "1"
+
+
+def _trim() -> None:
+    """glibc's malloc_trim(0): the free memory malloc keeps goes back to the system (a diagnostic: BENCH_MALLOC_TRIM=1
+    trims after every train and audit, to see how much of a round's growth is memory freed but kept)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _timed(phase: str, fn):
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if _state["first_task"] is None and phase == "task other":
             _state["first_task"] = time.perf_counter()
-        frame = [time.perf_counter(), 0.0]
+            _state["setup_peak"] = round(_peak_rss_gb(), 3)
+            _round["resets"] = _reset_peak()
+        tracking = _state["first_task"] is not None
+        if tracking:  # the peak so far was the enclosing phase's (or the gap's)
+            _close_interval(_stack[-1][2] if _stack else "between")
+        aggregator = args[0] if phase == "end of round" and args else None
+        round_before = getattr(aggregator, "round_number", None)
+        frame = [time.perf_counter(), 0.0, phase]
         _stack.append(frame)
         try:
             return fn(*args, **kwargs)
@@ -78,10 +134,22 @@ def _timed(phase: str, fn):
             _calls[phase] = _calls.get(phase, 0) + 1
             if _stack:
                 _stack[-1][1] += total
-            peak = _peak_rss_gb()
+            peak = max(_peak_rss_gb(), _state["peak"])
             if peak > _state["peak"] + 0.01:
-                _state["peak"] = peak
                 _peaks.append((phase, round(peak, 3)))
+            if round_before is not None and getattr(aggregator, "round_number", round_before) != round_before:
+                _round["advance"] = True
+            if tracking:
+                _close_interval(phase)
+                if _TRIM and phase in ("train", "audit"):
+                    _trim()
+                if phase == "audit" and _census_on() and not any(f[2] == "audit" for f in _stack):
+                    _census.append({"round": _round["number"], "at": "audit end", **census()})
+                if not _stack and _round.pop("advance", False):
+                    if _census_on():
+                        _census.append({"round": _round["number"], "at": "round end", **census()})
+                    _round["number"] += 1
+                    _round_peaks.append({})
     wrapper.__phase_wrapped__ = True
     return wrapper
 
@@ -112,7 +180,126 @@ def install(out_path: str) -> None:
         first = _state["first_task"] or end
         split = dict(_seconds)
         split["setup"] = first - _state["start"]
+        if _state["first_task"] is not None:
+            _close_interval("after")
+        rounds = [r for r in _round_peaks if r]
+        overall = max([_state["peak"], _state.get("setup_peak", 0.0), _peak_rss_gb()]
+                      + [p for r in rounds for p in r.values()])
         json.dump({"seconds": split, "calls": _calls, "wall_s": end - _state["start"], "peaks": _peaks,
-                   "peak_rss_gb": _peak_rss_gb(), "wrapped": wrapped}, open(out_path, "w"), indent=1)
+                   "peak_rss_gb": overall, "setup_peak_gb": _state.get("setup_peak"), "round_peaks": rounds,
+                   "peak_resets": _round["resets"], "census": _census, "wrapped": wrapped},
+                  open(out_path, "w"), indent=1)
 
     atexit.register(dump)
+
+
+def _census_on() -> bool:
+    import os
+
+    return os.environ.get("BENCH_CENSUS") == "1"
+
+
+def _owner_path(obj, holder=None, depth: int = 8, skip: frozenset = frozenset()) -> str:
+    """Where `obj` is held: attribute names and keys up to the nearest object of a class outside torch, numpy and
+    the builtins (its class starts the path), following gc's referrers (the first one not seen); "?" where the
+    trail ends. `holder`: obj's referrer when known (numpy arrays are not tracked by gc)."""
+    import gc
+    import types
+
+    path, current, seen = [], obj, {id(obj), id(_census), *skip}
+    for _ in range(depth):
+        if holder is None:
+            holder = next((r for r in gc.get_referrers(current) if id(r) not in seen and not isinstance(
+                r, (types.FrameType, types.CellType)) and type(r).__name__ != "list_iterator"), None)
+        if holder is None:
+            path.append("?")
+            break
+        seen.add(id(holder))
+        if isinstance(holder, dict):
+            key = next((k for k, v in holder.items() if v is current), "?")
+            owner = next((r for r in gc.get_referrers(holder) if getattr(r, "__dict__", None) is holder), None)
+            if owner is not None:
+                path.append(f"{type(owner).__module__}.{type(owner).__qualname__}.{key}")
+                if not type(owner).__module__.startswith(("torch", "numpy")):
+                    break
+                seen.add(id(owner))
+                current, holder = owner, None
+                continue
+            path.append(f"[{key!r}]" if isinstance(key, (str, int)) and len(str(key)) < 60 else "[...]")
+        elif isinstance(holder, (list, tuple, set)):
+            path.append("[i]")
+        else:
+            name = f"{type(holder).__module__}.{type(holder).__qualname__}"
+            path.append(name)
+            if not name.startswith(("torch", "numpy", "builtins")):
+                break
+        current, holder = holder, None
+    return " <- ".join(path)
+
+
+def census(top: int = 30) -> dict:
+    """Live torch tensors (by storage) and numpy arrays of 1 MB or more, GB in total and per holder (largest
+    `top`)."""
+    import gc
+    import warnings
+
+    import numpy as np
+    import torch
+
+    gc.collect()
+    with warnings.catch_warnings():  # isinstance on deprecated module attributes warns
+        warnings.simplefilter("ignore")
+        objects = gc.get_objects()
+        found = [(o, None) for o in objects if isinstance(o, torch.Tensor)]
+        found += [(a, o) for o in objects for a in gc.get_referents(o) if isinstance(a, np.ndarray)]
+    skip = frozenset({id(objects), id(found), *map(id, found)})
+    groups: dict[str, float] = {}
+    seen: set = set()
+    totals = {"t": 0.0, "a": 0.0}
+    for item, holder in found:
+        try:
+            if isinstance(item, torch.Tensor):
+                key, size = ("t", item.untyped_storage().data_ptr()), item.untyped_storage().nbytes()
+            else:
+                base = item
+                while isinstance(base.base, np.ndarray):
+                    base = base.base
+                key, size = ("a", id(base)), base.nbytes
+        except Exception:
+            continue
+        if key in seen or size < 1 << 20:
+            continue
+        seen.add(key)
+        totals[key[0]] += size / 1e9
+        owner = f"{'tensor' if key[0] == 't' else 'array'} " + _owner_path(item, holder, skip=skip)
+        groups[owner] = groups.get(owner, 0.0) + size / 1e9
+    del objects, found
+    largest = sorted(groups.items(), key=lambda kv: -kv[1])[:top]
+    return {"rss_gb": round(_rss_gb(), 3), "tensors_gb": round(totals["t"], 3), "arrays_gb": round(totals["a"], 3),
+            **_malloc_stats(), "by_holder": [(k, round(v, 4)) for k, v in largest]}
+
+
+def _malloc_stats() -> dict:
+    """glibc's mallinfo2 over all arenas, GB: in use (heap and mmapped blocks) and free but kept (none elsewhere)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                          "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallinfo2.restype = MallInfo2
+        info = libc.mallinfo2()
+    except (OSError, AttributeError):
+        return {}
+    return {"malloc_in_use_gb": round((info.uordblks + info.hblkhd) / 1e9, 3),
+            "malloc_free_kept_gb": round(info.fordblks / 1e9, 3), "malloc_mmapped_gb": round(info.hblkhd / 1e9, 3)}
+
+
+def _rss_gb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024 / 1e9
+    return 0.0

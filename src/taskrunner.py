@@ -48,6 +48,7 @@ from src.chance_accuracy import CHECK_ROUND, near_chance_note
 from src.collaborator_overrides import CollaboratorSettings, check_gate_resolution, parse_per_collaborator
 from src.cuda_pages import release_cuda_library_pages
 from src.dp_training import DPTraining, RoundAccountant, dp_retrain
+from src.freed_memory import release_freed_memory
 from src.models import build_model
 from src.plan_checks import check_built_plan, plan_being_built
 from src.runner_settings import PREFIX as SETTINGS_PREFIX, RunnerSettings
@@ -342,6 +343,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.optimizer.zero_grad(set_to_none=True)
         if self.opt_treatment == "RESET":
             self.reset_opt_vars()
+        release_freed_memory()  # what the training freed, before the audit allocates (src/freed_memory.py)
         train_loss = float(next(v for k, v in global_out.items() if k.tensor_name == cross_entropy.__name__))
         trained = {k.tensor_name: v for k, v in {**global_out, **local_out}.items() if "trained" in k.tags}
         mitigation_record = self._mitigate_update(col.mitigation, trained, received, global_out, local_out,
@@ -362,6 +364,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
                 what="the DP retrain"),
             dp_audit=(mitigation_record or {}).get("dp_audit"),
         )
+        release_freed_memory()  # and what the audit freed
         if outcome.sends == SEND_RECEIVED:
             self._send(global_out, local_out, received)
         elif outcome.sends == SEND_RETRAINED:

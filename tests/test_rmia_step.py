@@ -95,6 +95,8 @@ def test_the_plan_section_is_parsed_and_checked_by_its_dotted_key():
         ({"gamma": 0}, "gamma", "> 0"),
         ({"temperature": float("inf")}, "temperature", "> 0"),
         ({"interval": 0}, "interval", ">= 1"),
+        ({"reference_budget": 0}, "reference_budget", "> 0 or null"),
+        ({"reference_budget": "one"}, "reference_budget", "> 0 or null"),
         ({"samples": 3}, "samples", "unknown setting"),
     ]:
         with pytest.raises(SettingsError) as err:
@@ -156,6 +158,27 @@ def test_a_is_tuned_as_privacy_meter_v2_does_averaged_over_the_stand_in_targets(
 
 
 # ------------------------------------------------------------------------------------------ references
+
+
+def test_a_reference_budget_shares_b_local_trainings_among_the_k_references():
+    """reference_budget b: each of the K references trains on b x the member count / K population samples (at
+    least 1), so the K together cost b local trainings a round; null keeps each on the member count."""
+    assert RMIASettings(reference_models=4).reference_size(60) == 60
+    assert RMIASettings(reference_models=4, reference_budget=1).reference_size(60) == 15
+    assert RMIASettings(reference_models=2, reference_budget=1.5).reference_size(60) == 45
+    assert RMIASettings(reference_models=4, reference_budget=0.01).reference_size(60) == 1
+    sets, initial = task(), net(0)
+    received = trained(initial, sets, epochs=3)
+    local = trained(received, sets)
+    store = {}
+    audit = settings(references=["independent"], reference_models=2, reference_budget=1)
+    record = audit_round(local, received, sets, audit, party="p", round_num=0, seed=5, training=TRAINING,
+                         initial_model=initial, store=store)
+    refs = store["rmia"]["trained"]["independent"]
+    assert refs.population_in.sum(axis=1).tolist() == [30, 30]  # 2 x 30 = the 60 members: one local training
+    assert not refs.population_in.all(axis=0).any()  # disjoint: every population sample has an OUT reference
+    assert record["extra"]["rmia"]["independent"]["subset_size"] == 30 and "rmia_independent_exact_auc" in record[
+        "metrics"]
 
 
 @pytest.mark.slow
@@ -247,7 +270,7 @@ def test_rmia_metrics_are_declared_gated_on_and_reported_with_private_scores(tmp
     scores = np.load(round_dir / "rmia_scores.npz")
     assert scores["independent_members"].shape == (60,) and scores["global_population"].shape == (200,)
     stored = json.loads((round_dir / "audit.json").read_text())
-    assert stored["extra"]["rmia"]["independent"]["reference_models"] == 4  # the default K
+    assert stored["extra"]["rmia"]["independent"]["reference_models"] == 1  # the default K
     # no per-sample array in the record that leaves the party's folder: the grid curves have Privacy Meter's 100 points
     lengths = {len(v) for res in stored["attacks"]["rmia"].values() for v in res.values() if isinstance(v, list)}
     assert lengths <= {100, 2}

@@ -4,9 +4,11 @@
       enabled: true
       interval: 1                  # rounds where round % interval == 0 (on audited rounds)
       references: [global, independent]   # one attack per kind of reference models (also: fine_tuned)
-      reference_models: 4          # K models per trained kind (fine_tuned, independent)
+      reference_models: 1          # K models per trained kind (fine_tuned, independent)
+      reference_budget: null       # null: each reference on the member count; b: the K together on b x it
       temperature: 2.0             # of the true-class probability softmax(z / T)[y]
       offline_a: tune              # a in [0, 1], or tune: Privacy Meter v2's tuning on the party's own references
+                                   # (K >= 2; with one reference the paper's offline 0.3)
       gamma: 1.0                   # LR(x, z) >= gamma counts z as dominated by x
 
 Kinds of reference (what a party has without anyone's private data but its own; docs/membership.md, "RMIA"):
@@ -23,7 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from audit.config.fields import boolean, choices, either, integer, literal, parse, real, setting, to_dict
+from audit.config.fields import (boolean, choices, either, integer, literal, optional, parse, real, setting,
+                                 to_dict)
 from audit.config.vocabulary import attack_statistics, rmia_metric
 
 __all__ = ["RMIASettings", "rmia_settings", "REFERENCE_KINDS", "TRAINED_KINDS", "GLOBAL", "FINE_TUNED", "INDEPENDENT",
@@ -44,17 +47,23 @@ class RMIASettings:
 
     enabled: bool = setting(True, boolean(), "run RMIA on the local model")
     interval: int = setting(1, integer(min=1), "RMIA in audited rounds where round % interval == 0")
-    # The strongest attack at its cost (benchmarks/bench_attacks.py; docs/membership.md, "RMIA"): the free global
-    # reference and 4 that never saw the party's data, 4 local trainings a round; fine_tuned (4 more) answers a
-    # narrower question.
+    # The strongest attack at its cost (benchmarks/bench_attacks.py, docs/membership.md, "RMIA"): the free global reference and one
+    # that never saw the party's data, one local training a round; fine_tuned answers a narrower question. K = 1 held
+    # K = 4's TPR at 1% FPR (within its interval or above, both models, rounds 1, 5, 10) at a third of the audit's
+    # seconds, for 0.02-0.05 less AUC (benchmarks/README.md, "RMIA's reference cost").
     references: tuple[str, ...] = setting((GLOBAL, INDEPENDENT), choices(REFERENCE_KINDS, "kind of reference"),
                                           "one attack per kind of reference model")
-    reference_models: int = setting(4, integer(min=1), "K reference models per trained kind (fine_tuned, "
+    reference_models: int = setting(1, integer(min=1), "K reference models per trained kind (fine_tuned, "
                                                        "independent); each costs about one local training a round")
+    # The K references of a kind share b local trainings a round: each trains on b x the member count / K samples
+    # (at least 1, at most half the population). null: each on the member count, K local trainings a round.
+    reference_budget: float | None = setting(None, optional(real(gt=0), "each reference on the member count"),
+                                             "local trainings a round the K references of a trained kind share: "
+                                             "each trains on reference_budget x the member count / K samples")
     temperature: float = setting(2.0, real(gt=0), "Pr(x | model) = softmax(logits / temperature)[label]")
     offline_a: float | str = setting(TUNE, either(real(ge=0, le=1), literal(TUNE)),
                                      "the offline approximation's a, or tune (Privacy Meter v2's tuning on the "
-                                     "party's own references)")
+                                     "party's own references; it needs K >= 2: with one, the paper's offline 0.3)")
     gamma: float = setting(1.0, real(gt=0), "a population sample z counts against x when LR(x, z) >= gamma")
 
     def to_dict(self) -> dict:
@@ -62,6 +71,12 @@ class RMIASettings:
 
     def due(self, round_num: int) -> bool:
         return self.enabled and round_num % self.interval == 0
+
+    def reference_size(self, member_count: int) -> int:
+        """Samples each trained reference learns from a round (before the population's cap of half its size)."""
+        if self.reference_budget is None:
+            return int(member_count)
+        return max(1, int(self.reference_budget * member_count / self.reference_models))
 
     def metric_names(self, fpr_tolerance) -> list[str]:
         """The scalars audit.membership.rmia_step reports: rmia_<kind>_<statistic> per kind of reference."""

@@ -79,7 +79,8 @@ def _references(kind: str, context: AuditContext, settings: RMIASettings, round_
     if kind in state["trained"]:  # a second audit of the round (a DP retrain's): same references, no training
         refs = state["trained"][kind]
         return References(refs.kind, refs.copies, refs.population_in, refs.trainings, 0.0)
-    population, k, size = context.mia_sets.population, settings.reference_models, training.member_count
+    population, k = context.mia_sets.population, settings.reference_models
+    size = settings.reference_size(training.member_count)
     if kind == FINE_TUNED:
         refs = fine_tuned_references(context.global_model, population, training.recipe, k=k, size=size,
                                      seed=reference_seed(context.seed, context.party, round_num, kind))
