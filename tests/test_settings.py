@@ -31,7 +31,7 @@ DEFAULTS = {
     "epsilon_delta": 1e-5,
     "plugins": [],
     "rmia": {"enabled": True, "interval": 1, "references": ["global", "independent"],
-             "reference_models": 4, "temperature": 2.0, "offline_a": "tune", "gamma": 1.0},
+             "reference_models": 1, "reference_budget": None, "temperature": 2.0, "offline_a": "tune", "gamma": 1.0},
     "fidel": {"enabled": False, "layer": None, "threshold": 0.98, "decoder": False},
     "deanon": {
         "enabled": False, "interval": 1, "crowd_users": 10, "shadows_per_user": 8, "shadow_size": None,
