@@ -16,7 +16,7 @@ __all__ = ["COST_FACTOR", "MIN_AUDIT_S", "COST_NOTE_MARK", "audit_cost_note"]
 COST_FACTOR = 3.0
 MIN_AUDIT_S = 1.0  # an audit under a second per round is not what anyone waits for, whatever the ratio
 IN_VALIDATION = "audit_in_validation_s"  # a timing of the membership step, not a step of its own
-COST_NOTE_MARK = "the audit took"  # the note's fixed words, which workspace.party_status looks for in a log
+COST_NOTE_MARK = "the audit took"  # the note's fixed words
 
 PLAN_PREFIX = "task_runner.settings.audit"
 # Per audit step: the settings that make it cheaper (plan key under task_runner.settings.audit; the demo's flag).
