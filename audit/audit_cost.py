@@ -1,8 +1,8 @@
 """Whether a round's audit cost much more than the local training it audits, and which setting would cut it.
 
 Read off the round record's timings (audit.round_audit: `audit_s`, one `<step>_s` per audit step, the membership
-step's `signals_s` per model and signal; the task runner adds `train_s`). The task runner logs the note once per
-collaborator (src/taskrunner.py); `python -m workspace run` relays it from the collaborator's log.
+step's `signals_s` per model and signal; the party's audit adds `train_s`). The party's audit logs the note once per
+collaborator (audit.party_audit) and writes it as a status event, which `python -m workspace run` relays.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def audit_cost_note(record: dict, *, factor: float = COST_FACTOR, min_audit_s: f
     steps = {key[:-2]: _seconds(value) for key, value in timings.items()
              if key.endswith("_s") and key not in ("audit_s", "train_s", IN_VALIDATION)
              and not math.isnan(_seconds(value))}
-    # The received model's membership signals, computed while it was validated (src/taskrunner.py), are membership's.
+    # The received model's membership signals, computed while it was validated (audit.party_audit), are membership's.
     if not math.isnan(in_validation := _seconds(timings.get(IN_VALIDATION))) and in_validation > 0:
         steps["membership"] = steps.get("membership", 0.0) + in_validation
     costliest = max(steps, key=steps.get) if steps else None

@@ -232,7 +232,8 @@ class PartyAudit:
         logger.warning("%s round %d: %s; not trained, sending back the %s", party, round_num, verdict.reason,
                        "plan's initial model" if verdict.previous is None
                        else f"global model of round {verdict.previous.round_num}")
-        sent = self.sent_metrics if self.settings.due(round_num) else ()
+        # the audit metrics and population sizes every audited party sends this round (NaN: none was measured)
+        sent = (*self.sent_metrics, *self.sent_populations) if self.settings.due(round_num) else ()
         return fallback, {**dict.fromkeys(sent, math.nan), **outcome.scalars(self.gate_watched, gate.limits),
                           **verdict.metrics()}
 

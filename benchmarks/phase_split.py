@@ -33,7 +33,7 @@ import time
 _PHASES = {
     # phase: [(module, attribute path)]
     "train": [("openfl.federated.task.runner_pt", "PyTorchTaskRunner.train_task")],
-    "audit": [("src.taskrunner", "audit_round"),
+    "audit": [("audit.party_audit", "audit_round"),
               # signals computed ahead of the audit (the received model's, while it is validated)
               ("audit.membership.signal_cache", "compute_signals")],
     "validation": [("src.taskrunner", "AuditedTaskRunner.validate_task")],

@@ -47,7 +47,8 @@ def collaborator_round(name: str, r: int) -> list[tuple]:
 
 def followed(path: Path, party: str | None = None) -> list[tuple]:
     """(phase, round, reported) at each change, the file's events read one line at a time as it grows."""
-    grown = path.with_suffix(".grown")
+    grown = path.with_name(f"{path.stem}.{party or 'all'}.grown")
+    grown.unlink(missing_ok=True)
     follower, seen = StatusFollower(grown, party), []
     for line in path.read_bytes().splitlines(keepends=True):
         with open(grown, "ab") as out:

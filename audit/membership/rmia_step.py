@@ -40,7 +40,7 @@ def _logits(model: torch.nn.Module, x, batch_size: int) -> np.ndarray:
 
 def _probabilities(model, sets, settings: RMIASettings, batch_size: int, signal_cache=None) -> dict[str, np.ndarray]:
     """Pr(x | model) = softmax(z / T)[y] on each set; the outputs the round's signals already took of the same
-    weights and set (the SignalMemo's) are reused."""
+    weights and set (the SignalCache's) are reused."""
     known = {} if signal_cache is None else signal_cache.logits(model, sets, batch_size=batch_size)
     return {name: true_class_probability(known[name] if name in known else
                                          _logits(model, getattr(sets, name)[0], batch_size),

@@ -23,8 +23,8 @@ __all__ = ["run", "scalar_metrics", "attack_metrics"]
 def _signals_per_set(model, sets: AuditSets, names, settings, signal_cache=None) -> tuple[dict, dict]:
     """signal name -> set name -> values, and signal name -> seconds spent over the three sets.
 
-    One compute_signals call per set: the signals share its forward pass (see compute_signals). With the round's
-    SignalMemo, signals already computed on the same weights and set are reused (the party's validation of the
+    One compute_signals call per set: the signals share its forward pass (see compute_signals). With the party's
+    SignalCache, signals already computed this round on the same weights and set are reused (the party's validation of the
     received model computes them before training)."""
     if signal_cache is not None:
         values, seconds, _ = signal_cache.signals(model, sets, list(names), layer=settings.gradient_layer,
