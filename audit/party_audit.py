@@ -337,6 +337,8 @@ class PartyAudit:
         scalars: dict[str, float] = {}
         if record is not None:
             self._complete_record(record, outcome, gate, verdict, mitigation_record, train_loss, train_seconds)
+        if global_model is not None:  # an audited round: every party sends the audit's names (a round the audit
+            # skips sends none, even where a record was kept for a non-finite update or an alarm)
             scalars = sent_scalars(record, self.sent_metrics, self.sent_populations)
         scalars.update({**outcome.scalars(self.gate_watched, gate.limits), **verdict.metrics()})
         self._round = None  # the received model's copy goes with the round
