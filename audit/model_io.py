@@ -17,7 +17,7 @@ from torch import nn
 from audit.scaled_pixels import ScaledPixels
 
 __all__ = ["check_batch_size", "host_tensor", "model_device", "model_input", "prepare", "module_mode", "eval_mode",
-           "chunks"]
+           "chunks", "load_weights"]
 
 
 def _model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
@@ -97,3 +97,14 @@ def eval_mode(model: nn.Module):
 def chunks(n: int, size: int) -> Iterator[slice]:
     for start in range(0, n, size):
         yield slice(start, min(start + size, n))
+
+
+def load_weights(model: nn.Module, weights) -> None:
+    """Load a state dict in the model's names into `model`: torch tensors as they are, numpy arrays copied onto the
+    model's device (every one of the model's entries must be there)."""
+    if any(isinstance(v, torch.Tensor) for v in weights.values()):
+        model.load_state_dict(weights)
+        return
+    state = model.state_dict()
+    device = next(iter(state.values())).device
+    model.load_state_dict({k: torch.tensor(weights[k]).to(device) for k in state})

@@ -10,9 +10,10 @@ Returns a JSON-able round record the report writer stores, with flat scalar metr
 
 from __future__ import annotations
 
+import itertools
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -28,27 +29,39 @@ from audit.config.vocabulary import attack_metric
 from audit.verdict.leak import Evidence, attack_evidence, leak_verdict
 
 __all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "audit_round", "attacks_evidence",
-           "record_to_json", "sample_seed"]
+           "record_to_json", "sample_seed", "round_seed"]
 
 SETS = ("members", "nonmembers", "population")
+
+_unnamed = itertools.count()
+
+
+def _fresh_label() -> str:
+    return f"sets-{next(_unnamed)}"
 
 
 @dataclass(frozen=True)
 class AuditSets:
-    """The three sample sets the audit needs, each (x, y)."""
+    """The three sample sets the audit needs, each (x, y), under a label that names their contents: the signal cache
+    (audit.membership.signal_cache) keys a set by its label and name. An owner gives one label to one content; sets
+    built without one get a label of their own."""
 
     members: tuple[np.ndarray, np.ndarray]
     nonmembers: tuple[np.ndarray, np.ndarray]
     population: tuple[np.ndarray, np.ndarray]
     # For a sample (`sampled`): set name -> the size of the set it was drawn from; None: the sets themselves.
     drawn_from: Mapping[str, int] | None = None
+    label: str = field(default_factory=_fresh_label)
 
     @classmethod
-    def from_mapping(cls, sets: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> "AuditSets":
+    def from_mapping(cls, sets: Mapping[str, tuple[np.ndarray, np.ndarray]], label: str | None = None) -> "AuditSets":
         missing = [name for name in SETS if name not in sets]
         if missing:
             raise ValueError(f"audit sets: missing {missing}; need {list(SETS)}")
-        return cls(**{name: sets[name] for name in SETS})
+        return cls(**{name: sets[name] for name in SETS}, **({} if label is None else {"label": label}))
+
+    def labelled(self, label: str) -> "AuditSets":
+        return replace(self, label=label)
 
     def tensors(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """The set as tensors: floating inputs as float32, integer inputs (token ids) as they are, labels int64."""
@@ -63,7 +76,8 @@ class AuditSets:
 
     def sampled(self, size: int | None, seed: int) -> "AuditSets":
         """Each set cut to at most `size` samples, drawn uniformly without replacement (each set from its own
-        stream of `seed`; indices sorted, so the samples keep the data's order); itself when no set is larger.
+        stream of `seed`; indices sorted, so the samples keep the data's order); itself when no set is larger. The
+        sample's label is its source's, size and seed: the same draw from the same sets has the same label.
 
         A simple random sample of a finite set: an interval computed from the sample's counts (Clopper-Pearson,
         the AUC's) covers the whole set's value at least as often as its level says (sampling without replacement only
@@ -79,7 +93,7 @@ class AuditSets:
                 continue
             index = np.sort(np.random.default_rng([seed, i]).choice(sizes[name], size=size, replace=False))
             picked[name] = (take_rows(x, index), np.asarray(y)[index])
-        return AuditSets(**picked, drawn_from=sizes)
+        return AuditSets(**picked, drawn_from=sizes, label=f"{self.label}/sample{size}@{seed}")
 
     def sampling(self) -> dict:
         """What a round record says of the sampling: set name -> {audited, of} (of: the set's whole size)."""
@@ -92,6 +106,11 @@ def sample_seed(seed: int | None, party: str) -> int:
     """The seed of a party's audit sample: the same every round (the rounds compare on the same samples) and for the
     same plan, whatever order the parties run in."""
     return zlib.crc32(f"{seed or 0}/{party}/audit_sample".encode()) & 0x7FFFFFFF
+
+
+def round_seed(seed: int, party: str, round_num: int) -> int:
+    """A seed per (plan seed, party, round): runs are reproducible whatever order parties run in."""
+    return zlib.crc32(f"{seed}/{party}/{round_num}".encode()) & 0x7FFFFFFF
 
 
 @dataclass(frozen=True)
@@ -128,9 +147,9 @@ class AuditContext:
     # The party's own state across rounds and audits (e.g. reference models a step keeps training); each step keeps
     # its entries under its own name. A fresh dict per audit_round call unless the caller keeps one.
     store: dict = field(default_factory=dict)
-    # The round's audit.membership.signal_memo.SignalMemo: signals already computed on the same weights and sets
-    # (e.g. during the validation of the received model) are reused. None: every step computes its own.
-    memo: object | None = None
+    # The party's audit.membership.signal_cache.SignalCache: signals already computed this round on the same weights
+    # and sets (e.g. during the validation of the received model) are reused. None: every step computes its own.
+    signal_cache: object | None = None
     # The membership audits' sets (signals, population, update and RMIA attacks): `sets` sampled to the settings'
     # sample_size (AuditSets.sampled). Audits that need every sample (Fidel's matching of reconstructions to the
     # members, the deanonymization crowd) use `sets`. None: `sets`.
@@ -177,7 +196,7 @@ def audit_round(
     steps: tuple[AuditStep, ...] | None = None,
     initial_model: ModelSource | None = None,
     store: dict | None = None,
-    memo=None,
+    signal_cache=None,
     mia_sets: AuditSets | None = None,
 ) -> dict:
     """Audit one round with every enabled step (default: all registered ones); returns the round record (see
@@ -185,15 +204,15 @@ def audit_round(
     into dicts. `training`: the party's local training, for the steps that train like it (deanonymization, RMIA's
     references); `initial_model`: the plan's initial model (RMIA's independent references start from it), or a
     zero-argument callable giving it, called only if a step needs it this round (audit.spill.load_model); `store`:
-    the party's state kept across rounds (the same dict every round); `memo`: the round's SignalMemo
-    (audit.membership.signal_memo), whose signals are reused on the same weights and sets; `mia_sets`: the
-    membership audits' sample of `sets` (default: `sets.sampled(settings.sample_size, sample_seed(seed, party))`;
-    a caller with a memo passes the same sample every time, since the memo matches sets by their arrays)."""
+    the party's state kept across rounds (the same dict every round); `signal_cache`: the party's SignalCache
+    (audit.membership.signal_cache), whose signals are reused on the same weights and set labels; `mia_sets`: the
+    membership audits' sample of `sets` (default: `sets.sampled(settings.sample_size, sample_seed(seed, party))`,
+    labelled by `sets`' label, size and seed)."""
     start = time.perf_counter()
     if mia_sets is None:
         mia_sets = sets.sampled(settings.sample_size, sample_seed(seed, party))
     context = AuditContext(local_model, global_model, sets, settings, party, int(round_num), seed, training,
-                           initial_model, {} if store is None else store, memo, mia_sets)
+                           initial_model, {} if store is None else store, signal_cache, mia_sets)
     metrics: dict[str, float] = {}
     attacks: dict = {}
     extra: dict = {}

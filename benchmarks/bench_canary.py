@@ -4,7 +4,7 @@ bound of the same round.
 For the workspace's CNN on digits and an MLP on tabular data (scikit-learn's make_classification, 20 features,
 4 classes), over several seeds: a party with 200 members receives a model that one earlier local training made (on
 200 other samples) and trains it with the plan's recipe (Adam 0.003, batch 32, --epochs local epochs), without DP
-and with DP-SGD (src/dp_training.py: opacus, Poisson sampling, clipping bound 1) at the noise multipliers whose
+and with DP-SGD (audit/dp_training.py: opacus, Poisson sampling, clipping bound 1) at the noise multipliers whose
 accountant epsilon (RDP, delta 1e-5) is 1, 4 and 8. For m = 100, 500, 1000 canaries it prints:
 
     input      the canary step (audit.canary.step, the plan's default construction and score): one shadow local
@@ -123,7 +123,7 @@ def run_seed(name: str, seed: int, args) -> list[dict]:
     from audit.config.canary_settings import CONSTRUCTIONS, DIRAC, GRADIENT_KINDS, RANDOM, SCORES, CanarySettings
     from audit.round_audit import AuditSets, LocalTraining, audit_round
     from audit.training import TrainingRecipe
-    from src.dp_training import DPTraining
+    from audit.dp_training import DPTraining
 
     x, y, classes, make, split = dataset(name, seed)
     sets = AuditSets(*((x[split[s]], y[split[s]]) for s in ("members", "nonmembers", "population")))

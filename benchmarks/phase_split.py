@@ -46,9 +46,9 @@ import time
 _PHASES = {
     # phase: [(module, attribute path)]
     "train": [("openfl.federated.task.runner_pt", "PyTorchTaskRunner.train_task")],
-    "audit": [("src.taskrunner", "audit_round"),
+    "audit": [("audit.party_audit", "audit_round"),
               # signals computed ahead of the audit (the received model's, while it is validated)
-              ("audit.membership.signal_memo", "compute_signals")],
+              ("audit.membership.signal_cache", "compute_signals")],
     "validation": [("src.taskrunner", "AuditedTaskRunner.validate_task")],
     "reports": [("audit.reporting.party", "ReportWriter.write_round"),
                 ("src.aggregator", "AggregatorReportCallback.on_round_end"),

@@ -48,8 +48,10 @@ from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db
 from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
 from src.aggregator_tensordb import IndexedTensorDB
 from src.metric_writer import PartyMetricWriter
+from src.party_events import emit
 from src.plan_checks import check_built_plan, check_tasks, check_transport, plan_being_built
 
+AGGREGATOR_PARTY = "aggregator"  # the name its status events carry (src.party_events)
 logger = logging.getLogger(__name__)
 
 # OpenFL's gRPC server serves requests on 8 worker threads (openfl.transport.grpc.common.create_grpc_server): at most
@@ -302,14 +304,28 @@ class AuditingAggregator(Aggregator):
         `Aggregator._get_sleep_time()` = 10 s (called on the class, not on self: overriding that staticmethod has no
         effect, tests/test_aggregator.py shows it), and a sleep of whole seconds (GetTasksResponse.sleep_time is an
         int32) costs half a poll on average after every round."""
-        tasks, round_number, sleep_time, time_to_quit = super().get_tasks(collaborator_name)
+        tasks, round_number, sleep_time, time_to_quit = self._get_tasks(collaborator_name)
         if tasks or time_to_quit:
             return tasks, round_number, sleep_time, time_to_quit
         if not self._wait_for_round_end(round_number, self.poll_interval_s):
             return tasks, round_number, self.poll_interval_s, time_to_quit  # not held: as OpenFL, a plan-set sleep
-        tasks, round_number, sleep_time, time_to_quit = super().get_tasks(collaborator_name)
+        tasks, round_number, sleep_time, time_to_quit = self._get_tasks(collaborator_name)
         # Nothing yet (a long round, or a straggler waiting for the round to end): ask again at once, to be held again.
         return tasks, round_number, 0 if not tasks else sleep_time, time_to_quit
+
+    def _get_tasks(self, collaborator_name):
+        """OpenFL's get_tasks; tasks sent: a status event (src.party_events) with who is done with the round."""
+        tasks, round_number, sleep_time, time_to_quit = super().get_tasks(collaborator_name)
+        if tasks:
+            emit(AGGREGATOR_PARTY, "waiting for collaborators", round_number, reported=list(self.collaborators_done))
+        return tasks, round_number, sleep_time, time_to_quit
+
+    def _is_collaborator_done(self, collaborator_name: str, round_number: int) -> None:
+        done = len(self.collaborators_done)
+        super()._is_collaborator_done(collaborator_name, round_number)
+        if len(self.collaborators_done) != done:
+            emit(AGGREGATOR_PARTY, "waiting for collaborators", self.round_number,
+                 reported=list(self.collaborators_done))
 
     def _wait_for_round_end(self, round_number: int, timeout_s: float) -> bool:
         """Wait until round `round_number` has ended or `timeout_s` passed; False if no request may be held now."""
@@ -337,5 +353,7 @@ class AuditingAggregator(Aggregator):
         finally:
             if self.round_number != round_number and not self._time_to_quit():
                 self._warn_insecure()  # every round the federation runs without transport security
+            if self.round_number != round_number and self._time_to_quit():
+                emit(AGGREGATOR_PARTY, "done", round_number)
             with self._round_ended:  # wake the held requests: the next round's tasks (or the quit signal) are ready
                 self._round_ended.notify_all()

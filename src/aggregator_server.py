@@ -26,6 +26,8 @@ import threading
 
 from openfl.transport import AggregatorGRPCServer
 
+from src.party_events import emit
+
 logger = logging.getLogger(__name__)
 
 
@@ -51,6 +53,10 @@ class AddressBoundGRPCServer(AggregatorGRPCServer):
             self.uri = bind_uri(agg_addr, agg_port)
         self._request = threading.local()  # the peer of the request this gRPC worker thread is serving
         logger.info("Aggregator gRPC server will listen on %s", self.uri)
+
+    def serve(self):
+        emit("aggregator", "serving")  # a status event for the tooling (src.party_events)
+        return super().serve()
 
     def validate_collaborator(self, request, context):
         self._request.peer = _peer(context)

@@ -109,7 +109,7 @@ def check_collaborator_names(per_collaborator, collaborators: Sequence[str],
                              prefix: str = "task_runner.settings.per_collaborator") -> None:
     """Every `per_collaborator` entry names a collaborator of the federation (its settings would apply to nobody)."""
     if not isinstance(per_collaborator, Mapping):
-        return  # its shape is the task runner's to check (src.collaborator_overrides)
+        return  # its shape is the task runner's to check (audit.config.per_collaborator)
     for name in per_collaborator:
         if name not in collaborators:
             raise SettingsError(f"{prefix}.{name}: no collaborator of this federation has that name; its "

@@ -16,7 +16,7 @@ from audit.config.fields import (SettingsError, choice, custom, did_you_mean, in
 from audit.config.gate import GatePolicy
 from audit.config.mitigation_settings import Mitigation
 from audit.config.vocabulary import OPTIMIZERS
-from src.collaborator_overrides import PER_COLLABORATOR
+from audit.config.per_collaborator import PER_COLLABORATOR
 
 __all__ = ["PREFIX", "RunnerSettings"]
 

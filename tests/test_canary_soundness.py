@@ -29,7 +29,7 @@ from audit.reporting.verdicts import round_verdict
 from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe
 from src.aggregator_report import collaborator_entry
-from src.dp_training import DPTraining
+from audit.dp_training import DPTraining
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.filterwarnings("ignore:Optimal order is the"),

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import cifar10_PM
-from src import chance_accuracy
-from src.audit_cost import audit_cost_note
-from src.chance_accuracy import near_chance_note
+from audit import chance_accuracy
+from audit.audit_cost import audit_cost_note
+from audit.chance_accuracy import near_chance_note
 
 
 @pytest.mark.parametrize("argv, hint", [
@@ -136,7 +136,7 @@ def test_the_tutorials_untrained_model_is_flagged_during_the_run(tmp_path, caplo
                      "data_loader": {"settings": {"dataset": "digits"}},
                      "task_runner": {"settings": {"optimizer": optimizer, "learning_rate": lr,
                                                   "audit": {"enabled": False}}}}
-        with caplog.at_level(logging.WARNING, logger="src.taskrunner"):
+        with caplog.at_level(logging.WARNING, logger="audit.party_audit"):
             run_in_process(tmp_path / name, collaborators=2, rounds=3, overrides=overrides)
         return [r.getMessage() for r in caplog.records if "near chance" in r.getMessage()]
 

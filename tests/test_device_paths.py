@@ -24,7 +24,7 @@ from audit.config.audit_settings import AuditSettings
 from audit.membership.signals import compute_signals
 from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe, train_copies, train_references
-from src.dp_training import RoundAccountant, dp_retrain
+from audit.dp_training import RoundAccountant, dp_retrain
 
 RECIPE = TrainingRecipe("SGD", 0.1, 0.9, epochs=2, batch_size=4)  # SGD: torch's Adam keeps its step count on the CPU
 

@@ -23,7 +23,7 @@ from sklearn.datasets import load_digits
 from audit.config.audit_settings import AuditSettings
 from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe
-from src.dp_training import RoundAccountant, dp_retrain
+from audit.dp_training import RoundAccountant, dp_retrain
 from src.models import build_model
 
 SEEDS = (0, 1, 2)

@@ -85,7 +85,7 @@ def test_round_zero_audits_the_model_the_parties_start_from(federation):
     runner = federation.runner("collaborator1")
     model = copy.deepcopy(runner.model)
     model.load_state_dict({k.removeprefix("model."): torch.as_tensor(v) for k, v in init.items()})
-    sets = runner.audit_sets()
+    sets = runner.audit.audit_sets()
     losses = [loss_signal(model, torch.as_tensor(x), torch.as_tensor(y))
               for x, y in (sets.members, sets.nonmembers, sets.population)]
     direct = population_attack(*losses, (0.05, 0.1))

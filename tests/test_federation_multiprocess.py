@@ -192,9 +192,9 @@ def test_the_federation_finishes_and_says_where_the_reports_are(federation):
 
 @pytest.mark.federation
 def test_the_tool_shows_each_partys_phase_an_eta_and_a_summary_without_bars(federation):
-    """The tooling's stdout is a file here: a status line per change (phases read from the parties' own logs, an ETA
+    """The tooling's stdout is a file here: a status line per change (phases read from the parties' status events, an ETA
     once a round is done), no tqdm bar anywhere, and the summary of the records on disk."""
-    from workspace.party_status import LogFollower, apply_collaborator_line
+    from workspace.party_status import StatusFollower, status_file
     from workspace.run_summary import summary_lines
 
     assert federation.returncode == 0, federation.output[-4000:]
@@ -203,7 +203,7 @@ def test_the_tool_shows_each_partys_phase_an_eta_and_a_summary_without_bars(fede
     # The line shows each party's phase at each poll: a phase shorter than a poll may not show (one epoch on 90
     # samples; waiting, now that the report is drawn in the background), so the line must show every collaborator in
     # some phase of a round, and the audit (the longest phase) for at least one; the order of every phase is checked
-    # from the real logs below.
+    # from their status events below.
     phases = ("validating", "training", "auditing", "waiting")
     for name in COLLABORATORS:
         assert any(f"{name}: {phase} r" in line for line in status for phase in phases), name
@@ -214,12 +214,15 @@ def test_the_tool_shows_each_partys_phase_an_eta_and_a_summary_without_bars(fede
     for name in ["aggregator", *COLLABORATORS]:
         console = (federation.run_dir / name / "logs" / f"{name}.console.log").read_text()
         assert "\r" not in console and "it/s]" not in console, name
-    # The real logs give each collaborator's phases in order, every round.
+    # The status events each collaborator wrote give its phases in order, every round.
     for name in COLLABORATORS:
-        follower = LogFollower(federation.run_dir / name / "logs" / f"{name}.log")
-        seen = []
-        for line in follower.path.read_text().splitlines():
-            if apply_collaborator_line(follower.status, line):
+        events = status_file(federation.run_dir / name, name).read_bytes().splitlines(keepends=True)
+        grown = federation.run_dir / f"{name}.grown.jsonl"
+        follower, seen = StatusFollower(grown), []
+        for line in events:  # read as the tool reads it, while it grows
+            with open(grown, "ab") as out:
+                out.write(line)
+            if follower.poll():
                 seen.append((follower.status.phase, follower.status.round))
         expected = [("waiting", None)]  # it asks for tasks before round 0
         for r in range(ROUNDS):

@@ -22,7 +22,7 @@ from audit.config.gate import (
 from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe
 from audit.config.audit_settings import AuditSettings
-from src.collaborator_overrides import merge_gate, parse_per_collaborator
+from audit.config.per_collaborator import merge_gate, parse_per_collaborator
 
 AUDIT = AuditSettings()
 PREFIX = "task_runner.settings.gate"

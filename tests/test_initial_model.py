@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-import src.taskrunner as taskrunner_module
+import audit.party_audit as party_audit_module
 from audit.spill import load_model
 from workspace.in_process import parse_plan, run_in_process, write_run_plan
 
@@ -47,7 +47,7 @@ def test_before_round_0_the_initial_model_is_the_plan_model_built_again_bit_for_
     at_construction = state(runner.model)
     torch.rand(3)  # the process goes on drawing
     generator = torch.get_rng_state()
-    rebuilt = runner.initial_model()
+    rebuilt = runner.audit.initial_model()
     assert torch.equal(torch.get_rng_state(), generator)
     assert rebuilt is not runner.model
     assert_same_state(rebuilt, at_construction, runner.device)
@@ -95,9 +95,9 @@ def test_the_audit_gets_the_initial_model_the_runner_held_and_nothing_keeps_a_co
     with the runner."""
     built, handed, loaded_in_audit = {}, [], []
     inside_audit = []
-    real_init = taskrunner_module.AuditedTaskRunner.__init__
-    real_audit_round = taskrunner_module.audit_round
-    real_initial = taskrunner_module.AuditedTaskRunner.initial_model
+    real_init = party_audit_module.PartyAudit.use_model
+    real_audit_round = party_audit_module.audit_round
+    real_initial = party_audit_module.PartyAudit.initial_model
 
     def init(self, *args, **kwargs):
         real_init(self, *args, **kwargs)
@@ -117,9 +117,9 @@ def test_the_audit_gets_the_initial_model_the_runner_held_and_nothing_keeps_a_co
         handed.append((kwargs["party"], kwargs["round_num"], state(load_model(initial_model)), state(global_model)))
         return record
 
-    monkeypatch.setattr(taskrunner_module.AuditedTaskRunner, "__init__", init)
-    monkeypatch.setattr(taskrunner_module.AuditedTaskRunner, "initial_model", initial_model)
-    monkeypatch.setattr(taskrunner_module, "audit_round", audit_round)
+    monkeypatch.setattr(party_audit_module.PartyAudit, "use_model", init)
+    monkeypatch.setattr(party_audit_module.PartyAudit, "initial_model", initial_model)
+    monkeypatch.setattr(party_audit_module, "audit_round", audit_round)
     result = run_in_process(tmp_path, collaborators=2, rounds=3, overrides=OVERRIDES)
     monkeypatch.undo()
 
@@ -136,14 +136,14 @@ def test_the_audit_gets_the_initial_model_the_runner_held_and_nothing_keeps_a_co
     folders = []
     for party in parties:
         runner = result.runner(party)
-        assert_same_state(runner.initial_model(), start[party], runner.device)  # read back from its file
+        assert_same_state(runner.audit.initial_model(), start[party], runner.device)  # read back from its file
         own = {p.untyped_storage().data_ptr() for p in (*runner.model.parameters(), *runner.model.buffers())}
         tensors = [t for t in reachable_tensors(runner) if t.untyped_storage().data_ptr() not in own]
         for name, value in start[party].items():
             if value.numel() >= 100:
                 held = [t for t in tensors if t.shape == value.shape and t.dtype == value.dtype and torch.equal(t, value)]
                 assert not held, f"{party}: {name} of the initial model is held {len(held)} time(s)"
-        folders.append(runner._initial_on_disk.folder)
+        folders.append(runner.audit._initial_on_disk.folder)
         assert os.listdir(folders[-1])
     del runner, result
     gc.collect()

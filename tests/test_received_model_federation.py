@@ -24,7 +24,7 @@ from openfl.utilities import TensorKey
 from torch import nn
 
 import src.models
-import src.taskrunner
+import audit.party_audit as party_audit
 from audit.config.audit_settings import AuditSettings
 from crafted_models import class_fishing, imprint, layer_inputs, pass_through_convolution, trap_weights
 from src.aggregator import AuditingAggregator
@@ -123,7 +123,7 @@ def _verdicts(monkeypatch) -> dict:
     """(party, round) -> the details of every verdict the task runners' checks gave (audit.before_training); under
     ("received", party, round) the model the check was given."""
     seen: dict = {}
-    check = src.taskrunner.check_received
+    check = party_audit.check_received
 
     def spy(received, *args, **kwargs):
         verdict = check(received, *args, **kwargs)
@@ -131,7 +131,7 @@ def _verdicts(monkeypatch) -> dict:
         seen[("received", kwargs["party"], kwargs["round_num"])] = dict(received)
         return verdict
 
-    monkeypatch.setattr(src.taskrunner, "check_received", spy)
+    monkeypatch.setattr(party_audit, "check_received", spy)
     return seen
 
 
@@ -280,7 +280,7 @@ def test_report_only_records_the_alarm_and_trains(crafted_cnn, monkeypatch):
     runner = result.runner("collaborator3")
     report_only = runner.audit_settings.to_dict()
     report_only["received_model"]["action"] = "report_only"
-    monkeypatch.setattr(runner, "audit_settings", AuditSettings.from_mapping(report_only))
+    monkeypatch.setattr(runner.audit, "settings", AuditSettings.from_mapping(report_only))
     trained = _trained_rounds(monkeypatch)
     global_out, _local = runner.train_task("collaborator3", CRAFT_ROUND + 1, dict(built["collaborator3"]), epochs=1)
     assert trained == [("collaborator3", CRAFT_ROUND + 1)]

@@ -1,5 +1,5 @@
-"""Feedback on long work: the parties' phases read from their logs, the status line and its ETA, progress bars only on
-a terminal, the audit-cost note, the "auditing ..." line and the end-of-run summary."""
+"""Feedback on long work: the parties' phases read from the status events they write, the status line and its
+ETA, progress bars only on a terminal, the audit-cost note, the "auditing ..." line and the end-of-run summary."""
 
 import contextlib
 import copy
@@ -18,13 +18,13 @@ from torch import nn
 from audit.config.audit_settings import AuditSettings
 from audit.membership.uncertainty import tpr_at_population_fpr
 from audit.round_audit import AuditSets, audit_round, record_to_json
-from src.audit_cost import COST_FACTOR, MIN_AUDIT_S, audit_cost_note
+from audit.audit_cost import COST_FACTOR, MIN_AUDIT_S, audit_cost_note
 from workspace.demo_output import Progress, print_summary
-from workspace.party_status import LogFollower, PartyStatus, apply_aggregator_line, apply_collaborator_line
+from src.party_events import ENV as PARTY_STATUS_ENV, emit
+from workspace.party_status import PartyStatus, StatusFollower
 from workspace.progress import ProgressLine, eta_seconds
 from workspace.run_summary import summary_lines, tpr_reading
 
-LOGS = Path(__file__).parent / "data" / "openfl_logs"
 
 
 class Terminal(io.StringIO):
@@ -32,69 +32,110 @@ class Terminal(io.StringIO):
         return True
 
 
-# ------------------------------------------------------------------------------------------ phases from real logs
-def phases(path: Path, apply) -> list[tuple]:
-    status, seen = PartyStatus(), []
-    for line in path.read_text().splitlines():
-        if apply(status, line):
-            seen.append((status.phase, status.round, status.reported))
+# ------------------------------------------------------------------------------------------ phases from status events
+def write_events(path: Path, monkeypatch, events: list[tuple]) -> None:
+    """Each (party, phase, round, fields) written as the parties write them (src.party_events.emit)."""
+    monkeypatch.setenv(PARTY_STATUS_ENV, str(path))
+    for party, phase, round_num, fields in events:
+        emit(party, phase, round_num, **fields)
+
+
+def collaborator_round(name: str, r: int) -> list[tuple]:
+    return [(name, phase, r, {}) for phase in ("validating", "training", "auditing", "auditing", "validating",
+                                               "waiting")]
+
+
+def followed(path: Path, party: str | None = None) -> list[tuple]:
+    """(phase, round, reported) at each change, the file's events read one line at a time as it grows."""
+    grown = path.with_name(f"{path.stem}.{party or 'all'}.grown")
+    grown.unlink(missing_ok=True)
+    follower, seen = StatusFollower(grown, party), []
+    for line in path.read_bytes().splitlines(keepends=True):
+        with open(grown, "ab") as out:
+            out.write(line)
+        if follower.poll():
+            seen.append((follower.status.phase, follower.status.round, follower.status.reported))
     return seen
 
 
-def test_a_collaborators_phases_from_its_real_openfl_log():
-    """A log `python -m workspace run` wrote (OpenFL 1.9, this task runner): every round validate, train, audit,
-    validate, wait, in that order, then done; continuation lines (the task list) and unrelated lines change nothing."""
-    seen = [(phase, r) for phase, r, _ in phases(LOGS / "collaborator1.log", apply_collaborator_line)]
-    rounds = sorted({r for _, r in seen if r is not None})
-    assert rounds == [0, 1]
-    expected = [(p, r) for r in rounds for p in ("validating", "training", "auditing", "validating", "waiting")]
-    assert seen == [("waiting", None)] + expected + [("done", 1)]  # it asks for tasks before round 0
+def test_a_collaborators_phases_from_its_events(tmp_path, monkeypatch):
+    """Every round validate, train, audit (a re-audit changes nothing shown), validate, wait, then done; another
+    party's events in the same file (one process) and events without a round keep what they do not say."""
+    path = tmp_path / "status.jsonl"
+    events = [("collaborator1", "waiting", None, {})]
+    for r in (0, 1):
+        events += collaborator_round("collaborator1", r) + collaborator_round("collaborator2", r)
+    write_events(path, monkeypatch, events + [("collaborator1", "done", None, {})])
+    seen = [(phase, r) for phase, r, _ in followed(path, "collaborator1")]
+    expected = [(p, r) for r in (0, 1) for p in ("validating", "training", "auditing", "validating", "waiting")]
+    assert seen == [("waiting", None)] + expected + [("done", 1)]
+    assert PartyStatus("done", 1).text() == "done" and PartyStatus("auditing", 1).text() == "auditing r1"
 
 
-def test_the_aggregators_progress_from_its_real_openfl_log():
-    seen = phases(LOGS / "aggregator.log", apply_aggregator_line)
+def test_the_aggregators_progress_from_its_events(tmp_path, monkeypatch):
+    path = tmp_path / "aggregator.status.jsonl"
+    events = [("aggregator", "serving", None, {})]
+    for r in (0, 1):
+        events += [("aggregator", "waiting for collaborators", r, {"reported": []}),
+                   ("aggregator", "waiting for collaborators", r, {"reported": []}),  # tasks sent to the second
+                   ("aggregator", "waiting for collaborators", r, {"reported": ["collaborator2"]}),
+                   ("aggregator", "waiting for collaborators", r, {"reported": ["collaborator2", "collaborator1"]})]
+    write_events(path, monkeypatch, events + [("aggregator", "done", 1, {})])
+    seen = followed(path)
     assert seen[0] == ("serving", None, ())
     for r in (0, 1):
         reported = [rep for phase, rr, rep in seen if rr == r and phase == "waiting for collaborators"]
-        assert reported[0] == () and len(reported[-1]) == 2  # from none in to both in
+        assert reported == [(), ("collaborator2",), ("collaborator2", "collaborator1")]
     assert seen[-1][0] == "done"
     status = PartyStatus("waiting for collaborators", 1, reported=("collaborator2",))
     assert status.text(2) == "r1 1/2 in"
 
 
-def test_the_follower_reads_only_whole_new_lines(tmp_path):
-    """The log grows while it is read: a half-written line waits for its end, nothing is read twice."""
-    lines = (LOGS / "collaborator1.log").read_bytes().splitlines(keepends=True)
-    log = tmp_path / "c.log"
-    follower = LogFollower(log)
+def test_the_follower_reads_only_whole_new_lines(tmp_path, monkeypatch):
+    """The file grows while it is read: a half-written line waits for its end, nothing is read twice, a line that is
+    not an event is passed over."""
+    source = tmp_path / "events.jsonl"
+    write_events(source, monkeypatch, [("c", "waiting", None, {})] + collaborator_round("c", 0) + [("c", "done", None, {})])
+    lines = source.read_bytes().splitlines(keepends=True)
+    lines.insert(2, b"not an event\n")
+    path = tmp_path / "c.status.jsonl"
+    follower = StatusFollower(path)
     assert not follower.poll()  # no file yet
     seen = []
-    with open(log, "wb") as out:
+    with open(path, "wb") as out:
         for line in lines:
             cut = len(line) // 2
             out.write(line[:cut])
             out.flush()
-            follower.poll()
+            assert not follower.poll()
             out.write(line[cut:])
             out.flush()
             if follower.poll():
                 seen.append((follower.status.phase, follower.status.round))
-    status, whole = PartyStatus(), []
-    for line in lines:
-        if apply_collaborator_line(status, line.decode().rstrip("\n")):
-            whole.append((status.phase, status.round))
-    assert seen == whole and seen
+    assert seen == [("waiting", None), ("validating", 0), ("training", 0), ("auditing", 0), ("validating", 0),
+                    ("waiting", 0), ("done", 0)]
 
 
-def test_the_audit_cost_note_is_read_off_a_collaborators_log(tmp_path):
+def test_the_audit_cost_note_is_read_off_a_collaborators_events(tmp_path, monkeypatch):
     record = {"party": "collaborator1", "round": 0, "timings": {"audit_s": 9.0, "membership_s": 9.0, "train_s": 1.0}}
     note = audit_cost_note(record)
     assert note is not None
-    log = tmp_path / "c.log"
-    log.write_text(f"[12:00:00] [taskrunner.py:240] WARNING {note}\n[12:00:01] [taskrunner.py:250] INFO x\n")
-    follower = LogFollower(log)
+    path = tmp_path / "c.status.jsonl"
+    write_events(path, monkeypatch, [("collaborator1", None, None, {"note": note}),
+                                     ("collaborator1", "validating", 1, {})])
+    follower = StatusFollower(path)
     follower.poll()
     assert follower.take_notes() == [note] and follower.take_notes() == []
+
+
+def test_a_party_without_a_status_file_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.delenv(PARTY_STATUS_ENV, raising=False)
+    monkeypatch.chdir(tmp_path)
+    emit("collaborator1", "training", 0)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv(PARTY_STATUS_ENV, str(tmp_path / "s.jsonl"))
+    with pytest.raises(ValueError, match="unknown phase 'trainig'"):
+        emit("collaborator1", "trainig", 0)
 
 
 # ------------------------------------------------------------------------------------------ status line and ETA
@@ -269,7 +310,7 @@ def audited_federation(tmp_path_factory):
     handler = logging.Handler()
     handler.records = []
     handler.emit = handler.records.append
-    logger = logging.getLogger("src.taskrunner")
+    logger = logging.getLogger("audit.party_audit")
     logger.addHandler(handler)
     old_level = logger.level
     logger.setLevel(logging.INFO)
@@ -278,13 +319,36 @@ def audited_federation(tmp_path_factory):
         # The received model's signals are computed while it is validated (not in audit_s), so a digits audit can stay
         # under MIN_AUDIT_S on a fast machine: the note's one-second floor is lifted here, the ratio rule is not.
         with contextlib.redirect_stderr(stderr), pytest.MonkeyPatch.context() as patch:
-            patch.setattr("src.taskrunner.audit_cost_note", functools.partial(audit_cost_note, min_audit_s=0.0))
-            result = run_in_process(tmp_path_factory.mktemp("feedback"), collaborators=2, rounds=2,
-                                    overrides=overrides)
+            patch.setattr("audit.party_audit.audit_cost_note", functools.partial(audit_cost_note, min_audit_s=0.0))
+            run_dir = tmp_path_factory.mktemp("feedback")
+            patch.setenv(PARTY_STATUS_ENV, str(run_dir / "status.jsonl"))  # every party of the process writes there
+            result = run_in_process(run_dir, collaborators=2, rounds=2, overrides=overrides)
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
     return result, [r.getMessage() for r in handler.records if r.levelno >= logging.INFO], stderr.getvalue()
+
+
+@pytest.mark.federation
+def test_the_parties_write_their_phases_as_status_events(audited_federation):
+    """The events the task runner, its audit, the collaborator and the aggregator wrote during a real run (in one
+    process, into one file): each collaborator's phases in order every round (collaborator2's gate withholds: its
+    re-audit of the received model shows as the same phase), the aggregator's parties in, and the cost note once."""
+    result, _, _ = audited_federation
+    path = result.report_dir.parent / "status.jsonl"
+    for name in ("collaborator1", "collaborator2"):
+        seen = [(phase, r) for phase, r, _ in followed(path, name)]
+        expected = [(p, r) for r in (0, 1) for p in ("validating", "training", "auditing", "validating", "waiting")]
+        assert seen == [("waiting", None)] + expected + [("done", 1)], name
+        follower = StatusFollower(path, name)
+        follower.poll()
+        notes = follower.take_notes()
+        assert len(notes) == 1 and notes[0].startswith(f"{name} round 0: the audit took")
+    seen = followed(path, "aggregator")
+    for r in (0, 1):
+        reported = [set(rep) for phase, rr, rep in seen if rr == r and phase == "waiting for collaborators"]
+        assert reported[0] == set() and reported[-1] == {"collaborator1", "collaborator2"}
+    assert seen[-1] == ("done", 1, seen[-2][2])
 
 
 @pytest.mark.federation

@@ -587,7 +587,7 @@ def test_a_gate_the_population_cannot_resolve_is_refused_at_start(tmp_path, caps
                           "be read at population FPR 0"), err
     assert not log_dir.exists()
     # the tolerance the population resolves may be gated
-    from src.collaborator_overrides import check_gate_resolution, parse_per_collaborator
+    from audit.config.per_collaborator import check_gate_resolution, parse_per_collaborator
     from audit.config.audit_settings import AuditSettings
 
     audit = AuditSettings.from_mapping({"signals": ["loss"], "fpr_tolerance": [0.0001, 0.1]}, prefix="audit")

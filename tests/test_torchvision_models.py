@@ -218,7 +218,7 @@ def test_dp_retrain_freezes_batchnorm_and_trains_the_rest_with_dp():
     statistics are sent as received, every other tensor is trained with DP-SGD (clipped, noised, accounted)."""
     from opacus.validators import ModuleValidator
 
-    from src.dp_training import RoundAccountant, dp_retrain
+    from audit.dp_training import RoundAccountant, dp_retrain
 
     start = model("resnet18")
     assert not ModuleValidator.is_valid(start)  # why the retrain cannot train BatchNorm

@@ -34,7 +34,7 @@ from audit.reporting.html import write_index
 from workspace.prepare import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
 from workspace.processes import (ProcessRegistry, Started, describe_returncode, fx_environment, fx_executable,
                                  is_running, party_threads, snapshot)
-from workspace.party_status import LogFollower
+from workspace.party_status import StatusFollower, status_file
 from workspace.progress import DEFAULT_LIVENESS_S, Liveness, ProgressLine, eta_seconds, rounds_done
 from workspace.run_plan import port_is_free
 from src.plan_checks import INSECURE_ENV
@@ -205,7 +205,8 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         logs[name] = ws / "logs" / f"{name}.console.log"
         # The aggregator only aggregates between the collaborators' tasks: one thread leaves them the cores.
         threads = 1 if name == AGGREGATOR and collaborator_threads else collaborator_threads
-        env = fx_environment(f"logs/{name}.log", threads=threads)
+        env = fx_environment(f"logs/{name}.log", threads=threads,
+                             status_file=str(status_file(ws, name).relative_to(ws)))
         env[INSECURE_ENV] = ",".join(layout.insecure)  # what the user's flags allowed off, and nothing else
         processes[name] = registry.start(name, [fx, *args], cwd=ws, log_path=logs[name], env=env)
 
@@ -269,9 +270,8 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
     cols = {n: processes[n] for n in layout.collaborators}
     exited: dict[str, int] = {}
     agg_exited_at = cols_exited_at = None
-    # Each party's phase, from its OpenFL log (workspace.party_status); the round times give the ETA.
-    followers = {name: LogFollower(layout.workspace(name) / "logs" / f"{name}.log", aggregator=name == AGGREGATOR)
-                 for name in processes}
+    # Each party's phase, from the status events it writes (workspace.party_status); the round times give the ETA.
+    followers = {name: StatusFollower(status_file(layout.workspace(name), name)) for name in processes}
     last_done, round_began = 0, begin
     while True:
         done = rounds_done(metrics_file(layout))
@@ -281,7 +281,7 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
                 (progress.message if progress is not None else say)(f"WARNING: round {done}: {insecure_note(layout)}")
         for name, follower in followers.items():
             follower.poll()
-            for note in follower.take_notes():  # each party says it once (src/taskrunner.py)
+            for note in follower.take_notes():  # each party says it once (audit.party_audit)
                 (progress.message if progress is not None else say)(f"note from {name}: {note}")
         for name, proc in cols.items():
             rc = proc.popen.poll()
@@ -351,7 +351,7 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
         time.sleep(poll_s)
 
 
-def _state(liveness: Liveness | None, name: str, outcome: Outcome, followers: dict[str, LogFollower],
+def _state(liveness: Liveness | None, name: str, outcome: Outcome, followers: dict[str, StatusFollower],
            collaborators: int | None = None) -> str:
     if name in outcome.frozen:
         return "FROZEN"

@@ -148,12 +148,12 @@ def check_party_data(config: Mapping, collaborators: list[str]) -> None:
     """Each party's data, read in this process by the plan's data loader (the readers and the split each collaborator
     uses; collaborator i+1 of the list gets shard i+1), before any certificate or folder: missing or corrupt files,
     a split that leaves a party without samples, and a gate on a tolerance a party's audit population cannot resolve
-    (src.collaborator_overrides.check_gate_resolution) fail here in one line. The loaded dataset stays in the
+    (audit.config.per_collaborator.check_gate_resolution) fail here in one line. The loaded dataset stays in the
     loaders' cache for a run in this process (src.dataloader.clear_dataset_cache frees it)."""
     from openfl.federated import Plan
 
     from audit.config.audit_settings import AuditSettings
-    from src.collaborator_overrides import check_gate_resolution, parse_per_collaborator
+    from audit.config.per_collaborator import check_gate_resolution, parse_per_collaborator
     from src.plan_checks import DATA_LOADER_TEMPLATE, TASK_RUNNER_TEMPLATE
 
     loader_section, runner_section = config.get("data_loader") or {}, config.get("task_runner") or {}
@@ -333,7 +333,7 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
         cols[name] = plan.get_collaborator(name, client=clients[name])
         writer.record_source = cols[name].task_runner  # the bounds of its audit's figures (its own TensorBoard run)
         if on_audit_start is not None:
-            cols[name].task_runner.on_audit_start = on_audit_start
+            cols[name].task_runner.audit.on_audit_start = on_audit_start
         cols[name].callbacks.on_experiment_begin()  # as Collaborator.run() does
 
     collaborator_metrics: list[dict] = []

@@ -1,47 +1,33 @@
-"""Each party's phase (validating, training, auditing, waiting, ...) read from its own OpenFL log, for the status line
-of `python -m workspace run`.
+"""Each party's phase (validating, training, auditing, waiting, ...) read from the status events it writes, for the
+status line of `python -m workspace run`.
 
-The participants write OpenFL's plain log (`LOG_FILE`, one `[hh:mm:ss] [file.py:line] LEVEL message` line per
-record; a record's continuation lines start otherwise and are skipped). A collaborator's round goes:
-OpenFL's "Round: N Received Tasks" (then it validates the received model), its PyTorch runner's "Run E epoch of N
-round" (training), the task runner's "... round N: auditing ..." and "... round N audit: ..." (src/taskrunner.py;
-then it validates its own model), OpenFL's metric writer's "Round N: Metrics" and "Requesting tasks..." (waiting),
-and "Received shutdown signal" at the end. The aggregator says when it sends a round's tasks, which collaborators
-have completed all tasks, and when the experiment is complete.
+Every participant is started with PARTY_STATUS_FILE naming a file in its workspace's logs folder, to which it appends
+one JSON event a line (src.party_events): its collaborator's callbacks when a round's tasks arrive (validating),
+when the round is done (waiting) and at the end (done); its task runner when it validates and trains; its audit when
+it audits and retrains with DP; the aggregator when it serves, sends a round's tasks and hears that a collaborator
+is done (with who is done with the round), and when the experiment is complete. A note for the user (the audit cost
+note) comes as an event too.
 """
 
 from __future__ import annotations
 
-import re
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from src.audit_cost import COST_NOTE_MARK
+from src.party_events import PHASES
 
-__all__ = ["RECORD", "PartyStatus", "LogFollower"]
+__all__ = ["PartyStatus", "StatusFollower", "apply_event", "status_file"]
 
-RECORD = re.compile(r"^\[\d\d:\d\d:\d\d\] \[[^\]]+:\d+\] (?P<level>[A-Z]+) (?P<message>.*)$")
 
-# (pattern, phase) for a collaborator's messages; the first match wins. `round` is the round the phase belongs to.
-COLLABORATOR_PHASES = (
-    (re.compile(r"^Round: (?P<round>\d+) Received Tasks"), "validating"),
-    (re.compile(r"^Run \d+ epoch of (?P<round>\d+) round"), "training"),
-    (re.compile(r"^\S+ round (?P<round>\d+): auditing "), "auditing"),
-    (re.compile(r"^\S+ round (?P<round>\d+): DP retrain "), "DP retraining"),
-    (re.compile(r"^\S+ round (?P<round>\d+) audit: "), "validating"),  # the audit is done; the local model next
-    (re.compile(r"^Round (?P<round>\d+): Metrics: "), "waiting"),
-    (re.compile(r"^Requesting tasks"), "waiting"),
-    (re.compile(r"^Received shutdown signal"), "done"),
-)
-AGG_SENDING = re.compile(r"^Sending tasks to collaborator (?P<name>\S+) for round (?P<round>\d+)")
-AGG_COMPLETED = re.compile(r"^Round (?P<round>\d+): Collaborators that have completed all tasks: \[(?P<names>.*)\]")
-AGG_SERVING = re.compile(r"^Starting Aggregator gRPC Server")
-AGG_DONE = re.compile(r"^Experiment Completed")
+def status_file(workspace: Path, name: str) -> Path:
+    """Where a participant started in `workspace` writes its status events."""
+    return workspace / "logs" / f"{name}.status.jsonl"
 
 
 @dataclass
 class PartyStatus:
-    """What a party is doing, as far as its log says."""
+    """What a party is doing, as far as its events say."""
 
     phase: str = "starting"
     round: int | None = None
@@ -56,54 +42,31 @@ class PartyStatus:
         return f"{self.phase} r{self.round}"
 
 
-def apply_collaborator_line(status: PartyStatus, line: str) -> bool:
-    """Update `status` from one line of a collaborator's log; True if its phase or round changed."""
-    match = RECORD.match(line)
-    if match is None:
+def apply_event(status: PartyStatus, event: dict) -> bool:
+    """Update `status` from one event; True if what it shows changed. An event without a round keeps the round; one
+    whose phase the status line does not know changes nothing."""
+    if isinstance(event.get("note"), str):
+        status.notes.append(event["note"])
+    phase = event.get("phase")
+    if phase not in PHASES:
         return False
-    message = match["message"]
-    if match["level"] == "WARNING" and COST_NOTE_MARK in message:
-        status.notes.append(message)
-    for pattern, phase in COLLABORATOR_PHASES:
-        found = pattern.match(message)
-        if found is None:
-            continue
-        before = (status.phase, status.round)
-        status.phase = phase
-        if "round" in found.groupdict():
-            status.round = int(found["round"])
-        return (status.phase, status.round) != before
-    return False
-
-
-def apply_aggregator_line(status: PartyStatus, line: str) -> bool:
-    """Update `status` from one line of the aggregator's log; True if what it shows changed."""
-    match = RECORD.match(line)
-    if match is None:
-        return False
-    message = match["message"]
     before = (status.phase, status.round, status.reported)
-    if AGG_SERVING.match(message):
-        status.phase = "serving"
-    elif found := AGG_SENDING.match(message):
-        if status.round != int(found["round"]):
-            status.round, status.reported = int(found["round"]), ()
-        status.phase = "waiting for collaborators"
-    elif found := AGG_COMPLETED.match(message):
-        status.round = int(found["round"])
-        status.reported = tuple(re.findall(r"'([^']+)'", found["names"]))
-        status.phase = "waiting for collaborators"
-    elif AGG_DONE.match(message):
-        status.phase = "done"
+    status.phase = phase
+    if isinstance(event.get("round"), int):
+        status.round = event["round"]
+    if isinstance(event.get("reported"), list):
+        status.reported = tuple(str(name) for name in event["reported"])
     return (status.phase, status.round, status.reported) != before
 
 
 @dataclass
-class LogFollower:
-    """Reads the lines a party appended to its log since the last call (a partial last line waits for its end)."""
+class StatusFollower:
+    """Reads the events a party appended to its status file since the last call (a partial last line waits for its
+    end; a line that is not a JSON object is passed over). `party`: only that party's events (in one process several
+    parties may share a file)."""
 
     path: Path
-    aggregator: bool = False
+    party: str | None = None
     status: PartyStatus = field(default_factory=PartyStatus)
     offset: int = 0
     pending: bytes = b""
@@ -117,12 +80,15 @@ class LogFollower:
         except OSError:
             return False
         self.offset += len(chunk)
-        data = self.pending + chunk
-        *lines, self.pending = data.split(b"\n")
-        apply = apply_aggregator_line if self.aggregator else apply_collaborator_line
+        *lines, self.pending = (self.pending + chunk).split(b"\n")
         changed = False
         for raw in lines:
-            changed |= apply(self.status, raw.decode("utf-8", errors="replace"))
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(event, dict) and (self.party is None or event.get("party") == self.party):
+                changed |= apply_event(self.status, event)
         return changed
 
     def take_notes(self) -> list[str]:

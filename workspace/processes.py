@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from src.party_events import ENV as PARTY_STATUS_ENV
+
 
 class FxNotFoundError(RuntimeError):
     pass
@@ -58,9 +60,9 @@ def party_threads(collaborators: int, cores: int | None = None) -> int:
     return max(1, cores // max(1, collaborators))
 
 
-def fx_environment(log_file: str | None = None, *, threads: int | None = None) -> dict:
+def fx_environment(log_file: str | None = None, *, threads: int | None = None, status_file: str | None = None) -> dict:
     """The environment of an `fx` process; `threads` sets OMP_NUM_THREADS / MKL_NUM_THREADS unless the user's
-    environment sets them (theirs win)."""
+    environment sets them (theirs win); `status_file`: where it appends its status events (src.party_events)."""
     env = dict(os.environ)
     if threads is not None and not any(name in os.environ for name in THREAD_VARIABLES):
         for name in THREAD_VARIABLES:
@@ -76,6 +78,10 @@ def fx_environment(log_file: str | None = None, *, threads: int | None = None) -
         env["LOG_FILE"] = log_file  # OpenFL's plain one-line-per-record log; must be logs/<name>
     else:
         env.pop("LOG_FILE", None)
+    if status_file:
+        env[PARTY_STATUS_ENV] = status_file
+    else:
+        env.pop(PARTY_STATUS_ENV, None)
     return env
 
 

@@ -1,5 +1,5 @@
 """The accountant's epsilon of the mechanisms the canary audits check, with opacus' RDP accountant (the one the
-party's DP training reports through src/dp_training.py), at its default orders. opacus (and with it torch) is
+party's DP training reports through audit/dp_training.py), at its default orders. opacus (and with it torch) is
 imported on the first epsilon computed, not with this module.
 """
 

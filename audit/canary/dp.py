@@ -7,7 +7,7 @@ with probability at most 1 - confidence per check (the bound's own error level);
 tests/test_canary_soundness.py.
 
 - DP-SGD (the gate's dp_retrain): `audit_dp_training` runs the party's own DP training (a `DPTrainer`, the same code
-  that trains the update: src/dp_training.py) once more from the same start on the same members, with gradient
+  that trains the update: audit/dp_training.py) once more from the same start on the same members, with gradient
   canaries (audit.canary.gradients) inside its optimizer step. Claimed: the accountant's epsilon of one such training
   (RDP, Poisson sampling rate, steps, noise multiplier), the claim this run must honour.
 - dp_fedavg (clip the whole update to `clip`, add N(0, (sigma clip)^2)): `audit_update_mechanism` passes an update

@@ -1,6 +1,6 @@
 """What a collaborator's gate tells the aggregator, and the one decision both sides read from it.
 
-The collaborator's `train` task (src/taskrunner.py) sends, with its update, these scalar metrics:
+The collaborator's `train` task (src/taskrunner.py, with audit.party_audit) sends, with its update, these scalar metrics:
 
     gate_kept                1.0 if the update was sent, 0.0 if its gate withheld it
     gate_retries             DP retrains before the decision

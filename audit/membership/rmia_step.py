@@ -38,10 +38,10 @@ def _logits(model: torch.nn.Module, x, batch_size: int) -> np.ndarray:
         return torch.cat([model(x[part]) for part in chunks(len(x), batch_size)]).double().cpu().numpy()
 
 
-def _probabilities(model, sets, settings: RMIASettings, batch_size: int, memo=None) -> dict[str, np.ndarray]:
+def _probabilities(model, sets, settings: RMIASettings, batch_size: int, signal_cache=None) -> dict[str, np.ndarray]:
     """Pr(x | model) = softmax(z / T)[y] on each set; the outputs the round's signals already took of the same
-    weights and set (the SignalMemo's) are reused."""
-    known = {} if memo is None else memo.logits(model, sets, batch_size=batch_size)
+    weights and set (the SignalCache's) are reused."""
+    known = {} if signal_cache is None else signal_cache.logits(model, sets, batch_size=batch_size)
     return {name: true_class_probability(known[name] if name in known else
                                          _logits(model, getattr(sets, name)[0], batch_size),
                                          np.asarray(getattr(sets, name)[1]), settings.temperature)
@@ -98,12 +98,12 @@ def _references(kind: str, context: AuditContext, settings: RMIASettings, round_
 def run(context: AuditContext, settings: RMIASettings) -> StepResult:
     audit = context.settings
     sets, batch = context.mia_sets, audit.batch_size
-    target = _probabilities(context.local_model, sets, settings, batch, context.memo)
+    target = _probabilities(context.local_model, sets, settings, batch, context.signal_cache)
     attacks, metrics, details, seconds, scores = {}, {}, {}, {}, {}
     for kind in settings.references:
         start = time.perf_counter()
         if kind == GLOBAL:
-            received = _probabilities(context.global_model, sets, settings, batch, context.memo)
+            received = _probabilities(context.global_model, sets, settings, batch, context.signal_cache)
             signals = {name: Signals(target[name], global_model=received[name]) for name in SETS}
             a = GLOBAL_A if settings.offline_a == TUNE else settings.offline_a
             info = {"reference_models": 0, "offline_a": a, "a_tuning": {"tuned": False, "why": "no reference with a "

@@ -20,14 +20,14 @@ from audit.round_audit import SETS, AuditContext, AuditSets, StepResult
 __all__ = ["run", "scalar_metrics", "attack_metrics"]
 
 
-def _signals_per_set(model, sets: AuditSets, names, settings, memo=None) -> tuple[dict, dict]:
+def _signals_per_set(model, sets: AuditSets, names, settings, signal_cache=None) -> tuple[dict, dict]:
     """signal name -> set name -> values, and signal name -> seconds spent over the three sets.
 
-    One compute_signals call per set: the signals share its forward pass (see compute_signals). With the round's
-    SignalMemo, signals already computed on the same weights and set are reused (the party's validation of the
+    One compute_signals call per set: the signals share its forward pass (see compute_signals). With the party's
+    SignalCache, signals already computed this round on the same weights and set are reused (the party's validation of the
     received model computes them before training)."""
-    if memo is not None:
-        values, seconds, _ = memo.signals(model, sets, list(names), layer=settings.gradient_layer,
+    if signal_cache is not None:
+        values, seconds, _ = signal_cache.signals(model, sets, list(names), layer=settings.gradient_layer,
                                           batch_size=settings.batch_size)
         return values, seconds
     values: dict[str, dict[str, np.ndarray]] = {name: {} for name in names}
@@ -94,12 +94,12 @@ def run(context: AuditContext, settings) -> StepResult:
     wanted = list(settings.signals)
     local_names, global_names = signal_names(settings)
 
-    local_values, local_seconds = _signals_per_set(context.local_model, sets, local_names, settings, context.memo)
+    local_values, local_seconds = _signals_per_set(context.local_model, sets, local_names, settings, context.signal_cache)
     attacks = {"local": _population_attacks({k: local_values[k] for k in wanted}, settings)}
     signal_seconds = {"local": local_seconds}
 
     if global_model is not None and global_names:
-        global_values, global_seconds = _signals_per_set(global_model, sets, global_names, settings, context.memo)
+        global_values, global_seconds = _signals_per_set(global_model, sets, global_names, settings, context.signal_cache)
         signal_seconds["global"] = global_seconds
         if settings.audit_global:
             attacks["global"] = _population_attacks({k: global_values[k] for k in wanted}, settings)

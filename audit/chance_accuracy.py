@@ -1,7 +1,7 @@
 """Whether the global model has learnt anything by the time the audit's figures start to matter: its accuracy on a
 party's validation set against chance, the share of the most frequent class there (what always guessing that class
 scores). An audit of a model that has learnt nothing says little: its members and non-members look alike to it
-whatever the data. The task runner (src/taskrunner.py) asks once per party, at its first validation of a received
+whatever the data. The party's audit (audit.party_audit) asks once per party, at its first validation of a received
 model from CHECK_ROUND on, and logs the note at most once per process (every party of the demo shares one)."""
 
 from __future__ import annotations

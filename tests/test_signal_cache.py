@@ -1,5 +1,5 @@
-"""audit.membership.signal_memo: a round's signals computed once per weights and set, and the validation tasks that
-read their accuracy off them instead of running the model again."""
+"""audit.membership.signal_cache: a round's signals computed once per model state and set label, and the validation
+tasks that read their accuracy off them instead of running the model again."""
 
 import copy
 
@@ -9,8 +9,8 @@ import torch
 from openfl.federated.task.runner_pt import PyTorchTaskRunner
 from torch import nn
 
-import audit.membership.signal_memo as memo_module
-from audit.membership.signal_memo import SignalMemo, state_fingerprint
+import audit.membership.signal_cache as cache_module
+from audit.membership.signal_cache import SignalCache, state_fingerprint
 from audit.membership.signals import compute_signals
 from audit.round_audit import SETS, AuditSets
 from workspace.in_process import run_in_process
@@ -35,20 +35,20 @@ def tabular_sets(seed=1):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts compute_signals calls made through the memo."""
+    """Counts compute_signals calls made through the cache."""
     calls = []
 
     def counting(*args, **kwargs):
         calls.append(1)
         return compute_signals(*args, **kwargs)
 
-    monkeypatch.setattr(memo_module, "compute_signals", counting)
+    monkeypatch.setattr(cache_module, "compute_signals", counting)
     return calls
 
 
 def test_values_are_compute_signals_bit_for_bit(counted):
     model, sets = tabular_model(), tabular_sets()
-    values, seconds, reused = SignalMemo().signals(model, sets, NAMES, layer=None, batch_size=4)
+    values, seconds, reused = SignalCache().signals(model, sets, NAMES, layer=None, batch_size=4)
     for set_name in SETS:
         x, y = sets.tensors(set_name)
         want = compute_signals(model, x, y, NAMES, batch_size=4)
@@ -59,18 +59,18 @@ def test_values_are_compute_signals_bit_for_bit(counted):
 
 
 def test_same_weights_in_another_module_are_reused(counted):
-    memo, model, sets = SignalMemo(), tabular_model(), tabular_sets()
-    first, _, _ = memo.signals(model, sets, NAMES, layer=None, batch_size=4)
-    again, _, reused = memo.signals(copy.deepcopy(model), sets, ["loss"], layer=None, batch_size=4)
+    cache, model, sets = SignalCache(), tabular_model(), tabular_sets()
+    first, _, _ = cache.signals(model, sets, NAMES, layer=None, batch_size=4)
+    again, _, reused = cache.signals(copy.deepcopy(model), sets, ["loss"], layer=None, batch_size=4)
     assert reused == dict.fromkeys(SETS, True) and len(counted) == 3
     assert all(np.array_equal(again["loss"][s], first["loss"][s]) for s in SETS)
 
 
-@pytest.mark.parametrize("change", ["weights", "buffer", "batch_size", "layer", "copied_set", "new_signal", "round"])
+@pytest.mark.parametrize("change", ["weights", "buffer", "batch_size", "layer", "other_label", "new_signal", "round"])
 def test_anything_that_can_change_a_value_is_computed_afresh(counted, change):
-    memo, model, sets = SignalMemo(), tabular_model(), tabular_sets()
-    memo.start_round(0)
-    memo.signals(model, sets, ["loss", "logits"], layer=None, batch_size=4)
+    cache, model, sets = SignalCache(), tabular_model(), tabular_sets()
+    cache.start_round(0)
+    cache.signals(model, sets, ["loss", "logits"], layer=None, batch_size=4)
     kwargs = {"layer": None, "batch_size": 4}
     names = ["loss", "logits"]
     if change == "weights":
@@ -82,17 +82,14 @@ def test_anything_that_can_change_a_value_is_computed_afresh(counted, change):
         kwargs["batch_size"] = 5
     elif change == "layer":
         kwargs["layer"] = "3"
-    elif change == "copied_set":
+    elif change == "other_label":  # new AuditSets (as the data mitigation makes): a label of their own
         sets = AuditSets(sets.members, (sets.nonmembers[0].copy(), sets.nonmembers[1]), sets.population)
     elif change == "new_signal":
         names = ["loss", "gradient_norm"]
     elif change == "round":
-        memo.start_round(1)
-    values, _, reused = memo.signals(model, sets, names, **kwargs)
-    if change == "copied_set":
-        assert reused == {"members": True, "nonmembers": False, "population": True}
-    else:
-        assert not any(reused.values())
+        cache.start_round(1)
+    values, _, reused = cache.signals(model, sets, names, **kwargs)
+    assert not any(reused.values())
     for set_name in SETS:
         x, y = sets.tensors(set_name)
         want = compute_signals(model, x, y, names, **kwargs)
@@ -100,22 +97,52 @@ def test_anything_that_can_change_a_value_is_computed_afresh(counted, change):
 
 
 def test_accuracy_is_the_share_of_right_predictions_of_those_weights():
-    memo, model, sets = SignalMemo(), tabular_model(), tabular_sets()
+    cache, model, sets = SignalCache(), tabular_model(), tabular_sets()
     x, y = sets.nonmembers
-    assert memo.accuracy(model, x, y) is None  # nothing computed yet
-    memo.signals(model, sets, ["gradient_norm", "loss"], layer=None, batch_size=3)
+    assert cache.accuracy(model, sets, "nonmembers") is None  # nothing computed yet
+    cache.signals(model, sets, ["gradient_norm", "loss"], layer=None, batch_size=3)
     with torch.no_grad():
         want = float((model.eval()(torch.as_tensor(x)).argmax(1).numpy() == y).mean())
-    assert memo.accuracy(copy.deepcopy(model), x, y) == want
-    assert memo.accuracy(model, x.copy(), y) is None  # other arrays: not the audit's set
-    assert memo.accuracy(tabular_model(seed=5), x, y) is None  # other weights
+    assert cache.accuracy(copy.deepcopy(model), sets, "nonmembers") == want
+    other = AuditSets(sets.members, sets.nonmembers, sets.population)  # other sets (a label of their own)
+    assert cache.accuracy(model, other, "nonmembers") is None
+    assert cache.accuracy(tabular_model(seed=5), sets, "nonmembers") is None  # other weights
+
+
+def test_a_hit_for_the_same_model_state_and_set_label_a_miss_once_the_model_changes(counted):
+    """The cache's key is explicit: the model's state (its fingerprint, whatever module holds it) and the set's label
+    and name. The same label with other array objects (a caller's copies) is a hit; weights changed in place
+    (the task runner loads every round's weights into one module) are a miss, and so is another label."""
+    cache, model, sets = SignalCache(), tabular_model(), tabular_sets()
+    cache.signals(model, sets, ["loss"], layer=None, batch_size=4)
+    assert len(counted) == 3 and len(cache) == 3
+    copied = AuditSets(*[(x.copy(), y.copy()) for x, y in (sets.members, sets.nonmembers, sets.population)],
+                       label=sets.label)
+    _, _, reused = cache.signals(model, copied, ["loss"], layer=None, batch_size=4)
+    assert reused == dict.fromkeys(SETS, True) and len(counted) == 3
+    with torch.no_grad():
+        model[3].bias[0] += 0.5
+    values, _, reused = cache.signals(model, sets, ["loss"], layer=None, batch_size=4)
+    assert not any(reused.values()) and len(counted) == 6 and len(cache) == 6
+    x, y = sets.tensors("members")
+    assert np.array_equal(values["loss"]["members"], compute_signals(model, x, y, ["loss"], batch_size=4)["loss"])
+    relabelled = sets.labelled("other")
+    _, _, reused = cache.signals(model, relabelled, ["loss"], layer=None, batch_size=4)
+    assert not any(reused.values()) and len(counted) == 9
+
+
+def test_a_sample_is_labelled_by_its_source_size_and_seed():
+    sets = tabular_sets()
+    assert sets.sampled(5, seed=3).label == sets.sampled(5, seed=3).label != sets.sampled(5, seed=4).label
+    assert sets.sampled(100, seed=3) is sets  # nothing to draw: the sets themselves
+    assert AuditSets(sets.members, sets.nonmembers, sets.population).label != sets.label
 
 
 def test_gradient_norm_alone_without_a_forward_pass_gives_no_accuracy():
     """The general gradient path returns no outputs: the validation then runs its own loop."""
-    memo, model, sets = SignalMemo(), tabular_model(), tabular_sets()
-    memo.signals(model, sets, ["gradient_norm"], layer=None, batch_size=4)
-    assert memo.accuracy(model, *sets.nonmembers) is None
+    cache, model, sets = SignalCache(), tabular_model(), tabular_sets()
+    cache.signals(model, sets, ["gradient_norm"], layer=None, batch_size=4)
+    assert cache.accuracy(model, sets, "nonmembers") is None
 
 
 def test_fingerprint_sees_names_values_and_buffers():
@@ -131,7 +158,7 @@ def test_fingerprint_sees_names_values_and_buffers():
 
 # ---------------------------------------------------------------- the task runner's validation tasks
 
-# RMIA against the received model only: it reads its outputs off the memo as every kind does; the trained
+# RMIA against the received model only: it reads its outputs off the cache as every kind does; the trained
 # references (fine_tuned, independent) compute their own and would only add their trainings here.
 RMIA = {"references": ["global"]}
 DIGITS = {
@@ -141,8 +168,8 @@ DIGITS = {
 }
 
 
-class NoMemo(SignalMemo):
-    """Every audit computes its signals afresh (with OpenFL's own validation loop: the task runner before the memo)."""
+class NoCache(SignalCache):
+    """Every audit computes its signals afresh (with OpenFL's own validation loop: the task runner before the cache)."""
 
     def signals(self, *args, **kwargs):
         self._entries.clear()
@@ -150,15 +177,16 @@ class NoMemo(SignalMemo):
 
 
 def _run(tmp_path, monkeypatch, shared: bool, overrides=DIGITS):
+    import audit.party_audit as party_audit_module
     import src.taskrunner as taskrunner_module
 
     loops, computed = [], []
     real_loop = PyTorchTaskRunner.validate_
     monkeypatch.setattr(PyTorchTaskRunner, "validate_", lambda self, loader: loops.append(1) or real_loop(self, loader))
-    monkeypatch.setattr(memo_module, "compute_signals",
+    monkeypatch.setattr(cache_module, "compute_signals",
                         lambda *a, **k: computed.append(1) or compute_signals(*a, **k))
     if not shared:
-        monkeypatch.setattr(taskrunner_module, "SignalMemo", NoMemo)
+        monkeypatch.setattr(party_audit_module, "SignalCache", NoCache)
         monkeypatch.setattr(taskrunner_module.AuditedTaskRunner, "validate_", PyTorchTaskRunner.validate_)
     result = run_in_process(tmp_path, collaborators=2, rounds=3, overrides=overrides)
     monkeypatch.undo()
@@ -185,7 +213,7 @@ def test_validation_reads_the_audits_signals_with_the_same_metrics(tmp_path, mon
 def test_a_sampled_audit_leaves_validation_on_every_sample(tmp_path, monkeypatch):
     """With audit.sample_size 100 (the digits shards: 90 members, 404 non-members = the validation set, 404
     population) the audit's non-members are a sample, so the validation accuracy cannot be read off them: every
-    validation is computed on all 404, and every metric is the one a run with OpenFL's own loop and no memo gives."""
+    validation is computed on all 404, and every metric is the one a run with OpenFL's own loop and no cache gives."""
     sampled = {**DIGITS, "task_runner": {"settings": {"seed": 2, "audit": {"interval": 2, "sample_size": 100,
                                                                             "rmia": RMIA}}}}
     plain, plain_loops, _ = _run(tmp_path / "plain", monkeypatch, shared=False, overrides=sampled)
@@ -230,13 +258,13 @@ def test_rmia_reads_the_models_outputs_off_the_round_signals(monkeypatch, make_m
     own_logits = rmia_step._logits
     monkeypatch.setattr(rmia_step, "_logits", lambda *a: forwards.append(1) or own_logits(*a))
 
-    def audit(memo):
-        return audit_round(local, received, sets, settings, party="p", round_num=0, seed=0, memo=memo)
+    def audit(cache):
+        return audit_round(local, received, sets, settings, party="p", round_num=0, seed=0, signal_cache=cache)
 
     alone = audit(None)
     assert len(forwards) == 2 * len(SETS)  # both models on every set
     forwards.clear()
-    shared = audit(SignalMemo())
+    shared = audit(SignalCache())
     assert forwards == []
     rmia_metrics = {k: v for k, v in alone["metrics"].items() if k.startswith("rmia_")}
     assert rmia_metrics and {k: shared["metrics"][k] for k in rmia_metrics} == rmia_metrics
@@ -248,13 +276,13 @@ def test_rmia_reads_the_models_outputs_off_the_round_signals(monkeypatch, make_m
 def test_the_memos_outputs_are_a_plain_forward_pass_bit_for_bit(make_model, make_sets):
     import audit.membership.rmia_step as rmia_step
 
-    model, sets, memo = make_model(3), make_sets(4), SignalMemo()
-    assert memo.logits(model, sets, batch_size=16) == {}
-    memo.signals(model, sets, ["logits", "gradient_norm"], layer=None, batch_size=16)
-    assert memo.logits(model, sets, batch_size=8) == {}  # another batch size: other kernels' last bits
-    found = memo.logits(model, sets, batch_size=16)
+    model, sets, cache = make_model(3), make_sets(4), SignalCache()
+    assert cache.logits(model, sets, batch_size=16) == {}
+    cache.signals(model, sets, ["logits", "gradient_norm"], layer=None, batch_size=16)
+    assert cache.logits(model, sets, batch_size=8) == {}  # another batch size: other kernels' last bits
+    found = cache.logits(model, sets, batch_size=16)
     assert set(found) == set(SETS)
     for set_name in SETS:
         assert np.array_equal(found[set_name], rmia_step._logits(model, getattr(sets, set_name)[0], 16))
-    memo.start_round(1)
-    assert memo.logits(model, sets, batch_size=16) == {}
+    cache.start_round(1)
+    assert cache.logits(model, sets, batch_size=16) == {}

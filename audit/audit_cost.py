@@ -1,8 +1,8 @@
 """Whether a round's audit cost much more than the local training it audits, and which setting would cut it.
 
 Read off the round record's timings (audit.round_audit: `audit_s`, one `<step>_s` per audit step, the membership
-step's `signals_s` per model and signal; the task runner adds `train_s`). The task runner logs the note once per
-collaborator (src/taskrunner.py); `python -m workspace run` relays it from the collaborator's log.
+step's `signals_s` per model and signal; the party's audit adds `train_s`). The party's audit logs the note once per
+collaborator (audit.party_audit) and writes it as a status event, which `python -m workspace run` relays.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ __all__ = ["COST_FACTOR", "MIN_AUDIT_S", "COST_NOTE_MARK", "audit_cost_note"]
 COST_FACTOR = 3.0
 MIN_AUDIT_S = 1.0  # an audit under a second per round is not what anyone waits for, whatever the ratio
 IN_VALIDATION = "audit_in_validation_s"  # a timing of the membership step, not a step of its own
-COST_NOTE_MARK = "the audit took"  # the note's fixed words, which workspace.party_status looks for in a log
+COST_NOTE_MARK = "the audit took"  # the note's fixed words
 
 PLAN_PREFIX = "task_runner.settings.audit"
 # Per audit step: the settings that make it cheaper (plan key under task_runner.settings.audit; the demo's flag).
@@ -85,7 +85,7 @@ def audit_cost_note(record: dict, *, factor: float = COST_FACTOR, min_audit_s: f
     steps = {key[:-2]: _seconds(value) for key, value in timings.items()
              if key.endswith("_s") and key not in ("audit_s", "train_s", IN_VALIDATION)
              and not math.isnan(_seconds(value))}
-    # The received model's membership signals, computed while it was validated (src/taskrunner.py), are membership's.
+    # The received model's membership signals, computed while it was validated (audit.party_audit), are membership's.
     if not math.isnan(in_validation := _seconds(timings.get(IN_VALIDATION))) and in_validation > 0:
         steps["membership"] = steps.get("membership", 0.0) + in_validation
     costliest = max(steps, key=steps.get) if steps else None

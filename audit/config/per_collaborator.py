@@ -1,4 +1,4 @@
-"""Per-collaborator settings (`task_runner.settings.per_collaborator`), applied by the task runner.
+"""Per-collaborator settings (`task_runner.settings.per_collaborator`), applied by the party's audit (audit.party_audit).
 
     per_collaborator:
       collaborator2:
@@ -8,7 +8,7 @@
         mitigation: {method: mm_aug, alpha: 0.5}  # replaces the plan-wide `mitigation` (audit.deanon.mitigation)
 
 Every collaborator parses the same plan, so each knows every other's gate: the runner uses that to send
-the same metric names as all others (OpenFL's aggregator needs that, see src.taskrunner).
+the same metric names as all others (OpenFL's aggregator needs that, see audit.party_record).
 The runner never learns the federation's names, so a name no collaborator has is checked by whoever knows them,
 before any work: src.plan_checks.check_collaborator_names (`python -m workspace`, the demo).
 """
