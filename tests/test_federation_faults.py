@@ -17,7 +17,8 @@ import time
 import psutil
 import pytest
 
-from test_federation_multiprocess import FX, is_gone, start_cli, state, stop_group, wait_until, workspace_cli
+from test_federation_multiprocess import (FX, all_pids, is_gone, start_cli, state, stop_group, wait_until,
+                                         workspace_cli)
 
 pytestmark = [pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv"),
               pytest.mark.federation]
@@ -139,7 +140,7 @@ def test_participants_die_with_a_killed_tooling_and_the_folder_is_reported_stale
     shutil.copytree(prepared, run_dir)
     tooling = start_cli(run_dir, tmp_path / "tooling.log")
     try:
-        pids = wait_until(lambda: state(run_dir).get("extra", {}).get("pids"), 60, "the participants' pids",
+        pids = wait_until(lambda: all_pids(run_dir), 60, "the participants' pids",
                           tooling, tmp_path / "tooling.log")
         wait_until(lambda: all(not is_gone(p) for p in pids.values()), 30, "the participants running",
                    tooling, tmp_path / "tooling.log")

@@ -75,6 +75,13 @@ def state(run_dir: Path) -> dict:
         return {}
 
 
+def all_pids(run_dir: Path) -> dict | None:
+    """Every participant's pid once all have started (federation.json records each as it starts); else None."""
+    current = state(run_dir)
+    pids = current.get("extra", {}).get("pids") or {}
+    return pids if pids and len(pids) == 1 + len(current.get("collaborators", ())) else None
+
+
 def is_gone(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
@@ -163,7 +170,7 @@ def federation(prepared, tmp_path_factory):
                        f"intruder {name} to be retrying")
         started = time.monotonic()
         processes["tooling"] = tooling = start_cli(run_dir, base / "tooling.log", tensorboard=True)
-        pids = wait_until(lambda: state(run_dir).get("extra", {}).get("pids"), 60, "the participants' pids",
+        pids = wait_until(lambda: all_pids(run_dir), 60, "the participants' pids",
                           tooling, base / "tooling.log")
         port = state(run_dir)["port"]
         aggregator = psutil.Process(pids["aggregator"])
@@ -349,7 +356,7 @@ def test_ctrl_c_stops_every_process_it_started(prepared, tmp_path):
     run_dir = fresh_copy(prepared, tmp_path / "run")
     tooling = start_cli(run_dir, tmp_path / "tooling.log")
     try:
-        pids = wait_until(lambda: state(run_dir).get("extra", {}).get("pids"), 60, "the participants' pids",
+        pids = wait_until(lambda: all_pids(run_dir), 60, "the participants' pids",
                           tooling, tmp_path / "tooling.log")
         wait_until(lambda: all(not is_gone(p) for p in pids.values()) and (
             run_dir / "aggregator" / "logs" / "aggregator.log").exists(), 30, "the participants running",

@@ -226,7 +226,12 @@ def main(argv=None, *, exiting: bool = False) -> int:
         print_reports(outcome)
         print(f"run index (every party's page and the aggregator's): {outcome.run_index}")
         return 0 if outcome.ok else 1
-    except Interrupted as stop:
+    except (Interrupted, InterruptedError) as caught:
+        # A handler's exception raised while Python runs a finaliser or a GC callback is printed and dropped; the
+        # cancelled registry then refuses the next start with InterruptedError: the same interruption.
+        if not isinstance(caught, Interrupted) and registry.interrupted_by is None:
+            raise
+        stop = caught if isinstance(caught, Interrupted) else Interrupted(registry.interrupted_by)
         registry.stop_all()  # a further signal only hastens this (interrupt_handler)
         stopped = registry.stopped_running
         print(f"\ninterrupted ({stop}); stopped {len(stopped)} running process(es): {', '.join(stopped) or '-'}",

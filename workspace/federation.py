@@ -208,7 +208,11 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         env = fx_environment(f"logs/{name}.log", threads=threads,
                              status_file=str(status_file(ws, name).relative_to(ws)))
         env[INSECURE_ENV] = ",".join(layout.insecure)  # what the user's flags allowed off, and nothing else
-        processes[name] = registry.start(name, [fx, *args], cwd=ws, log_path=logs[name], env=env)
+        processes[name] = started = registry.start(name, [fx, *args], cwd=ws, log_path=logs[name], env=env)
+        # Recorded as each one starts: an interrupted launch still names every participant that ran
+        layout.extra.setdefault("pids", {})[name] = started.pid
+        layout.extra.setdefault("start_ticks", {})[name] = getattr(snapshot(started.pid), "start_ticks", None)
+        layout.save()
 
     interrupted = False
     try:
@@ -221,10 +225,6 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         launch(AGGREGATOR, ["aggregator", "start"])
         for name in layout.collaborators:  # they retry every client_reconnect_interval until the server is up
             launch(name, ["collaborator", "start", "-n", name])
-        layout.extra["pids"] = {name: p.pid for name, p in processes.items()}
-        layout.extra["start_ticks"] = {name: getattr(snapshot(p.pid), "start_ticks", None)
-                                       for name, p in processes.items()}
-        layout.save()
         say("started " + ", ".join(f"{name} (pid {p.pid})" for name, p in processes.items()))
         liveness = None
         if liveness_s:
@@ -236,6 +236,9 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
                progress=progress, poll_s=poll_s, begin=begin, liveness=liveness, stop=registry.stop)
     except KeyboardInterrupt:  # workspace.__main__.Interrupted: SIGINT, SIGTERM
         interrupted = True
+        raise
+    except InterruptedError:  # the registry refused a start: a signal cancelled it, its exception lost (see __main__)
+        interrupted = registry.interrupted_by is not None
         raise
     finally:
         # Whatever ends the run, federation.json must say how (a signal now only hastens this, see __main__).
