@@ -34,8 +34,10 @@ __all__ = ["TrainingRecipe", "TrainedCopies", "train_copies", "train_references"
 # Memory for stacked copies: parameters, gradients and up to two optimiser states each (float32).
 _CHUNK_BUDGET_BYTES = 512 * 2**20
 # Trained copies larger than this (all of them together) wait on disk between uses, one chunk in memory at a time:
-# RMIA's K = 4 references of the tutorial's AlexNet are 0.37 GB per party, kept across rounds.
-_SPILL_BYTES = 256 * 2**20
+# RMIA's independent references are kept across rounds, and even one of the tutorial's AlexNet (93 MB a party) held in
+# memory was most of a run's growth from its first round to its second; writing and reading it back costs a fraction
+# of a second a round against its training's tens of seconds.
+_SPILL_BYTES = 32 * 2**20
 
 
 @dataclass(frozen=True)

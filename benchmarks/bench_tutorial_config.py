@@ -347,6 +347,8 @@ def print_census(rows: list[dict], top: int = 12) -> None:
                       f"{entry['malloc_free_kept_gb']:.2f} GB" if "malloc_in_use_gb" in entry else "")
             print(f"\ncensus ({r['label']}, round {entry['round'] + 1}, {entry['at']}): RSS {entry['rss_gb']:.2f} GB, "
                   f"tensors {entry['tensors_gb']:.3f} GB, arrays {entry['arrays_gb']:.3f} GB (>= 1 MB each){malloc}")
+            for store, gb in (entry.get("tensor_dbs_gb") or {}).items():
+                print(f"  {gb:8.3f} GB  held by {store}")
             for holder, gb in entry["by_holder"][:top]:
                 print(f"  {gb:8.3f} GB  {holder}")
 

@@ -252,6 +252,10 @@ def census(top: int = 30) -> dict:
         objects = gc.get_objects()
         found = [(o, None) for o in objects if isinstance(o, torch.Tensor)]
         found += [(a, o) for o in objects for a in gc.get_referents(o) if isinstance(a, np.ndarray)]
+        # numpy arrays are not tracked by gc, so arrays held in an object array (a pandas frame's column: OpenFL's
+        # TensorDB keeps its tensors so) are no object's referents: look inside the object arrays found
+        found += [(a, holder) for arr, holder in list(found) if isinstance(arr, np.ndarray) and arr.dtype == object
+                  for a in arr.ravel() if isinstance(a, np.ndarray)]
     skip = frozenset({id(objects), id(found), *map(id, found)})
     groups: dict[str, float] = {}
     seen: set = set()
@@ -273,10 +277,27 @@ def census(top: int = 30) -> dict:
         totals[key[0]] += size / 1e9
         owner = f"{'tensor' if key[0] == 't' else 'array'} " + _owner_path(item, holder, skip=skip)
         groups[owner] = groups.get(owner, 0.0) + size / 1e9
+    stores = {f"{type(o).__module__}.{type(o).__qualname__}@{id(o):x}": round(_tensor_db_gb(o), 4)
+              for o in objects if any(c.__name__ == "TensorDB" for c in type(o).__mro__)}
+    # the aggregator's own copies of whole models (OpenFL keeps the best and the last round's tensors)
+    for o in objects:
+        for attribute in ("best_tensor_dict", "last_tensor_dict"):
+            held = getattr(o, "__dict__", {}).get(attribute) if type(o).__name__ == "Aggregator" or any(
+                c.__name__ == "Aggregator" for c in type(o).__mro__) else None
+            if isinstance(held, dict):
+                stores[f"Aggregator.{attribute}"] = round(sum(getattr(a, "nbytes", 0) for a in held.values()) / 1e9, 4)
     del objects, found
     largest = sorted(groups.items(), key=lambda kv: -kv[1])[:top]
     return {"rss_gb": round(_rss_gb(), 3), "tensors_gb": round(totals["t"], 3), "arrays_gb": round(totals["a"], 3),
-            **_malloc_stats(), "by_holder": [(k, round(v, 4)) for k, v in largest]}
+            **_malloc_stats(), "tensor_dbs_gb": stores, "by_holder": [(k, round(v, 4)) for k, v in largest]}
+
+
+def _tensor_db_gb(db) -> float:
+    """The bytes of the arrays an OpenFL TensorDB holds (its frame's nparray column), GB."""
+    try:
+        return sum(getattr(a, "nbytes", 0) for a in db.tensor_db["nparray"]) / 1e9
+    except Exception:
+        return float("nan")
 
 
 def _malloc_stats() -> dict:
