@@ -3,7 +3,7 @@
 Orekondy et al. (seeds 000/001, section "Training and Evaluation Data for Attacker"): every user owns two devices
 in the federation, an anonymous one (its private data) and a shadow one holding the adversary's prior data of the
 user; both follow the user's own label mix (data_loader.settings.devices_per_user: 2). The aggregator keeps every
-device's update of the last layer each round (src/deanon_callback.py's UpdateHistory); the attacks train on the
+device's update of the last layer each round (src/server/deanon_callback.py's UpdateHistory); the attacks train on the
 shadow devices' updates labelled by user and name the owners of the anonymous devices' updates (closed world).
 
     python benchmarks/bench_deanon.py               # 20 users, non-IID and the IID control: table 1

@@ -94,8 +94,8 @@ class TutorialNet(nn.Module):
 
 
 def digits_net(num_classes: int = 10) -> nn.Module:
-    """The workspace's own CNN (src.models) on 1x8x8 digits, as the audit runs it."""
-    from src.models import build_model
+    """The workspace's own CNN (src.runner.models) on 1x8x8 digits, as the audit runs it."""
+    from src.runner.models import build_model
 
     return build_model("cnn", (1, 8, 8), num_classes)
 
@@ -225,7 +225,7 @@ def main(argv=None) -> None:
 
     digits_x = torch.randn(args.samples, 1, 8, 8, generator=gen)
     digits_y = torch.randint(0, 10, (args.samples,), generator=gen)
-    bench("digits-size CNN (src.models cnn)", digits_net(), digits_x, digits_y, pm_model_module, layer="classifier.fc1",
+    bench("digits-size CNN (src.runner.models cnn)", digits_net(), digits_x, digits_y, pm_model_module, layer="classifier.fc1",
           repeats=args.repeats, naive=args.naive, reference_samples=args.reference_samples)
     print("\nload average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 

@@ -311,7 +311,7 @@ def test_bad_options_fail_in_one_line_before_anything_is_made(tmp_path, args, li
 
 
 def test_counts_are_bounded_by_the_machine_and_the_data(monkeypatch):
-    from src import plan_bounds
+    from src.plan import bounds as plan_bounds
 
     # OpenFL's assigner: ~160 bytes per round for each task and collaborator, within an eighth of the memory
     assert plan_bounds.max_rounds(3, 3, memory=24 * 2**30) == 100_000

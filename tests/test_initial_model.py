@@ -36,7 +36,7 @@ def assert_same_state(model: torch.nn.Module, want: dict, device) -> None:
     ("cnn", "digits", None), ("fcnn", "mnist", {"dropout": 0.3, "activation": "tanh"}), ("alexnet", "cifar10", None)])
 def test_before_round_0_the_initial_model_is_the_plan_model_built_again_bit_for_bit(tmp_path, model, dataset,
                                                                                     model_settings):
-    """What the runner deep-copied at construction, for every model of src/models.py; building it again leaves
+    """What the runner deep-copied at construction, for every model of src/runner/models.py; building it again leaves
     torch's global generator where it was (the draws after it are the ones they would have been)."""
     from openfl.utilities.dataloading import initialize_minimal_dataloader
 

@@ -24,8 +24,8 @@ import torch
 
 import cifar10_PM
 from audit.config.fields import SettingsError
-from src.aggregator_settings import OPENFL_FILLED, OPENFL_KEYS, OWN_KEYS
-from src.plan_checks import TASK_FUNCTIONS
+from src.server.settings import OPENFL_FILLED, OPENFL_KEYS, OWN_KEYS
+from src.plan.checks import TASK_FUNCTIONS
 from workspace.in_process import check_settings, parse_plan, run_in_process, run_plan_config, write_run_plan
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,7 +142,7 @@ def test_task_kwargs_fail_before_anything(tmp_path, overrides, message):
 
 
 def test_the_task_kwargs_table_is_the_task_functions_signatures():
-    """src.plan_checks spells the task functions' keyword arguments out (torch-free); they must be what the task
+    """src.plan.checks spells the task functions' keyword arguments out (torch-free); they must be what the task
     runner's functions take: its own train_task's and OpenFL's PyTorchTaskRunner's (which reads kwargs["apply"])."""
     from openfl.federated import PyTorchTaskRunner
 
@@ -184,7 +184,7 @@ def test_a_device_that_does_not_exist_fails_before_anything(tmp_path, device, sa
 
 
 def test_the_devices_this_machine_has_are_accepted():
-    from src.devices import available_devices, check_device
+    from src.runner.devices import available_devices, check_device
 
     for name in available_devices():
         assert check_device("device", name) == torch.device(name)
@@ -287,7 +287,7 @@ def test_openfls_own_sections_fail_before_anything(tmp_path, overrides, line):
 
 
 def test_openfls_sections_keys_are_its_signatures_and_defaults():
-    """src.openfl_sections spells OpenFL's keys out (torch- and OpenFL-free); they must be what OpenFL takes."""
+    """src.plan.openfl_sections spells OpenFL's keys out (torch- and OpenFL-free); they must be what OpenFL takes."""
     import yaml
     from openfl.component import Collaborator
     from openfl.component.aggregator import straggler_handling
@@ -295,7 +295,7 @@ def test_openfls_sections_keys_are_its_signatures_and_defaults():
     from openfl.transport.grpc.aggregator_client import AggregatorGRPCClient
     from openfl.transport.grpc.aggregator_server import AggregatorGRPCServer
 
-    from src import openfl_sections as sections
+    from src.plan import openfl_sections as sections
 
     def params(function, *left_out):
         return set(inspect.signature(function).parameters) - {"self", "args", "kwargs", *left_out}
@@ -427,7 +427,7 @@ def test_demo_download_flag_reaches_the_plan_and_the_cifar_hint_names_it(tmp_pat
     args = cifar10_PM.parse_args(["--download", "--dataset", "digits"])
     args.report_dir = tmp_path
     assert cifar10_PM.overrides_from_args(args)["data_loader"]["settings"]["download"] is True
-    from src.datasets import DatasetUnavailableError, check_available
+    from src.data.datasets import DatasetUnavailableError, check_available
 
     with pytest.raises(DatasetUnavailableError, match="--download"):
         check_available("cifar10", tmp_path / "none")

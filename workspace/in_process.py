@@ -113,9 +113,9 @@ def read_plan(path: Path) -> dict:
 def check_settings(config: Mapping, collaborators: list[str]) -> None:
     """The checks of a run's plan that need neither torch nor OpenFL (the tooling makes them before any folder):
     the aggregator's settings, the tasks, the per-collaborator names and the network, collaborator and
-    straggler-policy settings (src.plan_checks). ValueError naming the key."""
-    from src.aggregator_settings import AggregatorSettings
-    from src.plan_checks import check_plan
+    straggler-policy settings (src.plan.checks). ValueError naming the key."""
+    from src.server.settings import AggregatorSettings
+    from src.plan.checks import check_plan
 
     aggregator = config.get("aggregator")
     if not isinstance(aggregator, Mapping) or not isinstance(aggregator.get("settings") or {}, Mapping):
@@ -154,7 +154,7 @@ def check_party_data(config: Mapping, collaborators: list[str]) -> None:
 
     from audit.config.audit_settings import AuditSettings
     from audit.config.per_collaborator import check_gate_resolution, parse_per_collaborator
-    from src.plan_checks import DATA_LOADER_TEMPLATE, TASK_RUNNER_TEMPLATE
+    from src.plan.checks import DATA_LOADER_TEMPLATE, TASK_RUNNER_TEMPLATE
 
     loader_section, runner_section = config.get("data_loader") or {}, config.get("task_runner") or {}
     if loader_section.get("template") != DATA_LOADER_TEMPLATE:
@@ -295,7 +295,7 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     from openfl.callbacks import LambdaCallback
 
     from audit.reporting.background import flush as flush_reports
-    from src.metric_writer import PartyMetricWriter
+    from src.process.metric_writer import PartyMetricWriter
 
     tensorboard_enabled()  # fails here, not inside OpenFL's MetricWriter
     if check:
@@ -316,7 +316,7 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     # Callback objects go in next to the plan's {template, settings} entries; AuditingAggregator (the plan's
     # template) hands OpenFL a fresh list, so nothing leaks into OpenFL's shared default `callbacks=[]`.
     agg_settings = agg_plan.config["aggregator"]["settings"]
-    # Every participant writes what `fx` runs write with the plan's write_logs (src.metric_writer: per round
+    # Every participant writes what `fx` runs write with the plan's write_logs (src.process.metric_writer: per round
     # <name>_metrics.txt, and TensorBoard event files in <name>_tensorboard/ when TENSORBOARD=1), here under
     # run_dir/logs instead of each party's ./logs.
     logs_dir = str(Path(run_dir).resolve() / "logs")

@@ -108,7 +108,7 @@ class FederationLayout:
         except TypeError as err:
             raise SetupError(f"{path}: not a federation state file of this tool ({err})") from None
         # The names become folders and `fx` arguments: an edited state file must not name a path outside the folder.
-        from src.plan_checks import check_names
+        from src.plan.checks import check_names
 
         try:
             check_names(f"{path} collaborators", layout.collaborators)
@@ -247,7 +247,7 @@ def check_in_process(config: Mapping, names: list[str]) -> None:
     and the task runner built from the plan, and each party's data read by the loader's readers
     (workspace.in_process.check_buildable, check_party_data)."""
     from src.dataloader import clear_dataset_cache
-    from src.datasets import DatasetUnavailableError
+    from src.data.datasets import DatasetUnavailableError
     from workspace.in_process import check_buildable, check_party_data
 
     try:

@@ -75,7 +75,7 @@ _INFOS = {
 }
 assert tuple(_INFOS) == DATASETS
 # Samples in each dataset as this module reads it (train + test of the official files): the most a split can deal
-# out, known before any file is read (the bounds checked at start, src.plan_bounds).
+# out, known before any file is read (the bounds checked at start, src.plan.bounds).
 _SAMPLES = {"digits": 1797, "cifar10": 60000, "cifar100": 60000, "mnist": 70000, "fashionmnist": 70000}
 assert tuple(_SAMPLES) == DATASETS
 
