@@ -45,8 +45,8 @@ from src.server import grpc_server as aggregator_server, model_file
 from src.process.cuda_pages import release_cuda_library_pages
 from src.aggregation import round_decisions
 from src.server.report import AggregatorReportWriter
-from src.server.report import withheld_warning
-from src.server.report import metrics_from_tensor_db, round_record
+from src.server.report_page import withheld_warning
+from src.server.report_record import metrics_from_tensor_db, round_record
 from src.server.settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
 from src.server.tensordb import IndexedTensorDB
 from src.process.metric_writer import PartyMetricWriter

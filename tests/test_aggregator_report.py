@@ -12,7 +12,7 @@ from openfl.utilities import TensorKey, change_tags
 from workspace.run_summary import averaged_summary
 from src.aggregation import GatedWeightedAverage, round_decisions
 from src.server.report import AggregatorReportWriter
-from src.server.report import metrics_from_tensor_db, round_record
+from src.server.report_record import metrics_from_tensor_db, round_record
 from src.taskrunner import AuditedTaskRunner
 from workspace.in_process import collaborator_names, run_in_process
 
