@@ -1,4 +1,4 @@
-"""Tests for src.data.datasets, src.data.split (the split) and src.dataloader (the OpenFL data loader). No network."""
+"""Tests for src.data.datasets, src.data.split and src.dataloader (the OpenFL data loader). No network."""
 
 
 import numpy as np

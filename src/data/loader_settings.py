@@ -19,7 +19,7 @@ PREFIX = "data_loader.settings"
 
 @dataclass(frozen=True)
 class DataLoaderSettings:
-    """Each collaborator's member / non-member / population shards of one dataset (src.data.split's split)."""
+    """Each collaborator's member / non-member / population shards of one dataset (the split, src.data.split)."""
 
     batch_size: int = setting(32, integer(min=1), "training batch size")
     dataset: str = setting("digits", choice(DATASETS, "dataset", fold=True),

@@ -5,7 +5,7 @@
   before round 0 (and no round ran). A run may ask for at most MAX_ROUNDS rounds, and for no more than fit in
   ASSIGNER_MEMORY_SHARE of the machine's memory at ASSIGNER_BYTES_PER_ENTRY per round, task and collaborator.
 - Collaborators: every collaborator's member, non-member and population sets need at least one sample of the
-  dataset (src.data.split's split); a local federation runs a process per collaborator, each holding the libraries it
+  dataset (src.data.split); a local federation runs a process per collaborator, each holding the libraries it
   imports (PARTY_PROCESS_BYTES).
 - The audit's sample size: at most the dataset's samples (a larger one samples nothing more).
 
@@ -68,7 +68,7 @@ def check_rounds(key: str, rounds, *, tasks: int, collaborators: int, memory: in
 
 
 def _set_sizes(samples: int, ratios: Mapping[str, float]) -> dict[str, int]:
-    # src.data.split's split: floor(n * ratio) samples per set (train, test, population)
+    # src.data.split: floor(n * ratio) samples per set (train, test, population)
     return {key: int(math.floor(samples * float(r) + 1e-6)) for key, r in ratios.items()}
 
 
