@@ -241,7 +241,7 @@ def check_count_flags(args) -> None:
     _workspace_on_path()
     from src.plan import bounds as plan_bounds
     from src.plan.checks import task_names
-    from workspace.in_process import read_plan
+    from workspace.plan_file import read_plan
 
     plan_bounds.check_rounds("--comm_round", args.comm_round, tasks=len(task_names(read_plan(PLAN))),
                              collaborators=args.collaborators)
@@ -290,7 +290,7 @@ def gate_policy(args):
     _workspace_on_path()
     from audit.config.gate import GatePolicy, SettingsError
     from audit.config.audit_settings import AuditSettings
-    from workspace.in_process import read_plan
+    from workspace.plan_file import read_plan
 
     plan = read_plan(PLAN)
     audit = dict(plan["task_runner"]["settings"].get("audit") or {})
@@ -431,7 +431,7 @@ def check_deanon_sizes(args, config) -> None:
 
 
 def collaborator_names_of(args) -> list[str]:
-    from workspace.in_process import collaborator_names
+    from workspace.plan_file import collaborator_names
 
     return collaborator_names(args.collaborators)
 
@@ -529,8 +529,8 @@ def main(argv=None) -> int:
     from src.data.datasets import DatasetUnavailableError, check_available
     from src.dataloader import clear_dataset_cache
     from workspace.demo_output import Progress, print_attack_summary, print_summary
-    from workspace.in_process import (check_run_plan, collaborator_names, run_in_process, run_plan_config,
-                                      tensorboard_enabled)
+    from workspace.in_process import run_in_process, tensorboard_enabled
+    from workspace.plan_file import check_run_plan, collaborator_names, run_plan_config
     from workspace.run_summary import print_run_summary
     from workspace.tutorial_outputs import write_tutorial_outputs
 

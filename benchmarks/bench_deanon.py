@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from audit.reporting.atomic_io import atomic_savefig, atomic_write_json  # noqa: E402
 from audit.deanon.attacks import match, reidentify  # noqa: E402
-from workspace.in_process import collaborator_names, run_in_process  # noqa: E402
+from workspace.in_process import run_in_process  # noqa: E402
+from workspace.plan_file import collaborator_names  # noqa: E402
 
 ATTACKS = ("mlp", "svm", "knn", "siamese")
 # Points of the paper's grids (section 7.2; fewer, one federation each), the perturbations rescaled: our updates are ~1e-2 per coordinate, not

@@ -21,7 +21,8 @@ from openfl.transport.grpc.common import create_grpc_server
 
 from src.aggregator import AuditingAggregator
 from src.server.grpc_server import AddressBoundGRPCServer, bind_uri
-from workspace.in_process import parse_plan, write_run_plan
+from workspace.in_process import parse_plan
+from workspace.plan_file import write_run_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 TENSORS = {"w": np.zeros(3, dtype=np.float32)}

@@ -12,7 +12,8 @@ from audit.deanon.server import (BUILDING_HISTORY, EVALUATED, SKIPPED, WITHHELD,
 from audit.deanon.server_report import DeanonReportWriter
 from src.server.settings import AggregatorSettings, DeanonServerSettings
 from src.server.deanon_callback import DeanonymizationCallback, default_layer, resolve_layer
-from workspace.in_process import collaborator_names, run_in_process
+from workspace.in_process import run_in_process
+from workspace.plan_file import collaborator_names
 
 DIM = 64
 
@@ -282,7 +283,8 @@ def test_federation_writes_the_deanonymization_report(federation):
 
 
 def test_the_audit_is_off_unless_enabled(tmp_path):
-    from workspace.in_process import parse_plan, write_run_plan
+    from workspace.in_process import parse_plan
+    from workspace.plan_file import write_run_plan
 
     plan = parse_plan(write_run_plan(tmp_path, collaborators=2, rounds=1))
     aggregator = plan.get_aggregator(tensor_dict={"w": np.zeros(3, np.float32)})

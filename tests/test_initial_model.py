@@ -14,7 +14,8 @@ import torch
 
 import audit.party_audit as party_audit_module
 from audit.spill import load_model
-from workspace.in_process import parse_plan, run_in_process, write_run_plan
+from workspace.in_process import parse_plan, run_in_process
+from workspace.plan_file import write_run_plan
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -29,7 +29,8 @@ from audit.config.audit_settings import AuditSettings
 from crafted_models import class_fishing, imprint, layer_inputs, pass_through_convolution, trap_weights
 from src.aggregator import AuditingAggregator
 from src.data.datasets import load_dataset
-from workspace.in_process import collaborator_names, run_in_process
+from workspace.in_process import run_in_process
+from workspace.plan_file import collaborator_names
 
 pytestmark = [pytest.mark.federation, pytest.mark.usefixtures("one_torch_thread")]
 

@@ -26,7 +26,8 @@ import cifar10_PM
 from audit.config.fields import SettingsError
 from src.server.settings import OPENFL_FILLED, OPENFL_KEYS, OWN_KEYS
 from src.plan.checks import TASK_FUNCTIONS
-from workspace.in_process import check_settings, parse_plan, run_in_process, run_plan_config, write_run_plan
+from workspace.in_process import parse_plan, run_in_process
+from workspace.plan_file import check_settings, run_plan_config, write_run_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,7 +100,7 @@ def test_task_runner_settings_fail_before_anything(tmp_path, overrides, start, w
 def test_a_strong_enough_mitigation_and_a_real_layer_still_run_and_dp_fedavg_may_only_clip(tmp_path):
     """The checks refuse no-ops, not the settings they guard: these build (dp_fedavg with sigma 0 clips, and is
     recorded as such)."""
-    from workspace.in_process import check_run_plan
+    from workspace.plan_file import check_run_plan
 
     for settings in ({"mitigation": {"method": "noise", "sigma": 0.01}},
                      {"mitigation": {"method": "dp_fedavg"}},
@@ -638,7 +639,7 @@ def test_a_deployment_by_hand_fails_at_fx_plan_initialize_and_fx_aggregator_star
     """The real `fx` commands in an aggregator's workspace made as by hand (no tool check before them): a misspelt
     network key fails `fx plan initialize` (before any certificate), a `per_collaborator` name that is no
     collaborator in plan/cols.yaml fails `fx aggregator start` before it listens; each in one EXCEPTION line."""
-    from workspace.in_process import collaborator_names, read_plan
+    from workspace.plan_file import collaborator_names, read_plan
     from workspace.prepare import fx_exception, make_aggregator_workspace
     from workspace.processes import fx_environment
 
@@ -675,7 +676,7 @@ def test_a_deployment_by_hand_checks_included_files_names_and_transport_at_each_
     without TLS unless FEDERATION_INSECURE says it is meant, and then warns every round."""
     import signal as signals
 
-    from workspace.in_process import collaborator_names, read_plan
+    from workspace.plan_file import collaborator_names, read_plan
     from workspace.prepare import fx_exception, make_aggregator_workspace
     from workspace.processes import fx_environment
 

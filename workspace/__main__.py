@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from workspace.arguments import SuggestingParser
-from workspace.in_process import WORKSPACE_ROOT
+from workspace.plan_file import WORKSPACE_ROOT
 
 if str(WORKSPACE_ROOT) not in sys.path:  # src.server.settings, audit.reporting.atomic_io
     sys.path.insert(0, str(WORKSPACE_ROOT))

@@ -36,7 +36,7 @@ from typing import Callable, Mapping
 import yaml
 
 from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
-from workspace.in_process import WORKSPACE_ROOT, collaborator_names
+from workspace.plan_file import WORKSPACE_ROOT, collaborator_names
 from workspace.processes import ProcessRegistry, fx_environment, fx_executable
 from workspace.run_lock import LOCK_FILE, FolderBusyError, FolderLock
 from workspace.run_plan import (AGG_ADDR, aggregator_report_dir, build_run_plan, collaborator_report_dir, dump_plan,
@@ -245,10 +245,10 @@ def restrict_private_keys(ws: Path) -> list[Path]:
 def check_in_process(config: Mapping, names: list[str]) -> None:
     """What `fx plan initialize` and each collaborator would find, in this process before any folder: the data loader
     and the task runner built from the plan, and each party's data read by the loader's readers
-    (workspace.in_process.check_buildable, check_party_data)."""
+    (workspace.plan_file.check_buildable, check_party_data)."""
     from src.dataloader import clear_dataset_cache
     from src.data.datasets import DatasetUnavailableError
-    from workspace.in_process import check_buildable, check_party_data
+    from workspace.plan_file import check_buildable, check_party_data
 
     try:
         check_buildable(config)

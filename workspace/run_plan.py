@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 
 import yaml
 
-from workspace.in_process import PlanFileError, check_settings, collaborator_names, deep_merge, read_plan, yaml_problem
+from workspace.plan_file import PlanFileError, check_settings, collaborator_names, deep_merge, read_plan, yaml_problem
 
 AGG_ADDR = "localhost"  # the aggregator's certificate is made for this name; gRPC binds it to 127.0.0.1
 # Plan keys this tool sets from its own flags (the run's state, e.g. federation.json's port and rounds, must agree
