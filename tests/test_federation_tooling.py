@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from workspace.federation import Outcome, _watch, metrics_file
-from workspace.prepare import (FederationLayout, SetupError, check_archive, check_port, check_run_dir, fx_exception,
-                               restrict_private_keys)
+from workspace.federation_state import FederationLayout, SetupError
+from workspace.prepare import check_archive, check_port, check_run_dir, fx_exception, restrict_private_keys
 from workspace.processes import ProcessRegistry, describe_returncode, is_running, snapshot
 from workspace.progress import Liveness
 from workspace.run_plan import PlanOverrideError, build_run_plan, merge_overrides, parse_set_option, port_is_free

@@ -23,7 +23,7 @@ from src.server.report import AggregatorReportWriter
 from src.server.report_record import round_record
 from workspace.federation import report_locations, write_run_index
 from workspace.in_process import run_in_process
-from workspace.prepare import FederationLayout
+from workspace.federation_state import FederationLayout
 
 ROUNDS = 2
 

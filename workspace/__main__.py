@@ -30,7 +30,8 @@ if str(WORKSPACE_ROOT) not in sys.path:  # src.server.settings, audit.reporting.
     sys.path.insert(0, str(WORKSPACE_ROOT))
 
 from workspace.federation import stale_state, start  # noqa: E402
-from workspace.prepare import AGGREGATOR, STATE_FILE, FederationLayout, SetupError, prepare  # noqa: E402
+from workspace.federation_state import AGGREGATOR, STATE_FILE, FederationLayout, SetupError  # noqa: E402
+from workspace.prepare import prepare  # noqa: E402
 from workspace.processes import FxNotFoundError, ProcessRegistry  # noqa: E402
 from workspace.run_lock import FolderBusyError, FolderLock  # noqa: E402
 from workspace.progress import DEFAULT_LIVENESS_S, MIN_LIVENESS_S, ProgressLine  # noqa: E402
