@@ -13,6 +13,9 @@ With TENSORBOARD=1 in the environment every party's metrics also go to TensorBoa
 <log_dir>/_run/logs, as `fx` runs write them (`tensorboard --logdir <log_dir>/_run/logs`).
 """
 
+# One file though above 400 lines: it is the tutorial's one script, its command line (most of the file) included;
+# the work is the workspace's (workspace/in_process.py, workspace/plan_file.py). The docstring is --help's text.
+
 from __future__ import annotations
 
 import argparse
