@@ -226,7 +226,8 @@ def main(argv=None) -> None:
 
     digits_x = torch.randn(args.samples, 1, 8, 8, generator=gen)
     digits_y = torch.randint(0, 10, (args.samples,), generator=gen)
-    bench("digits-size CNN (src.runner.models cnn)", digits_net(), digits_x, digits_y, pm_model_module, layer="classifier.fc1",
+    bench("digits-size CNN (src.runner.models cnn)", digits_net(), digits_x, digits_y, pm_model_module,
+          layer="classifier.fc1",
           repeats=args.repeats, naive=args.naive, reference_samples=args.reference_samples)
     print("\nload average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 

@@ -1,5 +1,5 @@
-"""Benchmark: peak extra memory of the aggregator's model-file writer (src/server/model_file.py, a tensor at a time) against
-OpenFL's (`utils.dump_proto(utils.construct_model_proto(...))`), and whether their files are byte-identical.
+"""Benchmark: peak extra memory of the aggregator's model-file writer (src/server/model_file.py, a tensor at a time)
+against OpenFL's (`utils.dump_proto(utils.construct_model_proto(...))`), and whether their files are byte-identical.
 
 Run on demand:  .venv/bin/python benchmarks/bench_model_file.py [--model alexnet | --synthetic COUNT MB]
 
@@ -92,7 +92,8 @@ def measure(writer: str, out: str, model: str | None = None, synthetic: tuple[in
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="alexnet", help="a src.runner.models name, built for 3x32x32 inputs, 10 classes")
+    parser.add_argument("--model", default="alexnet",
+                        help="a src.runner.models name, built for 3x32x32 inputs, 10 classes")
     parser.add_argument("--synthetic", nargs=2, type=float, metavar=("COUNT", "MB"),
                         help="COUNT float32 tensors of MB megabytes each instead of a model")
     parser.add_argument("--child", choices=WRITERS, help=argparse.SUPPRESS)

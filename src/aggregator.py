@@ -12,7 +12,8 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
 - aggregator-side audit callbacks: the report below, plus any listed in `aggregator.settings.callbacks`
   (`[{template: module.Class, settings: {...}}]`) or passed as objects (in-process runs).
 - `aggregator.settings.report_dir` (default reports/aggregator): the aggregator's report, per round which
-  collaborators' updates were averaged, withheld or left out and why, and the averaged audit metrics (src/server/report.py).
+  collaborators' updates were averaged, withheld or left out and why, and the averaged audit metrics
+  (src/server/report.py).
 - `aggregator.settings.deanon` (default `enabled: false`): the aggregator-side deanonymization audit, the paper's
   honest-but-curious server attacking the real updates; writes `<report_dir>/deanon/` (src/server/deanon_callback.py).
 - `aggregator.settings.save_every_round` (default false): OpenFL writes the model files (`last_state_path`,

@@ -1,4 +1,5 @@
-"""src/process/freed_memory.py: the memory a task freed goes back to the system, and nothing the program computes changes."""
+"""src/process/freed_memory.py: the memory a task freed goes back to the system, and nothing the program computes
+changes."""
 
 from __future__ import annotations
 

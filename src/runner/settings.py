@@ -24,8 +24,8 @@ PREFIX = "task_runner.settings"
 
 
 def _model(key: str, value) -> str:
-    """A name src.runner.models builds (its own models, torchvision's classifiers), in any case; asked of src.runner.models itself
-    (which imports torch) when a plan is parsed, so that it is the one list of names."""
+    """A name src.runner.models builds (its own models, torchvision's classifiers), in any case; asked of
+    src.runner.models itself (which imports torch) when a plan is parsed, so that it is the one list of names."""
     from src.runner.models import model_names
 
     found = value.strip().lower() if isinstance(value, str) else value
