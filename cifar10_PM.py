@@ -13,6 +13,9 @@ With TENSORBOARD=1 in the environment every party's metrics also go to TensorBoa
 <log_dir>/_run/logs, as `fx` runs write them (`tensorboard --logdir <log_dir>/_run/logs`).
 """
 
+# One file though above 400 lines: it is the tutorial's one script, its command line (most of the file) included;
+# the work is the workspace's (workspace/in_process.py, workspace/plan_file.py). The docstring is --help's text.
+
 from __future__ import annotations
 
 import argparse
@@ -34,7 +37,7 @@ from audit.config.fields import did_you_mean  # noqa: E402
 from audit.config.gate import BOUND_CHOICES  # noqa: E402
 from audit.config.rmia_settings import REFERENCE_KINDS, RMIASettings  # noqa: E402
 from audit.config.vocabulary import GATE_ACTIONS, MODELS, SIGNALS  # noqa: E402
-from src.datasets import DATASETS  # noqa: E402  (numpy only)
+from src.data.datasets import DATASETS  # noqa: E402  (numpy only)
 from workspace.arguments import NEAREST, SuggestingParser  # noqa: E402
 
 PLAN = ROOT / "plan" / "plan.yaml"  # the plan every run starts from
@@ -214,13 +217,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.signals = list(dict.fromkeys(args.signals))  # the tutorial's lists may repeat a signal
     try:
         _workspace_on_path()
-        from src.data import validate_split_settings
+        from src.data.split import validate_split_settings
 
         validate_split_settings(args.train_dataset_ratio, args.test_dataset_ratio, args.audit_dataset_ratio,
                                 args.collaborators, args.dirichlet_alpha, prefix="--")
         check_count_flags(args)
         check_audit_flags(args)
-        from src.devices import check_device
+        from src.runner.devices import check_device
 
         check_device("--device", args.device)
         if args.gate_bound is not None and args.gate is None:
@@ -237,11 +240,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def check_count_flags(args) -> None:
     """--comm_round, --collaborators and --audit_sample_size against what the data and this machine allow
-    (src.plan_bounds), before anything is loaded; ValueError naming the flag and the limit."""
+    (src.plan.bounds), before anything is loaded; ValueError naming the flag and the limit."""
     _workspace_on_path()
-    from src import plan_bounds
-    from src.plan_checks import task_names
-    from workspace.in_process import read_plan
+    from src.plan import bounds as plan_bounds
+    from src.plan.checks import task_names
+    from workspace.plan_file import read_plan
 
     plan_bounds.check_rounds("--comm_round", args.comm_round, tasks=len(task_names(read_plan(PLAN))),
                              collaborators=args.collaborators)
@@ -290,7 +293,7 @@ def gate_policy(args):
     _workspace_on_path()
     from audit.config.gate import GatePolicy, SettingsError
     from audit.config.audit_settings import AuditSettings
-    from workspace.in_process import read_plan
+    from workspace.plan_file import read_plan
 
     plan = read_plan(PLAN)
     audit = dict(plan["task_runner"]["settings"].get("audit") or {})
@@ -329,12 +332,12 @@ def _workspace_on_path() -> None:
 def feature_layer(model_name: str, dataset: str, layer_number: int | None) -> str | None:
     """The module name of `features[layer_number]` (the tutorial's --layer_number), or None for all parameters.
 
-    `features` is the model's feature extractor (src.models.feature_layers: its `features` block, or for a model
+    `features` is the model's feature extractor (src.runner.models.feature_layers: its `features` block, or for a model
     without one, such as torchvision's ResNets, its top-level layers). Without a number: its first layer that has
     parameters, if any.
     """
-    from src.datasets import dataset_info
-    from src.models import build_model, feature_layers
+    from src.data.datasets import dataset_info
+    from src.runner.models import build_model, feature_layers
 
     info = dataset_info(dataset)
     try:
@@ -431,7 +434,7 @@ def check_deanon_sizes(args, config) -> None:
 
 
 def collaborator_names_of(args) -> list[str]:
-    from workspace.in_process import collaborator_names
+    from workspace.plan_file import collaborator_names
 
     return collaborator_names(args.collaborators)
 
@@ -526,11 +529,11 @@ def main(argv=None) -> int:
         logging.getLogger("openfl").setLevel(logging.ERROR)
 
     _workspace_on_path()
-    from src.datasets import DatasetUnavailableError, check_available
+    from src.data.datasets import DatasetUnavailableError, check_available
     from src.dataloader import clear_dataset_cache
     from workspace.demo_output import Progress, print_attack_summary, print_summary
-    from workspace.in_process import (check_run_plan, collaborator_names, run_in_process, run_plan_config,
-                                      tensorboard_enabled)
+    from workspace.in_process import run_in_process, tensorboard_enabled
+    from workspace.plan_file import check_run_plan, collaborator_names, run_plan_config
     from workspace.run_summary import print_run_summary
     from workspace.tutorial_outputs import write_tutorial_outputs
 
@@ -596,8 +599,8 @@ def main(argv=None) -> int:
     print(f"reports: {result.report_dir}  (open {result.report_dir / 'index.html'})")
     if result.aggregator_report_dir is not None:
         print(f"aggregator report (kept/withheld per round): {result.aggregator_report_dir / 'index.html'}")
-    if tensorboard:  # src.metric_writer wrote event files: one run per party, tags named by metric
-        from src.metric_writer import UNSMOOTHED_URL
+    if tensorboard:  # src.process.metric_writer wrote event files: one run per party, tags named by metric
+        from src.process.metric_writer import UNSMOOTHED_URL
 
         print(f"TensorBoard event files: tensorboard --logdir {run_dir / 'logs'}, then open {UNSMOOTHED_URL} "
               "(one run per party, privacy/<metric> tags overlay the parties; smoothing 0: the event files cannot "

@@ -9,7 +9,7 @@ is what may leave the party: the weights its model holds (trained, mitigated, re
 and scalar metrics; the round record stays in the party's own report folder.
 
 Weights are exchanged as the model's own state-dict names (numpy arrays or torch tensors); the caller translates its
-transport's names (the task runner's "model." prefix, src/received_model_task.py).
+transport's names (the task runner's "model." prefix, src/runner/received_model_task.py).
 """
 
 from __future__ import annotations

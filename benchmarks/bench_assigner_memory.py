@@ -1,4 +1,4 @@
-"""Benchmark: what OpenFL 1.9's task assigners hold per round, for src/plan_bounds.py's ASSIGNER_BYTES_PER_ENTRY.
+"""Benchmark: what OpenFL 1.9's task assigners hold per round, for src/plan/bounds.py's ASSIGNER_BYTES_PER_ENTRY.
 
 Run on demand:  .venv/bin/python benchmarks/bench_assigner_memory.py
 

@@ -178,7 +178,8 @@ def main() -> None:
 
     import torch
 
-    from workspace.in_process import collaborator_names, run_in_process
+    from workspace.in_process import run_in_process
+    from workspace.plan_file import collaborator_names
 
     torch.set_num_threads(1)
     logging.getLogger("openfl").setLevel(logging.ERROR)

@@ -32,7 +32,8 @@ def main():
 
     import torch
 
-    from workspace.in_process import collaborator_names, run_in_process
+    from workspace.in_process import run_in_process
+    from workspace.plan_file import collaborator_names
 
     torch.set_num_threads(args.threads)
     logging.getLogger("openfl").setLevel(logging.ERROR)

@@ -55,8 +55,8 @@ def dataset(name: str, seed: int):
     import torch
 
     if name == "digits":
-        from src.datasets import load_dataset
-        from src.models import build_model
+        from src.data.datasets import load_dataset
+        from src.runner.models import build_model
 
         x, y = load_dataset("digits")
         x, y, classes = np.asarray(x), np.asarray(y), 10

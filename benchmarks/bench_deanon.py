@@ -3,7 +3,7 @@
 Orekondy et al. (seeds 000/001, section "Training and Evaluation Data for Attacker"): every user owns two devices
 in the federation, an anonymous one (its private data) and a shadow one holding the adversary's prior data of the
 user; both follow the user's own label mix (data_loader.settings.devices_per_user: 2). The aggregator keeps every
-device's update of the last layer each round (src/deanon_callback.py's UpdateHistory); the attacks train on the
+device's update of the last layer each round (src/server/deanon_callback.py's UpdateHistory); the attacks train on the
 shadow devices' updates labelled by user and name the owners of the anonymous devices' updates (closed world).
 
     python benchmarks/bench_deanon.py               # 20 users, non-IID and the IID control: table 1
@@ -34,7 +34,8 @@ sys.path.insert(0, str(ROOT))
 
 from audit.reporting.atomic_io import atomic_savefig, atomic_write_json  # noqa: E402
 from audit.deanon.attacks import match, reidentify  # noqa: E402
-from workspace.in_process import collaborator_names, run_in_process  # noqa: E402
+from workspace.in_process import run_in_process  # noqa: E402
+from workspace.plan_file import collaborator_names  # noqa: E402
 
 ATTACKS = ("mlp", "svm", "knn", "siamese")
 # Points of the paper's grids (section 7.2; fewer, one federation each), the perturbations rescaled: our updates are ~1e-2 per coordinate, not

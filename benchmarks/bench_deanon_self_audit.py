@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 from audit.deanon.self_audit import SELF, deanon_self_audit  # noqa: E402
 from audit.config.deanon_settings import DeanonSettings  # noqa: E402
 from audit.training import TrainingRecipe  # noqa: E402
-from src.data import split_federation  # noqa: E402
-from src.datasets import load_dataset  # noqa: E402
-from src.models import build_model  # noqa: E402
+from src.data.split import split_federation  # noqa: E402
+from src.data.datasets import load_dataset  # noqa: E402
+from src.runner.models import build_model  # noqa: E402
 
 ATTACKS = ("mlp", "svm", "knn")
 

@@ -39,8 +39,8 @@ from audit.config.fidel_settings import DEFAULT_THRESHOLD  # noqa: E402
 from audit.fidel.attack import fidel_audit  # noqa: E402
 from audit.fidel.grid import save_reveal_grid  # noqa: E402
 from audit.fidel.decoder import train_decoder  # noqa: E402
-from src.datasets import load_dataset  # noqa: E402
-from src.models import CNN, FCNN  # noqa: E402
+from src.data.datasets import load_dataset  # noqa: E402
+from src.runner.models import CNN, FCNN  # noqa: E402
 
 SIZES = (1, 5, 10, 20, 30, 50, 100, 200)
 QUICK_SIZES = (1, 10, 30, 100)

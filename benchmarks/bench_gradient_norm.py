@@ -29,8 +29,9 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script from anywhere
-from audit.membership import gradient_norms as gradient_norms_module  # noqa: E402
-from audit.membership.gradient_norms import _layerwise_targets, gradient_parameter_names  # noqa: E402
+from audit.membership import layerwise_norms as layerwise_norms_module  # noqa: E402
+from audit.membership.gradient_norms import gradient_parameter_names  # noqa: E402
+from audit.membership.layerwise_norms import layerwise_targets  # noqa: E402
 from audit.membership.signals import gradient_norm_signal, loss_signal  # noqa: E402
 
 
@@ -94,8 +95,8 @@ class TutorialNet(nn.Module):
 
 
 def digits_net(num_classes: int = 10) -> nn.Module:
-    """The workspace's own CNN (src.models) on 1x8x8 digits, as the audit runs it."""
-    from src.models import build_model
+    """The workspace's own CNN (src.runner.models) on 1x8x8 digits, as the audit runs it."""
+    from src.runner.models import build_model
 
     return build_model("cnn", (1, 8, 8), num_classes)
 
@@ -145,7 +146,7 @@ def max_rel_diff(a: np.ndarray, b: np.ndarray) -> float:
 def path_of(model: nn.Module, layer: str | None) -> str:
     """Which computation audit.membership.gradient_norms takes for these parameters (before any probe)."""
     names = gradient_parameter_names(model, layer)
-    if _layerwise_targets(model, names) is not None:
+    if layerwise_targets(model, names) is not None:
         return "layer-wise: ghost norms from layer inputs and output gradients"
     return "torch.func vmap of grad"
 
@@ -166,7 +167,7 @@ def bench(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor, pm_mode
 
     loss, t_loss = timed(lambda: loss_signal(model, x, y), repeats)
     ours, t_ours = timed(lambda: gradient_norm_signal(model, x, y), repeats)
-    gradient_norms_module._VERIFIED.clear()  # once: a process's first call, with its check on 4 samples
+    layerwise_norms_module._VERIFIED.clear()  # once: a process's first call, with its check on 4 samples
     _, t_first = timed(lambda: gradient_norm_signal(model, x, y), 1)
     pm, t_pm = timed(lambda: privacy_meter_grad_norm(pm_model_module, model, x, y), 1)
     rows = [
@@ -225,7 +226,8 @@ def main(argv=None) -> None:
 
     digits_x = torch.randn(args.samples, 1, 8, 8, generator=gen)
     digits_y = torch.randint(0, 10, (args.samples,), generator=gen)
-    bench("digits-size CNN (src.models cnn)", digits_net(), digits_x, digits_y, pm_model_module, layer="classifier.fc1",
+    bench("digits-size CNN (src.runner.models cnn)", digits_net(), digits_x, digits_y, pm_model_module,
+          layer="classifier.fc1",
           repeats=args.repeats, naive=args.naive, reference_samples=args.reference_samples)
     print("\nload average at end: {:.2f} {:.2f} {:.2f}".format(*os.getloadavg()))
 

@@ -1,10 +1,10 @@
-"""Benchmark: peak extra memory of the aggregator's model-file writer (src/model_file.py, a tensor at a time) against
-OpenFL's (`utils.dump_proto(utils.construct_model_proto(...))`), and whether their files are byte-identical.
+"""Benchmark: peak extra memory of the aggregator's model-file writer (src/server/model_file.py, a tensor at a time)
+against OpenFL's (`utils.dump_proto(utils.construct_model_proto(...))`), and whether their files are byte-identical.
 
 Run on demand:  .venv/bin/python benchmarks/bench_model_file.py [--model alexnet | --synthetic COUNT MB]
 
 Each writer runs in its own child process on the same tensor dict (default: the AlexNet-style net's state dict for
-CIFAR-10, `src.models.build_model("alexnet", (3, 32, 32), 10)`, as float32 numpy arrays, written through OpenFL's
+CIFAR-10, `src.runner.models.build_model("alexnet", (3, 32, 32), 10)`, as float32 numpy arrays, written through OpenFL's
 NoCompressionPipeline). The child builds the dict, resets its peak RSS (Linux: "5" to /proc/self/clear_refs), writes
 the file and reports VmHWM minus the RSS before the write: the memory the writer needed on top of the dict.
 tracemalloc cannot be used: numpy's and protobuf's (upb's arena) buffers are not all allocated through Python.
@@ -50,7 +50,7 @@ def tensor_dict(model: str | None, synthetic: tuple[int, float] | None) -> dict:
         return {f"t{i}": np.full(n, i + 0.5, dtype=np.float32) for i in range(count)}
     import torch
 
-    from src.models import build_model
+    from src.runner.models import build_model
 
     torch.manual_seed(0)
     state = build_model(model, (3, 32, 32), 10).state_dict()
@@ -63,7 +63,7 @@ def run_child(writer: str, out: str, model: str | None, synthetic: tuple[int, fl
     from openfl.pipelines import NoCompressionPipeline
     from openfl.protocols import utils
 
-    from src.model_file import write_model_file
+    from src.server.model_file import write_model_file
 
     tensors = tensor_dict(model, synthetic)
     pipeline = NoCompressionPipeline()
@@ -92,7 +92,8 @@ def measure(writer: str, out: str, model: str | None = None, synthetic: tuple[in
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="alexnet", help="a src.models name, built for 3x32x32 inputs, 10 classes")
+    parser.add_argument("--model", default="alexnet",
+                        help="a src.runner.models name, built for 3x32x32 inputs, 10 classes")
     parser.add_argument("--synthetic", nargs=2, type=float, metavar=("COUNT", "MB"),
                         help="COUNT float32 tensors of MB megabytes each instead of a model")
     parser.add_argument("--child", choices=WRITERS, help=argparse.SUPPRESS)

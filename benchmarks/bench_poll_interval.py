@@ -155,7 +155,7 @@ class PeakRSS(threading.Thread):
 
 def run_once(prepared: Path, dest: Path, code: str, interval: int, threads: str, args) -> dict:
     import workspace.federation as federation
-    from workspace.prepare import FederationLayout
+    from workspace.federation_state import FederationLayout
     from workspace.federation import metrics_file
     from workspace.processes import ProcessRegistry, party_threads
     from workspace.progress import rounds_done

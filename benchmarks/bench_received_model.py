@@ -47,7 +47,7 @@ from audit.fidel.scoring import count_revealed, pearson_matrix  # noqa: E402
 from audit.received_model.probe import capture_linear_layers, probe  # noqa: E402
 from crafted_models import class_fishing, imprint, layer_inputs, pass_through_convolution, trap_weights  # noqa: E402
 from src.dataloader import AuditDataLoader  # noqa: E402
-from src.models import build_model  # noqa: E402
+from src.runner.models import build_model  # noqa: E402
 
 SHAPE = (1, 8, 8)
 BATCH, EPOCHS, LR = 32, 5, 0.003
@@ -115,7 +115,7 @@ def honest_rounds(name: str, rounds: int):
 
 
 def public_digits():
-    from src.datasets import load_dataset
+    from src.data.datasets import load_dataset
 
     x, _ = load_dataset("digits")
     return np.asarray(x, dtype=np.float32)

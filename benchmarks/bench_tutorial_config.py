@@ -29,6 +29,9 @@ older revision without RMIA ran, next to the default one with it).
 On 2 CPU cores a full-size round takes tens of minutes; scale 0.1 takes a few.
 """
 
+# One script though above 400 lines: a benchmark runs as one file (the synthetic data, the child process, the
+# comparison with another revision, the tables it prints). The docstring is --help's text.
+
 from __future__ import annotations
 
 import argparse

@@ -8,13 +8,14 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
   waits for the round's end and is answered with the next round's tasks as soon as the round ends; after
   poll_interval_s without one it is answered "ask again now" (sleep 0), so an idle collaborator still asks once per
   poll_interval_s (see `get_tasks`).
-- the gRPC server listens on `network.settings.agg_addr` only, not on every interface (src/aggregator_server.py).
+- the gRPC server listens on `network.settings.agg_addr` only, not on every interface (src/server/grpc_server.py).
 - aggregator-side audit callbacks: the report below, plus any listed in `aggregator.settings.callbacks`
   (`[{template: module.Class, settings: {...}}]`) or passed as objects (in-process runs).
 - `aggregator.settings.report_dir` (default reports/aggregator): the aggregator's report, per round which
-  collaborators' updates were averaged, withheld or left out and why, and the averaged audit metrics (src/aggregator_report.py).
+  collaborators' updates were averaged, withheld or left out and why, and the averaged audit metrics
+  (src/server/report.py).
 - `aggregator.settings.deanon` (default `enabled: false`): the aggregator-side deanonymization audit, the paper's
-  honest-but-curious server attacking the real updates; writes `<report_dir>/deanon/` (src/deanon_callback.py).
+  honest-but-curious server attacking the real updates; writes `<report_dir>/deanon/` (src/server/deanon_callback.py).
 - `aggregator.settings.save_every_round` (default false): OpenFL writes the model files (`last_state_path`,
   `best_state_path`) at every round's end; here only at the last round unless this is true.
 - `aggregator.settings.canary_clients` (default `enabled: false`): Andrew et al.'s canary clients for parties that
@@ -24,8 +25,8 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
 Bad values fail when the aggregator is built (`fx aggregator start`), naming the key: its own settings, an
 `aggregator.settings` key OpenFL's Aggregator does not take, the plan's `tasks`, `per_collaborator` names that are
 no authorized collaborator, the network, collaborator, straggler-policy and assigner settings, a `defaults:` file
-OpenFL does not ship and an unsafe collaborator name (src.plan_checks). A plan with `network.settings.use_tls` or
-`require_client_auth` false is refused unless FEDERATION_INSECURE allows it (src.plan_checks.check_transport); the
+OpenFL does not ship and an unsafe collaborator name (src.plan.checks). A plan with `network.settings.use_tls` or
+`require_client_auth` false is refused unless FEDERATION_INSECURE allows it (src.plan.checks.check_transport); the
 aggregator then logs a warning every round.
 """
 
@@ -41,17 +42,19 @@ from openfl.component import Aggregator
 from openfl.protocols import utils
 from openfl.utilities import TensorKey
 
-from src import aggregator_server, model_file
-from src.cuda_pages import release_cuda_library_pages
+from src.server import grpc_server as aggregator_server, model_file
+from src.process.cuda_pages import release_cuda_library_pages
 from src.aggregation import round_decisions
-from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record, withheld_warning
-from src.aggregator_settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
-from src.aggregator_tensordb import IndexedTensorDB
-from src.metric_writer import PartyMetricWriter
-from src.party_events import emit
-from src.plan_checks import check_built_plan, check_tasks, check_transport, plan_being_built
+from src.server.report import AggregatorReportWriter
+from src.server.report_page import withheld_warning
+from src.server.report_record import metrics_from_tensor_db, round_record
+from src.server.settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
+from src.server.tensordb import IndexedTensorDB
+from src.process.metric_writer import PartyMetricWriter
+from src.process.party_events import emit
+from src.plan.checks import check_built_plan, check_tasks, check_transport, plan_being_built
 
-AGGREGATOR_PARTY = "aggregator"  # the name its status events carry (src.party_events)
+AGGREGATOR_PARTY = "aggregator"  # the name its status events carry (src.process.party_events)
 logger = logging.getLogger(__name__)
 
 # OpenFL's gRPC server serves requests on 8 worker threads (openfl.transport.grpc.common.create_grpc_server): at most
@@ -208,7 +211,7 @@ class AuditingAggregator(Aggregator):
         own = [self.report]
         if settings.deanon.enabled:
             # Imported only when enabled: the audit brings torch and scikit-learn into the aggregator process.
-            from src.deanon_callback import DeanonymizationCallback
+            from src.server.deanon_callback import DeanonymizationCallback
 
             options = settings.deanon.to_dict()
             options.pop("enabled")
@@ -226,7 +229,7 @@ class AuditingAggregator(Aggregator):
         # Always a fresh list: Aggregator.__init__ appends its own callbacks to the list it gets, and its default
         # (`callbacks=[]`) is one list shared by every Aggregator built without callbacks.
         super().__init__(callbacks=list(own), **kwargs)
-        # OpenFL's pandas TensorDB was most of the end of a round (src/aggregator_tensordb.py): the same rows and
+        # OpenFL's pandas TensorDB was most of the end of a round (src/server/tensordb.py): the same rows and
         # answers, indexed. Converted in place: the callbacks already hold this object.
         IndexedTensorDB.convert(self.tensor_db)
         self._attach_canary_clients(clients)
@@ -314,7 +317,7 @@ class AuditingAggregator(Aggregator):
         return tasks, round_number, 0 if not tasks else sleep_time, time_to_quit
 
     def _get_tasks(self, collaborator_name):
-        """OpenFL's get_tasks; tasks sent: a status event (src.party_events) with who is done with the round."""
+        """OpenFL's get_tasks; tasks sent: a status event (src.process.party_events) with who is done with the round."""
         tasks, round_number, sleep_time, time_to_quit = super().get_tasks(collaborator_name)
         if tasks:
             emit(AGGREGATOR_PARTY, "waiting for collaborators", round_number, reported=list(self.collaborators_done))

@@ -1,21 +1,22 @@
-"""OpenFL's Collaborator, whose per-round metrics go to TensorBoard under tags named by metric (src.metric_writer):
-the plan's collaborator template, so that `fx collaborator start` writes what the one-process demo writes. It also
-writes its phases between tasks as status events (src.party_events) for the tooling's status line."""
+"""OpenFL's Collaborator, whose per-round metrics go to TensorBoard under tags named by metric
+(src.process.metric_writer): the plan's collaborator template, so that `fx collaborator start` writes what the
+one-process demo writes. It also writes its phases between tasks as status events (src.process.party_events) for the
+tooling's status line."""
 
 from __future__ import annotations
 
 from openfl.callbacks import Callback, MetricWriter
 from openfl.component import Collaborator
 
-from src.metric_writer import PartyMetricWriter
-from src.party_events import emit
+from src.process.metric_writer import PartyMetricWriter
+from src.process.party_events import emit
 
 __all__ = ["AuditingCollaborator", "StatusEvents"]
 
 
 class StatusEvents(Callback):
-    """The collaborator's phases between its tasks, as status events (src.party_events): waiting for tasks, a round's
-    tasks received (its first task validates the received model), the round done, the run done."""
+    """The collaborator's phases between its tasks, as status events (src.process.party_events): waiting for tasks, a
+    round's tasks received (its first task validates the received model), the round done, the run done."""
 
     def __init__(self, party: str = ""):
         super().__init__()

@@ -1,15 +1,15 @@
 """OpenFL data loader for the audited federation (``data_loader.template: src.dataloader.AuditDataLoader``).
 
-Plan settings (``data_loader.settings``, declared in :mod:`src.loader_settings`), all optional::
+Plan settings (``data_loader.settings``, declared in :mod:`src.data.loader_settings`), all optional::
 
     batch_size: 32
-    dataset: digits            # digits | cifar10 | cifar100 | mnist | fashionmnist (src.datasets)
+    dataset: digits            # digits | cifar10 | cifar100 | mnist | fashionmnist (src.data.datasets)
     data_dir: null             # torchvision's layout; default "data" (relative to the workspace); not digits
     collaborator_count: 2
     train_dataset_ratio: 0.4   # members
     test_dataset_ratio: 0.4    # non-members (also the validation set)
     audit_dataset_ratio: 0.2   # population (audit / reference data)
-    dirichlet_alpha: null      # null = IID; a number > 0 = label skew (see src.data)
+    dirichlet_alpha: null      # null = IID; a number > 0 = label skew (see src.data.split)
     seed: 0                    # split shuffle and train-batch order
     download: false            # datasets read from data_dir; never downloads unless true
     devices_per_user: 1        # FL devices (collaborators) per user; divides collaborator_count
@@ -24,7 +24,7 @@ count are known.
 ``devices_per_user: d`` (the deanonymization paper's shadow-device protocol): each user
 owns d devices whose data follow the same user-specific label mix.  The split is made for
 ``collaborator_count // d`` users (IID or Dirichlet, same seed), then each user's sets are
-dealt to its devices (see :func:`src.data.split_indices`).  Shard s (1-based) is device
+dealt to its devices (see :func:`src.data.split.split_indices`).  Shard s (1-based) is device
 ``(s - 1) % d`` of user ``(s - 1) // d`` (0-based), exposed as ``loader.user`` /
 ``loader.device``; ``loader.dirichlet_alpha`` tells how skewed the partition is.  d = 1
 (default) is the plain split.
@@ -45,9 +45,9 @@ import numpy as np
 from openfl.federated import PyTorchDataLoader
 
 from audit.config.fields import integer, parse
-from src.data import COUNT, SPLIT_SETS, PartyData, split_indices, user_of_party
-from src.datasets import dataset_info, load_dataset
-from src.loader_settings import PREFIX, DataLoaderSettings
+from src.data.split import COUNT, SPLIT_SETS, PartyData, split_indices, user_of_party
+from src.data.datasets import dataset_info, load_dataset
+from src.data.loader_settings import PREFIX, DataLoaderSettings
 
 logger = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ class AuditDataLoader(PyTorchDataLoader):
     def get_background(self) -> tuple[np.ndarray, np.ndarray]:
         """(x, y) of the federation's whole population set, in `background_index` order (pool indices).
 
-        A party's own population shard follows its label mix (see src.data); a mitigation that blends a user into
+        A party's own population shard follows its label mix (see src.data.split); a mitigation that blends a user into
         the crowd needs data of the global distribution instead."""
         self._require_shard("get_background")
         rows = self._arranged.position[self.background_index]

@@ -4,7 +4,7 @@
 knows nothing of OpenFL) before it returns: OpenFL sends a task's results as soon as the task returns, so the audit's
 gate decides here what is sent: the local update, a DP-SGD retrain of it, or the received global weights (withheld).
 Only scalar metrics leave the collaborator; the round record stays in its own report folder. This module keeps
-OpenFL's plumbing: the task signatures, TensorKeys, tensor names (src/received_model_task.py) and rebuilding the
+OpenFL's plumbing: the task signatures, TensorKeys, tensor names (src/runner/received_model_task.py) and rebuilding the
 model from OpenFL's tensor dicts.
 """
 
@@ -22,13 +22,13 @@ from openfl.utilities import Metric, TensorKey
 
 from audit.config.fields import SettingsError, parse
 from audit.party_audit import PartyAudit
-from src.cuda_pages import release_cuda_library_pages
-from src.freed_memory import release_freed_memory
-from src.models import build_model
-from src.party_events import emit as status_event
-from src.plan_checks import check_built_plan, plan_being_built
-from src.received_model_task import model_names, rejected_validation, runner_names, untrained_results
-from src.runner_settings import PREFIX as SETTINGS_PREFIX, RunnerSettings
+from src.process.cuda_pages import release_cuda_library_pages
+from src.process.freed_memory import release_freed_memory
+from src.runner.models import build_model
+from src.process.party_events import emit as status_event
+from src.plan.checks import check_built_plan, plan_being_built
+from src.runner.received_model_task import model_names, rejected_validation, runner_names, untrained_results
+from src.runner.settings import PREFIX as SETTINGS_PREFIX, RunnerSettings
 
 # What OpenFL itself passes a task runner besides the plan's task_runner.settings (Plan.get_task_runner, TaskRunner).
 OPENFL_ARGUMENTS = ("data_loader", "tensor_dict_split_fn_kwargs")
@@ -82,7 +82,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
 
     @property
     def last_record(self) -> dict | None:
-        """The latest round record (src.metric_writer reads its figures' bounds)."""
+        """The latest round record (src.process.metric_writer reads its figures' bounds)."""
         return self.audit.last_record
 
     @property
@@ -144,7 +144,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.optimizer.zero_grad(set_to_none=True)
         if self.opt_treatment == "RESET":
             self.reset_opt_vars()
-        release_freed_memory()  # what the training freed, before the audit allocates (src/freed_memory.py)
+        release_freed_memory()  # what the training freed, before the audit allocates (src/process/freed_memory.py)
         train_loss = float(next(v for k, v in global_out.items() if k.tensor_name == cross_entropy.__name__))
         trained = {k.tensor_name: v for k, v in {**global_out, **local_out}.items() if "trained" in k.tags}
         outcome = self.audit.after_training(model_names(trained), model_names(received), train_loss, train_seconds)

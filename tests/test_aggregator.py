@@ -20,8 +20,9 @@ from openfl.transport import AggregatorGRPCServer
 from openfl.transport.grpc.common import create_grpc_server
 
 from src.aggregator import AuditingAggregator
-from src.aggregator_server import AddressBoundGRPCServer, bind_uri
-from workspace.in_process import parse_plan, write_run_plan
+from src.server.grpc_server import AddressBoundGRPCServer, bind_uri
+from workspace.in_process import parse_plan
+from workspace.plan_file import write_run_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 TENSORS = {"w": np.zeros(3, dtype=np.float32)}
@@ -126,7 +127,7 @@ def test_requests_beyond_the_held_limit_are_told_to_sleep(tmp_path):
 
 
 def test_the_aggregator_uses_the_indexed_tensordb_its_callbacks_see(tmp_path):
-    from src.aggregator_tensordb import IndexedTensorDB
+    from src.server.tensordb import IndexedTensorDB
 
     agg = make_aggregator(tmp_path)
     assert isinstance(agg.tensor_db, IndexedTensorDB)
@@ -308,7 +309,7 @@ def _get_tasks(channel, agg, sender):
 
 def _refusals(caplog):
     return [r.getMessage() for r in caplog.records
-            if r.name == "src.aggregator_server" and r.levelno == logging.WARNING and "Refused" in r.getMessage()]
+            if r.name == "src.server.grpc_server" and r.levelno == logging.WARNING and "Refused" in r.getMessage()]
 
 
 def test_a_request_naming_an_unknown_collaborator_is_logged_with_its_address(tmp_path, caplog):

@@ -11,9 +11,11 @@ from openfl.utilities import TensorKey, change_tags
 
 from workspace.run_summary import averaged_summary
 from src.aggregation import GatedWeightedAverage, round_decisions
-from src.aggregator_report import AggregatorReportWriter, metrics_from_tensor_db, round_record
+from src.server.report import AggregatorReportWriter
+from src.server.report_record import metrics_from_tensor_db, round_record
 from src.taskrunner import AuditedTaskRunner
-from workspace.in_process import collaborator_names, run_in_process
+from workspace.in_process import run_in_process
+from workspace.plan_file import collaborator_names
 
 AUDIT = {"mia_local_loss_auc": 0.6, "mia_local_loss_tpr_at_fpr_0.1": 0.2}
 

@@ -1,4 +1,4 @@
-"""src.aggregator_tensordb.IndexedTensorDB against OpenFL's TensorDB (the reference): the same operations, the same
+"""src.server.tensordb.IndexedTensorDB against OpenFL's TensorDB (the reference): the same operations, the same
 answers, on random histories with duplicates, metric rows, the round placeholder and unhashable tags."""
 
 import random
@@ -11,7 +11,7 @@ from openfl.interface.aggregation_functions import AggregationFunction, Median, 
 from openfl.utilities import TensorKey
 
 from src.aggregation import GatedWeightedAverage
-from src.aggregator_tensordb import IndexedTensorDB
+from src.server.tensordb import IndexedTensorDB
 
 NAMES = ["conv.weight", "fc.bias", "accuracy", "gate_kept"]
 ORIGINS = ["agg-uuid", "c1", "c2"]

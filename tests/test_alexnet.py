@@ -1,4 +1,4 @@
-"""Tests for src.models.AlexNet (the OpenFL Privacy Meter tutorial's Net) and its `--layer_number` mapping."""
+"""Tests for src.runner.models.AlexNet (the OpenFL Privacy Meter tutorial's Net) and its `--layer_number` mapping."""
 
 from pathlib import Path
 
@@ -8,7 +8,7 @@ from torch import nn
 
 
 import cifar10_PM
-from src.models import MODELS, PAPER_MODELS, AlexNet, build_model
+from src.runner.models import MODELS, PAPER_MODELS, AlexNet, build_model
 
 SHAPES = [(3, 32, 32), (1, 8, 8)]
 
@@ -70,7 +70,7 @@ def test_model_lists():
 def test_layer_number_10_is_a_conv_layer_with_parameters(dataset):
     name = cifar10_PM.feature_layer("alexnet", dataset, 10)
     assert name == "features.conv5"
-    from src.datasets import dataset_info
+    from src.data.datasets import dataset_info
 
     info = dataset_info(dataset)
     layer = build_model("alexnet", info.input_shape, info.num_classes).get_submodule(name)

@@ -19,7 +19,8 @@ from audit.canary.step import CANARY_FILE
 from audit.config.canary_settings import CANARY_METRICS
 from audit.config.gate_contract import DP_VIOLATED, DP_VIOLATED_TEXT, tripped_name
 from src.aggregation import GatedWeightedAverage
-from workspace.in_process import collaborator_names, run_in_process
+from workspace.in_process import run_in_process
+from workspace.plan_file import collaborator_names
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
               pytest.mark.filterwarnings("ignore:Optimal order is the"),

@@ -28,7 +28,7 @@ from audit.gate_flow import SEND_RECEIVED, WITHHELD, Retrained, run_gate
 from audit.reporting.verdicts import round_verdict
 from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe
-from src.aggregator_report import collaborator_entry
+from src.server.report_record import collaborator_entry
 from audit.dp_training import DPTraining
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),

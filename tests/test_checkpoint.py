@@ -7,9 +7,10 @@ from openfl.component import Aggregator
 from openfl.protocols import utils
 from openfl.utilities import TensorKey
 
-from src import model_file
+from src.server import model_file
 from src.aggregator import AuditingAggregator
-from workspace.in_process import parse_plan, run_in_process, write_run_plan
+from workspace.in_process import parse_plan, run_in_process
+from workspace.plan_file import write_run_plan
 
 DIGITS = {
     "tasks": {"train": {"kwargs": {"epochs": 1}}},

@@ -68,7 +68,7 @@ def test_deanonymization_sizes_are_checked_at_start_in_the_words_of_the_flags(tm
                                   "--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45",
                                   "--audit_dataset_ratio", "0.45"])
     args.report_dir = tmp_path / "demo"
-    from workspace.in_process import run_plan_config
+    from workspace.plan_file import run_plan_config
 
     config = run_plan_config(tmp_path / "demo" / "_run", collaborators=2, rounds=2,
                              overrides=cifar10_PM.overrides_from_args(args), plan_path=cifar10_PM.PLAN)

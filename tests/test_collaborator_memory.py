@@ -51,8 +51,8 @@ def test_a_cpu_collaborator_keeps_triton_out_with_the_same_metrics():
     assert any(k.endswith("mia_local_loss_auc") for k in plain["collaborators"][-1])  # the audit ran
 
 
-# torch's CUDA libraries' pages, dropped (src.cuda_pages) or not, then a few training steps of a torchvision model: the
-# resident size after the import and the bytes of every result.
+# torch's CUDA libraries' pages, dropped (src.process.cuda_pages) or not, then a few training steps of a torchvision
+# model: the resident size after the import and the bytes of every result.
 PAGES = """
 import hashlib, json, sys
 sys.path.insert(0, sys.argv[2])
@@ -60,7 +60,7 @@ import src, torch, torchvision
 def rss():
     return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS"))
 before = rss()
-from src.cuda_pages import release_cuda_library_pages
+from src.process.cuda_pages import release_cuda_library_pages
 dropped = release_cuda_library_pages() if sys.argv[1] == "release" else 0
 after = rss()
 torch.manual_seed(0)

@@ -1,15 +1,15 @@
-"""Tests for src.datasets, src.data (the split) and src.dataloader (the OpenFL data loader). No network."""
+"""Tests for src.data.datasets, src.data.split and src.dataloader (the OpenFL data loader). No network."""
 
 
 import numpy as np
 import pytest
 
 
-from src import data as data_mod
-from src import datasets as datasets_mod
+from src.data import split as data_mod
+from src.data import datasets as datasets_mod
 from src import dataloader as dl_mod
-from src.data import PartyData, split_federation, split_indices
-from src.datasets import DATASETS, DatasetInfo, DatasetUnavailableError, dataset_info, load_dataset
+from src.data.split import PartyData, split_federation, split_indices
+from src.data.datasets import DATASETS, DatasetInfo, DatasetUnavailableError, dataset_info, load_dataset
 from src.dataloader import AuditDataLoader
 
 SETS = ("train", "test", "population")

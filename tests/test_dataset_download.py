@@ -1,5 +1,5 @@
 """`download=True` (`--download`): torchvision's download (its URLs, its md5 check of the archives, its layout), with
-what src.datasets adds: one line naming the dataset and the URLs on a failure, nothing left behind by a failed
+what src.data.datasets adds: one line naming the dataset and the URLs on a failure, nothing left behind by a failed
 download, an interrupted one never read as complete, parties sharing a folder one at a time. No network: synthetic
 archives are served from a local http.server thread (torchvision's download reads no file:// URL), torchvision's
 tables of URLs and md5 sums patched for the test (the class attributes its download reads)."""
@@ -19,8 +19,8 @@ import pytest
 import torchvision.datasets as tvd
 import torchvision.datasets.utils as tv_utils
 
-import src.datasets as datasets
-from src.datasets import DatasetUnavailableError, check_available, dataset_folder, load_dataset
+import src.data.datasets as datasets
+from src.data.datasets import DatasetUnavailableError, check_available, dataset_folder, load_dataset
 from torchvision_files import md5_tables, write_dataset
 
 TITLES = {"mnist": "MNIST", "fashionmnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "cifar100": "CIFAR-100"}

@@ -12,7 +12,7 @@ import struct
 import numpy as np
 import pytest
 
-from src.datasets import (DATASETS, DatasetUnavailableError, check_available, dataset_folder, dataset_info,
+from src.data.datasets import (DATASETS, DatasetUnavailableError, check_available, dataset_folder, dataset_info,
                           load_dataset)
 from torchvision_files import CLASSES, python2_batch_pickle, trust_files, write_dataset
 
@@ -257,7 +257,7 @@ def test_a_pickle_that_would_run_code_is_refused_unrun(tmp_path, no_network, mon
 def test_models_take_each_datasets_shape(name, model):
     import torch
 
-    from src.models import build_model
+    from src.runner.models import build_model
 
     info = dataset_info(name)
     net = build_model(model, info.input_shape, info.num_classes)
@@ -267,7 +267,7 @@ def test_models_take_each_datasets_shape(name, model):
 
 def test_loader_reads_a_shard_from_the_files(tmp_path, no_network, monkeypatch):
     from src.dataloader import AuditDataLoader, clear_dataset_cache
-    from src.data import split_indices
+    from src.data.split import split_indices
 
     _images, labels = write_dataset(tmp_path, "cifar100", 200, 100)
     trust_files(monkeypatch, tmp_path, "cifar100")

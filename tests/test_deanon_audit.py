@@ -14,9 +14,9 @@ from audit.deanon.representation import last_layer, layer_tensor_names, normalis
 from audit.config.deanon_settings import DeanonSettings, deanon_settings
 from audit.config.fields import SettingsError
 from audit.training import TrainingRecipe, train_copies
-from src.data import split_federation
-from src.datasets import load_dataset
-from src.models import build_model
+from src.data.split import split_federation
+from src.data.datasets import load_dataset
+from src.runner.models import build_model
 
 RECIPE = TrainingRecipe("Adam", 0.003, 0.9, epochs=3, batch_size=32)
 

@@ -10,9 +10,10 @@ import pytest
 from audit.deanon.server import (BUILDING_HISTORY, EVALUATED, SKIPPED, WITHHELD, UpdateHistory, evaluate_round,
                                  open_world_split)
 from audit.deanon.server_report import DeanonReportWriter
-from src.aggregator_settings import AggregatorSettings, DeanonServerSettings
-from src.deanon_callback import DeanonymizationCallback, default_layer, resolve_layer
-from workspace.in_process import collaborator_names, run_in_process
+from src.server.settings import AggregatorSettings, DeanonServerSettings
+from src.server.deanon_callback import DeanonymizationCallback, default_layer, resolve_layer
+from workspace.in_process import run_in_process
+from workspace.plan_file import collaborator_names
 
 DIM = 64
 
@@ -282,7 +283,8 @@ def test_federation_writes_the_deanonymization_report(federation):
 
 
 def test_the_audit_is_off_unless_enabled(tmp_path):
-    from workspace.in_process import parse_plan, write_run_plan
+    from workspace.in_process import parse_plan
+    from workspace.plan_file import write_run_plan
 
     plan = parse_plan(write_run_plan(tmp_path, collaborators=2, rounds=1))
     aggregator = plan.get_aggregator(tensor_dict={"w": np.zeros(3, np.float32)})
@@ -291,7 +293,7 @@ def test_the_audit_is_off_unless_enabled(tmp_path):
 
 
 def test_the_callback_reads_the_round_from_the_tensor_db_and_skips_withheld_updates(tmp_path):
-    """The TensorDB rows an OpenFL 1.9 aggregator holds at on_round_end(r) (see src/deanon_callback.py)."""
+    """The TensorDB rows an OpenFL 1.9 aggregator holds at on_round_end(r) (see src/server/deanon_callback.py)."""
     from openfl.databases import TensorDB
     from openfl.utilities import TensorKey
 

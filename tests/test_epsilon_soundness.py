@@ -24,7 +24,7 @@ from audit.config.audit_settings import AuditSettings
 from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe
 from audit.dp_training import RoundAccountant, dp_retrain
-from src.models import build_model
+from src.runner.models import build_model
 
 SEEDS = (0, 1, 2)
 MEMBERS = 300

@@ -11,7 +11,8 @@ import torch
 
 from audit.membership.population_attack import population_attack
 from audit.membership.signals import loss_signal
-from workspace.in_process import collaborator_names, initial_tensor_dict, parse_plan, run_in_process
+from workspace.in_process import initial_tensor_dict, parse_plan, run_in_process
+from workspace.plan_file import collaborator_names
 
 ROUNDS = 3
 # Few members and several local epochs: the local model overfits, as the audit should then show.

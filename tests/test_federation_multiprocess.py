@@ -388,12 +388,12 @@ def test_bad_settings_fail_before_any_certificate_is_made(tmp_path, setting, key
 @pytest.mark.federation
 def test_tensorboard_event_files_hold_each_partys_metrics_as_the_one_process_run_writes_them(federation, tmp_path,
                                                                                             monkeypatch):
-    """TENSORBOARD=1: every party's event files (src.metric_writer, in <party>/logs/<party>_tensorboard) hold its
-    metrics file's metrics under tags named by metric (the same in every party's run), one step per round, same
+    """TENSORBOARD=1: every party's event files (src.process.metric_writer, in <party>/logs/<party>_tensorboard) hold
+    its metrics file's metrics under tags named by metric (the same in every party's run), one step per round, same
     values, and a collaborator's bounds beside them; the one-process run (the demo's) of the same plan writes the
     same tags."""
     from event_files import read_events, read_metric_lines, same_float32
-    from src.metric_writer import tensorboard_tag
+    from src.process.metric_writer import tensorboard_tag
     from workspace.in_process import run_in_process
 
     parties = ["aggregator", *COLLABORATORS]

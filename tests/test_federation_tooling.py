@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from workspace.federation import Outcome, _watch, metrics_file
-from workspace.prepare import (FederationLayout, SetupError, check_archive, check_port, check_run_dir, fx_exception,
-                               restrict_private_keys)
+from workspace.federation_state import FederationLayout, SetupError
+from workspace.prepare import check_archive, check_port, check_run_dir, fx_exception, restrict_private_keys
 from workspace.processes import ProcessRegistry, describe_returncode, is_running, snapshot
 from workspace.progress import Liveness
 from workspace.run_plan import PlanOverrideError, build_run_plan, merge_overrides, parse_set_option, port_is_free
@@ -311,7 +311,7 @@ def test_bad_options_fail_in_one_line_before_anything_is_made(tmp_path, args, li
 
 
 def test_counts_are_bounded_by_the_machine_and_the_data(monkeypatch):
-    from src import plan_bounds
+    from src.plan import bounds as plan_bounds
 
     # OpenFL's assigner: ~160 bytes per round for each task and collaborator, within an eighth of the memory
     assert plan_bounds.max_rounds(3, 3, memory=24 * 2**30) == 100_000

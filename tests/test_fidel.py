@@ -19,8 +19,8 @@ from audit.fidel.layers import dense_update, find_first_dense_layer, reconstruct
 from audit.fidel.grid import save_reveal_grid
 from audit.fidel.scoring import count_revealed, pearson_matrix
 from audit.fidel.decoder import train_decoder
-from src.datasets import load_dataset
-from src.models import CNN, FCNN
+from src.data.datasets import load_dataset
+from src.runner.models import CNN, FCNN
 
 SHAPE = (1, 8, 8)
 LAYER = "classifier.fc1"

@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from workspace.in_process import collaborator_names, run_in_process
+from workspace.in_process import run_in_process
+from workspace.plan_file import collaborator_names
 
 # Few members and one plain SGD step per round on the FCNN: the setting in which Fidel reveals samples.
 OVERRIDES = {
@@ -55,7 +56,8 @@ def test_reconstruction_images_stay_with_the_collaborator(federation):
 
 
 def test_fidel_threshold_setting_is_validated(tmp_path):
-    from workspace.in_process import initial_tensor_dict, parse_plan, write_run_plan
+    from workspace.in_process import initial_tensor_dict, parse_plan
+    from workspace.plan_file import write_run_plan
 
     overrides = {"task_runner": {"settings": {"audit": {"fidel": {"enabled": True, "threshold": 1.5}}}}}
     with pytest.raises(ValueError, match=r"task_runner\.settings\.audit\.fidel\.threshold"):

@@ -1,4 +1,5 @@
-"""src/freed_memory.py: the memory a task freed goes back to the system, and nothing the program computes changes."""
+"""src/process/freed_memory.py: the memory a task freed goes back to the system, and nothing the program computes
+changes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from torch import nn
 from audit.config.audit_settings import AuditSettings
 from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe
-from src.freed_memory import _malloc_trim, release_freed_memory
+from src.process.freed_memory import _malloc_trim, release_freed_memory
 
 glibc = pytest.mark.skipif(_malloc_trim() is None, reason="the C library has no malloc_trim (not glibc)")
 

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from shared_runs import PREPARED_COLLABORATORS
-from workspace.in_process import deep_merge
+from workspace.plan_file import deep_merge
 from workspace.run_plan import merge_overrides
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,8 @@ from openfl.utilities import LocalTensor, TensorKey, change_tags
 from opacus.accountants import RDPAccountant
 
 from src.aggregation import GatedWeightedAverage
-from workspace.in_process import initial_tensor_dict, parse_plan, run_in_process, write_run_plan
+from workspace.in_process import initial_tensor_dict, parse_plan, run_in_process
+from workspace.plan_file import write_run_plan
 
 AUC = "mia_local_loss_auc"
 LEAKY = {"epochs": 40, "learning_rate": 0.01}

@@ -1,6 +1,7 @@
-"""The parts of audit.membership.gradient_norms on their own: the convolution patches, the per-row squared norms, the
-once-per-structure check against per-sample autograd, and the general path's accuracy on a large layer, each against
-a float64 or library reference (F.unfold, one-sample-at-a-time autograd in float64)."""
+"""The parts of audit.membership.gradient_norms, layerwise_norms and autograd_norms on their own: the convolution
+patches, the per-row squared norms, the once-per-structure check against per-sample autograd, and the general path's
+accuracy on a large layer, each against a float64 or library reference (F.unfold, one-sample-at-a-time autograd in
+float64)."""
 
 import copy
 import math
@@ -13,7 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import audit.membership.autograd_norms as autograd_norms
 import audit.membership.gradient_norms as gn
+import audit.membership.layerwise_norms as layerwise
 from audit.membership.signals import gradient_norm_signal
 
 
@@ -47,7 +50,7 @@ def float64_grad_norm(model, x, y, layer=None):
 def test_conv_patches_are_unfolds_values_bit_for_bit(shape, kernel, stride, padding, dilation):
     x = torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     want = F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride).transpose(1, 2)
-    got = gn._conv_patches(x, kernel, stride, padding, dilation)
+    got = layerwise._conv_patches(x, kernel, stride, padding, dilation)
     assert got.shape == want.shape and torch.equal(got, want)
     assert got.stride() == want.stride()  # the same layout: later products sum in the same order
 
@@ -60,16 +63,16 @@ def test_squared_rows_of_a_long_float32_row_match_float64():
     float32 torch.linalg.vector_norm is off by ~1e-4 here."""
     g = torch.randn(3, 2048, 2048, generator=torch.Generator().manual_seed(1))
     want = g.double().pow(2).sum(dim=(1, 2))
-    got = gn._squared_rows(g)
+    got = autograd_norms.squared_rows(g)
     assert got.dtype == torch.float64
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
 
 
 def test_squared_rows_one_row_at_a_time_beyond_the_cap(monkeypatch):
     g = torch.randn(5, 300, generator=torch.Generator().manual_seed(2))
-    whole = gn._squared_rows(g)
-    monkeypatch.setattr(gn, "_SQUARES_TEMP_BYTES", 100)  # smaller than one row: the row loop
-    rows = gn._squared_rows(g)
+    whole = autograd_norms.squared_rows(g)
+    monkeypatch.setattr(autograd_norms, "_SQUARES_TEMP_BYTES", 100)  # smaller than one row: the row loop
+    rows = autograd_norms.squared_rows(g)
     np.testing.assert_allclose(rows.numpy(), whole.numpy(), rtol=1e-6)
     np.testing.assert_allclose(rows.numpy(), g.double().pow(2).sum(1).numpy(), rtol=1e-6)
 
@@ -94,7 +97,7 @@ def test_general_path_is_accurate_on_a_large_layer():
     model = WideHead()
     g = torch.Generator().manual_seed(4)
     x, y = torch.randn(6, 12, generator=g), torch.randint(0, 4, (6,), generator=g)
-    assert gn._layerwise_targets(model, gn.gradient_parameter_names(model, None)) is None
+    assert layerwise.layerwise_targets(model, gn.gradient_parameter_names(model, None)) is None
     got = gradient_norm_signal(model, x, y, batch_size=3)
     np.testing.assert_allclose(got, float64_grad_norm(model, x, y), rtol=1e-6)
 
@@ -126,15 +129,15 @@ class MixesSamples(Tabular):
 @pytest.fixture
 def probes(monkeypatch):
     """Counts the checks against per-sample autograd, starting from a process that has verified nothing."""
-    monkeypatch.setattr(gn, "_VERIFIED", {})
+    monkeypatch.setattr(layerwise, "_VERIFIED", {})
     calls = []
-    real = gn._probe_reference
+    real = layerwise._probe_reference
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(gn, "_probe_reference", counting)
+    monkeypatch.setattr(layerwise, "_probe_reference", counting)
     return calls
 
 

@@ -14,7 +14,8 @@ import torch
 
 import audit.party_audit as party_audit_module
 from audit.spill import load_model
-from workspace.in_process import parse_plan, run_in_process, write_run_plan
+from workspace.in_process import parse_plan, run_in_process
+from workspace.plan_file import write_run_plan
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -36,7 +37,7 @@ def assert_same_state(model: torch.nn.Module, want: dict, device) -> None:
     ("cnn", "digits", None), ("fcnn", "mnist", {"dropout": 0.3, "activation": "tanh"}), ("alexnet", "cifar10", None)])
 def test_before_round_0_the_initial_model_is_the_plan_model_built_again_bit_for_bit(tmp_path, model, dataset,
                                                                                     model_settings):
-    """What the runner deep-copied at construction, for every model of src/models.py; building it again leaves
+    """What the runner deep-copied at construction, for every model of src/runner/models.py; building it again leaves
     torch's global generator where it was (the draws after it are the ones they would have been)."""
     from openfl.utilities.dataloading import initialize_minimal_dataloader
 

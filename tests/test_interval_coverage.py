@@ -24,8 +24,9 @@ import pytest
 from scipy.stats import binom, norm
 
 from audit.membership.auc_bounds import METHOD, _rejected, auc_bounds
-from audit.membership.uncertainty import (attack_uncertainty, attacker_advantage, auc_interval, clopper_pearson,
-                                          epsilon_lower_bound)
+from audit.membership.attack_uncertainty import attack_uncertainty
+from audit.membership.epsilon_bound import epsilon_lower_bound
+from audit.membership.uncertainty import attacker_advantage, auc_interval, clopper_pearson
 from tests.score_families import FAMILIES, binned_statistics, exact_auc, level_statistics, rounded_loss
 
 AUCS = (0.5, 0.75, 0.9, 0.95, 0.99, 0.995)

@@ -14,7 +14,7 @@ from torch import nn
 
 from audit.config.audit_settings import AuditSettings
 from audit.config.vocabulary import LEAK_METRICS
-from audit.membership.uncertainty import epsilon_lower_bound
+from audit.membership.epsilon_bound import epsilon_lower_bound
 from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe
 from audit.verdict.chance import (auc_p_value, holm, largest_certifiable_epsilon, smallest_detectable_auc,

@@ -1,4 +1,4 @@
-"""src/model_file.py: the aggregator's model file written a tensor at a time is the file OpenFL's writer
+"""src/server/model_file.py: the aggregator's model file written a tensor at a time is the file OpenFL's writer
 (`utils.dump_proto(utils.construct_model_proto(...))`) writes, byte for byte, OpenFL's loader reads it back, a failure
 mid-write leaves the previous file, and the write needs one tensor's bytes, not several copies of the model."""
 
@@ -14,8 +14,8 @@ from openfl.pipelines import (EdenPipeline, KCPipeline, NoCompressionPipeline, R
                               STCPipeline)
 from openfl.protocols import utils
 
-from src import model_file
-from src.model_file import write_model_file
+from src.server import model_file
+from src.server.model_file import write_model_file
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -156,7 +156,7 @@ def test_byte_identical_on_protobufs_pure_python_runtime(tmp_path):
         "import sys, numpy as np; sys.path.insert(0, sys.argv[1])\n"
         "from google.protobuf.internal import api_implementation; assert api_implementation.Type() == 'python'\n"
         "from openfl.pipelines import NoCompressionPipeline; from openfl.protocols import utils\n"
-        "from src import model_file\n"
+        "from src.server import model_file\n"
         "t = {'a': np.arange(6, dtype=np.float32).reshape(2, 3), 'e': np.zeros(0, np.float32), 's': np.float32(1)}\n"
         "model_file.write_model_file(sys.argv[2] + '/s.pbuf', t, 3, NoCompressionPipeline())\n"
         "utils.dump_proto(utils.construct_model_proto(t, 3, NoCompressionPipeline()), sys.argv[2] + '/o.pbuf')\n"

@@ -1,4 +1,4 @@
-"""Tests for src.models (Fidel-style CNN and FCNN)."""
+"""Tests for src.runner.models (Fidel-style CNN and FCNN)."""
 
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 
-from src.models import ACTIVATIONS, CNN, FCNN, PAPER_MODELS, build_model
+from src.runner.models import ACTIVATIONS, CNN, FCNN, PAPER_MODELS, build_model
 
 SHAPES = [(1, 8, 8), (3, 32, 32)]
 

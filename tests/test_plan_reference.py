@@ -10,9 +10,9 @@ import sys
 from audit.config.fields import declared
 from audit.config.gate import DPSettings, GatePolicy
 from audit.config.mitigation_settings import Mitigation
-from src.aggregator_settings import AggregatorSettings, DeanonServerSettings
-from src.loader_settings import DataLoaderSettings
-from src.runner_settings import RunnerSettings
+from src.server.settings import AggregatorSettings, DeanonServerSettings
+from src.data.loader_settings import DataLoaderSettings
+from src.runner.settings import RunnerSettings
 from tools import plan_reference
 
 

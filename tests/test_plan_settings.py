@@ -2,7 +2,8 @@
 
 import pytest
 
-from workspace.in_process import initial_tensor_dict, parse_plan, write_run_plan
+from workspace.in_process import initial_tensor_dict, parse_plan
+from workspace.plan_file import write_run_plan
 
 
 def build_runner(tmp_path, overrides):

@@ -23,13 +23,14 @@ from openfl.federated import PyTorchTaskRunner
 from openfl.utilities import TensorKey
 from torch import nn
 
-import src.models
+import src.runner.models
 import audit.party_audit as party_audit
 from audit.config.audit_settings import AuditSettings
 from crafted_models import class_fishing, imprint, layer_inputs, pass_through_convolution, trap_weights
 from src.aggregator import AuditingAggregator
-from src.datasets import load_dataset
-from workspace.in_process import collaborator_names, run_in_process
+from src.data.datasets import load_dataset
+from workspace.in_process import run_in_process
+from workspace.plan_file import collaborator_names
 
 pytestmark = [pytest.mark.federation, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -48,7 +49,7 @@ def _public_digits() -> np.ndarray:
 def _crafts(model: str) -> dict:
     """Per party, the construction the server sends it: (what, function of the honest state dict)."""
     public = _public_digits()
-    template = src.models.build_model(model, (1, 8, 8), 10)
+    template = src.runner.models.build_model(model, (1, 8, 8), 10)
     flat = public.reshape(len(public), -1).astype(np.float64)
 
     def fc1_inputs(state):
@@ -321,7 +322,7 @@ HONEST_ROUNDS = 20
 
 def _honest_federation(tmp_path_factory, model: str, alpha):
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setitem(src.models._CLASSES, "batchnorm_cnn", BatchNormNet)
+        monkeypatch.setitem(src.runner.models._CLASSES, "batchnorm_cnn", BatchNormNet)
         verdicts = _verdicts(monkeypatch)
         overrides = {
             "tasks": {"train": {"kwargs": {"epochs": 1}}},

@@ -689,8 +689,8 @@ def test_the_audit_steps_write_their_per_sample_files_private(tmp_path, umask):
 
     from audit.config.audit_settings import AuditSettings
     from audit.round_audit import AuditSets, audit_round, record_to_json
-    from src.datasets import load_dataset
-    from src.models import FCNN
+    from src.data.datasets import load_dataset
+    from src.runner.models import FCNN
 
     umask(0o022)
     x, y = load_dataset("digits")

@@ -22,7 +22,8 @@ from audit.reporting.party import ReportWriter
 from audit.reporting.plots import histogram_bins, log_axis_wanted
 from audit.reporting.readings import exact_auc_of
 from audit.reporting.verdicts import LEAK, NO_LEAK, NOT_AUDITED
-from src.aggregator_report import AggregatorReportWriter, round_record, unresolvable
+from src.server.report import AggregatorReportWriter
+from src.server.report_record import round_record, unresolvable
 
 TOLERANCES = (0.001, 0.01, 0.5)
 

@@ -20,7 +20,7 @@ from audit.membership.uncertainty import tpr_at_population_fpr
 from audit.round_audit import AuditSets, audit_round, record_to_json
 from audit.audit_cost import COST_FACTOR, MIN_AUDIT_S, audit_cost_note
 from workspace.demo_output import Progress, print_summary
-from src.party_events import ENV as PARTY_STATUS_ENV, emit
+from src.process.party_events import ENV as PARTY_STATUS_ENV, emit
 from workspace.party_status import PartyStatus, StatusFollower
 from workspace.progress import ProgressLine, eta_seconds
 from workspace.run_summary import summary_lines, tpr_reading
@@ -34,7 +34,7 @@ class Terminal(io.StringIO):
 
 # ------------------------------------------------------------------------------------------ phases from status events
 def write_events(path: Path, monkeypatch, events: list[tuple]) -> None:
-    """Each (party, phase, round, fields) written as the parties write them (src.party_events.emit)."""
+    """Each (party, phase, round, fields) written as the parties write them (src.process.party_events.emit)."""
     monkeypatch.setenv(PARTY_STATUS_ENV, str(path))
     for party, phase, round_num, fields in events:
         emit(party, phase, round_num, **fields)

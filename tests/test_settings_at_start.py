@@ -24,9 +24,10 @@ import torch
 
 import cifar10_PM
 from audit.config.fields import SettingsError
-from src.aggregator_settings import OPENFL_FILLED, OPENFL_KEYS, OWN_KEYS
-from src.plan_checks import TASK_FUNCTIONS
-from workspace.in_process import check_settings, parse_plan, run_in_process, run_plan_config, write_run_plan
+from src.server.settings import OPENFL_FILLED, OPENFL_KEYS, OWN_KEYS
+from src.plan.checks import TASK_FUNCTIONS
+from workspace.in_process import parse_plan, run_in_process
+from workspace.plan_file import check_settings, run_plan_config, write_run_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -99,7 +100,7 @@ def test_task_runner_settings_fail_before_anything(tmp_path, overrides, start, w
 def test_a_strong_enough_mitigation_and_a_real_layer_still_run_and_dp_fedavg_may_only_clip(tmp_path):
     """The checks refuse no-ops, not the settings they guard: these build (dp_fedavg with sigma 0 clips, and is
     recorded as such)."""
-    from workspace.in_process import check_run_plan
+    from workspace.plan_file import check_run_plan
 
     for settings in ({"mitigation": {"method": "noise", "sigma": 0.01}},
                      {"mitigation": {"method": "dp_fedavg"}},
@@ -142,7 +143,7 @@ def test_task_kwargs_fail_before_anything(tmp_path, overrides, message):
 
 
 def test_the_task_kwargs_table_is_the_task_functions_signatures():
-    """src.plan_checks spells the task functions' keyword arguments out (torch-free); they must be what the task
+    """src.plan.checks spells the task functions' keyword arguments out (torch-free); they must be what the task
     runner's functions take: its own train_task's and OpenFL's PyTorchTaskRunner's (which reads kwargs["apply"])."""
     from openfl.federated import PyTorchTaskRunner
 
@@ -184,7 +185,7 @@ def test_a_device_that_does_not_exist_fails_before_anything(tmp_path, device, sa
 
 
 def test_the_devices_this_machine_has_are_accepted():
-    from src.devices import available_devices, check_device
+    from src.runner.devices import available_devices, check_device
 
     for name in available_devices():
         assert check_device("device", name) == torch.device(name)
@@ -287,7 +288,7 @@ def test_openfls_own_sections_fail_before_anything(tmp_path, overrides, line):
 
 
 def test_openfls_sections_keys_are_its_signatures_and_defaults():
-    """src.openfl_sections spells OpenFL's keys out (torch- and OpenFL-free); they must be what OpenFL takes."""
+    """src.plan.openfl_sections spells OpenFL's keys out (torch- and OpenFL-free); they must be what OpenFL takes."""
     import yaml
     from openfl.component import Collaborator
     from openfl.component.aggregator import straggler_handling
@@ -295,7 +296,7 @@ def test_openfls_sections_keys_are_its_signatures_and_defaults():
     from openfl.transport.grpc.aggregator_client import AggregatorGRPCClient
     from openfl.transport.grpc.aggregator_server import AggregatorGRPCServer
 
-    from src import openfl_sections as sections
+    from src.plan import openfl_sections as sections
 
     def params(function, *left_out):
         return set(inspect.signature(function).parameters) - {"self", "args", "kwargs", *left_out}
@@ -427,7 +428,7 @@ def test_demo_download_flag_reaches_the_plan_and_the_cifar_hint_names_it(tmp_pat
     args = cifar10_PM.parse_args(["--download", "--dataset", "digits"])
     args.report_dir = tmp_path
     assert cifar10_PM.overrides_from_args(args)["data_loader"]["settings"]["download"] is True
-    from src.datasets import DatasetUnavailableError, check_available
+    from src.data.datasets import DatasetUnavailableError, check_available
 
     with pytest.raises(DatasetUnavailableError, match="--download"):
         check_available("cifar10", tmp_path / "none")
@@ -638,7 +639,7 @@ def test_a_deployment_by_hand_fails_at_fx_plan_initialize_and_fx_aggregator_star
     """The real `fx` commands in an aggregator's workspace made as by hand (no tool check before them): a misspelt
     network key fails `fx plan initialize` (before any certificate), a `per_collaborator` name that is no
     collaborator in plan/cols.yaml fails `fx aggregator start` before it listens; each in one EXCEPTION line."""
-    from workspace.in_process import collaborator_names, read_plan
+    from workspace.plan_file import collaborator_names, read_plan
     from workspace.prepare import fx_exception, make_aggregator_workspace
     from workspace.processes import fx_environment
 
@@ -675,7 +676,7 @@ def test_a_deployment_by_hand_checks_included_files_names_and_transport_at_each_
     without TLS unless FEDERATION_INSECURE says it is meant, and then warns every round."""
     import signal as signals
 
-    from workspace.in_process import collaborator_names, read_plan
+    from workspace.plan_file import collaborator_names, read_plan
     from workspace.prepare import fx_exception, make_aggregator_workspace
     from workspace.processes import fx_environment
 

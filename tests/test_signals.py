@@ -327,7 +327,7 @@ def test_layerwise_path_needs_no_vmap(data):
 @functools.lru_cache(maxsize=None)
 def _project_model(name, shape):
     """Built once per module run (the signals leave models untouched, as tests above check)."""
-    from src.models import build_model
+    from src.runner.models import build_model
 
     torch.manual_seed(0)
     return build_model(name, shape, 10)

@@ -34,7 +34,7 @@ def test_event_files_hold_every_rounds_metrics_under_tags_named_by_metric(demo, 
     """One run per party (its own folder), and the same tag for a metric in every party's run, so that TensorBoard
     overlays the parties on one chart: privacy/<metric>, train/<metric>, validation/..., gate/...; the values are
     those of the party's metrics file (the writer writes both), each round a step."""
-    from src.metric_writer import tensorboard_tag
+    from src.process.metric_writer import tensorboard_tag
 
     _proc, log_dir = demo
     logs = log_dir / "_run" / "logs"
@@ -104,7 +104,7 @@ def test_a_collaborators_events_are_its_audit_per_round(demo, col):
 @pytest.mark.federation
 def test_the_aggregators_events_are_its_weighted_averages(demo):
     """The aggregator's tags are OpenFL's data-size-weighted averages, as its report's round files keep them."""
-    from src.metric_writer import tensorboard_tag
+    from src.process.metric_writer import tensorboard_tag
 
     _proc, log_dir = demo
     logs = log_dir / "_run" / "logs"
@@ -141,7 +141,7 @@ def test_a_tensorboard_value_openfl_cannot_read_fails_before_any_work(tmp_path, 
 def test_a_tag_is_named_by_its_metric_whoever_sent_it():
     """The same tag in every party's run (the aggregator's averages too): audit metrics by the step registry's
     prefixes under privacy/, the rest by what they are; a margin chart for each figure with both bounds."""
-    from src.metric_writer import interval_layout, tensorboard_tag
+    from src.process.metric_writer import interval_layout, tensorboard_tag
 
     for party in ("collaborator1", "aggregator"):
         assert tensorboard_tag(f"{party}/train/mia_local_loss_exact_auc", party) == "privacy/mia_local_loss_exact_auc"

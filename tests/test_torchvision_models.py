@@ -23,7 +23,7 @@ from audit.membership.gradient_norms import gradient_norms, gradient_parameter_n
 from audit.model_io import module_mode
 from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe, _train_chunk
-from src.models import build_model, feature_layers
+from src.runner.models import build_model, feature_layers
 from test_odd_models import (DEANON, all_at_once_orders, assert_self_audit_leaves_models_unchanged, assert_unchanged,
                              check_record, delta, state_of, train_one)
 

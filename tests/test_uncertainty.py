@@ -11,13 +11,13 @@ from scipy.optimize import brentq
 from scipy.stats import binom, binomtest, ks_2samp, norm
 from sklearn.metrics import roc_auc_score
 
+from audit.membership.epsilon_bound import epsilon_lower_bound
 from audit.membership.uncertainty import (
     attacker_advantage,
     auc,
     auc_interval,
     clopper_pearson,
     delong,
-    epsilon_lower_bound,
     population_threshold,
     rates_at_threshold,
     tpr_at_population_fpr,

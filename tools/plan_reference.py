@@ -16,20 +16,20 @@ import sys
 from pathlib import Path
 
 from audit.config.reference import reference_rows
-from src.aggregator_settings import OPENFL_FILLED, OPENFL_KEYS, AggregatorSettings
-from src.loader_settings import DataLoaderSettings
-from src.plan_checks import TASK_FUNCTIONS
-from src.runner_settings import RunnerSettings
+from src.server.settings import OPENFL_FILLED, OPENFL_KEYS, AggregatorSettings
+from src.data.loader_settings import DataLoaderSettings
+from src.plan.checks import TASK_FUNCTIONS
+from src.runner.settings import RunnerSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "plan-reference.md"
 
 # (plan section, its template, where its settings are declared, the class)
 SECTIONS = (
-    ("data_loader.settings", "src.dataloader.AuditDataLoader", "src/loader_settings.py", DataLoaderSettings),
+    ("data_loader.settings", "src.dataloader.AuditDataLoader", "src/data/loader_settings.py", DataLoaderSettings),
     ("task_runner.settings", "src.taskrunner.AuditedTaskRunner",
-     "src/runner_settings.py and the classes it names in audit/config/", RunnerSettings),
-    ("aggregator.settings", "src.aggregator.AuditingAggregator", "src/aggregator_settings.py", AggregatorSettings),
+     "src/runner/settings.py and the classes it names in audit/config/", RunnerSettings),
+    ("aggregator.settings", "src.aggregator.AuditingAggregator", "src/server/settings.py", AggregatorSettings),
 )
 
 HEADER = """# Plan reference
@@ -40,7 +40,7 @@ declare one) by `python -m tools.plan_reference`; do not edit it by hand (a test
 
 A bad value or an unknown key fails before any work with one line that starts with the dotted key, e.g.
 `task_runner.settings.audit.rmia.gamma: expected a finite number > 0, got 0`. OpenFL's own sections (`network`,
-`collaborator`, `straggler_handling_policy`, ...) are checked too (`src/openfl_sections.py`) but are OpenFL's to
+`collaborator`, `straggler_handling_policy`, ...) are checked too (`src/plan/openfl_sections.py`) but are OpenFL's to
 document.
 """
 
@@ -63,7 +63,7 @@ def table(cls, key: str) -> list[str]:
 
 def tasks_text() -> list[str]:
     lines = ["## `tasks.<task>.kwargs`", "",
-             "The keyword arguments of the task's function (`src/plan_checks.py`); any other is refused, as OpenFL "
+             "The keyword arguments of the task's function (`src/plan/checks.py`); any other is refused, as OpenFL "
              "would pass it on to the function, where it does nothing.", ""]
     for function, checks in TASK_FUNCTIONS.items():
         lines.append(f"- `{function}`: " + "; ".join(f"`{name}`: {_cell(check.describe())}"

@@ -24,13 +24,14 @@ import time
 from pathlib import Path
 
 from workspace.arguments import SuggestingParser
-from workspace.in_process import WORKSPACE_ROOT
+from workspace.plan_file import WORKSPACE_ROOT
 
-if str(WORKSPACE_ROOT) not in sys.path:  # src.aggregator_settings, audit.reporting.atomic_io
+if str(WORKSPACE_ROOT) not in sys.path:  # src.server.settings, audit.reporting.atomic_io
     sys.path.insert(0, str(WORKSPACE_ROOT))
 
 from workspace.federation import stale_state, start  # noqa: E402
-from workspace.prepare import AGGREGATOR, STATE_FILE, FederationLayout, SetupError, prepare  # noqa: E402
+from workspace.federation_state import AGGREGATOR, STATE_FILE, FederationLayout, SetupError  # noqa: E402
+from workspace.prepare import prepare  # noqa: E402
 from workspace.processes import FxNotFoundError, ProcessRegistry  # noqa: E402
 from workspace.run_lock import FolderBusyError, FolderLock  # noqa: E402
 from workspace.progress import DEFAULT_LIVENESS_S, MIN_LIVENESS_S, ProgressLine  # noqa: E402
@@ -87,7 +88,7 @@ def _whole_number(minimum: int, what: str = ""):
 
 def _rounds(text: str) -> int:
     value = _whole_number(1)(text)
-    from src.plan_bounds import MAX_ROUNDS
+    from src.plan.bounds import MAX_ROUNDS
 
     if value > MAX_ROUNDS:  # the bound by the plan's tasks and this machine's memory is checked with the plan
         raise argparse.ArgumentTypeError(f"{value:,} rounds; at most {MAX_ROUNDS:,}, got {text!r}")

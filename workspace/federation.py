@@ -31,13 +31,13 @@ from typing import Callable
 import yaml
 
 from audit.reporting.html import write_index
-from workspace.prepare import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
+from workspace.federation_state import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
 from workspace.processes import (ProcessRegistry, Started, describe_returncode, fx_environment, fx_executable,
                                  is_running, party_threads, snapshot)
 from workspace.party_status import StatusFollower, status_file
 from workspace.progress import DEFAULT_LIVENESS_S, Liveness, ProgressLine, eta_seconds, rounds_done
 from workspace.run_plan import port_is_free
-from src.plan_checks import INSECURE_ENV
+from src.plan.checks import INSECURE_ENV
 
 AGGREGATOR_EXIT_GRACE_S = 30.0  # OpenFL's server checks every 5 s whether every collaborator got its quit signal
 
@@ -217,7 +217,7 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
     interrupted = False
     try:
         # Written before the participants start: the aggregator's page links back to its root's index only when one
-        # is there (src.aggregator_report); the parties rewrite theirs each round, the end of the run them all.
+        # is there (src.server.report); the parties rewrite theirs each round, the end of the run them all.
         write_run_index(layout)
         layout.status = "running"
         layout.extra["tool"] = _this_process()  # so the next command can tell a killed tooling (stale_state)

@@ -2,7 +2,7 @@
 status line of `python -m workspace run`.
 
 Every participant is started with PARTY_STATUS_FILE naming a file in its workspace's logs folder, to which it appends
-one JSON event a line (src.party_events): its collaborator's callbacks when a round's tasks arrive (validating),
+one JSON event a line (src.process.party_events): its collaborator's callbacks when a round's tasks arrive (validating),
 when the round is done (waiting) and at the end (done); its task runner when it validates and trains; its audit when
 it audits and retrains with DP; the aggregator when it serves, sends a round's tasks and hears that a collaborator
 is done (with who is done with the round), and when the experiment is complete. A note for the user (the audit cost
@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from src.party_events import PHASES
+from src.process.party_events import PHASES
 
 __all__ = ["PartyStatus", "StatusFollower", "apply_event", "status_file"]
 

@@ -22,28 +22,25 @@ The collaborators get `audit` the way a manual deployment does: inside the expor
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import threading
 import time
 import zipfile
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
 import yaml
 
-from audit.reporting.atomic_io import atomic_write_json, atomic_write_text
-from workspace.in_process import WORKSPACE_ROOT, collaborator_names
+from audit.reporting.atomic_io import atomic_write_text
+from workspace.federation_state import AGGREGATOR, FederationLayout, SetupError
+from workspace.plan_file import WORKSPACE_ROOT, collaborator_names
 from workspace.processes import ProcessRegistry, fx_environment, fx_executable
 from workspace.run_lock import LOCK_FILE, FolderBusyError, FolderLock
 from workspace.run_plan import (AGG_ADDR, aggregator_report_dir, build_run_plan, collaborator_report_dir, dump_plan,
                                 free_port, insecure_allowed, port_problem)
 
-AGGREGATOR = "aggregator"
-STATE_FILE = "federation.json"
 # What the aggregator's workspace is made of, as in a clone of this repository: what OpenFL loads (plan/, src/,
 # with its src/shipped/audit symlink), what our code imports (audit/), and what `fx workspace export` insists on
 # packing (requirements.txt, .workspace).
@@ -56,65 +53,6 @@ ARCHIVE_MUST_HOLD = ("plan/plan.yaml", "plan/data.yaml", "src/__init__.py", "src
 FX_TIMEOUT_S = 300
 SIGNAL_POLL_S = 0.1  # the main thread wakes this often while set-up jobs run, to take a Ctrl-C at once
 PORT_RANGE = (1, 65535)
-
-
-class SetupError(RuntimeError):
-    pass
-
-
-@dataclass
-class FederationLayout:
-    """What `prepare` made; saved as <run>/federation.json and read back by `start`."""
-
-    run_dir: str
-    collaborators: list[str]
-    rounds: int
-    port: int
-    use_tls: bool
-    agg_addr: str = AGG_ADDR
-    status: str = "prepared"
-    prepared_at: str = ""
-    setup_seconds: float = 0.0
-    aggregator_report_dir: str = ""
-    collaborator_report_dir: str = ""
-    # What the user allowed off (plan_checks.INSECURE_SETTINGS' values: "tls", "client_auth"); the participants get
-    # it in their environment (plan_checks.INSECURE_ENV), and every round says so.
-    insecure: list = field(default_factory=list)
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def root(self) -> Path:
-        return Path(self.run_dir)
-
-    def workspace(self, name: str) -> Path:
-        return self.root / name
-
-    def save(self) -> None:
-        atomic_write_json(self.root / STATE_FILE, asdict(self))
-
-    @classmethod
-    def load(cls, run_dir: Path) -> "FederationLayout":
-        path = Path(run_dir) / STATE_FILE
-        try:
-            data = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise SetupError(f"{path} not found: {run_dir} is not a prepared federation "
-                             "(make one with `python -m workspace prepare --dir ...`)") from None
-        except (OSError, ValueError) as err:
-            raise SetupError(f"{path}: unreadable ({err})") from None
-        data["run_dir"] = str(Path(run_dir).resolve())  # a prepared folder may have been copied
-        try:
-            layout = cls(**data)
-        except TypeError as err:
-            raise SetupError(f"{path}: not a federation state file of this tool ({err})") from None
-        # The names become folders and `fx` arguments: an edited state file must not name a path outside the folder.
-        from src.plan_checks import check_names
-
-        try:
-            check_names(f"{path} collaborators", layout.collaborators)
-        except ValueError as err:
-            raise SetupError(str(err)) from None
-        return layout
 
 
 class FxRunner:
@@ -245,10 +183,10 @@ def restrict_private_keys(ws: Path) -> list[Path]:
 def check_in_process(config: Mapping, names: list[str]) -> None:
     """What `fx plan initialize` and each collaborator would find, in this process before any folder: the data loader
     and the task runner built from the plan, and each party's data read by the loader's readers
-    (workspace.in_process.check_buildable, check_party_data)."""
+    (workspace.plan_file.check_buildable, check_party_data)."""
     from src.dataloader import clear_dataset_cache
-    from src.datasets import DatasetUnavailableError
-    from workspace.in_process import check_buildable, check_party_data
+    from src.data.datasets import DatasetUnavailableError
+    from workspace.plan_file import check_buildable, check_party_data
 
     try:
         check_buildable(config)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from src.party_events import ENV as PARTY_STATUS_ENV
+from src.process.party_events import ENV as PARTY_STATUS_ENV
 
 
 class FxNotFoundError(RuntimeError):
@@ -62,7 +62,7 @@ def party_threads(collaborators: int, cores: int | None = None) -> int:
 
 def fx_environment(log_file: str | None = None, *, threads: int | None = None, status_file: str | None = None) -> dict:
     """The environment of an `fx` process; `threads` sets OMP_NUM_THREADS / MKL_NUM_THREADS unless the user's
-    environment sets them (theirs win); `status_file`: where it appends its status events (src.party_events)."""
+    environment sets them (theirs win); `status_file`: where it appends its status events (src.process.party_events)."""
     env = dict(os.environ)
     if threads is not None and not any(name in os.environ for name in THREAD_VARIABLES):
         for name in THREAD_VARIABLES:

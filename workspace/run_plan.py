@@ -14,7 +14,7 @@ from typing import Iterable, Mapping
 
 import yaml
 
-from workspace.in_process import PlanFileError, check_settings, collaborator_names, deep_merge, read_plan, yaml_problem
+from workspace.plan_file import PlanFileError, check_settings, collaborator_names, deep_merge, read_plan, yaml_problem
 
 AGG_ADDR = "localhost"  # the aggregator's certificate is made for this name; gRPC binds it to 127.0.0.1
 # Plan keys this tool sets from its own flags (the run's state, e.g. federation.json's port and rounds, must agree
@@ -118,7 +118,7 @@ def build_run_plan(base_plan: Path, *, collaborators: int, rounds: int, port: in
     config = deep_merge(config, overrides or {})
     check_flag_bounds(config, collaborators=collaborators, rounds=rounds)
     check_run_plan(config, collaborator_names(collaborators))
-    from src.plan_checks import INSECURE_ENV, check_transport
+    from src.plan.checks import INSECURE_ENV, check_transport
 
     check_transport(config, {INSECURE_ENV: ",".join(insecure_allowed(use_tls, client_auth))})
     return config
@@ -130,10 +130,10 @@ def insecure_allowed(use_tls: bool, client_auth: bool) -> list[str]:
 
 
 def check_flag_bounds(config: Mapping, *, collaborators: int, rounds: int) -> None:
-    """--rounds and --collaborators against what the plan's data and this machine allow (src.plan_bounds), named by
+    """--rounds and --collaborators against what the plan's data and this machine allow (src.plan.bounds), named by
     the flag; the same bounds on the plan's keys follow in check_run_plan."""
-    from src import plan_bounds
-    from src.plan_checks import split_ratios, split_settings, task_names
+    from src.plan import bounds as plan_bounds
+    from src.plan.checks import split_ratios, split_settings, task_names
 
     plan_bounds.check_rounds("--rounds", rounds, tasks=len(task_names(config)), collaborators=collaborators)
     data = split_settings(config)
@@ -193,7 +193,7 @@ def check_data(config: Mapping) -> None:
     """A dataset read from files must be there for the collaborators, each of which runs in its own folder
     (<run>/collaboratorN/): a relative data_loader.settings.data_dir would be looked up there. Fails before any
     folder is made; a dataset name or download value of the wrong type is the data loader's to name."""
-    from src.datasets import DatasetUnavailableError, check_available, dataset_folder, dataset_root
+    from src.data.datasets import DatasetUnavailableError, check_available, dataset_folder, dataset_root
 
     settings = (config.get("data_loader") or {}).get("settings") or {}
     name, data_dir, download = settings.get("dataset", "digits"), settings.get("data_dir"), settings.get("download")
@@ -222,7 +222,7 @@ def collaborator_report_dir(config: Mapping) -> str:
 
 
 def aggregator_report_dir(config: Mapping) -> str:
-    from src.aggregator_settings import DEFAULT_REPORT_DIR
+    from src.server.settings import DEFAULT_REPORT_DIR
 
     return str(config.get("aggregator", {}).get("settings", {}).get("report_dir", DEFAULT_REPORT_DIR))
 

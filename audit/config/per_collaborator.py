@@ -10,7 +10,7 @@
 Every collaborator parses the same plan, so each knows every other's gate: the runner uses that to send
 the same metric names as all others (OpenFL's aggregator needs that, see audit.party_record).
 The runner never learns the federation's names, so a name no collaborator has is checked by whoever knows them,
-before any work: src.plan_checks.check_collaborator_names (`python -m workspace`, the demo).
+before any work: src.plan.checks.check_collaborator_names (`python -m workspace`, the demo).
 """
 
 from __future__ import annotations

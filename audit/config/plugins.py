@@ -1,7 +1,7 @@
 """Audit plug-ins named by the plan (`task_runner.settings.audit.plugins`): modules that register their audit steps
 (audit.config.steps) when imported. They are imported before the audit section is read, by whatever reads it: the
 task runner (`fx plan initialize`, `fx collaborator start`, the demo), the aggregator and the local federation tool
-(src.plan_checks.check_plan), so that the plan's section of a plug-in step, its gate metrics and its metrics in the
+(src.plan.checks.check_plan), so that the plan's section of a plug-in step, its gate metrics and its metrics in the
 aggregator's report are known everywhere.
 
 An entry is a module name importable where the plan is read (e.g. one under the workspace's `src/`, which OpenFL's

@@ -31,9 +31,9 @@ LOSS_ONLY_FUNCTIONS = frozenset({"logit_rescale", "min_linear_logit"})
 # The local training recipe: optimisers the task runner, the DP retrain and the shadow trainings build alike.
 OPTIMIZERS = ("SGD", "Adam")
 
-# The models a plan can name (src.models builds them): the workspace's own, then torchvision's classifiers. MODELS is
-# read from torchvision's own registry (torchvision.models.list_models) when it is first used, which imports torch:
-# the rest of this module stays torch-free.
+# The models a plan can name (src.runner.models builds them): the workspace's own, then torchvision's classifiers.
+# MODELS is read from torchvision's own registry (torchvision.models.list_models) when it is first used, which
+# imports torch: the rest of this module stays torch-free.
 WORKSPACE_MODELS = ("cnn", "fcnn", "alexnet")
 # Families of torchvision's registry that are not offered, by the start of their names, and why.
 TORCHVISION_LEFT_OUT = {

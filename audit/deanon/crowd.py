@@ -30,7 +30,7 @@ class CrowdUser:
 
 
 def label_mixes(class_counts: np.ndarray, n_users: int, alpha: float | None, rng: np.random.Generator) -> np.ndarray:
-    """(n_users, n_classes) label mixes. As in src.data's split: per class, q ~ Dirichlet(alpha * 1_users) is each
+    """(n_users, n_classes) label mixes. As in src.data.split: per class, q ~ Dirichlet(alpha * 1_users) is each
     user's share of that class, so a user's mix is proportional to q[class] * class count."""
     class_counts = np.asarray(class_counts, dtype=np.float64)
     if alpha is None:

@@ -24,7 +24,7 @@ aggregation front end that strips the sender).
 - `DeanonReportWriter` writes `round_NNNN.json`, `summary.csv` and `ap_over_chance.png` into a folder, the summaries
   rebuilt from the round files on disk.
 
-OpenFL-free: src/deanon_callback.py feeds it from the aggregator's TensorDB.
+OpenFL-free: src/server/deanon_callback.py feeds it from the aggregator's TensorDB.
 """
 
 from __future__ import annotations

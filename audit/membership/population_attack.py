@@ -20,7 +20,7 @@ On top of that:
   functions (``gaussian``, ``logit_rescale``, ``min_linear_logit``) give their own threshold at alpha = t, which
   promises no population FPR, so it is capped at sorted[k]: their population FPR is at most t too, and may be
   well below it where the fitted distribution does not match the population.
-* ``uncertainty`` (audit.membership.uncertainty.AttackUncertainty): the exact AUC's interval, at each
+* ``uncertainty`` (audit.membership.attack_uncertainty.AttackUncertainty): the exact AUC's interval, at each
   tolerance the TPR's and the non-members' FPR's Clopper-Pearson intervals with the counts they rest on (members
   flagged, non-members flagged, population flagged) and whether the population resolves the tolerance, the
   empirical epsilon lower bound and the attacker's advantage, at the caller's confidence and delta.
@@ -56,7 +56,8 @@ from audit.config.audit_settings import FPR_TOLERANCES
 from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, THRESHOLD_FUNCTIONS as THRESHOLD_FUNCTION_NAMES
 from audit.config.vocabulary import tolerance_name
 from audit.membership.resolution import largest_count, resolvable
-from audit.membership.uncertainty import CONFIDENCE, AttackUncertainty, attack_uncertainty
+from audit.membership.attack_uncertainty import AttackUncertainty, attack_uncertainty
+from audit.membership.uncertainty import CONFIDENCE
 
 __all__ = [
     "DEFAULT_ALPHAS",

@@ -1,4 +1,8 @@
-"""The party report's plots: per-round ROC curves and the per-round AUC and TPR lines (matplotlib, no pyplot)."""
+"""The party report's plots: per-round ROC curves and the per-round AUC and TPR lines (matplotlib, no pyplot).
+
+One module though above 400 lines: every figure of the reports (and the aggregator's, plot_collaborators) shares its
+styles (models, signals, collaborators), the log-axis rules and the tolerance markers, so they read alike.
+"""
 
 from __future__ import annotations
 

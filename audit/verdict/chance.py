@@ -21,7 +21,7 @@ import math
 import numpy as np
 from scipy.stats import hypergeom, mannwhitneyu, norm
 
-from audit.membership.uncertainty import epsilon_lower_bound
+from audit.membership.epsilon_bound import epsilon_lower_bound
 
 __all__ = ["auc_p_value", "tpr_p_value", "holm", "smallest_detectable_tpr", "smallest_detectable_auc",
            "largest_certifiable_epsilon"]

@@ -29,7 +29,9 @@ from typing import Callable, Iterable, Mapping
 
 from audit.config.vocabulary import (EXACT_AUC, LEAK_DETECTED, LEAK_EPSILON_CEILING, LEAK_EPSILON_LB, LEAK_P_VALUE,
                                      tolerance_name, tpr_statistic)
-from audit.membership.uncertainty import (AttackUncertainty, auc_interval, clopper_pearson, epsilon_lower_bound)
+from audit.membership.attack_uncertainty import AttackUncertainty
+from audit.membership.epsilon_bound import epsilon_lower_bound
+from audit.membership.uncertainty import auc_interval, clopper_pearson
 from audit.verdict.chance import (auc_p_value, holm, largest_certifiable_epsilon, smallest_detectable_auc,
                                   smallest_detectable_tpr, tpr_p_value)
 

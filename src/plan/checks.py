@@ -11,7 +11,7 @@ The collaborators' names, wherever the project reads them (the tool's layout, th
 OpenFL's plan/cols.yaml, plan/data.yaml and `fx collaborator start -n` name where OpenFL builds our classes) must
 be safe single path components (audit.reporting.records.validate_party_name, the one pattern): OpenFL writes files
 named after them (`logs/<name>_metrics.txt`, `cert/client/col_<name>.key`), and `../../x` wrote outside the
-workspace. The counts the plan asks for are bounded (src.plan_bounds).
+workspace. The counts the plan asks for are bounded (src.plan.bounds).
 
 Torch-free and OpenFL-free, so the tooling checks a plan at once. Every error is a SettingsError whose message
 starts with the dotted plan key.
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from audit.config.fields import Mismatch, SettingsError, boolean, custom, did_you_mean, integer, to_dict
 from audit.config.plugins import check_plugins
 from audit.reporting.records import validate_party_name
-from src import plan_bounds
-from src.openfl_sections import check_included_files, check_openfl_sections
+from src.plan import bounds as plan_bounds
+from src.plan.openfl_sections import check_included_files, check_openfl_sections
 
 __all__ = ["TASK_RUNNER_TEMPLATE", "DATA_LOADER_TEMPLATE", "TASK_FUNCTIONS", "task_names", "split_settings",
            "split_ratios", "check_tasks",
@@ -143,12 +143,12 @@ def task_names(config: Mapping) -> list:
 
 def split_settings(config: Mapping) -> dict | None:
     """The settings of this workspace's data loader that decide its split: the plan's values over the loader's
-    declared defaults (src.loader_settings); None for another data loader."""
+    declared defaults (src.data.loader_settings); None for another data loader."""
     loader = config.get("data_loader")
     if not isinstance(loader, Mapping) or loader.get("template") != DATA_LOADER_TEMPLATE \
             or not isinstance(loader.get("settings") or {}, Mapping):
         return None
-    from src.loader_settings import DataLoaderSettings
+    from src.data.loader_settings import DataLoaderSettings
 
     return {**to_dict(DataLoaderSettings()), **(loader.get("settings") or {})}
 
@@ -158,7 +158,7 @@ def split_ratios(data: Mapping) -> dict:
 
 
 def check_plan_bounds(config: Mapping, collaborators: Sequence[str] | None = None) -> None:
-    """The counts the plan asks for against what the data and the machine allow (src.plan_bounds): the rounds
+    """The counts the plan asks for against what the data and the machine allow (src.plan.bounds): the rounds
     (OpenFL's assigner), the collaborators (a sample of each set each, with this workspace's data loader) and the
     audit's sample size."""
     tasks, data = task_names(config), split_settings(config)
@@ -181,7 +181,7 @@ def check_plan_bounds(config: Mapping, collaborators: Sequence[str] | None = Non
 
 def check_plan(config: Mapping, collaborators: Sequence[str] | None = None) -> None:
     """The checks above on a plan mapping (`collaborators`: the federation's names, when known), and those of the
-    sections OpenFL builds from and the files it includes (src.openfl_sections), on the plan as OpenFL reads it.
+    sections OpenFL builds from and the files it includes (src.plan.openfl_sections), on the plan as OpenFL reads it.
     Tasks of a task runner that is not this workspace's are left to that runner."""
     if collaborators is not None:
         check_names("collaborators", collaborators)

@@ -193,7 +193,7 @@ def check_included_file(key: str, value, root: Path | None = None) -> None:
                             f"plan/defaults/network.yaml, got {value!r}")
     root = openfl_defaults_root() if root is None else root
     if root is None:
-        return  # no OpenFL here to read it: the party that runs OpenFL checks it (src.plan_checks.check_built_plan)
+        return  # no OpenFL here to read it: the party that runs OpenFL checks it (src.plan.checks.check_built_plan)
     if not (root / value).is_file():
         known = _known_defaults(root, value)
         raise SettingsError(f"{key}: {value!r} is no file OpenFL ships (it would be read as empty: the section would "

@@ -48,7 +48,7 @@ from openfl.callbacks import Callback
 from audit.deanon.server import UpdateHistory, evaluate_round
 from audit.deanon.server_report import DeanonReportWriter
 from audit.config.fields import parse
-from src.aggregator_settings import DEANON_PREFIX, PREFIX, REPORT_DIR, DeanonServerSettings
+from src.server.settings import DEANON_PREFIX, PREFIX, REPORT_DIR, DeanonServerSettings
 
 logger = logging.getLogger(__name__)
 

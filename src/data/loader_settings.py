@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from audit.config.fields import boolean, choice, integer, optional, path, setting, to_dict
-from src.data import ALPHA, COUNT, RATIO, validate_split_settings
-from src.datasets import DATASETS
+from src.data.split import ALPHA, COUNT, RATIO, validate_split_settings
+from src.data.datasets import DATASETS
 
 __all__ = ["PREFIX", "DataLoaderSettings"]
 
@@ -19,7 +19,7 @@ PREFIX = "data_loader.settings"
 
 @dataclass(frozen=True)
 class DataLoaderSettings:
-    """Each collaborator's member / non-member / population shards of one dataset (src.data's split)."""
+    """Each collaborator's member / non-member / population shards of one dataset (the split, src.data.split)."""
 
     batch_size: int = setting(32, integer(min=1), "training batch size")
     dataset: str = setting("digits", choice(DATASETS, "dataset", fold=True),

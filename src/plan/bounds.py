@@ -5,7 +5,7 @@
   before round 0 (and no round ran). A run may ask for at most MAX_ROUNDS rounds, and for no more than fit in
   ASSIGNER_MEMORY_SHARE of the machine's memory at ASSIGNER_BYTES_PER_ENTRY per round, task and collaborator.
 - Collaborators: every collaborator's member, non-member and population sets need at least one sample of the
-  dataset (src.data's split); a local federation runs a process per collaborator, each holding the libraries it
+  dataset (src.data.split); a local federation runs a process per collaborator, each holding the libraries it
   imports (PARTY_PROCESS_BYTES).
 - The audit's sample size: at most the dataset's samples (a larger one samples nothing more).
 
@@ -68,13 +68,13 @@ def check_rounds(key: str, rounds, *, tasks: int, collaborators: int, memory: in
 
 
 def _set_sizes(samples: int, ratios: Mapping[str, float]) -> dict[str, int]:
-    # src.data's split: floor(n * ratio) samples per set (train, test, population)
+    # src.data.split: floor(n * ratio) samples per set (train, test, population)
     return {key: int(math.floor(samples * float(r) + 1e-6)) for key, r in ratios.items()}
 
 
 def max_collaborators_for_data(dataset: str, ratios: Mapping[str, float]) -> tuple[int, str]:
     """The most collaborators the dataset's split can give a sample of each set, and the set that limits it."""
-    from src.datasets import dataset_samples
+    from src.data.datasets import dataset_samples
 
     sizes = _set_sizes(dataset_samples(dataset), ratios)
     limiting = min(sizes, key=sizes.get)
@@ -85,7 +85,7 @@ def check_collaborators(key: str, collaborators, *, dataset, ratios: Mapping[str
     """Each collaborator needs a sample of each of its sets: at most min(floor(samples x ratio)) collaborators.
     `ratios`: the three split ratios by their plan key names; `prefix` names them (a flag's "--", the plan's
     "data_loader.settings.")."""
-    from src.datasets import dataset_samples
+    from src.data.datasets import dataset_samples
 
     if not is_int(collaborators) or collaborators < 1:
         return
@@ -118,7 +118,7 @@ def check_local_collaborators(key: str, collaborators, memory: int | None = None
 
 def check_sample_size(key: str, sample_size, *, dataset) -> None:
     """The audit's sample per set: at most the dataset's samples (null: every sample)."""
-    from src.datasets import dataset_samples
+    from src.data.datasets import dataset_samples
 
     if not is_int(sample_size):
         return

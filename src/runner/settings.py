@@ -24,9 +24,9 @@ PREFIX = "task_runner.settings"
 
 
 def _model(key: str, value) -> str:
-    """A name src.models builds (its own models, torchvision's classifiers), in any case; asked of src.models itself
-    (which imports torch) when a plan is parsed, so that it is the one list of names."""
-    from src.models import model_names
+    """A name src.runner.models builds (its own models, torchvision's classifiers), in any case; asked of
+    src.runner.models itself (which imports torch) when a plan is parsed, so that it is the one list of names."""
+    from src.runner.models import model_names
 
     found = value.strip().lower() if isinstance(value, str) else value
     if isinstance(found, str) and found in model_names():
@@ -36,7 +36,7 @@ def _model(key: str, value) -> str:
 
 
 def _device(key: str, value) -> str:
-    from src.devices import check_device  # imports torch: only when a plan is parsed, not when it is documented
+    from src.runner.devices import check_device  # imports torch: only when a plan is parsed, not when it is documented
 
     check_device(key, value)
     return value
@@ -50,7 +50,7 @@ class RunnerSettings:
                                                         _device), "OpenFL's choice: CUDA if there is one"),
                                  "where the local training and the audit run")
     model: str = setting("cnn", custom("cnn, fcnn, alexnet or a torchvision classifier (e.g. resnet18)", _model),
-                         "the model (src.models)")
+                         "the model (src.runner.models)")
     model_settings: Mapping = setting({}, mapping(), "the model's keyword arguments (fcnn: activation, dropout)")
     optimizer: str = setting("SGD", choice(OPTIMIZERS, "optimizer"), "the local training's optimizer")
     learning_rate: float = setting(0.05, real(gt=0), "the local training's learning rate")

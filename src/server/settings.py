@@ -22,7 +22,7 @@ REPORT_DIR = path("folder")  # aggregator.settings.report_dir (also checked by t
 
 @dataclass(frozen=True)
 class DeanonServerSettings:
-    """`aggregator.settings.deanon`: the aggregator-side deanonymization audit (src/deanon_callback.py)."""
+    """`aggregator.settings.deanon`: the aggregator-side deanonymization audit (src/server/deanon_callback.py)."""
 
     enabled: bool = setting(False, boolean(), "run the aggregator-side deanonymization audit on the real updates")
     layer: str | None = setting(None, optional(module_name("classifier.out"), "the model's last layer"),

@@ -1,4 +1,4 @@
-"""The per-collaborator member / non-member / population split of a dataset (src.datasets loads them).
+"""The per-collaborator member / non-member / population split of a dataset (src.data.datasets loads them).
 
 No OpenFL imports here: this module is shared by the OpenFL data loader
 (:mod:`src.dataloader`), the auditor and the tests.
@@ -49,7 +49,7 @@ __all__ = [
 #: Names of the three per-party sets, in the order they are cut from the shuffled pool.
 SPLIT_SETS = ("train", "test", "population")
 #: The data loader's defaults for what decides the split (src.dataloader.AuditDataLoader's keyword arguments, by their
-#: plan names): read by the checks that bound a plan's counts before any data is loaded (src.plan_bounds).
+#: plan names): read by the checks that bound a plan's counts before any data is loaded (src.plan.bounds).
 
 
 # ----------------------------------------------------------------------------- splitting
@@ -67,7 +67,7 @@ class PartyData:
     population_y: np.ndarray
 
 
-#: What the split's settings take (data_loader.settings declares its fields with them: src.loader_settings).
+#: What the split's settings take (data_loader.settings declares its fields with them: src.data.loader_settings).
 RATIO = real(gt=0)
 COUNT = integer(min=1)
 ALPHA = optional(real(gt=0), "IID")

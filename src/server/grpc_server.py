@@ -26,7 +26,7 @@ import threading
 
 from openfl.transport import AggregatorGRPCServer
 
-from src.party_events import emit
+from src.process.party_events import emit
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class AddressBoundGRPCServer(AggregatorGRPCServer):
         logger.info("Aggregator gRPC server will listen on %s", self.uri)
 
     def serve(self):
-        emit("aggregator", "serving")  # a status event for the tooling (src.party_events)
+        emit("aggregator", "serving")  # a status event for the tooling (src.process.party_events)
         return super().serve()
 
     def validate_collaborator(self, request, context):
