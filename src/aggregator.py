@@ -198,6 +198,10 @@ class AuditingAggregator(Aggregator):
         # a plan that turns TLS or client authentication off, unless the operator allowed it (plan_checks.INSECURE_ENV).
         built = plan_being_built()
         self.insecure: list[str] = []
+        # Whether the plan's collaborators ask for delta updates (OpenFL's default: no); None: built without a plan,
+        # unknown, so every copy of the next model is kept.
+        self._collaborators_use_deltas = None if built is None else bool(
+            ((built.config.get("collaborator") or {}).get("settings") or {}).get("use_delta_updates", False))
         if built is not None:
             check_built_plan(built, list(kwargs.get("authorized_cols") or []))
             self.insecure = check_transport(built.config)
@@ -358,5 +362,9 @@ class AuditingAggregator(Aggregator):
                 self._warn_insecure()  # every round the federation runs without transport security
             if self.round_number != round_number and self._time_to_quit():
                 emit(AGGREGATOR_PARTY, "done", round_number)
+            if (self.round_number != round_number and self._collaborators_use_deltas is False
+                    and isinstance(self.tensor_db, IndexedTensorDB)):
+                # what only a collaborator with delta updates reads (IndexedTensorDB.drop_model_copies)
+                self.tensor_db.drop_model_copies(self.round_number, self.uuid)
             with self._round_ended:  # wake the held requests: the next round's tasks (or the quit signal) are ready
                 self._round_ended.notify_all()

@@ -185,3 +185,22 @@ def test_a_privileged_function_gets_openfls_own_frame_path():
     written = TensorKey("written", "agg", 0, False, ("by_function",))
     np.testing.assert_array_equal(ours.get_tensor_from_cache(written), reference.get_tensor_from_cache(written))
     assert_same_frame(ours, reference)
+
+
+
+def test_dropping_the_next_models_copies_keeps_everything_else():
+    """drop_model_copies: the ('aggregated',) and ('aggregated', 'delta') rows of the round from the origin go; the
+    model, other rounds, other origins and metric rows stay, and every answer about them is the same."""
+    db = IndexedTensorDB()
+    w = np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4)
+    gone = [TensorKey("w", "agg", 2, False, ("aggregated",)), TensorKey("w", "agg", 2, False, ("aggregated", "delta"))]
+    kept = [TensorKey("w", "agg", 2, False, ("model",)), TensorKey("w", "agg", 1, False, ("aggregated",)),
+            TensorKey("w", "c1", 2, False, ("aggregated",)), TensorKey("w", "agg", 2, True, ("aggregated",)),
+            TensorKey("w", "agg", 2, False, ("trained",))]
+    db.cache_tensor({key: w + i for i, key in enumerate(gone + kept)})
+    before = {k: db.get_tensor_from_cache(k).copy() for k in kept}
+    assert db.drop_model_copies(2, "agg") == 2 * w.nbytes
+    assert all(db.get_tensor_from_cache(k) is None for k in gone)
+    assert all(db.get_tensor_from_cache(k).tobytes() == v.tobytes() for k, v in before.items())
+    assert len(db.tensor_db) == len(kept)
+    assert db.drop_model_copies(2, "agg") == 0

@@ -46,6 +46,25 @@ def test_model_files_only_at_the_end_unless_asked_and_the_same_files(tmp_path, m
     for attr in ("last_tensor_dict", "best_tensor_dict"):
         a, b = getattr(asked.aggregator, attr), getattr(plain.aggregator, attr)
         assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
+    # Of the final model, only the copy the collaborators read is held (they ask for no delta updates).
+    assert _model_rows(plain.aggregator) == {("model",)}
+
+
+def _model_rows(aggregator) -> set:
+    """The tags of the aggregator's rows of its current round (the next model's)."""
+    frame = aggregator.tensor_db.tensor_db
+    return {tuple(t) for t, r, report in zip(frame["tags"], frame["round"], frame["report"])
+            if int(r) == aggregator.round_number and not report}
+
+
+@pytest.mark.federation
+def test_collaborators_with_delta_updates_get_every_copy_they_read(tmp_path):
+    """With collaborator.settings.use_delta_updates the collaborators ask for the aggregate and its delta: the
+    aggregator keeps them, and the run ends with the same kind of files."""
+    overrides = {**DIGITS, "collaborator": {"settings": {"use_delta_updates": True}}}
+    result = run_in_process(tmp_path, collaborators=2, rounds=2, overrides=overrides)
+    assert _model_rows(result.aggregator) == {("model",), ("aggregated",), ("aggregated", "delta")}
+    assert (tmp_path / "save" / "last.pbuf").exists()
 
 
 def test_a_best_model_of_an_earlier_round_is_written_at_the_end(tmp_path):

@@ -140,6 +140,23 @@ class IndexedTensorDB(TensorDB):
                 kept = [row for row, r in zip(rows, rounds) if r > current_round - remove_older_than or bool(row[3])]
             self._set_rows(kept)
 
+    def drop_model_copies(self, fl_round: int, origin: str) -> int:
+        """Drop the rows of round `fl_round` from `origin` tagged ('aggregated',) or ('aggregated', 'delta'); returns
+        their bytes. OpenFL's end of round stores the next model three times over (the aggregate, the delta from the
+        previous model, and the model the collaborators get), each its own array; only a collaborator that asks for
+        delta updates ever reads the first two. For collaborators that do not (use_delta_updates: false), they are
+        two models' worth of memory held through the whole next round."""
+        copies = {("aggregated",), ("aggregated", "delta")}
+        with self.mutex:
+            kept, dropped = [], 0
+            for row in self._store[0]:
+                if row[2] == fl_round and row[1] == origin and not row[3] and tuple(row[4]) in copies:
+                    dropped += getattr(row[5], "nbytes", 0)
+                    continue
+                kept.append(row)
+            self._set_rows(kept)
+        return dropped
+
     # ------------------------------------------------------------ queries
     def get_tensor_from_cache(self, tensor_key: TensorKey) -> Optional[np.ndarray]:
         found = self._find(*tensor_key)
@@ -199,3 +216,4 @@ class IndexedTensorDB(TensorDB):
         rows = sorted(list(self._store[0]), key=lambda row: row[position], reverse=not ascending)
         for row in rows:
             yield Row(round=row[2], nparray=row[5], tensor_name=row[0], tags=row[4])
+
