@@ -19,7 +19,7 @@ from audit.config.gate import GatePolicy, audit_metric_names
 from audit.config.steps import AuditStep, register, registered, unregister
 from audit.gate_flow import WITHHELD, run_gate
 from audit.reporting.party import ReportWriter
-from audit.round_audit import AuditSets, StepResult, audit_round, record_to_json
+from audit.round_audit import AuditSets, StepResult, audit_round
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ def test_a_registered_step_is_parsed_run_reported_and_gated(toy_step, tmp_path):
     assert set(record["metrics"]) == set(audit_metric_names(settings))
 
     # ... lands in the party's report ...
-    round_dir = ReportWriter(tmp_path, "p").write_round(record_to_json(record))
+    round_dir = ReportWriter(tmp_path, "p").write_round(record.to_json())
     stored = json.loads((round_dir / "audit.json").read_text())
     assert stored["metrics"]["toy_right_fraction"] == pytest.approx(expected)
     rows = list(csv.DictReader((tmp_path / "p" / "metrics.csv").open()))

@@ -20,7 +20,7 @@ from torch import nn
 from audit.deanon.self_audit import deanon_self_audit
 from audit.config.deanon_settings import DeanonSettings
 from audit.config.gate import audit_metric_names
-from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
+from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.config.audit_settings import AuditSettings
 from audit.training import TrainingRecipe, _train_chunk, train_copies
 from audit.model_io import module_mode
@@ -261,7 +261,7 @@ def overfit(model, x, y, steps: int = 300, lr: float = 0.05) -> nn.Module:
 def check_record(record, settings, models_before):
     assert set(record["metrics"]) == set(audit_metric_names(settings))
     assert all(math.isfinite(v) for v in record["metrics"].values())
-    json.dumps(record_to_json(record), allow_nan=False)
+    json.dumps(record.to_json(), allow_nan=False)
     for model, before in models_before:
         assert_unchanged(model, before)
 

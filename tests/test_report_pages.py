@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from audit.round_record import SCHEMA_VERSION, RoundRecord
 from audit.config.audit_settings import AuditSettings
 from audit.config.gate import GatePolicy
 from audit.gate_flow import run_gate
@@ -18,7 +19,7 @@ from audit.reporting.html import party_page
 from audit.reporting.party import ReportWriter, histogram_panels
 from audit.reporting.plots import plot_signal_histograms
 from audit.reporting.verdicts import NO_DP, round_verdict
-from audit.round_audit import AuditSets, audit_round, record_to_json
+from audit.round_audit import AuditSets, audit_round
 from src.aggregator_report import AggregatorReportWriter, round_record
 from workspace.federation import report_locations, write_run_index
 from workspace.in_process import run_in_process
@@ -196,7 +197,7 @@ def _attack(exact_auc, tpr=(0.3, 0.2, 0.4), resolvable=True):
 
 
 def _record(gate=None, attacks=None, metrics=None, round_num=0):
-    record = {"party": "p", "round": round_num, "settings": {"fpr_tolerance": [0.01]},
+    record = {"schema_version": SCHEMA_VERSION, "party": "p", "round": round_num, "settings": {"fpr_tolerance": [0.01]},
               "attacks": attacks or {"local": {"loss": _attack(0.6)}}, "metrics": metrics or {}, "extra": {}}
     if gate is not None:
         record["extra"]["gate"] = gate
@@ -364,7 +365,7 @@ def test_a_multi_process_run_index_links_every_page_and_each_page_links_back_to_
                                    audit_retrained=None)
                 record["extra"]["gate"] = outcome.record_entry(policy)
                 scalars = outcome.scalars(("leak_epsilon_lb", "mia_local_loss_exact_auc"), policy.limits)
-            latest[name] = record_to_json(record)
+            latest[name] = record.to_json()
             ReportWriter(reports[name].parent, name).write_round(latest[name])
             sent[name] = {**record["metrics"], **scalars}
         AggregatorReportWriter(reports["aggregator"]).write_round(

@@ -10,6 +10,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from audit.round_record import SCHEMA_VERSION, RoundRecord
 from audit.config.vocabulary import mia_metric, tpr_statistic
 from audit.membership.population_attack import population_attack, update_attack
 from audit.membership.resolution import largest_count, resolution_warning, resolvable
@@ -70,7 +71,7 @@ def _record(round_num: int, n_population: int) -> dict:
     rng = np.random.default_rng(round_num)
     attacks = {"local": {"loss": population_attack(rng.normal(-1, 1, 150), rng.normal(0, 1, 150),
                                                    rng.normal(0, 1, n_population), TOLERANCES)}}
-    return {"party": "alice", "round": round_num, "seed": 0, "settings": {"fpr_tolerance": list(TOLERANCES)},
+    return {"schema_version": SCHEMA_VERSION, "party": "alice", "round": round_num, "seed": 0, "settings": {"fpr_tolerance": list(TOLERANCES)},
             "timings": {}, "metrics": scalar_metrics(attacks), "sizes": {}, "extra": {},
             "attacks": {m: {s: r.to_dict() for s, r in per.items()} for m, per in attacks.items()}}
 

@@ -27,7 +27,7 @@ from audit.membership.population_attack import population_attack
 from audit.membership.rmia import OFFLINE_A_GRID, Signals, rmia, true_class_probability, tune_offline_a
 from audit.membership.rmia_step import tuned_a
 from audit.reporting.party import ReportWriter
-from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
+from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe
 
 RECIPE = TrainingRecipe("Adam", 0.01, 0.9, epochs=30, batch_size=20)
@@ -260,8 +260,8 @@ def test_rmia_metrics_are_declared_gated_on_and_reported_with_private_scores(tmp
                        audit_received=lambda: record, empty_record=dict, retrain=None, audit_retrained=None)
     assert outcome.verdict == WITHHELD and "rmia_independent_exact_auc" in outcome.gate_verdict.tripped
 
-    round_dir = ReportWriter(tmp_path, "p").write_round(record_to_json(record))
-    for write in record["_private"]:
+    round_dir = ReportWriter(tmp_path, "p").write_round(record.to_json())
+    for write in record.private:
         write(round_dir)
     page = (tmp_path / "p" / "index.html").read_text()
     assert "<td>rmia / independent</td>" in page and "<td>rmia / global</td>" in page

@@ -17,7 +17,7 @@ from torch import nn
 
 from audit.config.audit_settings import AuditSettings
 from audit.membership.uncertainty import tpr_at_population_fpr
-from audit.round_audit import AuditSets, audit_round, record_to_json
+from audit.round_audit import AuditSets, audit_round
 from audit.audit_cost import COST_FACTOR, MIN_AUDIT_S, audit_cost_note
 from workspace.demo_output import Progress, print_summary
 from src.party_events import ENV as PARTY_STATUS_ENV, emit
@@ -267,7 +267,7 @@ def test_the_summary_reads_the_strongest_tpr_and_its_interval_from_a_real_record
     sets = tabular_sets(1)
     model, received, _ = trained_pair(sets, epochs=60, seed=1)
     settings = AuditSettings(signals=("loss", "logits"), fpr_tolerance=(0.05, 0.2), sections={"rmia": {"enabled": False}})
-    record = record_to_json(audit_round(model, received, sets, settings, party="p1", round_num=0, seed=0))
+    record = audit_round(model, received, sets, settings, party="p1", round_num=0, seed=0).to_json()
     lowest = 0.05
     metrics = record["metrics"]
     best = max(v for k, v in metrics.items() if k.endswith(f"_tpr_at_fpr_{lowest:g}"))
