@@ -104,9 +104,9 @@ def test_input_canary_step_under_dp_is_never_above_its_shadows_accountant():
         received = model("embedding", seed)
         record = audit_round(received, received, sets, settings, party="p", round_num=0, seed=seed,
                              training=training, steps=(CANARY,))
-        dp_entry = record["extra"]["canary"]["dp"]
-        assert record["extra"]["canary"]["mechanism"]["mechanism"] == "dp_sgd"
-        assert dp_entry["epsilon_lb"] == record["metrics"]["canary_epsilon_lb"] <= dp_entry["claimed_epsilon"]
+        dp_entry = record.extra["canary"]["dp"]
+        assert record.extra["canary"]["mechanism"]["mechanism"] == "dp_sgd"
+        assert dp_entry["epsilon_lb"] == record.metrics["canary_epsilon_lb"] <= dp_entry["claimed_epsilon"]
         assert dp_entry["violated"] is False and math.isfinite(dp_entry["claimed_epsilon"])
 
 
