@@ -14,6 +14,7 @@ from opacus.optimizers import optimizer as opacus_optimizer
 from sklearn.datasets import make_classification
 from torch import nn
 
+from audit.round_record import RoundRecord
 from audit.canary.dp import (VIOLATION, audit_dp_training, audit_update_mechanism, check_canary_settings,
                              update_mechanism_epsilon)
 from audit.config.audit_settings import AuditSettings
@@ -161,7 +162,7 @@ def test_a_broken_dp_training_is_caught_and_its_update_withheld(bug, monkeypatch
                                       "thresholds": {"mia_local_loss_auc": 0.5}, "dp": {"noise_multiplier": sigma}},
                                      audit_settings=AuditSettings())
     outcome = run_gate(policy, {"w": np.zeros(3)}, audited=True,
-                       audit_trained=lambda: {"metrics": {"mia_local_loss_auc": 0.9}, "attacks": {}},
+                       audit_trained=lambda: RoundRecord("p", 0, metrics={"mia_local_loss_auc": 0.9}),
                        audit_received=lambda: pytest.fail("not audited"), empty_record=lambda: pytest.fail("no"),
                        retrain=retrain, audit_retrained=lambda r: pytest.fail("a broken DP training is not re-audited"))
     assert (outcome.verdict, outcome.sends, outcome.reason, calls) == (WITHHELD, SEND_RECEIVED, DP_VIOLATED, [1])
@@ -173,7 +174,7 @@ def test_a_broken_dp_training_is_caught_and_its_update_withheld(bug, monkeypatch
     # what the aggregator's report and the party's page say of it
     reason = collaborator_entry(scalars, straggler=False)["reason"]
     assert reason.startswith("update withheld: " + VIOLATION)
-    verdict = round_verdict({"extra": {"gate": entry}, "metrics": {}})
+    verdict = round_verdict(RoundRecord("p", 0, extra={"gate": entry}))
     assert verdict.status.startswith(f"withheld: {VIOLATION} (canary ε ≥ ")
     assert "canary check ε ≥" in verdict.epsilon
 
