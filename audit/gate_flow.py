@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
-from audit.round_record import RoundRecord
 from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT,
                                         NON_FINITE_UPDATE, VERDICTS, WITHHELD, missing_name, threshold_name,
                                         tripped_name)
+from audit.round_record import RoundRecord
 
 __all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "DP_VIOLATED", "Retrained", "DPTry",
            "GateOutcome", "run_gate", "rejected_before_training", "empirical_epsilon", "dp_violation"]

@@ -23,10 +23,10 @@ import torch
 
 from audit.config.audit_settings import AuditSettings
 from audit.config.steps import AFTER_TRAINING, AuditStep, registered
+from audit.round_record import AttackKey, RoundRecord
 from audit.scaled_pixels import take_rows
 from audit.spill import ModelSource
 from audit.training import TrainingRecipe
-from audit.round_record import AttackKey, RoundRecord
 from audit.verdict.leak import Evidence, attack_evidence, leak_verdict
 
 __all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "audit_round", "attacks_evidence",

@@ -143,6 +143,14 @@ class RoundRecord:
         return out
 
     @classmethod
+    def read(cls, path) -> "RoundRecord":
+        """The record stored at `path` (an audit.json); RecordSchemaError or ValueError naming the file."""
+        import json
+        from pathlib import Path
+
+        return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")), str(path))
+
+    @classmethod
     def from_json(cls, data: Any, source: str = "round record") -> "RoundRecord":
         """The record `to_json` gave. RecordSchemaError when it was written under another schema; ValueError naming
         the field when its shape is wrong. `source` names it in the message (e.g. the file's path)."""

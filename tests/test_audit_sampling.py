@@ -14,13 +14,13 @@ import torch
 from sklearn.datasets import make_classification
 from torch import nn
 
-from audit.round_record import RoundRecord
 from audit.config.audit_settings import AuditSettings
 from audit.config.fields import SettingsError
 from audit.membership.references import population_subsets
 from audit.membership.uncertainty import auc, auc_interval, tpr_at_population_fpr
 from audit.reporting.html import sampling_note
 from audit.round_audit import SETS, AuditSets, LocalTraining, audit_round, sample_seed
+from audit.round_record import RoundRecord
 from audit.training import TrainingRecipe
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

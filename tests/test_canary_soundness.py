@@ -14,7 +14,6 @@ from opacus.optimizers import optimizer as opacus_optimizer
 from sklearn.datasets import make_classification
 from torch import nn
 
-from audit.round_record import RoundRecord
 from audit.canary.dp import (VIOLATION, audit_dp_training, audit_update_mechanism, check_canary_settings,
                              update_mechanism_epsilon)
 from audit.config.audit_settings import AuditSettings
@@ -28,6 +27,7 @@ from audit.deanon.mitigation import mitigate_update
 from audit.gate_flow import SEND_RECEIVED, WITHHELD, Retrained, run_gate
 from audit.reporting.verdicts import round_verdict
 from audit.round_audit import AuditSets, LocalTraining, audit_round
+from audit.round_record import RoundRecord
 from audit.training import TrainingRecipe
 from src.aggregator_report import collaborator_entry
 from audit.dp_training import DPTraining

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import cifar10_PM
-from audit.round_record import RoundRecord
 from audit import chance_accuracy
 from audit.audit_cost import audit_cost_note
 from audit.chance_accuracy import near_chance_note
+from audit.round_record import RoundRecord
 
 
 @pytest.mark.parametrize("argv, hint", [

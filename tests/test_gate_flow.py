@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 
-from audit.round_record import AttackKey, RoundRecord
 from audit.config.gate import GatePolicy
 from audit.config.gate_contract import (DP_VIOLATED, GATE_EPSILON, GATE_KEPT, GATE_MISSING_PREFIX, GATE_RETRIES,
                                         GATE_TRIPPED_PREFIX,
@@ -16,6 +15,7 @@ from audit.config.gate_contract import (DP_VIOLATED, GATE_EPSILON, GATE_KEPT, GA
 from audit.gate_flow import (DP_RETRAINED, KEPT, OVER_THRESHOLD, SEND_RECEIVED, SEND_RETRAINED, SEND_TRAINED,
                              WITHHELD, Retrained, run_gate)
 from audit.config.audit_settings import AuditSettings
+from audit.round_record import AttackKey, RoundRecord
 
 AUDIT = AuditSettings(signals=("loss",), fpr_tolerance=(0.1,), audit_global=False, update_attack=False)
 METRIC = "mia_local_loss_auc"

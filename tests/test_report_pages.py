@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from audit.round_record import SCHEMA_VERSION, RoundRecord
 from audit.config.audit_settings import AuditSettings
 from audit.config.gate import GatePolicy
 from audit.gate_flow import run_gate
@@ -21,6 +20,7 @@ from audit.reporting.party import ReportWriter, histogram_panels
 from audit.reporting.plots import plot_signal_histograms
 from audit.reporting.verdicts import NO_DP, round_verdict
 from audit.round_audit import AuditSets, audit_round
+from audit.round_record import SCHEMA_VERSION, RoundRecord
 from src.aggregator_report import AggregatorReportWriter, round_record
 from workspace.federation import report_locations, write_run_index
 from workspace.in_process import run_in_process

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from matplotlib.colors import to_rgba
 
-from audit.round_record import SCHEMA_VERSION, RoundRecord
 from audit.membership.population_attack import population_attack
 from audit.membership.step import scalar_metrics
 from audit.reporting import overview_plots, plots
@@ -23,6 +22,7 @@ from audit.reporting.party import ReportWriter
 from audit.reporting.plots import histogram_bins, log_axis_wanted
 from audit.reporting.readings import exact_auc_of
 from audit.reporting.verdicts import LEAK, NO_LEAK, NOT_AUDITED
+from audit.round_record import SCHEMA_VERSION, RoundRecord
 from src.aggregator_report import AggregatorReportWriter, round_record, unresolvable
 
 TOLERANCES = (0.001, 0.01, 0.5)

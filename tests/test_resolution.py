@@ -10,13 +10,13 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from audit.round_record import SCHEMA_VERSION, AttackKey, RoundRecord
 from audit.config.vocabulary import mia_metric, tpr_statistic
 from audit.membership.population_attack import population_attack, update_attack
 from audit.membership.resolution import largest_count, resolution_warning, resolvable
 from audit.membership.step import scalar_metrics
 from audit.reporting.party import ReportWriter
 from audit.reporting.readings import resolvable_at, unresolvable_metrics
+from audit.round_record import SCHEMA_VERSION, AttackKey, RoundRecord
 
 TOLERANCES = (0.01, 0.1, 0.5)
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 from torch import nn
 
-from audit.round_record import AttackKey, RoundRecord
 from audit.config.audit_settings import AuditSettings
 from audit.membership.uncertainty import tpr_at_population_fpr
 from audit.round_audit import AuditSets, audit_round
 from audit.audit_cost import COST_FACTOR, MIN_AUDIT_S, audit_cost_note
+from audit.round_record import AttackKey, RoundRecord
 from workspace.demo_output import Progress, print_summary
 from src.party_events import ENV as PARTY_STATUS_ENV, emit
 from workspace.party_status import PartyStatus, StatusFollower

@@ -20,9 +20,9 @@ from typing import Callable, Mapping
 import numpy as np
 
 from audit.config.gate_contract import KEPT
-from audit.round_record import RoundRecord
 from audit.reporting.readings import float_or_nan, fmt, ordered_models
 from audit.reporting.verdicts import LEAK, NOT_AUDITED, leak_state
+from audit.round_record import RoundRecord
 
 __all__ = ["Headline", "headline_of", "budget_of", "statistic_label", "strongest_per_family", "strongest_in_round",
            "worst_of", "OVER_SENT"]

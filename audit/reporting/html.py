@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-from audit.round_record import RoundRecord
 from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.headline import OVER_SENT, headline_of, worst_of
 from audit.reporting.overview_plots import plot_verdict_grid
@@ -20,6 +19,7 @@ from audit.reporting.party_page import party_page, sampling_note, verdict_cell
 from audit.reporting.readings import fmt
 from audit.reporting.records import load_cached_round_records
 from audit.reporting.verdicts import LEAK, NO_LEAK, round_verdict
+from audit.round_record import RoundRecord
 
 __all__ = ["page", "party_page", "write_index", "escape", "href", "now", "verdict_cell", "verdict_grid", "grid_cell",
            "sampling_note", "AGGREGATOR_MARKER", "GRID_IMAGE"]

@@ -16,11 +16,11 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from audit.config.gate_contract import DP_RETRAINED, WITHHELD
-from audit.round_record import RoundRecord
 from audit.reporting.atomic_io import atomic_savefig
 from audit.reporting.headline import OVER_SENT, Headline, statistic_label, worst_of
 from audit.reporting.readings import fmt
 from audit.reporting.verdicts import LEAK, NO_LEAK, NOT_AUDITED
+from audit.round_record import RoundRecord
 
 __all__ = ["plot_verdict_grid", "plot_headline", "STATE_COLORS", "GATE_COLORS", "GATE_WORDS"]
 

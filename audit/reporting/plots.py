@@ -13,9 +13,9 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocato
 
 from audit.config.fields import is_int
 from audit.reporting.atomic_io import atomic_savefig
-from audit.round_record import RoundRecord
 from audit.reporting.readings import (auc_of, curve, exact_auc_of, float_or_nan, fmt, ordered_models, rates_at,
                                       series_keys)
+from audit.round_record import RoundRecord
 
 __all__ = ["plot_roc", "plot_per_round", "plot_signal_histograms", "plot_collaborators", "INVERTED_NOTE",
            "log_axis_wanted"]
