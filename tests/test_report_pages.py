@@ -171,7 +171,7 @@ def test_the_aggregator_marks_the_figures_each_party_marks_from_the_sizes_it_sen
     for r in range(ROUNDS):
         record = json.loads((run / "aggregator" / f"round_{r:04d}.json").read_text())
         for name, entry in record["collaborators"].items():
-            party = json.loads((run / name / f"round_{r:04d}" / "audit.json").read_text())
+            party = RoundRecord.read(run / name / f"round_{r:04d}" / "audit.json")
             sent = set(entry["audit_metrics"])
             theirs = unresolvable_metrics(party) & sent
             ours = {m for m in sent if unresolvable(entry, m)}
@@ -368,8 +368,8 @@ def test_a_multi_process_run_index_links_every_page_and_each_page_links_back_to_
                                    audit_retrained=None)
                 record.extra["gate"] = outcome.record_entry(policy)
                 scalars = outcome.scalars(("leak_epsilon_lb", "mia_local_loss_exact_auc"), policy.limits)
-            latest[name] = record.to_json()
-            ReportWriter(reports[name].parent, name).write_round(latest[name])
+            latest[name] = RoundRecord.from_json(record.to_json())  # as the run index reads it back
+            ReportWriter(reports[name].parent, name).write_round(record)
             sent[name] = {**record.metrics, **scalars}
         AggregatorReportWriter(reports["aggregator"]).write_round(
             round_record(r, authorized=names, stragglers=[], metrics=sent))

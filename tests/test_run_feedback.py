@@ -357,18 +357,17 @@ def test_the_parties_write_their_phases_as_status_events(audited_federation):
 def test_each_audit_says_it_starts_and_a_costly_audit_is_noted_once_per_party(audited_federation):
     result, messages, _ = audited_federation
     for name in ("collaborator1", "collaborator2"):
-        records = [json.loads((result.report_dir / name / f"round_{r:04d}" / "audit.json").read_text())
-                   for r in (0, 1)]
+        records = [RoundRecord.read(result.report_dir / name / f"round_{r:04d}" / "audit.json") for r in (0, 1)]
         starts = [m for m in messages if m.startswith(f"{name} round ") and ": auditing the trained model " in m]
         assert [m.split(":")[0] for m in starts] == [f"{name} round 0", f"{name} round 1"]
-        members = records[0]["sizes"]["members"]
+        members = records[0].sizes["members"]
         assert all(f"(signals loss, gradient_norm; {members} members, " in m for m in starts)
-        costly = [r for r in records if r["timings"]["audit_s"] > COST_FACTOR * r["timings"]["train_s"]]
+        costly = [r for r in records if r.timings["audit_s"] > COST_FACTOR * r.timings["train_s"]]
         assert costly  # gradient_norm, RMIA's references and Fidel vs one epoch on 90 samples: several times it
         notes = [m for m in messages if m.startswith(f"{name} round ") and "the audit took" in m]
         assert len(notes) == 1, notes  # once per party, at its first costly round
         assert notes[0] == audit_cost_note(costly[0], min_audit_s=0.0)
-        timings = costly[0]["timings"]
+        timings = costly[0].timings
         steps = {k: v for k, v in timings.items() if k in ("membership_s", "fidel_s", "rmia_s")}
         # the received model's signals, computed while it was validated, are the membership step's too
         steps["membership_s"] = steps.get("membership_s", 0.0) + timings.get("audit_in_validation_s", 0.0)
