@@ -13,19 +13,21 @@ and is never part of the JSON.
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from audit.config.fields import is_int
 from audit.config.vocabulary import attack_metric, attack_name, population_name
 
-__all__ = ["SCHEMA_VERSION", "AttackKey", "attack_keys", "RoundRecord", "RecordSchemaError", "validate_structure", "validate_record",
-           "validate_party_name", "check_jsonable", "is_finite_number"]
+__all__ = ["SCHEMA_VERSION", "AttackKey", "attack_keys", "RoundRecord", "RecordSchemaError", "validate_structure",
+           "validate_record", "validate_party_name", "check_jsonable", "is_finite_number"]
 
 # The version of the record's JSON layout: raised whenever a field is added, removed or changes its meaning, so that a
 # reader never takes a missing figure of an older record for a measured one.
@@ -39,8 +41,8 @@ class RecordSchemaError(ValueError):
     def __init__(self, source: str, found: Any):
         self.source, self.found = source, found
         said = "no schema version (written before versions)" if found is None else f"schema version {found!r}"
-        super().__init__(f"{source}: round record has {said}, this code reads schema version {SCHEMA_VERSION}; "
-                         f"audit the run again to report it")
+        super().__init__(f"{source}: round record has {said}, this code reads schema version {SCHEMA_VERSION} "
+                         "(read it with the code that wrote it, or audit the round again)")
 
 
 @dataclass(frozen=True, order=True)
@@ -105,9 +107,6 @@ class RoundRecord:
     # In memory only, never in the JSON: the steps' writers of the party's private files for its round folder.
     private: tuple[Callable, ...] = field(default=(), compare=False, repr=False)
 
-    def __post_init__(self):
-        self.round = int(self.round)
-
     # ------------------------------------------------------------------ attacks
     def models(self) -> list[str]:
         """The model kinds of its attacks, in the order they were added."""
@@ -123,9 +122,6 @@ class RoundRecord:
     def add_attacks(self, attacks: Mapping) -> None:
         """A step's attacks: AttackKey -> result, or nested model -> signal -> result."""
         self.attacks.update(attack_keys(attacks))
-
-    def results(self) -> Iterator[Any]:
-        return iter(self.attacks.values())
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict:
@@ -145,9 +141,6 @@ class RoundRecord:
     @classmethod
     def read(cls, path) -> "RoundRecord":
         """The record stored at `path` (an audit.json); RecordSchemaError or ValueError naming the file."""
-        import json
-        from pathlib import Path
-
         return cls.from_json(json.loads(Path(path).read_text(encoding="utf-8")), str(path))
 
     @classmethod
