@@ -76,7 +76,8 @@ def _membership_advice(timings: dict, settings: dict) -> str:
     return "; ".join(parts)
 
 
-def audit_cost_note(record: RoundRecord, *, factor: float = COST_FACTOR, min_audit_s: float = MIN_AUDIT_S) -> str | None:
+def audit_cost_note(record: RoundRecord, *, factor: float = COST_FACTOR,
+                    min_audit_s: float = MIN_AUDIT_S) -> str | None:
     """One sentence when the record's audit took more than `factor` times its training (and at least `min_audit_s`),
     naming the costliest step and the settings that cut it (every key under task_runner.settings); None otherwise or
     without both timings."""

@@ -204,8 +204,8 @@ def audit_round(
 ) -> RoundRecord:
     """Audit one round with every enabled step (default: all registered ones); returns the round record
     (audit.round_record.RoundRecord), whose attacks hold AttackResult objects and whose `private` holds the steps'
-    writers of the party's private files. `training`: the party's local training, for the steps that train like it (deanonymization, RMIA's
-    references); `initial_model`: the plan's initial model (RMIA's independent references start from it), or a
+    writers of the party's private files. `training`: the party's local training, for the steps that train like it
+    (deanonymization, RMIA's references); `initial_model`: the plan's initial model (RMIA's independent references start from it), or a
     zero-argument callable giving it, called only if a step needs it this round (audit.spill.load_model); `store`:
     the party's state kept across rounds (the same dict every round); `signal_cache`: the party's SignalCache
     (audit.membership.signal_cache), whose signals are reused on the same weights and set labels; `mia_sets`: the

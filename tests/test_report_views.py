@@ -53,7 +53,8 @@ def _record(round_num, rng, *, shifts=None, leak=None, gate=None, party="p"):
     shifts = shifts or {"local": {"loss": 0.5, "logits": 0.3, "gradient_norm": 0.1}, "global": {"loss": 0.2},
                         "update": {"loss_reduction": 0.4}}
     attacks = {m: {s: _attack(rng, shift) for s, shift in per.items()} for m, per in shifts.items()}
-    record = {"schema_version": SCHEMA_VERSION, "party": party, "round": round_num, "seed": 0, "settings": {"fpr_tolerance": list(TOLERANCES)},
+    record = {"schema_version": SCHEMA_VERSION, "party": party, "round": round_num, "seed": 0,
+              "settings": {"fpr_tolerance": list(TOLERANCES)},
               "attacks": {m: {s: a.to_dict() for s, a in per.items()} for m, per in attacks.items()},
               "metrics": scalar_metrics(attacks), "extra": {}}
     if leak is not None:

@@ -71,7 +71,8 @@ def _record(round_num: int, n_population: int) -> dict:
     rng = np.random.default_rng(round_num)
     attacks = {"local": {"loss": population_attack(rng.normal(-1, 1, 150), rng.normal(0, 1, 150),
                                                    rng.normal(0, 1, n_population), TOLERANCES)}}
-    return {"schema_version": SCHEMA_VERSION, "party": "alice", "round": round_num, "seed": 0, "settings": {"fpr_tolerance": list(TOLERANCES)},
+    return {"schema_version": SCHEMA_VERSION, "party": "alice", "round": round_num, "seed": 0,
+            "settings": {"fpr_tolerance": list(TOLERANCES)},
             "timings": {}, "metrics": scalar_metrics(attacks), "sizes": {}, "extra": {},
             "attacks": {m: {s: r.to_dict() for s, r in per.items()} for m, per in attacks.items()}}
 

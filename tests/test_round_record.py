@@ -37,7 +37,8 @@ def _sets(seed=0, n=40):
 def _audited_record() -> RoundRecord:
     torch.manual_seed(0)
     make = lambda: torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))  # noqa: E731
-    settings = AuditSettings(signals=("loss", "logits"), fpr_tolerance=TOLERANCES, sections={"rmia": {"enabled": False}})
+    settings = AuditSettings(signals=("loss", "logits"), fpr_tolerance=TOLERANCES,
+                             sections={"rmia": {"enabled": False}})
     return audit_round(make(), make(), _sets(), settings, party="p1", round_num=2, seed=7)
 
 
@@ -95,6 +96,10 @@ def test_a_record_of_another_schema_is_refused_naming_its_file_and_both_versions
         assert [r.round for r in load_round_records(tmp_path / "p1")] == [0]
     (line,) = [r.getMessage() for r in caplog.records if str(path) in r.getMessage()]
     assert f"this code reads schema version {SCHEMA_VERSION}" in line
+    # ... and the party's page says which record it left out, and why.
+    writer.rebuild_summary()
+    page = (tmp_path / "p1" / "index.html").read_text()
+    assert f"Not shown: {path}: round record has " in page and "Round 0" in page and "Round 2" not in page
 
 
 def test_a_field_the_record_does_not_have_is_named():

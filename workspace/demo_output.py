@@ -119,7 +119,8 @@ def latest_record(report_dir: Path, name: str):
 def print_attack_summary(report_dir: Path, names) -> None:
     """Per collaborator, its latest audited round: every attack's exact AUC and TPR at each FPR tolerance with their
     intervals and counts, and the epsilon lower bound it proves (unresolvable tolerances marked)."""
-    from audit.reporting.readings import epsilon_lb_of, exact_auc_band, exact_auc_of, fmt_interval, rates_at, series_keys
+    from audit.reporting.readings import (epsilon_lb_of, exact_auc_band, exact_auc_of, fmt_interval, rates_at,
+                                          series_keys)
 
     for name in names:
         record = latest_record(report_dir, name)

@@ -195,12 +195,14 @@ class ReportWriter(RoundReportWriter):
         plot_roc(record, round_dir / "roc.png", self.log_scale)
         self._plot_histograms(record, round_dir)
 
-    def load_rounds(self) -> list[RoundRecord]:
-        return load_cached_round_records(self.party_dir, self._cache)
+    def load_rounds(self, refused: list[str] | None = None) -> list[RoundRecord]:
+        """The readable round records; `refused` gets a line per record of another schema version."""
+        return load_cached_round_records(self.party_dir, self._cache, refused)
 
     def rebuild_summary(self) -> None:
         """Rewrite metrics.csv, auc.png, tpr_at_*.png, index.html and root/index.html from disk."""
-        records = self.load_rounds()
+        refused: list[str] = []
+        records = self.load_rounds(refused)
         self.party_dir.mkdir(parents=True, exist_ok=True)
         self._write_metrics_csv(records)
         tols = tolerances_of(records) if records else []
@@ -221,7 +223,7 @@ class ReportWriter(RoundReportWriter):
         atomic_write_text(
             self.party_dir / "index.html",
             party_page(self.party, records, tols, tpr_files, self.log_scale, unplotted,
-                       {r.round: _file_names(self.round_dir(r.round)) for r in records})
+                       {r.round: _file_names(self.round_dir(r.round)) for r in records}, refused=refused)
         )
         write_index(self.root)
 

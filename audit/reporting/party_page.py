@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from audit.config.fields import is_int
 from audit.config.steps import registered
@@ -308,11 +308,14 @@ def _headline_caption(records: list[RoundRecord]) -> str:
 
 def party_page(party: str, records: list[RoundRecord], tols: list[float], tpr_files: list[str], log_scale: bool,
                unplotted: Mapping[float, int] | None = None, round_files: Mapping[int, set[str]] | None = None,
-               *, headline: str | None = "headline.png", all_prefix: str = "all_") -> str:
+               *, headline: str | None = "headline.png", all_prefix: str = "all_",
+               refused: Sequence[str] = ()) -> str:
     """The party's page; `unplotted`: tolerances without a TPR plot (no record's population resolves them) ->
     population size; `round_files`: round -> the file names in its folder (the private views it links);
-    `headline`: the headline chart's file (None: none drawn); `all_prefix`: the every-attack plots' prefix."""
+    `headline`: the headline chart's file (None: none drawn); `all_prefix`: the every-attack plots' prefix;
+    `refused`: a line per round record left out for its schema version (audit.round_record.RecordSchemaError)."""
     body = ['<p><a href="../index.html">&larr; run index</a></p>', f"<h1>Privacy audit: {escape(party)}</h1>"]
+    body += [f'<p class="flag">Not shown: {escape(line)}</p>' for line in refused]
     if not records:
         body.append('<p>No audited rounds yet.</p>')
         return page(f"Privacy audit: {party}", body)

@@ -46,8 +46,10 @@ def load_round_records(party_dir: str | os.PathLike) -> list[RoundRecord]:
     return load_cached_round_records(Path(party_dir), None)
 
 
-def load_cached_round_records(party_dir: Path, cache: dict | None) -> list[RoundRecord]:
-    """``load_round_records`` with an optional parse cache keyed by path and (inode, mtime, size).
+def load_cached_round_records(party_dir: Path, cache: dict | None,
+                              refused: list[str] | None = None) -> list[RoundRecord]:
+    """``load_round_records`` with an optional parse cache keyed by path and (inode, mtime, size); `refused`, when
+    given, gets the one line of each record skipped for its schema version (for the report to say so).
 
     Every write goes through os.replace, so a rewritten file always has a new inode: a cached entry is
     only reused for the very same file.
@@ -73,13 +75,22 @@ def load_cached_round_records(party_dir: Path, cache: dict | None) -> list[Round
         key = (st.st_ino, st.st_mtime_ns, st.st_size)
         seen.add(path)
         if cache is not None and path in cache and cache[path][0] == key:
-            records.append(cache[path][1])
+            cached = cache[path][1]
+            if isinstance(cached, RecordSchemaError):  # said once per file; the report says it every time
+                if refused is not None:
+                    refused.append(str(cached))
+            else:
+                records.append(cached)
             continue
         try:
             record = RoundRecord.from_json(
                 json.loads(path.read_text(encoding="utf-8"), parse_constant=_reject_constant), str(path))
         except RecordSchemaError as e:
             logger.warning("skipping round record %s", e)
+            if refused is not None:
+                refused.append(str(e))
+            if cache is not None:
+                cache[path] = (key, e)
             continue
         except (OSError, ValueError, RecursionError) as e:  # JSONDecodeError/UnicodeDecodeError are ValueErrors
             logger.warning("skipping unreadable round record %s: %s", path, e)
