@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from audit.round_record import RoundRecord
+
 __all__ = ["COST_FACTOR", "MIN_AUDIT_S", "COST_NOTE_MARK", "audit_cost_note"]
 
 # "More than a few times the training": below this the audit is part of the price of a round; above it the user
@@ -74,11 +76,12 @@ def _membership_advice(timings: dict, settings: dict) -> str:
     return "; ".join(parts)
 
 
-def audit_cost_note(record: dict, *, factor: float = COST_FACTOR, min_audit_s: float = MIN_AUDIT_S) -> str | None:
+def audit_cost_note(record: RoundRecord, *, factor: float = COST_FACTOR,
+                    min_audit_s: float = MIN_AUDIT_S) -> str | None:
     """One sentence when the record's audit took more than `factor` times its training (and at least `min_audit_s`),
     naming the costliest step and the settings that cut it (every key under task_runner.settings); None otherwise or
     without both timings."""
-    timings = record.get("timings") or {}
+    timings = record.timings
     audit_s, train_s = _seconds(timings.get("audit_s")), _seconds(timings.get("train_s"))
     if math.isnan(audit_s) or math.isnan(train_s) or audit_s <= factor * max(train_s, 1e-9) or audit_s < min_audit_s:
         return None
@@ -89,7 +92,7 @@ def audit_cost_note(record: dict, *, factor: float = COST_FACTOR, min_audit_s: f
     if not math.isnan(in_validation := _seconds(timings.get(IN_VALIDATION))) and in_validation > 0:
         steps["membership"] = steps.get("membership", 0.0) + in_validation
     costliest = max(steps, key=steps.get) if steps else None
-    settings = record.get("settings") or {}
+    settings = record.settings
     advice = ["audit.interval (audit every N rounds; cifar10_PM.py --auditing_interval)"]
     if costliest == "membership":
         advice.append(_membership_advice(timings, settings))
@@ -99,6 +102,6 @@ def audit_cost_note(record: dict, *, factor: float = COST_FACTOR, min_audit_s: f
     elif costliest is not None:
         advice.append(STEP_ADVICE.get(costliest, f"the audit.{costliest} settings"))
     where = f"; most of it {costliest} ({steps[costliest]:.2f} s)" if costliest is not None else ""
-    return (f"{record.get('party', '?')} round {record.get('round', '?')}: {COST_NOTE_MARK} {audit_s:.2f} s, "
+    return (f"{record.party} round {record.round}: {COST_NOTE_MARK} {audit_s:.2f} s, "
             f"{audit_s / max(train_s, 1e-9):.1f}x the local training ({train_s:.2f} s){where}. To spend less "
             f"(keys under {PLAN_PREFIX[:-len('.audit')]}): " + "; ".join(a for a in advice if a) + ". Said once.")

@@ -33,6 +33,7 @@ from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
 from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT,
                                         NON_FINITE_UPDATE, VERDICTS, WITHHELD, missing_name, threshold_name,
                                         tripped_name)
+from audit.round_record import RoundRecord
 
 __all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "DP_VIOLATED", "Retrained", "DPTry",
            "GateOutcome", "run_gate", "rejected_before_training", "empirical_epsilon", "dp_violation"]
@@ -67,11 +68,11 @@ def dp_violation(dp_audit: Mapping | None, verdict: GateVerdict) -> GateVerdict 
                        bound=verdict.bound, compared=verdict.compared)
 
 
-def empirical_epsilon(record: Mapping | None) -> dict | None:
+def empirical_epsilon(record: RoundRecord | None) -> dict | None:
     """The epsilon lower bound an audit record proves: its leak verdict's family-wise bound (audit.verdict.leak: each
     attack's bound at a level corrected for their number, the largest kept), which attack gave it, and the delta,
     confidence and number of attacks it holds over. None when the record has none."""
-    epsilon = ((record or {}).get("leak") or {}).get("epsilon") or {}
+    epsilon = ((record.leak if record is not None else None) or {}).get("epsilon") or {}
     value = epsilon.get("value")
     if value is None or not math.isfinite(float(value)):
         return None
@@ -104,7 +105,7 @@ class GateOutcome:
 
     verdict: str                         # KEPT, DP_RETRAINED or WITHHELD
     gate_verdict: GateVerdict            # the policy's verdict on the trained update (non-finite: always gated)
-    record: dict | None                  # the round's audit record; None: not audited and nothing withheld
+    record: RoundRecord | None           # the round's audit record; None: not audited and nothing withheld
     reason: str | None = None            # NON_FINITE_UPDATE, DP_VIOLATED, OVER_THRESHOLD, "missing: <metrics>", None
     tries: tuple[DPTry, ...] = ()
     epsilon: float = 0.0                 # the round's DP epsilon over every try (0.0 without a DP retrain)
@@ -121,7 +122,7 @@ class GateOutcome:
         return {KEPT: SEND_TRAINED, DP_RETRAINED: SEND_RETRAINED, WITHHELD: SEND_RECEIVED}[self.verdict]
 
     def record_entry(self, policy: GatePolicy) -> dict:
-        """The gate's part of the round record (`record["extra"]["gate"]`)."""
+        """The gate's part of the round record (`RoundRecord.extra["gate"]`)."""
         out = {
             "verdict": self.verdict,
             "action": policy.action,
@@ -135,7 +136,7 @@ class GateOutcome:
             # What the audit of the trained update proves; each try's, beside the accountant's epsilon, is in tries.
             "empirical_epsilon": empirical_epsilon(self.record),
             "tries": [t.to_dict() for t in self.tries],
-            "audited": bool(self.record and self.record["attacks"]),
+            "audited": bool(self.record is not None and self.record.attacks),
         }
         if self.non_finite_tensors:
             out["non_finite_tensors"] = list(self.non_finite_tensors)
@@ -169,11 +170,11 @@ def run_gate(
     trained: Mapping[str, Any],
     *,
     audited: bool,
-    audit_trained: Callable[[], dict],
-    audit_received: Callable[[], dict],
-    empty_record: Callable[[], dict],
+    audit_trained: Callable[[], RoundRecord],
+    audit_received: Callable[[], RoundRecord],
+    empty_record: Callable[[], RoundRecord],
     retrain: Callable[[int, float], Retrained],
-    audit_retrained: Callable[[Retrained], dict],
+    audit_retrained: Callable[[Retrained], RoundRecord],
     dp_audit: Mapping | None = None,
 ) -> GateOutcome:
     """Run the flow of the module docstring for one round's update.
@@ -191,13 +192,13 @@ def run_gate(
                            non_finite_tensors=tuple(bad))
     if dp_violation(dp_audit, GateVerdict(passed=True)) is not None:
         record = audit_trained() if audited else empty_record()
-        verdict = policy.decide(record["metrics"]) if audited else GateVerdict(passed=True)
+        verdict = policy.decide(record.metrics) if audited else GateVerdict(passed=True)
         return GateOutcome(WITHHELD, dp_violation(dp_audit, verdict), record, reason=DP_VIOLATED)
     if not audited:
         return GateOutcome(KEPT, GateVerdict(passed=True), None)
 
     record = audit_trained()
-    verdict = policy.decide(record["metrics"])
+    verdict = policy.decide(record.metrics)
     reason = None if verdict.passed else verdict.reason or OVER_THRESHOLD
     if verdict.passed or policy.action == "report_only":
         return GateOutcome(KEPT, verdict, record, reason=reason)
@@ -214,7 +215,7 @@ def run_gate(
                 try_verdict, metrics, proven, leak = GateVerdict.non_finite(), {}, None, None
             else:
                 try_record = audit_retrained(result)
-                metrics, proven, leak = try_record["metrics"], empirical_epsilon(try_record), try_record.get("leak")
+                metrics, proven, leak = try_record.metrics, empirical_epsilon(try_record), try_record.leak
                 try_verdict = policy.decide(metrics)
             tries.append(DPTry(attempt, result, try_verdict, metrics, proven, leak))
             if try_verdict.passed:
@@ -224,7 +225,7 @@ def run_gate(
     return GateOutcome(WITHHELD, verdict, record, reason=reason, tries=tuple(tries), epsilon=epsilon)
 
 
-def rejected_before_training(reason: str, record: dict) -> GateOutcome:
+def rejected_before_training(reason: str, record: RoundRecord) -> GateOutcome:
     """The outcome of a round whose received global model a check rejected before training (audit.before_training):
     nothing was trained or audited, and the caller sends nothing new (a model the server already has) with gate_kept
     0, so the average leaves it out. `reason`: "received model rejected: <check>: <figure>"."""

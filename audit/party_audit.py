@@ -41,7 +41,8 @@ from audit.party_record import (complete_record, empty_record, gate_watched, rou
                                 sent_scalars)
 from audit.reporting.party import ReportWriter
 from audit.model_io import load_weights
-from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json, round_seed, sample_seed
+from audit.round_audit import AuditSets, LocalTraining, audit_round, round_seed, sample_seed
+from audit.round_record import RoundRecord
 from audit.spill import SpilledModel
 from audit.training import TrainingRecipe
 
@@ -67,7 +68,7 @@ class RoundOutcome:
     weights_changed: bool
     train_loss: float | None
     scalars: dict[str, float]
-    record: dict | None
+    record: RoundRecord | None
 
 
 @dataclass
@@ -122,7 +123,7 @@ class PartyAudit:
         self._resolution_said = False  # whether the audit sets' resolvable tolerances were logged
         self._cost_said = False  # whether an audit costing several times the training was logged (once per party)
         self._chance_checked: set[str] = set()  # parties whose global model's accuracy was held against chance
-        self.last_record: dict | None = None  # the latest round record, for in-process callers
+        self.last_record: RoundRecord | None = None  # the latest round record, for in-process callers
         # The checks of the received global model: per party their state across rounds, and this round's verdict.
         self._received_store: dict = {}
         self._received_verdict: tuple[tuple, ReceivedVerdict] | None = None
@@ -228,7 +229,7 @@ class PartyAudit:
         complete_record(record, outcome=outcome, gate=gate, verdict=verdict)
         self.last_record = record
         ReportWriter(self.settings.report_dir, party, log_scale=self.settings.log_scale).write_round_in_background(
-            record_to_json(record), private=())
+            record)
         logger.warning("%s round %d: %s; not trained, sending back the %s", party, round_num, verdict.reason,
                        "plan's initial model" if verdict.previous is None
                        else f"global model of round {verdict.previous.round_num}")
@@ -344,7 +345,7 @@ class PartyAudit:
         self._round = None  # the received model's copy goes with the round
         return RoundOutcome(changed, loss_sent, scalars, record)
 
-    def _complete_record(self, record: dict, outcome, gate, verdict: ReceivedVerdict, mitigation_record,
+    def _complete_record(self, record: RoundRecord, outcome, gate, verdict: ReceivedVerdict, mitigation_record,
                          train_loss: float, train_seconds: float) -> None:
         """The round record completed (audit.party_record), written to the party's report, and logged."""
         r = self._round
@@ -356,14 +357,15 @@ class PartyAudit:
         # report) are written now; the plots and pages, drawn from them, are drawn by the process's report
         # worker while the results are sent and the next round trains (audit.reporting.background).
         ReportWriter(self.settings.report_dir, r.party, log_scale=self.settings.log_scale).write_round_in_background(
-            record_to_json(record), private=record.get("_private", ()))
+            record)
         if not self._cost_said and (note := audit_cost_note(record)):
             self._cost_said = True
             logger.warning(note)
             self.status(r.party, note=note)
         logger.info(round_line(record, outcome, train_seconds))
 
-    def _audit(self, model, global_model, party: str, round_num: int, what: str = "the trained model") -> dict:
+    def _audit(self, model, global_model, party: str, round_num: int,
+               what: str = "the trained model") -> RoundRecord:
         # The audit can take longer than the training: say it started (the log, and the status the party writes).
         mia_sets = self.membership_sets(party)
         counts = ", ".join(f"{s['audited']}{'' if s['audited'] == s['of'] else ' of ' + str(s['of'])} {name}"
@@ -385,7 +387,7 @@ class PartyAudit:
         if self.on_status is not None:
             self.on_status(party, phase, round_num, **fields)
 
-    def _empty_record(self, party: str, round_num: int) -> dict:
+    def _empty_record(self, party: str, round_num: int) -> RoundRecord:
         return empty_record(party, round_num, self.seed, self.settings, self.membership_sets(party).sizes())
 
 

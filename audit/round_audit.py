@@ -5,7 +5,8 @@ enables runs on the same `AuditContext`: the membership audit (signals on member
 population and update attacks), the Fidel reconstruction audit, the deanonymization self-audit, and any registered
 plug-in. Then the round's leak verdict (audit.verdict.leak) pools every step's evidence: every membership attack's
 figures tested against chance, any other step's own tests and epsilon bounds, corrected for how many were looked at.
-Returns a JSON-able round record the report writer stores, with flat scalar metrics that may leave the party.
+Returns the round record (audit.round_record.RoundRecord) the report writer stores, with flat scalar metrics that may
+leave the party.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ import torch
 
 from audit.config.audit_settings import AuditSettings
 from audit.config.steps import AFTER_TRAINING, AuditStep, registered
+from audit.round_record import AttackKey, RoundRecord
 from audit.scaled_pixels import take_rows
 from audit.spill import ModelSource
 from audit.training import TrainingRecipe
-from audit.config.vocabulary import attack_metric
 from audit.verdict.leak import Evidence, attack_evidence, leak_verdict
 
 __all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "audit_round", "attacks_evidence",
-           "record_to_json", "sample_seed", "round_seed"]
+           "sample_seed", "round_seed"]
 
 SETS = ("members", "nonmembers", "population")
 
@@ -165,9 +166,11 @@ class StepResult:
     """What a step returns: scalars that may leave the party, and what stays in its own report."""
 
     metrics: dict[str, float]
-    details: dict | None = None                 # JSON-able; the record keeps it under extra[<step name>]
-    attacks: dict | None = None                 # membership attacks (model -> signal -> AttackResult): record["attacks"]
-    timings: dict = field(default_factory=dict)  # merged into record["timings"]
+    details: dict | None = None                 # JSON-able; the record keeps it as RoundRecord.extra[<step name>]
+    # Membership attacks, AttackKey -> AttackResult (audit.membership.population_attack): RoundRecord.attacks; their
+    # metric names are AttackKey.metric(statistic).
+    attacks: dict[AttackKey, object] | None = None
+    timings: dict = field(default_factory=dict)  # merged into RoundRecord.timings
     # Writes the party's private artefacts (e.g. reconstructed images) into its own round folder; never sent.
     write_private: Callable[[Path], None] | None = None
     # Tests against chance and epsilon bounds for the round's leak verdict beyond those of `attacks` (which are
@@ -198,11 +201,11 @@ def audit_round(
     store: dict | None = None,
     signal_cache=None,
     mia_sets: AuditSets | None = None,
-) -> dict:
-    """Audit one round with every enabled step (default: all registered ones); returns the round record (see
-    audit.reporting for its layout). The record's "attacks" hold AttackResult objects; `record_to_json` turns them
-    into dicts. `training`: the party's local training, for the steps that train like it (deanonymization, RMIA's
-    references); `initial_model`: the plan's initial model (RMIA's independent references start from it), or a
+) -> RoundRecord:
+    """Audit one round with every enabled step (default: all registered ones); returns the round record
+    (audit.round_record.RoundRecord), whose attacks hold AttackResult objects and whose `private` holds the steps'
+    writers of the party's private files. `training`: the party's local training, for the steps that train like it
+    (deanonymization, RMIA's references); `initial_model`: the plan's initial model (RMIA's independent references start from it), or a
     zero-argument callable giving it, called only if a step needs it this round (audit.spill.load_model); `store`:
     the party's state kept across rounds (the same dict every round); `signal_cache`: the party's SignalCache
     (audit.membership.signal_cache), whose signals are reused on the same weights and set labels; `mia_sets`: the
@@ -213,10 +216,9 @@ def audit_round(
         mia_sets = sets.sampled(settings.sample_size, sample_seed(seed, party))
     context = AuditContext(local_model, global_model, sets, settings, party, int(round_num), seed, training,
                            initial_model, {} if store is None else store, signal_cache, mia_sets)
-    metrics: dict[str, float] = {}
-    attacks: dict = {}
-    extra: dict = {}
-    timings: dict = {}
+    record = RoundRecord(party=party, round=int(round_num), seed=seed, settings=settings.to_dict(),
+                         sizes=mia_sets.sizes(),  # what the membership audits used
+                         sampling={"sample_size": settings.sample_size, "sets": mia_sets.sampling()})
     private = []
     evidence = Evidence()
     for audit_step in steps if steps is not None else registered():
@@ -224,55 +226,29 @@ def audit_round(
             continue
         step_start = time.perf_counter()
         result = audit_step.load_run()(context, audit_step.settings_of(settings))
-        timings[f"{audit_step.name}_s"] = time.perf_counter() - step_start
-        metrics.update(result.metrics)
+        record.timings[f"{audit_step.name}_s"] = time.perf_counter() - step_start
+        record.metrics.update(result.metrics)
         if result.attacks is not None:
-            attacks.update(result.attacks)
+            record.add_attacks(result.attacks)
         if result.details is not None:
-            extra[audit_step.name] = result.details
-        timings.update(result.timings)
+            record.extra[audit_step.name] = result.details
+        record.timings.update(result.timings)
         if result.write_private is not None:
             private.append(result.write_private)
         if result.evidence is not None:
             evidence += result.evidence
-    verdict = leak_verdict(evidence + attacks_evidence(attacks), confidence=settings.confidence,
+    verdict = leak_verdict(evidence + attacks_evidence(record.attacks), confidence=settings.confidence,
                            delta=settings.epsilon_delta)
-    metrics.update(verdict.metrics)
-    timings["audit_s"] = time.perf_counter() - start
-
-    return {
-        "party": party,
-        "round": int(round_num),
-        "seed": seed,
-        "settings": settings.to_dict(),
-        "timings": timings,
-        "attacks": attacks,
-        "metrics": metrics,
-        "sizes": mia_sets.sizes(),  # what the membership audits used
-        "sampling": {"sample_size": settings.sample_size, "sets": mia_sets.sampling()},
-        "extra": extra,
-        "leak": verdict.to_dict(),
-        # In-memory only (record_to_json drops it): writers of the party's private files for its round folder.
-        "_private": private,
-    }
+    record.metrics.update(verdict.metrics)
+    record.leak = verdict.to_dict()
+    record.private = tuple(private)  # in memory only: never in the record's JSON
+    record.timings["audit_s"] = time.perf_counter() - start
+    return record
 
 
-def attacks_evidence(attacks: Mapping) -> Evidence:
-    """The membership attacks' evidence (model kind -> signal -> AttackResult), each tested from its own scores."""
+def attacks_evidence(attacks: Mapping[AttackKey, object]) -> Evidence:
+    """The membership attacks' evidence (AttackKey -> AttackResult), each tested from its own scores."""
     found = Evidence()
-    for kind, per_signal in attacks.items():
-        for signal, result in per_signal.items():
-            found += attack_evidence(f"{kind} / {signal}",
-                                     lambda statistic, kind=kind, signal=signal: attack_metric(kind, signal, statistic),
-                                     result.uncertainty)
+    for key, result in attacks.items():
+        found += attack_evidence(key.label(), key.metric, result.uncertainty)
     return found
-
-
-def record_to_json(record: dict) -> dict:
-    """The round record with every AttackResult replaced by its JSON-able dict."""
-    out = {key: value for key, value in record.items() if not key.startswith("_")}
-    out["attacks"] = {
-        kind: {signal: result.to_dict() for signal, result in per_signal.items()}
-        for kind, per_signal in record["attacks"].items()
-    }
-    return out

@@ -45,6 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from audit.round_record import RoundRecord  # noqa: E402 (after the path)
+
 ATTACKS = (("population", "local", "loss"), ("update", "update", "loss_reduction"), ("rmia global", "rmia", "global"),
            ("rmia fine_tuned", "rmia", "fine_tuned"), ("rmia independent", "rmia", "independent"))
 KINDS = ("global", "fine_tuned", "independent")
@@ -68,14 +70,14 @@ def overrides(model: str, seed: int, epochs: int, reference_models: int, tempera
     }
 
 
-def figures(record: dict) -> dict:
+def figures(record: RoundRecord) -> dict:
     """One party's round: per attack the exact AUC, the counts at each tolerance, the epsilon bound, the costs."""
-    train = record["timings"]["train_s"]
+    train = record.timings["train_s"]
     out = {}
     for name, model, signal in ATTACKS:
-        if signal not in record["attacks"].get(model, {}):  # a kind of reference this run left out
+        result = record.attack(model, signal)
+        if result is None:  # a kind of reference this run left out
             continue
-        result = record["attacks"][model][signal]
         u = result["uncertainty"]
         entry = {"exact_auc": result["exact_auc"], "epsilon_lb": u["epsilon_lb"]["epsilon"], "at": {}}
         for t in TOLERANCES:
@@ -83,13 +85,13 @@ def figures(record: dict) -> dict:
             entry["at"][f"{t:g}"] = {"k": rates["tpr"]["k"], "n": rates["tpr"]["n"], "fpr_k": rates["fpr"]["k"],
                                      "fpr_n": rates["fpr"]["n"], "resolvable": rates["resolvable"]}
         if model == "rmia":
-            seconds = record["timings"]["rmia_kinds_s"][signal]
-            details = record["extra"]["rmia"][signal]
+            seconds = record.timings["rmia_kinds_s"][signal]
+            details = record.extra["rmia"][signal]
             entry["reference_training_per_reference"] = (details.get("training_s", 0.0)
                                                          / max(details["reference_models"], 1) / train)
             entry["offline_a"] = details["offline_a"]
         else:
-            seconds = record["timings"]["membership_s"]  # both population-style attacks come from one step
+            seconds = record.timings["membership_s"]  # both population-style attacks come from one step
         entry["audit_per_train"] = seconds / train
         out[name] = entry
     out["train_s"] = train
@@ -194,8 +196,8 @@ def main() -> None:
                                         overrides=overrides(model, seed, args.epochs, args.reference_models,
                                                             args.temperature, args.gamma, args.references,
                                                             rmia_extra))
-                per_round = {str(r): [figures(json.loads((result.report_dir / name / f"round_{r:04d}" /
-                                                          "audit.json").read_text()))
+                per_round = {str(r): [figures(RoundRecord.read(result.report_dir / name / f"round_{r:04d}" /
+                                                                   "audit.json"))
                                       for name in collaborator_names(2)] for r in wanted}
             runs.append({"model": model, "seed": seed, "epochs": args.epochs, "reference_models": args.reference_models,
                          "rmia": rmia_extra,

@@ -9,7 +9,6 @@ figures, the audit/train ratio and the share of audit time per signal.
 """
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -17,6 +16,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from audit.round_record import RoundRecord  # noqa: E402 (after the path)
 
 
 def main():
@@ -44,22 +45,22 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         result = run_in_process(Path(tmp), collaborators=args.collaborators, rounds=args.rounds, overrides=overrides)
         records = [
-            json.loads((result.report_dir / name / f"round_{r:04d}" / "audit.json").read_text())
+            RoundRecord.read(result.report_dir / name / f"round_{r:04d}" / "audit.json")
             for name in collaborator_names(args.collaborators) for r in range(args.rounds)
         ]
-    sizes = records[0]["sizes"]
+    sizes = records[0].sizes
     print(f"dataset={args.dataset} model={args.model} collaborators={args.collaborators} rounds={args.rounds} "
           f"threads={args.threads}; per party: {sizes}")
     print(f"{'party':<15}{'round':>6}{'train s':>10}{'audit s':>10}{'audit/train':>13}")
     for rec in records:
-        t = rec["timings"]
-        print(f"{rec['party']:<15}{rec['round']:>6}{t['train_s']:>10.3f}{t['audit_s']:>10.3f}{t['audit_s'] / t['train_s']:>13.2f}")
-    train = statistics.median(r["timings"]["train_s"] for r in records)
-    audit = statistics.median(r["timings"]["audit_s"] for r in records)
+        t = rec.timings
+        print(f"{rec.party:<15}{rec.round:>6}{t['train_s']:>10.3f}{t['audit_s']:>10.3f}{t['audit_s'] / t['train_s']:>13.2f}")
+    train = statistics.median(r.timings["train_s"] for r in records)
+    audit = statistics.median(r.timings["audit_s"] for r in records)
     print(f"median: train {train:.3f}s, audit {audit:.3f}s, audit/train ratio {audit / train:.2f}")
     per_signal = {}
     for rec in records:
-        for per_model in rec["timings"]["signals_s"].values():
+        for per_model in rec.timings["signals_s"].values():
             for signal, seconds in per_model.items():
                 per_signal[signal] = per_signal.get(signal, 0.0) + seconds
     total = sum(per_signal.values())

@@ -108,8 +108,8 @@ def ideal_bound(m: int, sigma: float, q: float, steps: int, seed: int) -> float:
     return counts_from_scores(score, included).bound(DELTA, ALPHA).epsilon
 
 
-def best_attack(record: dict) -> tuple[float, str]:
-    found = {k: v for k, v in record["metrics"].items() if k.endswith("_epsilon_lb") and not k.startswith("canary")}
+def best_attack(record) -> tuple[float, str]:
+    found = {k: v for k, v in record.metrics.items() if k.endswith("_epsilon_lb") and not k.startswith("canary")}
     name = max(found, key=lambda k: (found[k], k))
     return found[name], name
 
@@ -165,9 +165,9 @@ def run_seed(name: str, seed: int, args) -> list[dict]:
             settings = AuditSettings.from_mapping({"canary": {"enabled": True, "count": m}})
             rec = audit_round(real, received, sets, settings, party="p", round_num=1, seed=seed, training=training,
                               steps=(CANARY,))
-            details = rec["extra"]["canary"]
-            entry["input"] = {"epsilon": rec["metrics"]["canary_epsilon_lb"],
-                              "ceiling": rec["metrics"]["canary_epsilon_ceiling"],
+            details = rec.extra["canary"]
+            entry["input"] = {"epsilon": rec.metrics["canary_epsilon_lb"],
+                              "ceiling": rec.metrics["canary_epsilon_ceiling"],
                               "claimed": (details.get("dp") or {}).get("claimed_epsilon"),
                               "seconds": details["training_s"], "training_set": details["training_set_size"]}
             if trainer is not None:
@@ -188,7 +188,7 @@ def run_seed(name: str, seed: int, args) -> list[dict]:
                                                                       "construction": construction, "score": score}})
                     rec = audit_round(real, received, sets, settings, party="p", round_num=1, seed=seed,
                                       training=training, steps=(CANARY,))
-                    row["constructions"][f"{construction}/{score}"] = rec["metrics"]["canary_epsilon_lb"]
+                    row["constructions"][f"{construction}/{score}"] = rec.metrics["canary_epsilon_lb"]
         out.append(row)
         print(f"{name} seed {seed} {label}: attack {attack:.2f}, "
               + ", ".join(f"m={m} input {e['input']['epsilon']:.2f}"

@@ -94,7 +94,7 @@ def trained_table(n: int, seeds: int, epochs_list, confidence: float) -> list[st
                                      member_count=n, federation_alpha=None)
             record = audit_round(local, received, AuditSets(members, nonmembers, population), settings, party="p",
                                  round_num=0, seed=seed, training=training, initial_model=make())
-            leak = record["leak"]
+            leak = record.leak
             detected += bool(leak["detected"])
             ps.append(leak["headline"]["p_adjusted"])
             eps.append(leak["epsilon"]["value"])

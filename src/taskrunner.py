@@ -22,6 +22,7 @@ from openfl.utilities import Metric, TensorKey
 
 from audit.config.fields import SettingsError, parse
 from audit.party_audit import PartyAudit
+from audit.round_record import RoundRecord
 from src.process.cuda_pages import release_cuda_library_pages
 from src.process.freed_memory import release_freed_memory
 from src.runner.models import build_model
@@ -81,7 +82,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         return build_model(name, feature_shape, num_classes, **model_settings)
 
     @property
-    def last_record(self) -> dict | None:
+    def last_record(self) -> RoundRecord | None:
         """The latest round record (src.process.metric_writer reads its figures' bounds)."""
         return self.audit.last_record
 

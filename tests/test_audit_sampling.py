@@ -20,6 +20,7 @@ from audit.membership.references import population_subsets
 from audit.membership.uncertainty import auc, auc_interval, tpr_at_population_fpr
 from audit.reporting.html import sampling_note
 from audit.round_audit import SETS, AuditSets, LocalTraining, audit_round, sample_seed
+from audit.round_record import RoundRecord
 from audit.training import TrainingRecipe
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -157,28 +158,27 @@ def test_the_membership_audits_run_on_the_sample_and_the_record_says_so():
                              federation_alpha=None)
     common = dict(party="p", round_num=0, seed=3, training=training, initial_model=initial)
     record = audit_round(local, received, sets, audit_settings(200), store={}, **common)
-    assert record["sizes"] == {"members": 200, "nonmembers": 200, "population": 200}
-    assert record["sampling"] == {"sample_size": 200, "sets": {
+    assert record.sizes == {"members": 200, "nonmembers": 200, "population": 200}
+    assert record.sampling == {"sample_size": 200, "sets": {
         "members": {"audited": 200, "of": 600}, "nonmembers": {"audited": 200, "of": 500},
         "population": {"audited": 200, "of": 400}}}
-    for per_signal in record["attacks"].values():
-        for result in per_signal.values():
-            assert (result.n_members, result.n_nonmembers) == (200, 200)
-    rmia = record["extra"]["rmia"]["independent"]
+    for result in record.attacks.values():
+        assert (result.n_members, result.n_nonmembers) == (200, 200)
+    rmia = record.extra["rmia"]["independent"]
     assert rmia["subset_size"] == 100 and rmia["population_used"] == 200  # half the sample each, every z has an OUT
     assert rmia["a_tuning"]["tuned"], rmia["a_tuning"]
     # The same audit on sets sampled beforehand (what the task runner passes): the same metrics, bit for bit.
     presampled = sets.sampled(200, sample_seed(3, "p"))
     again = audit_round(local, received, sets, audit_settings(200), store={}, mia_sets=presampled, **common)
-    assert again["metrics"] == record["metrics"]
+    assert again.metrics == record.metrics
     whole = audit_round(local, received, presampled, audit_settings(None), store={}, **common)
-    assert whole["metrics"] == record["metrics"]
+    assert whole.metrics == record.metrics
     # Sets sampled beforehand remember what they were drawn from: the record still says 200 of 600.
-    assert whole["sampling"]["sets"] == record["sampling"]["sets"]
+    assert whole.sampling["sets"] == record.sampling["sets"]
     # A sampled record says so in one sentence of the report; a whole one says nothing.
     assert sampling_note(record).startswith("Sampled: the membership attacks used 200 of 600 members, 200 of 500 "
                                             "non-members, 200 of 400 population samples")
-    assert sampling_note({"sampling": {"sample_size": None, "sets": sets.sampling()}}) is None
+    assert sampling_note(RoundRecord("p", 0, sampling={"sample_size": None, "sets": sets.sampling()})) is None
 
 
 def test_reference_subsets_are_halves_at_most_and_every_sample_has_an_out_reference():

@@ -19,7 +19,7 @@ from audit.config.gate import GatePolicy, audit_metric_names
 from audit.config.steps import AuditStep, register, registered, unregister
 from audit.gate_flow import WITHHELD, run_gate
 from audit.reporting.party import ReportWriter
-from audit.round_audit import AuditSets, StepResult, audit_round, record_to_json
+from audit.round_audit import AuditSets, StepResult, audit_round
 
 
 @dataclass(frozen=True)
@@ -79,12 +79,12 @@ def test_a_registered_step_is_parsed_run_reported_and_gated(toy_step, tmp_path):
     record = audit_round(local, received, sets(), settings, party="p", round_num=0, seed=0)
     x, y = sets().members
     expected = float((local(torch.as_tensor(x)).argmax(1).numpy() == y).mean())
-    assert record["metrics"]["toy_right_fraction"] == pytest.approx(expected)
-    assert record["extra"]["toy"] == {"members": 30, "scale": 1.0} and "toy_s" in record["timings"]
-    assert set(record["metrics"]) == set(audit_metric_names(settings))
+    assert record.metrics["toy_right_fraction"] == pytest.approx(expected)
+    assert record.extra["toy"] == {"members": 30, "scale": 1.0} and "toy_s" in record.timings
+    assert set(record.metrics) == set(audit_metric_names(settings))
 
     # ... lands in the party's report ...
-    round_dir = ReportWriter(tmp_path, "p").write_round(record_to_json(record))
+    round_dir = ReportWriter(tmp_path, "p").write_round(record.to_json())
     stored = json.loads((round_dir / "audit.json").read_text())
     assert stored["metrics"]["toy_right_fraction"] == pytest.approx(expected)
     rows = list(csv.DictReader((tmp_path / "p" / "metrics.csv").open()))
@@ -107,7 +107,7 @@ def test_a_registered_steps_section_is_checked_by_its_dotted_key(toy_step):
     settings = AuditSettings(sections={"rmia": {"enabled": False}})
     assert "toy_right_fraction" not in audit_metric_names(settings)
     local, received = models()
-    assert "toy" not in audit_round(local, received, sets(), settings, party="p", round_num=0)["extra"]
+    assert "toy" not in audit_round(local, received, sets(), settings, party="p", round_num=0).extra
 
 
 def test_without_the_registration_the_section_is_unknown():

@@ -27,6 +27,7 @@ from audit.deanon.mitigation import mitigate_update
 from audit.gate_flow import SEND_RECEIVED, WITHHELD, Retrained, run_gate
 from audit.reporting.verdicts import round_verdict
 from audit.round_audit import AuditSets, LocalTraining, audit_round
+from audit.round_record import RoundRecord
 from audit.training import TrainingRecipe
 from src.server.report_record import collaborator_entry
 from audit.dp_training import DPTraining
@@ -104,9 +105,9 @@ def test_input_canary_step_under_dp_is_never_above_its_shadows_accountant():
         received = model("embedding", seed)
         record = audit_round(received, received, sets, settings, party="p", round_num=0, seed=seed,
                              training=training, steps=(CANARY,))
-        dp_entry = record["extra"]["canary"]["dp"]
-        assert record["extra"]["canary"]["mechanism"]["mechanism"] == "dp_sgd"
-        assert dp_entry["epsilon_lb"] == record["metrics"]["canary_epsilon_lb"] <= dp_entry["claimed_epsilon"]
+        dp_entry = record.extra["canary"]["dp"]
+        assert record.extra["canary"]["mechanism"]["mechanism"] == "dp_sgd"
+        assert dp_entry["epsilon_lb"] == record.metrics["canary_epsilon_lb"] <= dp_entry["claimed_epsilon"]
         assert dp_entry["violated"] is False and math.isfinite(dp_entry["claimed_epsilon"])
 
 
@@ -161,7 +162,7 @@ def test_a_broken_dp_training_is_caught_and_its_update_withheld(bug, monkeypatch
                                       "thresholds": {"mia_local_loss_auc": 0.5}, "dp": {"noise_multiplier": sigma}},
                                      audit_settings=AuditSettings())
     outcome = run_gate(policy, {"w": np.zeros(3)}, audited=True,
-                       audit_trained=lambda: {"metrics": {"mia_local_loss_auc": 0.9}, "attacks": {}},
+                       audit_trained=lambda: RoundRecord("p", 0, metrics={"mia_local_loss_auc": 0.9}),
                        audit_received=lambda: pytest.fail("not audited"), empty_record=lambda: pytest.fail("no"),
                        retrain=retrain, audit_retrained=lambda r: pytest.fail("a broken DP training is not re-audited"))
     assert (outcome.verdict, outcome.sends, outcome.reason, calls) == (WITHHELD, SEND_RECEIVED, DP_VIOLATED, [1])
@@ -173,7 +174,7 @@ def test_a_broken_dp_training_is_caught_and_its_update_withheld(bug, monkeypatch
     # what the aggregator's report and the party's page say of it
     reason = collaborator_entry(scalars, straggler=False)["reason"]
     assert reason.startswith("update withheld: " + VIOLATION)
-    verdict = round_verdict({"extra": {"gate": entry}, "metrics": {}})
+    verdict = round_verdict(RoundRecord("p", 0, extra={"gate": entry}))
     assert verdict.status.startswith(f"withheld: {VIOLATION} (canary ε ≥ ")
     assert "canary check ε ≥" in verdict.epsilon
 

@@ -13,6 +13,7 @@ import cifar10_PM
 from audit import chance_accuracy
 from audit.audit_cost import audit_cost_note
 from audit.chance_accuracy import near_chance_note
+from audit.round_record import RoundRecord
 
 
 @pytest.mark.parametrize("argv, hint", [
@@ -98,12 +99,12 @@ def test_the_tutorials_flags_as_given_get_no_note():
 
 
 def test_the_audit_cost_note_suggests_a_gradient_layer_only_when_none_is_set():
-    record = {"party": "p", "round": 0, "settings": {"audit_global": True},
-              "timings": {"audit_s": 5.0, "train_s": 1.0, "membership_s": 4.0,
-                          "signals_s": {"local": {"gradient_norm": 3.0, "loss": 0.2}}}}
+    record = RoundRecord("p", 0, settings={"audit_global": True},
+                         timings={"audit_s": 5.0, "train_s": 1.0, "membership_s": 4.0,
+                                  "signals_s": {"local": {"gradient_norm": 3.0, "loss": 0.2}}})
     unset = audit_cost_note(record)
     assert "audit.gradient_layer (the norm over one layer; --is_features True)" in unset
-    record["settings"]["gradient_layer"] = "features.conv1"
+    record.settings["gradient_layer"] = "features.conv1"
     layered = audit_cost_note(record)
     assert "over audit.gradient_layer features.conv1): a layer with fewer parameters" in layered
     assert "audit.gradient_layer (the norm over one layer" not in layered

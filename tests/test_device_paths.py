@@ -108,8 +108,8 @@ def test_a_round_audit_with_rmia_makes_no_tensor_on_the_default_device():
         return audit_round(local, received, sets, settings, party="p1", round_num=1, seed=0, training=training,
                            initial_model=initial, store={})
 
-    expected = audit()["metrics"]
-    got = on_meta_default(audit)["metrics"]
+    expected = audit().metrics
+    got = on_meta_default(audit).metrics
     assert got == expected
     assert any(name.startswith("rmia_independent") for name in got)
 

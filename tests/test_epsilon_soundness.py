@@ -53,12 +53,12 @@ def task(seed: int):
 def bounds(model, initial, sets: AuditSets, seed: int, recipe: TrainingRecipe, audit=AUDIT) -> dict[str, float]:
     record = audit_round(model, initial, sets, audit, party="p", round_num=0, seed=seed, initial_model=initial,
                          training=LocalTraining(recipe, MEMBERS, None))
-    found = {name: value for name, value in record["metrics"].items() if name.endswith("_epsilon_lb")}
+    found = {name: value for name, value in record.metrics.items() if name.endswith("_epsilon_lb")}
     # each attack's bound, and the leak verdict's family-wise one: each attack's at a level corrected for their
     # number, so never above the largest single bound, and sound too
     family = found.pop("leak_epsilon_lb")
-    assert len(found) == (5 if audit is AUDIT else 3) and record["settings"]["epsilon_delta"] == 1e-5
-    assert 0 <= family <= max(found.values()) and record["leak"]["epsilon"]["sources"] == len(found)
+    assert len(found) == (5 if audit is AUDIT else 3) and record.settings["epsilon_delta"] == 1e-5
+    assert 0 <= family <= max(found.values()) and record.leak["epsilon"]["sources"] == len(found)
     return {**found, "leak_epsilon_lb": family}
 
 

@@ -143,9 +143,9 @@ def test_rmia_whose_references_all_diverged_produces_no_metrics_and_its_gate_fai
                               federation_alpha=None)
     record = audit_round(model(), model(), AuditSets(sets(30), sets(30), sets(60)), settings, party="p", round_num=0,
                          training=diverging, initial_model=model())
-    assert "rmia_global_exact_auc" in record["metrics"]
-    assert not any(name.startswith("rmia_independent_") for name in record["metrics"])
-    assert "diverged" in record["extra"]["rmia"]["independent"]["skipped"]
+    assert "rmia_global_exact_auc" in record.metrics
+    assert not any(name.startswith("rmia_independent_") for name in record.metrics)
+    assert "diverged" in record.extra["rmia"]["independent"]["skipped"]
     gate = GatePolicy.from_mapping({"action": "withhold", "thresholds": {"rmia_independent_exact_auc": 0.99}},
                                    audit_settings=settings)
     out = run_gate(gate, {"w": np.zeros(2)}, audited=True, audit_trained=lambda: record,
@@ -179,6 +179,6 @@ def test_rmia_whose_references_give_probability_zero_is_skipped_not_a_crash():
                              federation_alpha=None)
     record = audit_round(model(), model(), AuditSets(sets(30), sets(30), sets(60)), settings, party="p", round_num=0,
                          training=training, initial_model=model())
-    assert "Pr(x) must be finite and > 0" in record["extra"]["rmia"]["independent"]["skipped"]
-    assert not any(name.startswith("rmia_") for name in record["metrics"])
-    assert "mia_local_loss_exact_auc" in record["metrics"] and record["leak"]["tests"] > 0
+    assert "Pr(x) must be finite and > 0" in record.extra["rmia"]["independent"]["skipped"]
+    assert not any(name.startswith("rmia_") for name in record.metrics)
+    assert "mia_local_loss_exact_auc" in record.metrics and record.leak["tests"] > 0

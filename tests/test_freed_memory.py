@@ -56,7 +56,7 @@ def test_a_release_between_audits_changes_no_metric():
         for round_num in range(2):
             record = audit_round(local, initial, sets, settings, party="p", round_num=round_num, seed=3,
                                  training=training, initial_model=initial, store=store)
-            metrics.append(record["metrics"])
+            metrics.append(record.metrics)
             if release:
                 release_freed_memory()
         return metrics

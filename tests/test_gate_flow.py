@@ -15,6 +15,7 @@ from audit.config.gate_contract import (DP_VIOLATED, GATE_EPSILON, GATE_KEPT, GA
 from audit.gate_flow import (DP_RETRAINED, KEPT, OVER_THRESHOLD, SEND_RECEIVED, SEND_RETRAINED, SEND_TRAINED,
                              WITHHELD, Retrained, run_gate)
 from audit.config.audit_settings import AuditSettings
+from audit.round_record import AttackKey, RoundRecord
 
 AUDIT = AuditSettings(signals=("loss",), fpr_tolerance=(0.1,), audit_global=False, update_attack=False)
 METRIC = "mia_local_loss_auc"
@@ -25,6 +26,11 @@ def policy(action: str, threshold: float = 0.7, retries: int = 3) -> GatePolicy:
                                     "dp": {"max_retries": retries}}, audit_settings=AUDIT)
 
 
+def audited_record(metrics, leak=None) -> RoundRecord:
+    """A round record with a membership attack (its result is not read by the gate) and these metrics."""
+    return RoundRecord("p", 0, attacks={AttackKey("local", "loss"): None}, metrics=dict(metrics), leak=leak)
+
+
 class Round:
     """Fake audits and retraining: the trained model audits at `trained_auc`, DP try k at `retrain_aucs[k-1]`."""
 
@@ -33,14 +39,14 @@ class Round:
         self.trained_auc, self.retrain_aucs, self.non_finite_tries = trained_auc, retrain_aucs, set(non_finite_tries)
 
     def record(self, auc):
-        return {"attacks": {"local": {}}, "metrics": {METRIC: auc}}
+        return audited_record({METRIC: auc})
 
     def run(self, gate, tensors=None, audited=True):
         return run_gate(
             gate, tensors if tensors is not None else {"w": np.ones(3)}, audited=audited,
             audit_trained=lambda: self.calls.append("audit_trained") or self.record(self.trained_auc),
             audit_received=lambda: self.calls.append("audit_received") or self.record(0.5),
-            empty_record=lambda: self.calls.append("empty") or {"attacks": {}, "metrics": {}},
+            empty_record=lambda: self.calls.append("empty") or RoundRecord("p", 0),
             retrain=self.retrain,
             audit_retrained=lambda r: self.calls.append(("audit_retrained", r.state)) or self.record(
                 self.retrain_aucs[r.state - 1]),
@@ -57,7 +63,7 @@ def test_a_passing_update_is_kept_and_sent():
     out = fake.run(policy("withhold"))
     assert (out.verdict, out.sends, out.reason, out.retries, out.epsilon) == (KEPT, SEND_TRAINED, None, 0, 0.0)
     assert fake.calls == ["audit_trained"]
-    assert out.record["metrics"] == {METRIC: 0.6}
+    assert out.record.metrics == {METRIC: 0.6}
 
 
 def test_withhold_sends_the_received_weights_and_names_the_metric():
@@ -128,9 +134,9 @@ def test_each_dp_try_reports_the_empirical_epsilon_its_audit_proves_beside_the_a
     class WithBounds(Round):
         def record(self, auc):
             best = 3 * (auc - 0.5)
-            return {"attacks": {"local": {}}, "metrics": {METRIC: auc},
-                    "leak": {"epsilon": {"value": max(best, 0.1), "sources": 2, "delta": 1e-5, "confidence": 0.95,
-                                         "ceiling": 4.0, "attack": "local / loss" if best > 0.1 else "update / x"}}}
+            return audited_record({METRIC: auc},
+                    leak={"epsilon": {"value": max(best, 0.1), "sources": 2, "delta": 1e-5, "confidence": 0.95,
+                                         "ceiling": 4.0, "attack": "local / loss" if best > 0.1 else "update / x"}})
 
     gate = policy("dp_retrain")
     out = WithBounds(trained_auc=0.8, retrain_aucs=(0.75, 0.52)).run(gate)
@@ -150,7 +156,7 @@ def test_a_round_without_the_watched_metric_fails_closed(action, verdict, sends)
     sent as if it had passed, the reason names the metric, and the aggregator hears it (gate_missing__, gate_kept)."""
     class Without(Round):
         def record(self, auc):
-            return {"attacks": {"local": {}}, "metrics": {"mia_local_loss_exact_auc": 0.5}}
+            return audited_record({"mia_local_loss_exact_auc": 0.5})
 
     gate = policy(action)
     out = Without().run(gate)
@@ -164,7 +170,7 @@ def test_a_round_without_the_watched_metric_fails_closed(action, verdict, sends)
 def test_a_dp_retrain_that_still_lacks_the_metric_is_withheld():
     class Without(Round):
         def record(self, auc):
-            return {"attacks": {"local": {}}, "metrics": {}}
+            return audited_record({})
 
     out = Without().run(policy("dp_retrain", retries=2))
     assert (out.verdict, out.retries, out.reason) == (WITHHELD, 2, f"missing: {METRIC}")
@@ -176,7 +182,7 @@ def test_an_epsilon_budget_gates_on_the_family_wise_bound():
 
     class Proven(Round):
         def record(self, auc):
-            return {"attacks": {"local": {}}, "metrics": {"leak_epsilon_lb": auc}}
+            return audited_record({"leak_epsilon_lb": auc})
 
     assert Proven(trained_auc=0.4).run(gate).verdict == KEPT
     out = Proven(trained_auc=0.8).run(gate)

@@ -311,7 +311,7 @@ def test_audit_metric_names_are_what_a_real_audit_reports(audit):
                              federation_alpha=None)
     record = audit_round(local, received, _random_sets(n=40), audit, party="p", round_num=0, training=training,
                          initial_model=initial)
-    assert audit_metric_names(audit) == tuple(sorted(record["metrics"]))
+    assert audit_metric_names(audit) == tuple(sorted(record.metrics))
 
 
 # ---------------------------------------------------------------------------------------------- step metrics

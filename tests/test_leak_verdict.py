@@ -187,8 +187,8 @@ def test_through_the_real_audit_the_verdict_is_wrong_at_most_at_its_level_when_n
     detected, uncorrected = 0, 0
     for seed in range(runs):
         record = _audit(seed, members_trained=False)
-        leak = record["leak"]
-        assert leak["tests"] == 30 and set(LEAK_METRICS) <= set(record["metrics"])
+        leak = record.leak
+        assert leak["tests"] == 30 and set(LEAK_METRICS) <= set(record.metrics)
         detected += leak["detected"]
         uncorrected += min(t["p_value"] for t in leak["all_tests"]) <= 0.2
     # a verdict at its level exceeds this count with probability below 1%
@@ -199,9 +199,9 @@ def test_through_the_real_audit_the_verdict_is_wrong_at_most_at_its_level_when_n
 
 def test_through_the_real_audit_a_model_that_memorised_its_members_is_a_leak():
     record = _audit(0, members_trained=True)
-    leak = record["leak"]
+    leak = record.leak
     assert leak["detected"] and leak["headline"]["p_adjusted"] <= 0.2
-    assert record["metrics"]["leak_detected"] == 1.0
+    assert record.metrics["leak_detected"] == 1.0
     head = leak["headline"]
     assert head["corrected_interval"][0] <= head["interval"][0] <= head["estimate"] <= head["interval"][1]
-    assert 0 <= record["metrics"]["leak_epsilon_lb"] <= record["metrics"]["leak_epsilon_ceiling"]
+    assert 0 <= record.metrics["leak_epsilon_lb"] <= record.metrics["leak_epsilon_ceiling"]

@@ -20,7 +20,7 @@ from torch import nn
 from audit.deanon.self_audit import deanon_self_audit
 from audit.config.deanon_settings import DeanonSettings
 from audit.config.gate import audit_metric_names
-from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
+from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.config.audit_settings import AuditSettings
 from audit.training import TrainingRecipe, _train_chunk, train_copies
 from audit.model_io import module_mode
@@ -259,9 +259,9 @@ def overfit(model, x, y, steps: int = 300, lr: float = 0.05) -> nn.Module:
 
 
 def check_record(record, settings, models_before):
-    assert set(record["metrics"]) == set(audit_metric_names(settings))
-    assert all(math.isfinite(v) for v in record["metrics"].values())
-    json.dumps(record_to_json(record), allow_nan=False)
+    assert set(record.metrics) == set(audit_metric_names(settings))
+    assert all(math.isfinite(v) for v in record.metrics.values())
+    json.dumps(record.to_json(), allow_nan=False)
     for model, before in models_before:
         assert_unchanged(model, before)
 
@@ -289,14 +289,14 @@ def test_audit_round_on_token_inputs(settings):
                          initial_model=received)
     check_record(record, settings, before)
     # The trained model memorised its 40 members (random labels): the loss attack sees it, the received one not.
-    assert record["metrics"]["mia_local_loss_auc"] > 0.8
-    assert abs(record["metrics"]["mia_global_loss_auc"] - 0.5) < 0.25
+    assert record.metrics["mia_local_loss_auc"] > 0.8
+    assert abs(record.metrics["mia_global_loss_auc"] - 0.5) < 0.25
     # So does RMIA, with references trained on the integer token inputs (population subsets of the member count, 40:
     # the 180 population samples leave room for 2 disjoint ones).
-    assert record["metrics"]["rmia_independent_exact_auc"] > 0.8
-    assert record["extra"]["rmia"]["independent"]["subset_size"] == 40
+    assert record.metrics["rmia_independent_exact_auc"] > 0.8
+    assert record.extra["rmia"]["independent"]["subset_size"] == 40
     if settings.fidel.enabled:  # the first dense layer that sees one row per sample: after the Embedding's mean
-        assert record["extra"]["fidel"]["layer"] == "hidden" and record["extra"]["fidel"]["space"] == "activation"
+        assert record.extra["fidel"]["layer"] == "hidden" and record.extra["fidel"]["space"] == "activation"
 
 
 def test_audit_round_on_tabular_batchnorm_dropout_model(tabular):
@@ -316,10 +316,10 @@ def test_audit_round_on_tabular_batchnorm_dropout_model(tabular):
     record = audit_round(local, received, sets, settings, party="p", round_num=0, seed=2, training=training,
                          initial_model=received)
     check_record(record, settings, before)
-    assert record["extra"]["rmia"]["fine_tuned"]["reference_models"] == 2  # trained with BatchNorm and Dropout
-    fidel = record["extra"]["fidel"]
+    assert record.extra["rmia"]["fine_tuned"]["reference_models"] == 2  # trained with BatchNorm and Dropout
+    fidel = record.extra["fidel"]
     assert fidel["layer"] == "0" and fidel["space"] == "input" and fidel["n_neurons_used"] == 0
-    assert record["metrics"]["fidel_revealed_fraction"] == record["metrics"]["fidel_revealed_fraction_ica"] == 0.0
+    assert record.metrics["fidel_revealed_fraction"] == record.metrics["fidel_revealed_fraction_ica"] == 0.0
 
 
 def assert_self_audit_leaves_models_unchanged(received, x, y):

@@ -91,8 +91,8 @@ def test_one_round_by_hand_withholds_an_update_over_the_gates_limit(tmp_path):
     assert all(np.array_equal(v.numpy(), received[k]) for k, v in model.state_dict().items())
     assert outcome.scalars["gate_kept"] == 0.0 and outcome.scalars["gate_tripped__mia_local_loss_auc"] > 0
     assert 0.0 <= outcome.scalars["mia_local_loss_auc"] <= 1.0
-    assert outcome.record["extra"]["gate"]["verdict"] == "withheld"
-    assert outcome.record["timings"]["audit_in_validation_s"] > 0  # the received model's signals came from validation
+    assert outcome.record.extra["gate"]["verdict"] == "withheld"
+    assert outcome.record.timings["audit_in_validation_s"] > 0  # the received model's signals came from validation
     assert party.last_record is outcome.record
     from audit.reporting.background import flush
 

@@ -15,6 +15,7 @@ from audit.config.audit_settings import AuditSettings
 from audit.config.fields import SettingsError
 from audit.config.steps import registered, unregister
 from audit.reporting.party import histogram_panels
+from audit.round_record import RoundRecord
 from workspace.in_process import run_in_process
 from workspace.run_summary import summary_lines
 
@@ -30,9 +31,11 @@ PLUGIN = textwrap.dedent('''
     from audit.config.fields import SettingsError, boolean, optional, setting, text, to_dict
     from audit.config.fields import parse as parse_settings
     from audit.config.steps import AuditStep, register
+    from audit.membership.population_attack import population_attack
     from audit.reporting.atomic_io import atomic_write_bytes
     from audit.reporting.panels import HistogramPanel, read_npz
     from audit.round_audit import StepResult
+    from audit.round_record import AttackKey
 
     FILE = "lossgap.npz"
 
@@ -72,7 +75,14 @@ PLUGIN = textwrap.dedent('''
             np.savez(buffer, members=members, nonmembers=nonmembers)
             atomic_write_bytes(round_dir / FILE, buffer.getvalue())
 
-        return StepResult(metrics={"lossgap_gap": float(nonmembers.mean() - members.mean())}, write_private=write)
+        # Its membership attack through the typed API: in the record's attacks, the party's tables and the leak
+        # verdict (its metrics would be AttackKey("lossgap", "loss").metric(statistic), were it to declare them).
+        population = losses(context.local_model, context.mia_sets, "population")
+        attack = population_attack(members, nonmembers, population, context.settings.fpr_tolerance, signal="loss",
+                                   attack="lossgap", confidence=context.settings.confidence,
+                                   delta=context.settings.epsilon_delta)
+        return StepResult(metrics={"lossgap_gap": float(nonmembers.mean() - members.mean())},
+                          attacks={AttackKey("lossgap", "loss"): attack}, write_private=write)
 
 
     def histograms(record, round_dir):
@@ -127,10 +137,12 @@ def test_a_plugin_step_named_in_the_plan_reaches_every_report(tmp_path, plugin_f
             round_dir = reports / col / f"round_{r:04d}"
             record = json.loads((round_dir / "audit.json").read_text())
             assert "lossgap_gap" in record["metrics"] and record["settings"]["lossgap"]["enabled"] is True
+            assert record["attacks"]["lossgap"]["loss"]["n_members"] > 0  # its attack, stored like the built-in ones
+            assert "lossgap / loss" in (reports / col / "index.html").read_text()  # in the party's attack tables
             # the gate watches it: its limit and value went to the aggregator
             assert result.collaborator_metrics[r][f"{col}/train/gate_threshold__lossgap_gap"] == 10.0
             assert (round_dir / "lossgap.npz").is_file() and (round_dir / "signals.png").is_file()
-            assert "loss gap plug-in" in [p.title for p in histogram_panels(record, round_dir)]
+            assert "loss gap plug-in" in [p.title for p in histogram_panels(RoundRecord.from_json(record), round_dir)]
         rows = list(csv.DictReader((reports / col / "metrics.csv").open()))
         assert all(row["lossgap_gap"] for row in rows)
     rows = list(csv.DictReader((reports / "aggregator" / "metrics.csv").open()))

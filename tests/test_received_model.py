@@ -84,7 +84,7 @@ def test_the_gate_after_training_does_not_watch_the_verdict_and_audit_round_does
     sets = AuditSets(members=(x[:60], y[:60]), nonmembers=(x[60:120], y[60:120]), population=(x[120:], y[120:]))
     only = AuditSettings.from_mapping({"signals": ["loss"], "rmia": {"enabled": False}})
     record = audit_round(mlp(), mlp(), sets, only, party="p", round_num=0)
-    assert "received_model" not in record["extra"] and "received_model_alarm" not in record["metrics"]
+    assert "received_model" not in record.extra and "received_model_alarm" not in record.metrics
 
 
 # ---------------------------------------------------------------------------------------------- architecture

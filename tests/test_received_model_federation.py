@@ -263,10 +263,10 @@ def test_tensors_named_otherwise_are_rejected_by_the_task_runner(crafted_cnn, mo
     received["model.classifier.output.weight"] = received.pop("model.classifier.out.weight")
     global_out, local_out = runner.train_task("collaborator1", CRAFT_ROUND + 1, received, epochs=1)
     assert trained == []
-    reason = runner.last_record["extra"]["gate"]["reason"]
+    reason = runner.last_record.extra["gate"]["reason"]
     assert reason == ("received model rejected: architecture: unexpected tensor 'classifier.output.weight' (did you "
                       "mean 'classifier.out.weight'?) (and 1 more)")
-    assert runner.last_record["extra"]["received_model"]["received_model"]["architecture"]["problems"][1] == \
+    assert runner.last_record.extra["received_model"]["received_model"]["architecture"]["problems"][1] == \
         "missing tensor 'classifier.out.weight'"
     scalars = _scalars(global_out)
     assert scalars["gate_kept"] == 0.0 and scalars["received_model_rejected"] == 1.0
@@ -286,8 +286,8 @@ def test_report_only_records_the_alarm_and_trains(crafted_cnn, monkeypatch):
     global_out, _local = runner.train_task("collaborator3", CRAFT_ROUND + 1, dict(built["collaborator3"]), epochs=1)
     assert trained == [("collaborator3", CRAFT_ROUND + 1)]
     record = runner.last_record
-    assert record["extra"]["received_model"]["alarms"] and not record["extra"]["received_model"]["rejected"]
-    assert record["extra"]["gate"]["verdict"] == "kept"
+    assert record.extra["received_model"]["alarms"] and not record.extra["received_model"]["rejected"]
+    assert record.extra["gate"]["verdict"] == "kept"
     scalars = _scalars(global_out)
     assert scalars["received_model_alarm"] == 1.0 and scalars["received_model_rejected"] == 0.0
     assert scalars["gate_kept"] == 1.0

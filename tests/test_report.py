@@ -26,6 +26,7 @@ from audit.reporting import atomic_io, plots  # noqa: E402
 from audit.membership.population_attack import population_attack  # noqa: E402
 from audit.membership.uncertainty import auc_interval  # noqa: E402
 from audit.reporting.party import ReportWriter, load_round_records, validate_record, write_index  # noqa: E402
+from audit.round_record import SCHEMA_VERSION  # noqa: E402
 
 PARTY = "collaborator1"
 SIGNALS = ("loss", "logits", "gradient_norm")
@@ -88,6 +89,7 @@ def make_record(round_, party=PARTY, *, models=("local", "global", "update"), se
     metrics["train_loss"] = 1.0 / (round_ + 1)
     metrics["local_accuracy"] = 0.5 + 0.1 * round_
     return {
+        "schema_version": SCHEMA_VERSION,
         "party": party,
         "round": round_,
         "seed": seed,
@@ -95,6 +97,7 @@ def make_record(round_, party=PARTY, *, models=("local", "global", "update"), se
         "timings": {"train_s": 0.8, "audit_s": 0.3, "signals_s": {"local": {s: 0.01 for s in SIGNALS}}},
         "attacks": attacks,
         "metrics": metrics,
+        "sizes": {},
         "extra": {"note": "synthetic"},
     }
 
@@ -236,7 +239,7 @@ def test_rewrite_of_a_round_replaces_it(written, tmp_path):
     rows = read_csv(tmp_path / PARTY / "metrics.csv")
     assert [int(r["round"]) for r in rows] == [0, 1, 2]
     assert float(rows[1]["train_loss"]) == 0.123
-    assert [r["seed"] for r in load_round_records(tmp_path / PARTY)] == [0, 5, 0]
+    assert [r.seed for r in load_round_records(tmp_path / PARTY)] == [0, 5, 0]
     assert temp_files(tmp_path) == []
 
 
@@ -254,7 +257,7 @@ def test_crash_in_os_replace_keeps_previous_files(written, tmp_path, monkeypatch
     assert temp_files(tmp_path) == []
     after = snapshot(tmp_path)
     assert after == before  # nothing changed, not even the summaries
-    assert [r["round"] for r in load_round_records(tmp_path / PARTY)] == [0, 1, 2]
+    assert [r.round for r in load_round_records(tmp_path / PARTY)] == [0, 1, 2]
 
 
 def test_crash_while_rewriting_audit_json_keeps_old_record(written, tmp_path, monkeypatch):
@@ -272,7 +275,7 @@ def test_crash_while_rewriting_audit_json_keeps_old_record(written, tmp_path, mo
     assert temp_files(tmp_path) == []
     # the summary is derived from disk: the next write repairs everything
     writer.write_round(make_record(3))
-    assert [r["seed"] for r in load_round_records(tmp_path / PARTY)] == [0, 0, 0, 0]
+    assert [r.seed for r in load_round_records(tmp_path / PARTY)] == [0, 0, 0, 0]
 
 
 def test_crash_in_the_middle_of_a_png_leaves_no_temp_file(written, tmp_path, monkeypatch):
@@ -296,7 +299,7 @@ def test_corrupt_audit_json_is_skipped(written, tmp_path, caplog):
     bad.write_text('{"party": "collaborator1", "round": 1, "attacks": {')  # truncated
     with caplog.at_level(logging.WARNING, logger="audit.reporting.party"):
         loaded = load_round_records(tmp_path / PARTY)
-    assert [r["round"] for r in loaded] == [0, 2]
+    assert [r.round for r in loaded] == [0, 2]
     assert any("round_0001" in m for m in caplog.messages)
     # still summarised: a new round rebuilds from the two good ones plus itself
     writer.write_round(make_record(3))
@@ -315,7 +318,7 @@ def test_corrupt_audit_json_is_skipped(written, tmp_path, caplog):
 def test_invalid_audit_json_variants_are_skipped(written, tmp_path, content, caplog):
     (tmp_path / PARTY / "round_0001" / "audit.json").write_bytes(content)
     with caplog.at_level(logging.WARNING, logger="audit.reporting.party"):
-        assert [r["round"] for r in load_round_records(tmp_path / PARTY)] == [0, 2]
+        assert [r.round for r in load_round_records(tmp_path / PARTY)] == [0, 2]
     assert caplog.messages
 
 
@@ -688,7 +691,7 @@ def test_the_audit_steps_write_their_per_sample_files_private(tmp_path, umask):
     import torch.nn.functional as F
 
     from audit.config.audit_settings import AuditSettings
-    from audit.round_audit import AuditSets, audit_round, record_to_json
+    from audit.round_audit import AuditSets, audit_round
     from src.data.datasets import load_dataset
     from src.runner.models import FCNN
 
@@ -707,7 +710,7 @@ def test_the_audit_steps_write_their_per_sample_files_private(tmp_path, umask):
                                            "update_attack": False, "rmia": {"references": ["global"]},
                                            "fidel": {"enabled": True}}, prefix="audit")
     record = audit_round(local.eval(), model.eval(), sets, settings, party=PARTY, round_num=0, seed=0)
-    round_dir = ReportWriter(tmp_path, PARTY).store_round(record_to_json(record), record["_private"])
+    round_dir = ReportWriter(tmp_path, PARTY).store_round(record.to_json(), record.private)
     assert round_dir.stat().st_mode & 0o777 == 0o700
     for name in ("signals.npz", "rmia_scores.npz", "fidel_grid.png"):
         assert (round_dir / name).stat().st_mode & 0o777 == 0o600, name

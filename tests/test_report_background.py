@@ -54,7 +54,7 @@ def test_queued_rounds_share_one_summary_rebuild(tmp_path, gated_roc, monkeypatc
     real = ReportWriter.rebuild_summary
 
     def counted(self):
-        rebuilt.append(sorted(r["round"] for r in self.load_rounds()))
+        rebuilt.append(sorted(r.round for r in self.load_rounds()))
         return real(self)
 
     monkeypatch.setattr(ReportWriter, "rebuild_summary", counted)
@@ -74,7 +74,7 @@ def test_a_failing_render_is_logged_and_the_next_round_still_draws(tmp_path, mon
     real = party_module.plot_roc
 
     def fails_on_round_1(record, path, log_scale):
-        if record["round"] == 1:
+        if record.round == 1:
             raise RuntimeError("renderer broke")
         return real(record, path, log_scale)
 

@@ -3,6 +3,7 @@ verdicts, epsilons and leak statuses read off round records; the aggregator's me
 
 import json
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -18,7 +19,8 @@ from audit.reporting.html import party_page
 from audit.reporting.party import ReportWriter, histogram_panels
 from audit.reporting.plots import plot_signal_histograms
 from audit.reporting.verdicts import NO_DP, round_verdict
-from audit.round_audit import AuditSets, audit_round, record_to_json
+from audit.round_audit import AuditSets, audit_round
+from audit.round_record import SCHEMA_VERSION, RoundRecord
 from src.server.report import AggregatorReportWriter
 from src.server.report_record import round_record
 from workspace.federation import report_locations, write_run_index
@@ -170,7 +172,7 @@ def test_the_aggregator_marks_the_figures_each_party_marks_from_the_sizes_it_sen
     for r in range(ROUNDS):
         record = json.loads((run / "aggregator" / f"round_{r:04d}.json").read_text())
         for name, entry in record["collaborators"].items():
-            party = json.loads((run / name / f"round_{r:04d}" / "audit.json").read_text())
+            party = RoundRecord.read(run / name / f"round_{r:04d}" / "audit.json")
             sent = set(entry["audit_metrics"])
             theirs = unresolvable_metrics(party) & sent
             ours = {m for m in sent if unresolvable(entry, m)}
@@ -196,12 +198,14 @@ def _attack(exact_auc, tpr=(0.3, 0.2, 0.4), resolvable=True):
                                                 "resolvable": resolvable}}}}
 
 
-def _record(gate=None, attacks=None, metrics=None, round_num=0):
-    record = {"party": "p", "round": round_num, "settings": {"fpr_tolerance": [0.01]},
+def _record(gate=None, attacks=None, metrics=None, round_num=0, leak=None):
+    record = {"schema_version": SCHEMA_VERSION, "party": "p", "round": round_num, "settings": {"fpr_tolerance": [0.01]},
               "attacks": attacks or {"local": {"loss": _attack(0.6)}}, "metrics": metrics or {}, "extra": {}}
     if gate is not None:
         record["extra"]["gate"] = gate
-    return record
+    if leak is not None:
+        record["leak"] = leak
+    return RoundRecord.from_json(record)
 
 
 def test_a_withheld_verdict_names_the_bound_its_interval_and_the_threshold():
@@ -245,7 +249,7 @@ LEAK = {"detected": True, "confidence": 0.95, "tests": 12, "significant": [{}, {
 
 
 def test_the_leak_status_names_the_headline_its_intervals_chance_and_the_correction():
-    record = {**_record(), "leak": LEAK}
+    record = _record(leak=LEAK)
     v = round_verdict(record)
     assert v.leak == "leak" and v.status == v.leak_text
     assert v.leak_text == ("leak detected (12 tests, Holm-corrected, 95%): rmia / independent exact AUC 0.676 "
@@ -253,13 +257,13 @@ def test_the_leak_status_names_the_headline_its_intervals_chance_and_the_correct
                            "chance")
     assert v.proven == ("ε ≥ 0.31 at δ = 1e-05 (95%, corrected for 3 attacks, rmia / independent; these counts prove "
                         "at most 3.3)")
-    gated = round_verdict({**record, "extra": {"gate": {"verdict": "kept", "action": "withhold", "thresholds": {},
-                                                        "epsilon_budget": 0.5, "retries": 0, "epsilon": 0.0}}})
+    gated = round_verdict(replace(record, extra={"gate": {"verdict": "kept", "action": "withhold", "thresholds": {},
+                                                          "epsilon_budget": 0.5, "retries": 0, "epsilon": 0.0}}))
     assert gated.proven.endswith("against a budget of 0.5")
 
 
 def test_no_leak_detected_says_what_the_counts_could_have_detected():
-    record = {**_record(), "leak": {**LEAK, "detected": False, "significant": []}}
+    record = _record(leak={**LEAK, "detected": False, "significant": []})
     v = round_verdict(record)
     assert v.leak == "no_leak"
     assert v.leak_text == ("no leak detected (12 tests, Holm-corrected, 95%); strongest: rmia / independent exact AUC "
@@ -267,7 +271,7 @@ def test_no_leak_detected_says_what_the_counts_could_have_detected():
                            "(89 members, 89 non-members) could only have shown exact AUC ≥ 0.66, TPR ≥ 0.11 at FPR "
                            "0.01, nothing at FPR 0.1; an ε lower bound of at most 3.3")
     assert round_verdict(_record()).leak == "not_audited"  # a record without a leak verdict
-    assert round_verdict({**record, "leak": {**LEAK, "detected": None}}).leak == "not_audited"
+    assert round_verdict(replace(record, leak={**LEAK, "detected": None})).leak == "not_audited"
 
 
 def test_a_gate_that_failed_closed_says_which_metric_was_missing():
@@ -361,13 +365,13 @@ def test_a_multi_process_run_index_links_every_page_and_each_page_links_back_to_
             scalars = {}
             if name == "collaborator1":
                 outcome = run_gate(policy, {"w": np.zeros(2)}, audited=True, audit_trained=lambda: record,
-                                   audit_received=lambda: record, empty_record=dict, retrain=None,
+                                   audit_received=lambda: record, empty_record=None, retrain=None,
                                    audit_retrained=None)
-                record["extra"]["gate"] = outcome.record_entry(policy)
+                record.extra["gate"] = outcome.record_entry(policy)
                 scalars = outcome.scalars(("leak_epsilon_lb", "mia_local_loss_exact_auc"), policy.limits)
-            latest[name] = record_to_json(record)
-            ReportWriter(reports[name].parent, name).write_round(latest[name])
-            sent[name] = {**record["metrics"], **scalars}
+            latest[name] = RoundRecord.from_json(record.to_json())  # as the run index reads it back
+            ReportWriter(reports[name].parent, name).write_round(record)
+            sent[name] = {**record.metrics, **scalars}
         AggregatorReportWriter(reports["aggregator"]).write_round(
             round_record(r, authorized=names, stragglers=[], metrics=sent))
     index = write_run_index(layout)  # as `start` does at the end of the run

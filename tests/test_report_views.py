@@ -22,6 +22,7 @@ from audit.reporting.party import ReportWriter
 from audit.reporting.plots import histogram_bins, log_axis_wanted
 from audit.reporting.readings import exact_auc_of
 from audit.reporting.verdicts import LEAK, NO_LEAK, NOT_AUDITED
+from audit.round_record import SCHEMA_VERSION, RoundRecord
 from src.server.report import AggregatorReportWriter
 from src.server.report_record import round_record, unresolvable
 
@@ -53,14 +54,15 @@ def _record(round_num, rng, *, shifts=None, leak=None, gate=None, party="p"):
     shifts = shifts or {"local": {"loss": 0.5, "logits": 0.3, "gradient_norm": 0.1}, "global": {"loss": 0.2},
                         "update": {"loss_reduction": 0.4}}
     attacks = {m: {s: _attack(rng, shift) for s, shift in per.items()} for m, per in shifts.items()}
-    record = {"party": party, "round": round_num, "seed": 0, "settings": {"fpr_tolerance": list(TOLERANCES)},
+    record = {"schema_version": SCHEMA_VERSION, "party": party, "round": round_num, "seed": 0,
+              "settings": {"fpr_tolerance": list(TOLERANCES)},
               "attacks": {m: {s: a.to_dict() for s, a in per.items()} for m, per in attacks.items()},
               "metrics": scalar_metrics(attacks), "extra": {}}
     if leak is not None:
         record["leak"] = leak
     if gate is not None:
         record["extra"]["gate"] = gate
-    return record
+    return RoundRecord.from_json(record)
 
 
 def _leak(detected, estimate=0.66, p=1e-4, epsilon=0.0, attack="local / loss", statistic="exact_auc"):
@@ -98,12 +100,12 @@ def test_a_zero_on_a_log_axis_is_an_open_marker_on_the_floor_with_its_count_neve
     rng = np.random.default_rng(1)
     records = [_record(r, rng, shifts={"local": {"loss": 0.6}}) for r in range(4)]
     for r in (1, 3):
-        rates = records[r]["attacks"]["local"]["loss"]["uncertainty"]["at_fpr"]["0.01"]
+        rates = records[r].attack("local", "loss")["uncertainty"]["at_fpr"]["0.01"]
         rates["tpr"].update(rate=0.0, k=0, lower=0.0)
-        records[r]["attacks"]["local"]["loss"]["tpr_at_fpr"]["0.01"] = 0.0
+        records[r].attack("local", "loss")["tpr_at_fpr"]["0.01"] = 0.0
     for r in (0, 2):  # two decades apart from the zeros' neighbours: a log axis is wanted
-        rates = records[r]["attacks"]["local"]["loss"]["uncertainty"]["at_fpr"]["0.01"]
-        records[r]["attacks"]["local"]["loss"]["tpr_at_fpr"]["0.01"] = rates["tpr"]["rate"] = 0.3
+        rates = records[r].attack("local", "loss")["uncertainty"]["at_fpr"]["0.01"]
+        records[r].attack("local", "loss")["tpr_at_fpr"]["0.01"] = rates["tpr"]["rate"] = 0.3
     _write(tmp_path, "p", records)
     ax = figures["tpr_at_0.01.png"].axes[0]
     assert ax.get_yscale() == "log"
@@ -148,7 +150,7 @@ def test_series_differ_by_colour_and_the_default_view_keeps_the_strongest_attack
     strongest = strongest_per_family(records, exact_auc_of)
     assert {tuple(str(ln.get_label()).split(" / ")) for ln in default} == strongest
     local = [s for m, s in strongest if m == "local"]
-    means = {s: np.mean([r["attacks"]["local"][s]["exact_auc"] for r in records]) for s in ("loss", "logits",
+    means = {s: np.mean([r.attack("local", s)["exact_auc"] for r in records]) for s in ("loss", "logits",
                                                                                           "gradient_norm")}
     assert local == [max(means, key=means.get)]
     page = (tmp_path / "p" / "index.html").read_text()

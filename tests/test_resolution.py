@@ -16,6 +16,7 @@ from audit.membership.resolution import largest_count, resolution_warning, resol
 from audit.membership.step import scalar_metrics
 from audit.reporting.party import ReportWriter
 from audit.reporting.readings import resolvable_at, unresolvable_metrics
+from audit.round_record import SCHEMA_VERSION, AttackKey, RoundRecord
 
 TOLERANCES = (0.01, 0.1, 0.5)
 
@@ -70,7 +71,8 @@ def _record(round_num: int, n_population: int) -> dict:
     rng = np.random.default_rng(round_num)
     attacks = {"local": {"loss": population_attack(rng.normal(-1, 1, 150), rng.normal(0, 1, 150),
                                                    rng.normal(0, 1, n_population), TOLERANCES)}}
-    return {"party": "alice", "round": round_num, "seed": 0, "settings": {"fpr_tolerance": list(TOLERANCES)},
+    return {"schema_version": SCHEMA_VERSION, "party": "alice", "round": round_num, "seed": 0,
+            "settings": {"fpr_tolerance": list(TOLERANCES)},
             "timings": {}, "metrics": scalar_metrics(attacks), "sizes": {}, "extra": {},
             "attacks": {m: {s: r.to_dict() for s, r in per.items()} for m, per in attacks.items()}}
 
@@ -82,7 +84,7 @@ def test_the_party_page_marks_unresolvable_figures_and_says_why(tmp_path):
     records = writer.load_rounds()
     assert unresolvable_metrics(records[0]) == {mia_metric("local", "loss", tpr_statistic(t)) for t in (0.01, 0.1)}
     assert unresolvable_metrics(records[1]) == set()
-    loss = records[0]["attacks"]["local"]["loss"]
+    loss = records[0].attack("local", "loss")
     assert [resolvable_at(loss, t) for t in TOLERANCES] == [False, False, True]
 
     page = (tmp_path / "alice" / "index.html").read_text()
@@ -107,13 +109,14 @@ def test_rmias_unresolvable_figures_are_marked_under_their_own_names():
     rng = np.random.default_rng(2)
     result = population_attack(rng.normal(1, 1, 150), rng.normal(0, 1, 150), rng.normal(0, 1, 4), TOLERANCES,
                                member_if_lower=False, attack="rmia", signal="independent")
-    record = {"attacks": {"rmia": {"independent": result.to_dict()}}}
+    record = RoundRecord("p", 0, attacks={AttackKey("rmia", "independent"): result.to_dict()})
     assert unresolvable_metrics(record) == {"rmia_independent_tpr_at_fpr_0.01", "rmia_independent_tpr_at_fpr_0.1"}
 
 
-def test_old_records_without_the_flags_are_not_marked():
+def test_an_attack_without_the_flags_is_not_marked():
     assert resolvable_at({"tpr_at_fpr": {"0.1": 0.3}}, 0.1) is True
-    assert unresolvable_metrics({"attacks": {"local": {"loss": {"tpr_at_fpr": {"0.1": 0.3}}}}}) == set()
+    assert unresolvable_metrics(RoundRecord("p", 0, attacks={AttackKey("local", "loss"): {"tpr_at_fpr": {"0.1": 0.3}}})
+                                ) == set()
 
 
 @pytest.mark.federation
@@ -134,10 +137,9 @@ def test_each_party_says_at_start_which_tolerances_its_sets_resolve(tmp_path, ca
     assert sorted(line.split(":")[0] for line in lines) == ["collaborator1", "collaborator2"]  # once per party
     for name in ("collaborator1", "collaborator2"):
         record = result.runner(name).last_record
-        sizes = record["sizes"]
+        sizes = record.sizes
         assert sizes["population"] < 10  # too few for 0.1
-        for attacks in record["attacks"].values():
-            for attack in attacks.values():
-                assert attack.to_dict()["resolvable"] == {f"{t:g}": resolvable(t, sizes["population"]) for t in TOLERANCES}
+        for attack in record.attacks.values():
+            assert attack.to_dict()["resolvable"] == {f"{t:g}": resolvable(t, sizes["population"]) for t in TOLERANCES}
         (line,) = [ln for ln in lines if ln.startswith(name)]
         assert f"{sizes['population']} population samples" in line and "TPR at FPR 0.01, 0.1" in line

@@ -27,7 +27,7 @@ from audit.membership.population_attack import population_attack
 from audit.membership.rmia import OFFLINE_A_GRID, Signals, rmia, true_class_probability, tune_offline_a
 from audit.membership.rmia_step import tuned_a
 from audit.reporting.party import ReportWriter
-from audit.round_audit import AuditSets, LocalTraining, audit_round, record_to_json
+from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.training import TrainingRecipe
 
 RECIPE = TrainingRecipe("Adam", 0.01, 0.9, epochs=30, batch_size=20)
@@ -122,21 +122,21 @@ def test_the_step_is_rmia_on_the_models_it_audits():
     names = ("members", "nonmembers", "population")
 
     direct = rmia(*(Signals(target[n], global_model=glob[n]) for n in names), offline_a=GLOBAL_A, gamma=1.0)
-    found = record["attacks"]["rmia"]["global"]
+    found = record.attack("rmia", "global")
     expected = population_attack(direct.members, direct.nonmembers, direct.population, (0.01, 0.1),
                                  member_if_lower=False, confidence=0.95, delta=1e-5)
     assert found.exact_auc == expected.exact_auc and found.tpr_at_fpr == expected.tpr_at_fpr
-    assert record["metrics"]["rmia_global_tpr_at_fpr_0.1_upper"] == expected.uncertainty.at_fpr[0.1].tpr.upper
+    assert record.metrics["rmia_global_tpr_at_fpr_0.1_upper"] == expected.uncertainty.at_fpr[0.1].tpr.upper
 
     for kind in ("fine_tuned", "independent"):
         refs = store["rmia"]["trained"][kind]
         probs = {n: true_class_probability(refs.copies.logits(getattr(sets, n)[0]), getattr(sets, n)[1], 2.0)
                  for n in names}
         a, tuning = tuned_a(probs["population"], refs.population_in, 1.0)
-        assert tuning["tuned"] and record["extra"]["rmia"][kind]["offline_a"] == a
+        assert tuning["tuned"] and record.extra["rmia"][kind]["offline_a"] == a
         direct = rmia(Signals(target["members"], probs["members"]), Signals(target["nonmembers"], probs["nonmembers"]),
                       Signals(target["population"], probs["population"], refs.population_in), offline_a=a)
-        assert record["attacks"]["rmia"][kind].exact_auc == pytest.approx(
+        assert record.attack("rmia", kind).exact_auc == pytest.approx(
             population_attack(direct.members, direct.nonmembers, direct.population, (0.1,),
                               member_if_lower=False).exact_auc, abs=1e-15)
         assert refs.population_in.sum(axis=1).tolist() == [60, 60]  # subsets of the member count
@@ -177,8 +177,7 @@ def test_a_reference_budget_shares_b_local_trainings_among_the_k_references():
     refs = store["rmia"]["trained"]["independent"]
     assert refs.population_in.sum(axis=1).tolist() == [30, 30]  # 2 x 30 = the 60 members: one local training
     assert not refs.population_in.all(axis=0).any()  # disjoint: every population sample has an OUT reference
-    assert record["extra"]["rmia"]["independent"]["subset_size"] == 30 and "rmia_independent_exact_auc" in record[
-        "metrics"]
+    assert record.extra["rmia"]["independent"]["subset_size"] == 30 and "rmia_independent_exact_auc" in record.metrics
 
 
 @pytest.mark.slow
@@ -192,20 +191,20 @@ def test_references_are_trained_once_per_round_and_the_independent_ones_continue
         return audit_round(model, received, sets, audit, party="p", round_num=round_num, seed=5, training=TRAINING,
                            initial_model=initial, store=store)
 
-    first = audit_at(0)["extra"]["rmia"]
+    first = audit_at(0).extra["rmia"]
     assert first["independent"]["local_trainings"] == 1 and first["fine_tuned"]["training_s"] > 0
-    again = audit_at(0, model=received)["extra"]["rmia"]  # a second audit of the round (e.g. a DP retrain's)
+    again = audit_at(0, model=received).extra["rmia"]  # a second audit of the round (e.g. a DP retrain's)
     assert again["fine_tuned"]["training_s"] == again["independent"]["training_s"] == 0.0
     independent = store["rmia"]["independent"]["copies"]
-    later = audit_at(3)["extra"]["rmia"]  # rounds 1 and 2 not audited: brought to 4 local trainings
+    later = audit_at(3).extra["rmia"]  # rounds 1 and 2 not audited: brought to 4 local trainings
     assert later["independent"]["local_trainings"] == 4 and later["independent"]["training_s"] > 0
     assert not torch.equal(store["rmia"]["independent"]["copies"].params["0.weight"], independent.params["0.weight"])
     # the same plan, seed and schedule give the same references and metrics
     store_before, store = store, {}
     audit_at(0)
-    assert audit_at(3)["metrics"] == audit_round(local, received, sets, audit, party="p", round_num=3, seed=5,
+    assert audit_at(3).metrics == audit_round(local, received, sets, audit, party="p", round_num=3, seed=5,
                                                  training=TRAINING, initial_model=initial,
-                                                 store=store_before)["metrics"]
+                                                 store=store_before).metrics
 
 
 @pytest.mark.slow
@@ -228,8 +227,8 @@ def test_the_initial_model_may_be_a_callable_called_only_when_the_independent_re
         common = dict(party="p", round_num=round_num, seed=5, training=TRAINING)
         got = audit_round(model, received, sets, audit, initial_model=source, store=lazy, **common)
         want = audit_round(model, received, sets, audit, initial_model=initial, store=eager, **common)
-        assert calls == [1] and got["metrics"] == want["metrics"]
-        assert got["extra"]["rmia"]["independent"]["local_trainings"] == round_num + 1
+        assert calls == [1] and got.metrics == want.metrics
+        assert got.extra["rmia"]["independent"]["local_trainings"] == round_num + 1
 
 
 def test_missing_inputs_are_named():
@@ -250,8 +249,8 @@ def test_rmia_metrics_are_declared_gated_on_and_reported_with_private_scores(tmp
     audit = settings(references=["global", "independent"])
     record = audit_round(local, initial, sets, audit, party="p", round_num=0, seed=1, training=TRAINING,
                          initial_model=initial)
-    assert set(record["metrics"]) == set(audit_metric_names(audit))
-    leak = record["metrics"]["rmia_independent_exact_auc"]
+    assert set(record.metrics) == set(audit_metric_names(audit))
+    leak = record.metrics["rmia_independent_exact_auc"]
     assert leak > 0.6  # 30 epochs on 60 samples: the references tell the members apart
 
     gate = GatePolicy.from_mapping({"action": "withhold", "bound": "point",
@@ -260,13 +259,13 @@ def test_rmia_metrics_are_declared_gated_on_and_reported_with_private_scores(tmp
                        audit_received=lambda: record, empty_record=dict, retrain=None, audit_retrained=None)
     assert outcome.verdict == WITHHELD and "rmia_independent_exact_auc" in outcome.gate_verdict.tripped
 
-    round_dir = ReportWriter(tmp_path, "p").write_round(record_to_json(record))
-    for write in record["_private"]:
+    round_dir = ReportWriter(tmp_path, "p").write_round(record.to_json())
+    for write in record.private:
         write(round_dir)
     page = (tmp_path / "p" / "index.html").read_text()
     assert "<td>rmia / independent</td>" in page and "<td>rmia / global</td>" in page
     row = next(csv.DictReader((tmp_path / "p" / "metrics.csv").open()))
-    assert float(row["rmia_independent_exact_auc_lower"]) == record["metrics"]["rmia_independent_exact_auc_lower"]
+    assert float(row["rmia_independent_exact_auc_lower"]) == record.metrics["rmia_independent_exact_auc_lower"]
     scores = np.load(round_dir / "rmia_scores.npz")
     assert scores["independent_members"].shape == (60,) and scores["global_population"].shape == (200,)
     stored = json.loads((round_dir / "audit.json").read_text())

@@ -17,8 +17,9 @@ from torch import nn
 
 from audit.config.audit_settings import AuditSettings
 from audit.membership.uncertainty import tpr_at_population_fpr
-from audit.round_audit import AuditSets, audit_round, record_to_json
+from audit.round_audit import AuditSets, audit_round
 from audit.audit_cost import COST_FACTOR, MIN_AUDIT_S, audit_cost_note
+from audit.round_record import AttackKey, RoundRecord
 from workspace.demo_output import Progress, print_summary
 from src.process.party_events import ENV as PARTY_STATUS_ENV, emit
 from workspace.party_status import PartyStatus, StatusFollower
@@ -117,7 +118,7 @@ def test_the_follower_reads_only_whole_new_lines(tmp_path, monkeypatch):
 
 
 def test_the_audit_cost_note_is_read_off_a_collaborators_events(tmp_path, monkeypatch):
-    record = {"party": "collaborator1", "round": 0, "timings": {"audit_s": 9.0, "membership_s": 9.0, "train_s": 1.0}}
+    record = RoundRecord("collaborator1", 0, timings={"audit_s": 9.0, "membership_s": 9.0, "train_s": 1.0})
     note = audit_cost_note(record)
     assert note is not None
     path = tmp_path / "c.status.jsonl"
@@ -247,8 +248,8 @@ def test_the_cost_note_names_the_costliest_signal_of_a_real_audit():
     settings = AuditSettings(signals=("loss", "gradient_norm"), fpr_tolerance=(0.05,),
                              sections={"rmia": {"enabled": False}})
     record = audit_round(model, received, sets, settings, party="p1", round_num=3, seed=0)
-    record["timings"]["train_s"] = train_s
-    timings = record["timings"]
+    record.timings["train_s"] = train_s
+    timings = record.timings
     ratio = timings["audit_s"] / train_s
     note = audit_cost_note(record)
     assert (note is not None) == (ratio > COST_FACTOR and timings["audit_s"] >= MIN_AUDIT_S)
@@ -267,9 +268,10 @@ def test_the_summary_reads_the_strongest_tpr_and_its_interval_from_a_real_record
     sets = tabular_sets(1)
     model, received, _ = trained_pair(sets, epochs=60, seed=1)
     settings = AuditSettings(signals=("loss", "logits"), fpr_tolerance=(0.05, 0.2), sections={"rmia": {"enabled": False}})
-    record = record_to_json(audit_round(model, received, sets, settings, party="p1", round_num=0, seed=0))
+    record = RoundRecord.from_json(audit_round(model, received, sets, settings, party="p1", round_num=0,
+                                               seed=0).to_json())  # as the summary reads it back
     lowest = 0.05
-    metrics = record["metrics"]
+    metrics = record.metrics
     best = max(v for k, v in metrics.items() if k.endswith(f"_tpr_at_fpr_{lowest:g}"))
     reading = tpr_reading(record, lowest)
     assert reading.startswith(f"TPR at FPR 0.05 {best:.3f} [")
@@ -282,11 +284,11 @@ def test_the_summary_reads_the_strongest_tpr_and_its_interval_from_a_real_record
                                                      reduction="none").numpy() for name in ("members", "nonmembers",
                                                                                             "population")}
     rates = tpr_at_population_fpr(scores["members"], scores["nonmembers"], scores["population"], lowest)
-    loss = record["attacks"]["local"]["loss"]
-    only_loss = {"attacks": {"local": {"loss": loss}}}
+    loss = record.attack("local", "loss")
+    only_loss = RoundRecord("p1", 0, attacks={AttackKey("local", "loss"): loss})
     band = f"[{rates.tpr.lower:.3f}, {rates.tpr.upper:.3f}]"
     assert tpr_reading(only_loss, lowest) == f"TPR at FPR 0.05 {loss['tpr_at_fpr']['0.05']:.3f} {band} (local loss)"
-    del loss["uncertainty"]  # a record written before the intervals: the point value alone
+    del loss["uncertainty"]  # an attack without intervals: the point value alone
     assert tpr_reading(only_loss, lowest) == f"TPR at FPR 0.05 {loss['tpr_at_fpr']['0.05']:.3f} (local loss)"
     assert rates.tpr.lower < rates.tpr.upper
 
@@ -355,18 +357,17 @@ def test_the_parties_write_their_phases_as_status_events(audited_federation):
 def test_each_audit_says_it_starts_and_a_costly_audit_is_noted_once_per_party(audited_federation):
     result, messages, _ = audited_federation
     for name in ("collaborator1", "collaborator2"):
-        records = [json.loads((result.report_dir / name / f"round_{r:04d}" / "audit.json").read_text())
-                   for r in (0, 1)]
+        records = [RoundRecord.read(result.report_dir / name / f"round_{r:04d}" / "audit.json") for r in (0, 1)]
         starts = [m for m in messages if m.startswith(f"{name} round ") and ": auditing the trained model " in m]
         assert [m.split(":")[0] for m in starts] == [f"{name} round 0", f"{name} round 1"]
-        members = records[0]["sizes"]["members"]
+        members = records[0].sizes["members"]
         assert all(f"(signals loss, gradient_norm; {members} members, " in m for m in starts)
-        costly = [r for r in records if r["timings"]["audit_s"] > COST_FACTOR * r["timings"]["train_s"]]
+        costly = [r for r in records if r.timings["audit_s"] > COST_FACTOR * r.timings["train_s"]]
         assert costly  # gradient_norm, RMIA's references and Fidel vs one epoch on 90 samples: several times it
         notes = [m for m in messages if m.startswith(f"{name} round ") and "the audit took" in m]
         assert len(notes) == 1, notes  # once per party, at its first costly round
         assert notes[0] == audit_cost_note(costly[0], min_audit_s=0.0)
-        timings = costly[0]["timings"]
+        timings = costly[0].timings
         steps = {k: v for k, v in timings.items() if k in ("membership_s", "fidel_s", "rmia_s")}
         # the received model's signals, computed while it was validated, are the membership step's too
         steps["membership_s"] = steps.get("membership_s", 0.0) + timings.get("audit_in_validation_s", 0.0)
@@ -427,7 +428,8 @@ def test_the_summary_reads_the_lowest_tolerance_every_population_resolves():
     def record(n_population, tolerances):
         result = population_attack(rng.normal(-1, 1, 90), rng.normal(0, 1, 90), rng.normal(0, 1, n_population),
                                    tolerances)
-        return {"settings": {"fpr_tolerance": list(tolerances)}, "attacks": {"local": {"loss": result.to_dict()}}}
+        return RoundRecord("p", 0, settings={"fpr_tolerance": list(tolerances)},
+                           attacks={AttackKey("local", "loss"): result.to_dict()})
 
     assert lowest_resolvable_tolerance([record(404, (0.001, 0.01, 0.1))]) == 0.01
     assert lowest_resolvable_tolerance([record(404, (0.001, 0.01, 0.1)), record(50, (0.001, 0.01, 0.1))]) == 0.1
@@ -438,13 +440,13 @@ def test_the_summary_reads_the_lowest_tolerance_every_population_resolves():
 def test_signals_computed_during_validation_count_as_the_membership_steps_cost():
     """The received model's signals are computed while it is validated (audit_in_validation_s): they are the
     membership step's cost, never a step of their own with made-up settings."""
-    record = {"party": "p", "round": 0, "settings": {"audit_global": True},
-              "timings": {"audit_s": 5.0, "train_s": 1.0, "membership_s": 1.0, "fidel_s": 1.5,
-                          "audit_in_validation_s": 2.5, "signals_s": {"global": {"gradient_norm": 2.5}}}}
+    record = RoundRecord("p", 0, settings={"audit_global": True},
+                         timings={"audit_s": 5.0, "train_s": 1.0, "membership_s": 1.0, "fidel_s": 1.5,
+                                  "audit_in_validation_s": 2.5, "signals_s": {"global": {"gradient_norm": 2.5}}})
     note = audit_cost_note(record)
     assert "most of it membership (3.50 s)" in note and "audit_in_validation" not in note
     assert "gradient_norm is its costliest signal" in note
-    record["timings"]["audit_in_validation_s"] = 0.2  # fidel (1.5 s) outweighs membership (1.2 s)
+    record.timings["audit_in_validation_s"] = 0.2  # fidel (1.5 s) outweighs membership (1.2 s)
     assert "most of it fidel (1.50 s)" in audit_cost_note(record)
 
 
@@ -452,6 +454,6 @@ def test_the_self_audits_ceiling_is_n_over_the_harmonic_number():
     """n/H_n for the collaborator and its crowd: 2 users 4/3, 3 users 18/11 (docs/deanonymization.md)."""
     from audit.deanon.views import _ceiling
 
-    assert _ceiling({"extra": {"deanon": {"crowd_users": 1}}}) == ", at most 1.33 with 2 users"
-    assert _ceiling({"extra": {"deanon": {"crowd_users": 2}}}) == ", at most 1.64 with 3 users"
-    assert _ceiling({"extra": {}}) == ""
+    assert _ceiling(RoundRecord("p", 0, extra={"deanon": {"crowd_users": 1}})) == ", at most 1.33 with 2 users"
+    assert _ceiling(RoundRecord("p", 0, extra={"deanon": {"crowd_users": 2}})) == ", at most 1.64 with 3 users"
+    assert _ceiling(RoundRecord("p", 0)) == ""

@@ -206,7 +206,7 @@ def test_validation_reads_the_audits_signals_with_the_same_metrics(tmp_path, mon
     assert plain_loops == 2 * 2 * 3 and shared_loops == 0
     assert plain_computed == shared_computed == 2 * 2 * 2 * 3
     record = shared.runner("collaborator1").last_record
-    assert record["timings"]["audit_in_validation_s"] > 0
+    assert record.timings["audit_in_validation_s"] > 0
 
 
 @pytest.mark.federation
@@ -222,8 +222,8 @@ def test_a_sampled_audit_leaves_validation_on_every_sample(tmp_path, monkeypatch
     assert plain_loops == 2 * 2 * 3 and shared_loops == 0
     assert shared_computed == 2 * 2 * 2 * 3  # the sampled sets' signals are still computed once per model
     record = shared.runner("collaborator1").last_record
-    assert record["sizes"] == {"members": 90, "nonmembers": 100, "population": 100}
-    assert record["sampling"]["sets"]["nonmembers"] == {"audited": 100, "of": 404}
+    assert record.sizes == {"members": 90, "nonmembers": 100, "population": 100}
+    assert record.sampling["sets"]["nonmembers"] == {"audited": 100, "of": 404}
 
 
 def conv_model(seed=0):
@@ -266,9 +266,9 @@ def test_rmia_reads_the_models_outputs_off_the_round_signals(monkeypatch, make_m
     forwards.clear()
     shared = audit(SignalCache())
     assert forwards == []
-    rmia_metrics = {k: v for k, v in alone["metrics"].items() if k.startswith("rmia_")}
-    assert rmia_metrics and {k: shared["metrics"][k] for k in rmia_metrics} == rmia_metrics
-    assert shared["metrics"] == alone["metrics"]
+    rmia_metrics = {k: v for k, v in alone.metrics.items() if k.startswith("rmia_")}
+    assert rmia_metrics and {k: shared.metrics[k] for k in rmia_metrics} == rmia_metrics
+    assert shared.metrics == alone.metrics
 
 
 @pytest.mark.parametrize("make_model, make_sets", [(tabular_model, tabular_sets), (conv_model, image_sets)],

@@ -195,8 +195,8 @@ def test_the_round_audit_on_a_batchnorm_classifier():
     record = audit_round(local, received, sets, settings, party="p", round_num=0, seed=4,
                          training=LocalTraining(recipe, 24, 0.5), initial_model=received)
     check_record(record, settings, before)
-    assert record["extra"]["rmia"]["independent"]["reference_models"] == 2
-    assert record["extra"]["fidel"]["layer"] == "classifier.0" and record["extra"]["fidel"]["space"] == "activation"
+    assert record.extra["rmia"]["independent"]["reference_models"] == 2
+    assert record.extra["fidel"]["layer"] == "classifier.0" and record.extra["fidel"]["space"] == "activation"
 
 
 # ------------------------------------------------------------------------------------------ DP retrain

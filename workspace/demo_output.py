@@ -107,8 +107,9 @@ def print_summary(result) -> None:
     print(f"Average local model validation values = {average('locally_tuned_model_validation/accuracy'):.4f}")
 
 
-def latest_record(report_dir: Path, name: str) -> dict | None:
-    """The party's newest readable round record (audit.reporting.records.load_round_records), or None."""
+def latest_record(report_dir: Path, name: str):
+    """The party's newest readable round record (audit.round_record.RoundRecord, as
+    audit.reporting.records.load_round_records reads it), or None."""
     from audit.reporting.records import load_round_records
 
     records = load_round_records(Path(report_dir) / name)
@@ -118,26 +119,25 @@ def latest_record(report_dir: Path, name: str) -> dict | None:
 def print_attack_summary(report_dir: Path, names) -> None:
     """Per collaborator, its latest audited round: every attack's exact AUC and TPR at each FPR tolerance with their
     intervals and counts, and the epsilon lower bound it proves (unresolvable tolerances marked)."""
-    from audit.reporting.readings import (epsilon_lb_of, exact_auc_band, exact_auc_of, fmt_interval, ordered_models,
-                                          rates_at)
+    from audit.reporting.readings import (epsilon_lb_of, exact_auc_band, exact_auc_of, fmt_interval, rates_at,
+                                          series_keys)
 
     for name in names:
         record = latest_record(report_dir, name)
-        if record is None or not record["attacks"]:
+        if record is None or not record.attacks:
             continue
-        settings = record.get("settings") or {}
+        settings = record.settings
         tols = sorted(float(t) for t in settings.get("fpr_tolerance", []))
         level = settings.get("confidence", 0.95)
-        print(f"\n{name}, round {record['round']}: membership inference with {100 * level:g}% intervals; epsilon "
+        print(f"\n{name}, round {record.round}: membership inference with {100 * level:g}% intervals; epsilon "
               f"lower bounds at delta {settings.get('epsilon_delta', 0):g}")
-        attacks = [(model, signal) for model in ordered_models(record["attacks"])
-                   for signal in sorted(record["attacks"][model])]
+        attacks = series_keys([record])
         width = max(len(f"{model} / {signal}") for model, signal in attacks) + 2
         print(f"  {'attack':<{width}}{'exact AUC':<22}" + "".join(f"{f'TPR @ FPR {t:g}':<32}" for t in tols)
               + "eps >=")
         unresolved = {}
         for model, signal in attacks:
-            res = record["attacks"][model][signal]
+            res = record.attack(model, signal)
             cells = [fmt_interval(exact_auc_of(res), *exact_auc_band(res), digits=3)]
             for t in tols:
                 rates = rates_at(res, t)

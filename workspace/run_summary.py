@@ -21,6 +21,7 @@ from audit.config.steps import METRICS, registered
 from audit.reporting.readings import float_or_nan, resolvable_at, tolerances_of, tpr_at, tpr_band_at
 from audit.reporting.records import load_round_files, load_round_records, round_file_name
 from audit.reporting.verdicts import epsilon_status, leak_status, sent_leak_status
+from audit.round_record import RoundRecord
 
 __all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines",
            "lowest_resolvable_tolerance", "summary_lines", "print_run_summary"]
@@ -33,10 +34,10 @@ def _read_json(path: Path) -> dict | None:
         return None
 
 
-def read_party_records(party_dir: Path) -> dict[int, dict]:
-    """Round number -> the party's round record (rounds it did not audit have none; unreadable ones are logged and
-    skipped by audit.reporting.records.load_round_records)."""
-    return {record["round"]: record for record in load_round_records(party_dir)}
+def read_party_records(party_dir: Path) -> dict[int, RoundRecord]:
+    """Round number -> the party's round record (rounds it did not audit have none; unreadable ones, and those of
+    another schema version, are logged and skipped by audit.reporting.records.load_round_records)."""
+    return {record.round: record for record in load_round_records(party_dir)}
 
 
 def verdict_text(name: str, verdict: Mapping | None) -> str:
@@ -69,15 +70,14 @@ def averaged_summary(record: dict) -> str:
     return text + (f" (left out: {', '.join(others)})" if others else "")
 
 
-def tpr_reading(record: Mapping, tol: float) -> str | None:
+def tpr_reading(record: RoundRecord, tol: float) -> str | None:
     """The strongest membership attack's TPR at FPR `tol` (for privacy the worst case counts), its interval if
     recorded, and which attack; None for a record without membership attacks."""
     best = None
-    for model, per_signal in (record.get("attacks") or {}).items():
-        for signal, result in (per_signal or {}).items():
-            value = tpr_at(result, tol)
-            if not math.isnan(value) and (best is None or value > best[0]):
-                best = (value, model, signal, result)
+    for (model, signal), result in record.attacks.items():
+        value = tpr_at(result, tol)
+        if not math.isnan(value) and (best is None or value > best[0]):
+            best = (value, model, signal, result)
     if best is None:
         return None
     value, model, signal, result = best
@@ -87,9 +87,9 @@ def tpr_reading(record: Mapping, tol: float) -> str | None:
     return f"TPR at FPR {tol:g} {value:.3f}{band} ({model} {signal}{unresolved})"
 
 
-def _other_audits(record: Mapping) -> list[str]:
+def _other_audits(record: RoundRecord) -> list[str]:
     """Each registered step's part of the line (audit.config.steps `summary`): its own words, or its metrics."""
-    metrics = record.get("metrics") or {}
+    metrics = record.metrics
     out = []
     for audit_step in registered():
         said = audit_step.load("summary")
@@ -119,16 +119,16 @@ def _server_deanon(aggregator_dir: Path | None, round_num: int) -> str | None:
     return f"aggregator's deanonymization: AP {value:.2f}x chance ({attack}, closed world)"
 
 
-def _gate_header(records: Iterable[Mapping], parties: Iterable[str]) -> str | None:
+def _gate_header(records: Iterable[RoundRecord], parties: Iterable[str]) -> str | None:
     """The gate each party ran (from its records: per_collaborator gates may differ); None if none had thresholds."""
     gates: dict[str, list[str]] = {}
     for record in records:
-        gate = (record.get("extra") or {}).get("gate") or {}
+        gate = record.extra.get("gate") or {}
         if gate.get("thresholds"):
             limits = ", ".join(f"{name} > {value:g}" for name, value in gate["thresholds"].items())
             owners = gates.setdefault(f"{gate.get('action')} if {limits}", [])
-            if record.get("party") not in owners:
-                owners.append(record.get("party"))
+            if record.party not in owners:
+                owners.append(record.party)
     if not gates:
         return None
     parties = list(parties)
@@ -139,11 +139,11 @@ def _gate_header(records: Iterable[Mapping], parties: Iterable[str]) -> str | No
         f" ({', '.join(ungated)}: none)" if ungated else "")
 
 
-def round_lines(round_num: int, records: Mapping[str, Mapping | None], aggregator_dir: Path | None,
+def round_lines(round_num: int, records: Mapping[str, RoundRecord | None], aggregator_dir: Path | None,
                 tol: float | None) -> list[str]:
     """One round: the verdicts and what was averaged, then a line per audited collaborator."""
     line = f"round {round_num}: " + "; ".join(
-        verdict_text(name, None if record is None else (record.get("extra") or {}).get("gate"))
+        verdict_text(name, None if record is None else record.extra.get("gate"))
         for name, record in records.items())
     agg = None if aggregator_dir is None else _read_json(Path(aggregator_dir) / round_file_name(round_num))
     if agg is not None:
@@ -153,8 +153,8 @@ def round_lines(round_num: int, records: Mapping[str, Mapping | None], aggregato
         if record is None:
             continue
         lines.append(f"  {name}: {leak_status(record)}")
-        proven = [epsilon_status(record)] if (record.get("leak") or {}).get("epsilon") else []
-        if not record.get("leak") and tol is not None:  # a record without a leak verdict: its strongest TPR
+        proven = [epsilon_status(record)] if (record.leak or {}).get("epsilon") else []
+        if not record.leak and tol is not None:  # a record without a leak verdict: its strongest TPR
             proven.append(tpr_reading(record, tol) or "")
         parts = [p for p in [*proven, *_other_audits(record)] if p]
         if parts:
@@ -168,12 +168,11 @@ def round_lines(round_num: int, records: Mapping[str, Mapping | None], aggregato
     return lines
 
 
-def lowest_resolvable_tolerance(records: list[Mapping]) -> float | None:
+def lowest_resolvable_tolerance(records: list[RoundRecord]) -> float | None:
     """The lowest FPR tolerance of the records that every attack of every record resolves (a reading below it is the
     TPR at population FPR 0, audit.membership.resolution); the lowest tolerance if none is; None without any."""
     tolerances = sorted(tolerances_of(records)) if records else []
-    results = [result for record in records for per_signal in (record.get("attacks") or {}).values()
-               for result in (per_signal or {}).values()]
+    results = [result for record in records for result in record.attacks.values()]
     for tol in tolerances:
         if all(resolvable_at(result, tol) for result in results):
             return tol
@@ -192,7 +191,7 @@ def summary_lines(parties: Mapping[str, Path], aggregator_dir: Path | None, roun
         lines.append(header)
     for r in range(rounds):
         lines += round_lines(r, {name: records.get(r) for name, records in per_party.items()}, aggregator_dir, tol)
-    leaked = {name: [r for r, rec in records.items() if (rec.get("leak") or {}).get("detected")]
+    leaked = {name: [r for r, rec in records.items() if (rec.leak or {}).get("detected")]
               for name, records in per_party.items()}
     said = "; ".join(f"{name} in round{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
                      for name, rs in leaked.items() if rs)

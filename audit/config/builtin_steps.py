@@ -13,28 +13,28 @@ from audit.config.deanon_settings import deanon_settings
 from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
 from audit.config.rmia_settings import rmia_settings
 from audit.config.steps import BEFORE_TRAINING, AuditStep, register
-from audit.config.vocabulary import (CANARY_FILE, FIDEL_GRID_FILE, MIA_PREFIX, RMIA, RMIA_SCORES_FILE, SIGNALS_FILE, attack_statistics,
-                                     mia_metric)
+from audit.config.vocabulary import (CANARY_FILE, FIDEL_GRID_FILE, MIA_PREFIX, RMIA, RMIA_SCORES_FILE, SIGNALS_FILE,
+                                     attack_statistics)
 from audit.received_model.settings import METRICS as RECEIVED_MODEL_METRICS, received_model_settings
+from audit.round_record import AttackKey
 
 __all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "RECEIVED_MODEL", "CANARY", "membership_series"]
 
 
-def membership_series(settings) -> list[tuple[str, str]]:
-    """(model, signal) pairs the membership step attacks: each signal on the local (and global) model, and the update
-    attack's loss reduction."""
-    series = [("local", s) for s in settings.signals]
+def membership_series(settings) -> list[AttackKey]:
+    """The attacks the membership step runs: each signal on the local (and global) model, and the update attack's
+    loss reduction."""
+    series = [AttackKey("local", s) for s in settings.signals]
     if settings.audit_global:
-        series += [("global", s) for s in settings.signals]
+        series += [AttackKey("global", s) for s in settings.signals]
     if settings.update_attack:
-        series.append(("update", "loss_reduction"))
+        series.append(AttackKey("update", "loss_reduction"))
     return series
 
 
 def _membership_metric_names(settings, _audit_settings) -> list[str]:
     statistics = attack_statistics(settings.fpr_tolerance)
-    return [mia_metric(model, signal, statistic) for model, signal in membership_series(settings)
-            for statistic in statistics]
+    return [key.metric(statistic) for key in membership_series(settings) for statistic in statistics]
 
 
 MEMBERSHIP = register(AuditStep(

@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from audit.config.fields import (boolean, choices, either, integer, literal, optional, parse, real, setting,
                                  to_dict)
-from audit.config.vocabulary import attack_statistics, rmia_metric
+from audit.config.vocabulary import RMIA, attack_statistics
+from audit.round_record import AttackKey
 
 __all__ = ["RMIASettings", "rmia_settings", "REFERENCE_KINDS", "TRAINED_KINDS", "GLOBAL", "FINE_TUNED", "INDEPENDENT",
            "TUNE", "GLOBAL_A"]
@@ -81,7 +82,7 @@ class RMIASettings:
     def metric_names(self, fpr_tolerance) -> list[str]:
         """The scalars audit.membership.rmia_step reports: rmia_<kind>_<statistic> per kind of reference."""
         statistics = attack_statistics(fpr_tolerance)
-        return [rmia_metric(kind, statistic) for kind in self.references for statistic in statistics]
+        return [AttackKey(RMIA, kind).metric(statistic) for kind in self.references for statistic in statistics]
 
 
 def rmia_settings(key: str, value) -> RMIASettings:

@@ -8,6 +8,7 @@ from typing import Mapping
 
 from audit.config.fields import SettingsError
 from audit.reporting.readings import float_or_nan, fmt
+from audit.round_record import RoundRecord
 
 __all__ = ["page_section", "check_layer", "summary_line"]
 
@@ -16,10 +17,10 @@ NOTE = ("Could a server tell this party's updates from a crowd of users'? AP ove
         "ranks this party first every time (shown as the maximum it is). 1 = no better than chance.")
 
 
-def page_section(record: Mapping, round_dir: str, files: set[str]) -> list[str]:
+def page_section(record: RoundRecord, round_dir: str, files: set[str]) -> list[str]:
     from audit.reporting.html import escape
 
-    deanon = (record.get("extra") or {}).get("deanon")
+    deanon = record.extra.get("deanon")
     if not isinstance(deanon, Mapping) or not isinstance(deanon.get("attacks"), Mapping):
         return []
     rows = []
@@ -49,16 +50,16 @@ def check_layer(model, feature_shape, settings, key: str) -> None:
         raise SettingsError(f"{key}.layer: {err}") from None
 
 
-def summary_line(record: Mapping) -> str | None:
+def summary_line(record: RoundRecord) -> str | None:
     """Its part of the end-of-run summary: the strongest re-identification's AP over chance, and its ceiling."""
-    metrics = record.get("metrics") or {}
+    metrics = record.metrics
     if "deanon_ap_over_chance" not in metrics:
         return None
     return f"deanonymization AP {float_or_nan(metrics['deanon_ap_over_chance']):.2f}x chance" + _ceiling(record)
 
 
-def _ceiling(record: Mapping) -> str:
-    crowd = ((record.get("extra") or {}).get("deanon") or {}).get("crowd_users")
+def _ceiling(record: RoundRecord) -> str:
+    crowd = (record.extra.get("deanon") or {}).get("crowd_users")
     if not isinstance(crowd, int) or crowd < 1:
         return ""
     from audit.deanon.attacks import random_ranking_ap  # torch and sklearn: only when a record has a self-audit

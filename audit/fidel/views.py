@@ -8,6 +8,7 @@ from typing import Mapping
 from audit.config.fields import SettingsError
 from audit.reporting.readings import float_or_nan, fmt
 from audit.reporting.records import FIDEL_GRID_FILE
+from audit.round_record import RoundRecord
 
 __all__ = ["page_section", "check_layer", "summary_line"]
 
@@ -16,12 +17,12 @@ NOTE = ("Fidel's reconstructions from this round's update: top row, members the 
         "sample an honest-but-curious server could see.")
 
 
-def page_section(record: Mapping, round_dir: str, files: set[str]) -> list[str]:
+def page_section(record: RoundRecord, round_dir: str, files: set[str]) -> list[str]:
     from audit.reporting.html import escape, href  # the page's own escaping and links
 
     if FIDEL_GRID_FILE not in files:
         return []
-    fidel = (record.get("extra") or {}).get("fidel")
+    fidel = record.extra.get("fidel")
     summary = ""
     if isinstance(fidel, Mapping):
         summary = (f" {fmt(fidel.get('revealed_union', fidel.get('revealed')))} of {fmt(fidel.get('n_samples'))} "
@@ -45,9 +46,9 @@ def check_layer(model, feature_shape, settings, key: str) -> None:
         raise SettingsError(f"{key}.layer: {err}") from None
 
 
-def summary_line(record: Mapping) -> str | None:
+def summary_line(record: RoundRecord) -> str | None:
     """Its part of the end-of-run summary: the share of the members this round's update revealed."""
-    metrics = record.get("metrics") or {}
+    metrics = record.metrics
     if "fidel_revealed_fraction" not in metrics:
         return None
     return (f"Fidel revealed {float_or_nan(metrics['fidel_revealed_fraction']):.2f} of its samples "

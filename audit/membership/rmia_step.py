@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from audit.config.rmia_settings import FINE_TUNED, GLOBAL, GLOBAL_A, INDEPENDENT, TUNE, RMIASettings
-from audit.config.vocabulary import RMIA, rmia_metric
+from audit.config.vocabulary import RMIA
 from audit.membership.population_attack import population_attack
 from audit.membership.references import (References, fine_tuned_references, independent_references,
                                          reference_seed)
@@ -28,6 +28,7 @@ from audit.model_io import chunks, eval_mode, model_input
 from audit.reporting.atomic_io import atomic_write_bytes
 from audit.reporting.records import RMIA_SCORES_FILE
 from audit.round_audit import SETS, AuditContext, StepResult
+from audit.round_record import AttackKey
 
 __all__ = ["run", "tuned_a"]
 
@@ -147,10 +148,11 @@ def run(context: AuditContext, settings: RMIASettings) -> StepResult:
             details[kind] = {**info, "skipped": str(err)}
             seconds[kind] = time.perf_counter() - start
             continue
-        attacks[kind] = population_attack(result.members, result.nonmembers, result.population, audit.fpr_tolerance,
-                                          signal=kind, member_if_lower=False, attack=RMIA,
-                                          confidence=audit.confidence, delta=audit.epsilon_delta)
-        metrics.update({rmia_metric(kind, statistic): value for statistic, value in attack_metrics(attacks[kind]).items()})
+        key = AttackKey(RMIA, kind)
+        attacks[key] = population_attack(result.members, result.nonmembers, result.population, audit.fpr_tolerance,
+                                         signal=kind, member_if_lower=False, attack=RMIA,
+                                         confidence=audit.confidence, delta=audit.epsilon_delta)
+        metrics.update({key.metric(statistic): value for statistic, value in attack_metrics(attacks[key]).items()})
         details[kind] = {**info, "gamma": settings.gamma, "temperature": settings.temperature}
         scores.update({f"{kind}_members": result.members, f"{kind}_nonmembers": result.nonmembers,
                        f"{kind}_population": result.population})
@@ -161,5 +163,5 @@ def run(context: AuditContext, settings: RMIASettings) -> StepResult:
         np.savez_compressed(buffer, **scores)
         atomic_write_bytes(round_dir / RMIA_SCORES_FILE, buffer.getvalue(), private=True)
 
-    return StepResult(metrics=metrics, attacks={RMIA: attacks}, details=details, timings={"rmia_kinds_s": seconds},
+    return StepResult(metrics=metrics, attacks=attacks, details=details, timings={"rmia_kinds_s": seconds},
                       write_private=write_scores)

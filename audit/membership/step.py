@@ -9,13 +9,13 @@ import io
 
 import numpy as np
 
-from audit.config.vocabulary import (ADVANTAGE, AUC, EPSILON_LB, EXACT_AUC, LOWER, UPPER, bounded, mia_metric,
-                                     tpr_statistic)
+from audit.config.vocabulary import ADVANTAGE, AUC, EPSILON_LB, EXACT_AUC, LOWER, UPPER, bounded, tpr_statistic
 from audit.membership.population_attack import population_attack, update_attack
 from audit.membership.signals import compute_signals, member_if_lower
 from audit.reporting.atomic_io import atomic_write_bytes
 from audit.reporting.records import SIGNALS_FILE
 from audit.round_audit import SETS, AuditContext, AuditSets, StepResult
+from audit.round_record import attack_keys
 
 __all__ = ["run", "scalar_metrics", "attack_metrics"]
 
@@ -81,10 +81,9 @@ def attack_metrics(result) -> dict[str, float]:
 
 
 def scalar_metrics(attacks) -> dict[str, float]:
-    """Flat scalars mia_<model>_<signal>_<statistic> (see `attack_metrics`): the names audit.config.builtin_steps
-    declares."""
-    return {mia_metric(model_kind, signal, statistic): value
-            for model_kind, per_signal in attacks.items() for signal, result in per_signal.items()
+    """Flat scalars mia_<model>_<signal>_<statistic> (see `attack_metrics`), named by each attack's AttackKey: the
+    names audit.config.builtin_steps declares. `attacks`: AttackKey -> AttackResult, or model -> signal -> result."""
+    return {key.metric(statistic): value for key, result in attack_keys(attacks).items()
             for statistic, value in attack_metrics(result).items()}
 
 
@@ -122,5 +121,6 @@ def run(context: AuditContext, settings) -> StepResult:
         np.savez_compressed(buffer, **scores)
         atomic_write_bytes(round_dir / SIGNALS_FILE, buffer.getvalue(), private=True)
 
-    return StepResult(metrics=scalar_metrics(attacks), attacks=attacks, timings={"signals_s": signal_seconds},
+    keyed = attack_keys(attacks)
+    return StepResult(metrics=scalar_metrics(keyed), attacks=keyed, timings={"signals_s": signal_seconds},
                       write_private=write_signals)

@@ -22,6 +22,7 @@ import numpy as np
 from audit.config.gate_contract import KEPT
 from audit.reporting.readings import float_or_nan, fmt, ordered_models
 from audit.reporting.verdicts import LEAK, NOT_AUDITED, leak_state
+from audit.round_record import RoundRecord
 
 __all__ = ["Headline", "headline_of", "budget_of", "statistic_label", "strongest_per_family", "strongest_in_round",
            "worst_of", "OVER_SENT"]
@@ -79,9 +80,9 @@ def statistic_label(statistic: str) -> str:
     return statistic.replace("_", " ")
 
 
-def budget_of(record: Mapping) -> float:
+def budget_of(record: RoundRecord) -> float:
     """The gate's epsilon budget in this round (NaN: none)."""
-    gate = (record.get("extra") or {}).get("gate") or {}
+    gate = record.extra.get("gate") or {}
     return float_or_nan(gate.get("epsilon_budget")) if isinstance(gate, Mapping) else math.nan
 
 
@@ -91,14 +92,14 @@ def _pair(value) -> tuple[float, float]:
     return math.nan, math.nan
 
 
-def headline_of(record: Mapping | None) -> Headline:
-    if not record:
+def headline_of(record: RoundRecord | None) -> Headline:
+    if record is None:
         return Headline(NOT_AUDITED, None)
-    gate = (record.get("extra") or {}).get("gate")
+    gate = record.extra.get("gate")
     verdict = gate.get("verdict") if isinstance(gate, Mapping) else None
     if verdict == KEPT and gate.get("tripped"):  # over a limit, sent as trained: the gate only reports
         verdict = OVER_SENT
-    leak = record.get("leak") if isinstance(record.get("leak"), Mapping) else {}
+    leak = record.leak if isinstance(record.leak, Mapping) else {}
     head = leak.get("headline") if isinstance(leak.get("headline"), Mapping) else {}
     epsilon = leak.get("epsilon") if isinstance(leak.get("epsilon"), Mapping) else {}
     return Headline(
@@ -118,15 +119,14 @@ def worst_of(headlines: Mapping) -> object | None:
     return max(ranked, key=lambda r: (r[0], r[1]))[2]
 
 
-def strongest_per_family(records: list[dict], value_of: Callable[[Mapping], float]) -> set[tuple[str, str]]:
+def strongest_per_family(records: list[RoundRecord], value_of: Callable[[Mapping], float]) -> set[tuple[str, str]]:
     """(model, signal) of each family's strongest attack over these rounds: the largest mean of `value_of` (NaN
     rounds left out); a family whose every value is NaN keeps its first signal."""
     values: dict[tuple[str, str], list[float]] = {}
     for r in records:
-        for model, per_signal in (r.get("attacks") or {}).items():
-            for signal, result in per_signal.items():
-                value = value_of(result) if isinstance(result, Mapping) else math.nan
-                values.setdefault((model, signal), []).append(float_or_nan(value))
+        for (model, signal), result in r.attacks.items():
+            value = value_of(result) if isinstance(result, Mapping) else math.nan
+            values.setdefault((model, signal), []).append(float_or_nan(value))
     best: dict[str, tuple[float, str]] = {}
     for (model, signal), vs in sorted(values.items()):
         finite = [v for v in vs if not math.isnan(v)]
@@ -136,15 +136,13 @@ def strongest_per_family(records: list[dict], value_of: Callable[[Mapping], floa
     return {(model, signal) for model, (_, signal) in best.items()}
 
 
-def strongest_in_round(record: Mapping, value_of: Callable[[Mapping], float]) -> list[tuple[str, str]]:
+def strongest_in_round(record: RoundRecord, value_of: Callable[[Mapping], float]) -> list[tuple[str, str]]:
     """(model, signal) of each family's strongest attack in this round by `value_of`, families in report order."""
-    attacks = record.get("attacks") or {}
     out = []
-    for model in ordered_models(attacks):
-        signals = sorted(attacks[model])
-        if not signals:
-            continue
-        scored = [(float_or_nan(value_of(attacks[model][s])), s) for s in signals]
+    for model in ordered_models(record.models()):
+        per_signal = record.attacks_of(model)
+        signals = sorted(per_signal)
+        scored = [(float_or_nan(value_of(per_signal[s])), s) for s in signals]
         finite = [p for p in scored if not math.isnan(p[0])]
         out.append((model, max(finite)[1] if finite else signals[0]))
     return out

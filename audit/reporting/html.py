@@ -19,6 +19,7 @@ from audit.reporting.party_page import party_page, sampling_note, verdict_cell
 from audit.reporting.readings import fmt
 from audit.reporting.records import load_cached_round_records
 from audit.reporting.verdicts import LEAK, NO_LEAK, round_verdict
+from audit.round_record import RoundRecord
 
 __all__ = ["page", "party_page", "write_index", "escape", "href", "now", "verdict_cell", "verdict_grid", "grid_cell",
            "sampling_note", "AGGREGATOR_MARKER", "GRID_IMAGE"]
@@ -65,9 +66,9 @@ def _scan_reports(root: Path) -> tuple[dict[str, Path], dict[str, Path]]:
 _RECORD_CACHE: dict = {}
 
 
-def _party_records(folder: Path) -> dict[int, dict]:
+def _party_records(folder: Path) -> dict[int, RoundRecord]:
     """Round -> the party's readable round record."""
-    return {r["round"]: r for r in load_cached_round_records(folder, _RECORD_CACHE)}
+    return {r.round: r for r in load_cached_round_records(folder, _RECORD_CACHE)}
 
 
 def _short_figure(finding: Mapping) -> str:
@@ -76,13 +77,13 @@ def _short_figure(finding: Mapping) -> str:
     return f"{finding.get('attack')}: {name} {fmt(finding.get('estimate'), 2)}"
 
 
-def grid_cell(record: Mapping | None) -> str:
+def grid_cell(record: RoundRecord | None) -> str:
     """One party's round on the run index: coloured by the leak verdict, the headline figure (or the floor), and
     the gate's verdict where it did not keep the update."""
     if record is None:
         return '<td class="text cell-not_audited muted">not audited</td>'
     v = round_verdict(record)
-    leak = record.get("leak") or {}
+    leak = record.leak or {}
     if v.leak == LEAK:
         head = leak.get("headline") or {}
         text = f"<strong>leak</strong><br>{escape(_short_figure(head))}<br>p {escape(fmt(head.get('p_adjusted'), 2))}"
@@ -100,7 +101,7 @@ def grid_cell(record: Mapping | None) -> str:
     return f'<td class="text cell-{escape(v.leak)}" title="{escape(v.leak_text)}">{text}</td>'
 
 
-def verdict_grid(parties: Mapping[str, Mapping[int, dict]], labels: Mapping[str, str]) -> list[str]:
+def verdict_grid(parties: Mapping[str, Mapping[int, RoundRecord]], labels: Mapping[str, str]) -> list[str]:
     """The run index's table under its picture (GRID_IMAGE): a party x round table of leak verdicts (red: leak
     detected, green: none detected, grey: not audited), each cell's figures in full and each party's page linked."""
     rounds = sorted({r for records in parties.values() for r in records})
@@ -117,13 +118,13 @@ def verdict_grid(parties: Mapping[str, Mapping[int, dict]], labels: Mapping[str,
     return out
 
 
-def _gate_set(record: Mapping) -> bool:
+def _gate_set(record: RoundRecord) -> bool:
     """Whether the round's gate had anything to decide on: a threshold or an epsilon budget."""
-    gate = (record.get("extra") or {}).get("gate") or {}
+    gate = record.extra.get("gate") or {}
     return isinstance(gate, Mapping) and bool(gate.get("thresholds") or gate.get("epsilon_budget") is not None)
 
 
-def run_summary(records: Mapping[str, Mapping[int, dict]]) -> list[str]:
+def run_summary(records: Mapping[str, Mapping[int, RoundRecord]]) -> list[str]:
     """The run index's first lines: which parties leaked in which rounds, the worst round (its strongest figure and
     how sure), and what the gates did (withheld or DP-retrained updates), each in one sentence."""
     headlines = {(name, r): headline_of(rec) for name, by_round in records.items() for r, rec in by_round.items()}

@@ -20,6 +20,7 @@ from audit.reporting.atomic_io import atomic_savefig
 from audit.reporting.headline import OVER_SENT, Headline, statistic_label, worst_of
 from audit.reporting.readings import fmt
 from audit.reporting.verdicts import LEAK, NO_LEAK, NOT_AUDITED
+from audit.round_record import RoundRecord
 
 __all__ = ["plot_verdict_grid", "plot_headline", "STATE_COLORS", "GATE_COLORS", "GATE_WORDS"]
 
@@ -142,12 +143,12 @@ def _mark_gated_rounds(ax, rounds: list[int], headlines: list[Headline]) -> set[
     return drawn
 
 
-def plot_headline(records: list[dict], headlines: list[Headline], path: Path, *, party: str) -> None:
+def plot_headline(records: list[RoundRecord], headlines: list[Headline], path: Path, *, party: str) -> None:
     """The party's headline leakage per round (audit.reporting.headline): the epsilon lower bound against the budget
     and its ceiling when a budget is set, else the headline figure with its interval (thick), its interval corrected
     for the number of tests (thin) and chance (grey dash), lettered by attack; red where a leak was detected, green
     where none was."""
-    rounds = [r["round"] for r in records]
+    rounds = [r.round for r in records]
     budgeted = any(not math.isnan(h.budget) for h in headlines)
     fig = Figure(figsize=(8.4, 3.6), dpi=DPI)
     fig.subplots_adjust(left=0.08, right=0.64, bottom=0.16, top=0.9)

@@ -19,15 +19,11 @@ Layout (every file written atomically, see :mod:`audit.reporting.atomic_io`)::
 The cross-round files are always rebuilt from the ``audit.json`` files on disk, so they are derived
 state: a crash at any point leaves the previous report intact and the next write repairs it.
 
-A round record (a JSON-able dict) looks like::
-
-    {"party": "collaborator1", "round": 3, "seed": 0, "settings": {...}, "timings": {...},
-     "attacks": {"local": {"loss": A, ...}, "global": {...}, "update": {"loss_reduction": A}},
-     "metrics": {"mia_local_loss_auc": 0.61, ...},      # flat, finite numbers
-     "extra": {...}}
-
-where ``A`` is ``AttackResult.to_dict()`` (``fpr``/``tpr`` lists, ``auc``, ``exact_auc``, ``tpr_at_fpr`` keyed by
-``f"{tol:g}"``, ``n_members``/``n_nonmembers``...; non-finite numbers stored as None).
+A round record is an audit.round_record.RoundRecord; ``audit.json`` holds its JSON form (``RoundRecord.to_json``,
+with its schema version), whose attacks nest model -> signal -> ``AttackResult.to_dict()`` (``fpr``/``tpr`` lists,
+``auc``, ``exact_auc``, ``tpr_at_fpr`` keyed by ``f"{tol:g}"``, ``n_members``/``n_nonmembers``...; non-finite numbers
+stored as None). Records are read back as RoundRecords; one of another schema version is skipped with a warning
+naming its file.
 
 Two AUCs, labelled as such wherever they are shown: the "grid AUC" (``auc``, metric ``mia_*_auc``) is Privacy
 Meter's, the area under the ROC curve drawn in ``roc.png``, whose thresholds are population quantiles on its
@@ -44,7 +40,7 @@ import os
 import logging
 import re
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping
 
 from audit.config.steps import registered
 from audit.reporting.atomic_io import PRIVATE_FILE_MODE, atomic_write_json, atomic_write_text, private_folder
@@ -58,6 +54,7 @@ from audit.reporting.readings import (csv_cell, exact_auc_band, exact_auc_of, ra
 from audit.reporting.records import (HISTOGRAMS_FILE, load_cached_round_records, load_round_records, round_dir_name,
                                      validate_party_name, validate_record)
 from audit.reporting.writer import RoundReportWriter
+from audit.round_record import RoundRecord
 
 __all__ = [
     "ReportWriter",
@@ -79,7 +76,7 @@ def _file_names(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
 
 
-def histogram_panels(record: dict, round_dir: Path) -> list:
+def histogram_panels(record: RoundRecord, round_dir: Path) -> list:
     """Every registered step's histogram panels of the round, from the private files it wrote (audit.config.steps
     `histograms`), in the steps' order."""
     panels = []
@@ -107,6 +104,13 @@ def write_private_files(round_dir: Path, writers: Iterable[Callable[[Path], None
             path.chmod(PRIVATE_FILE_MODE)
 
 
+def _private_of(record: RoundRecord | Mapping, private) -> tuple:
+    """The private-file writers: those given, else the in-memory record's own (a JSON form has none)."""
+    if private is not None:
+        return tuple(private)
+    return record.private if isinstance(record, RoundRecord) else ()
+
+
 class ReportWriter(RoundReportWriter):
     """Writes one party's audit report under ``root/<party>/``.
 
@@ -121,7 +125,6 @@ class ReportWriter(RoundReportWriter):
         self.party_dir: Path = self.root / party
         self.log_scale = bool(log_scale)
         self._cache: dict = {}  # parsed audit.json files (read-only use), see load_cached_round_records
-        self._private: tuple = ()  # the round's private-file writers, during write_round
 
     def round_dir(self, round_: int) -> Path:
         return self.party_dir / round_dir_name(round_)
@@ -129,48 +132,53 @@ class ReportWriter(RoundReportWriter):
     def record_path(self, round_num: int) -> Path:
         return self.round_dir(round_num) / "audit.json"
 
-    def prepare(self, record: dict) -> dict:
-        """Raises ValueError naming the offending field for an invalid record (nothing is written)."""
-        validate_record(record, party=self.party)
-        return record
+    def _stored(self, record: RoundRecord | Mapping) -> tuple[RoundRecord, dict]:
+        """The record as it will be read back, and its JSON for audit.json; ValueError naming the offending field for
+        an invalid record (nothing is written). `record`: a RoundRecord, or its JSON form."""
+        data = validate_record(record, party=self.party)
+        return RoundRecord.from_json(data, "record"), data
 
-    def write_round_files(self, record: dict) -> None:
-        round_dir = self.round_dir(record["round"])
-        round_dir.mkdir(parents=True, exist_ok=True)
-        plot_roc(record, round_dir / "roc.png", self.log_scale)
-        write_private_files(round_dir, self._private)
-        self._plot_histograms(record, round_dir)
-
-    def _plot_histograms(self, record: dict, round_dir: Path) -> None:
+    def _plot_histograms(self, record: RoundRecord, round_dir: Path) -> None:
         if not plot_signal_histograms(record, histogram_panels(record, round_dir), round_dir / HISTOGRAMS_FILE):
             (round_dir / HISTOGRAMS_FILE).unlink(missing_ok=True)
 
-    def write_round(self, record: dict, private: Iterable[Callable[[Path], None]] = ()) -> Path:
-        """Validate and store one round record (roc.png, the party's private files `private` writes into the round
-        folder, the signal histograms from them, then audit.json), rebuild the summaries; returns the round
-        directory. Everything is drawn before it returns; write_round_in_background draws later."""
-        self._private = tuple(private)
-        try:
-            return super().write_round(record).parent
-        finally:
-            self._private = ()
-
-    def store_round(self, record: dict, private: Iterable[Callable[[Path], None]] = ()) -> Path:
-        """The synchronous part of a round: validate, write the private files, then audit.json (atomically);
-        nothing is drawn. Returns the round directory."""
-        record = self.prepare(record)
-        round_dir = self.round_dir(record["round"])
+    def write_round(self, record: RoundRecord | Mapping,
+                    private: Iterable[Callable[[Path], None]] | None = None) -> Path:
+        """Validate and store one round record (roc.png, the party's private files into the round folder, the signal
+        histograms from them, then audit.json), rebuild the summaries; returns the round directory. `private`: the
+        private-file writers (default: the record's own, RoundRecord.private). Everything is drawn before it returns;
+        write_round_in_background draws later. The pages are drawn from the record as audit.json holds it."""
+        stored, data = self._stored(record)
+        round_dir = self.round_dir(stored.round)
         round_dir.mkdir(parents=True, exist_ok=True)
-        write_private_files(round_dir, private)
-        atomic_write_json(self.record_path(record["round"]), record)
+        plot_roc(stored, round_dir / "roc.png", self.log_scale)
+        write_private_files(round_dir, _private_of(record, private))
+        self._plot_histograms(stored, round_dir)
+        atomic_write_json(self.record_path(stored.round), data)
+        self.rebuild_summary()
         return round_dir
 
-    def write_round_in_background(self, record: dict, private: Iterable[Callable[[Path], None]] = ()) -> Path:
+    def store_round(self, record: RoundRecord | Mapping,
+                    private: Iterable[Callable[[Path], None]] | None = None) -> Path:
+        """The synchronous part of a round: validate, write the private files, then audit.json (atomically);
+        nothing is drawn. Returns the round directory."""
+        return self._store(record, private)[1]
+
+    def _store(self, record, private) -> tuple[RoundRecord, Path]:
+        stored, data = self._stored(record)
+        round_dir = self.round_dir(stored.round)
+        round_dir.mkdir(parents=True, exist_ok=True)
+        write_private_files(round_dir, _private_of(record, private))
+        atomic_write_json(self.record_path(stored.round), data)
+        return stored, round_dir
+
+    def write_round_in_background(self, record: RoundRecord | Mapping,
+                                  private: Iterable[Callable[[Path], None]] | None = None) -> Path:
         """store_round, then queue the drawing (the round's roc.png and histograms, the summaries and pages) on
         the process's report worker (audit.reporting.background; its flush() waits for it). Until drawn, the pages
         show the earlier rounds; a round folder's images are linked only once they exist."""
-        round_dir = self.store_round(record, private)
-        render_queue.submit(self, record["round"])
+        stored, round_dir = self._store(record, private)
+        render_queue.submit(self, stored.round)
         return round_dir
 
     def render_key(self) -> str:
@@ -180,19 +188,21 @@ class ReportWriter(RoundReportWriter):
     def render_round(self, round_num: int) -> None:
         """Draw a stored round's images (roc.png, the histograms) from its audit.json and private files on disk."""
         path = self.record_path(round_num)
-        record = next((r for r in self.load_rounds() if r["round"] == round_num), None)
+        record = next((r for r in self.load_rounds() if r.round == round_num), None)
         if record is None:
             raise FileNotFoundError(f"{path}: missing or unreadable, nothing to draw")
         round_dir = path.parent
         plot_roc(record, round_dir / "roc.png", self.log_scale)
         self._plot_histograms(record, round_dir)
 
-    def load_rounds(self) -> list[dict]:
-        return load_cached_round_records(self.party_dir, self._cache)
+    def load_rounds(self, refused: list[str] | None = None) -> list[RoundRecord]:
+        """The readable round records; `refused` gets a line per record of another schema version."""
+        return load_cached_round_records(self.party_dir, self._cache, refused)
 
     def rebuild_summary(self) -> None:
         """Rewrite metrics.csv, auc.png, tpr_at_*.png, index.html and root/index.html from disk."""
-        records = self.load_rounds()
+        refused: list[str] = []
+        records = self.load_rounds(refused)
         self.party_dir.mkdir(parents=True, exist_ok=True)
         self._write_metrics_csv(records)
         tols = tolerances_of(records) if records else []
@@ -213,11 +223,11 @@ class ReportWriter(RoundReportWriter):
         atomic_write_text(
             self.party_dir / "index.html",
             party_page(self.party, records, tols, tpr_files, self.log_scale, unplotted,
-                       {r["round"]: _file_names(self.round_dir(r["round"])) for r in records})
+                       {r.round: _file_names(self.round_dir(r.round)) for r in records}, refused=refused)
         )
         write_index(self.root)
 
-    def _plot_over_rounds(self, records: list[dict], tols: list[float], tpr_files: list[str]) -> None:
+    def _plot_over_rounds(self, records: list[RoundRecord], tols: list[float], tpr_files: list[str]) -> None:
         """headline.png (the page's first chart), then each figure per round: the strongest attack of each family
         (auc.png, tpr_at_<t>.png) and every attack (all_auc.png, all_tpr_at_<t>.png, a click away)."""
         plot_headline(records, [headline_of(r) for r in records], self.party_dir / HEADLINE_PLOT, party=self.party)
@@ -246,11 +256,11 @@ class ReportWriter(RoundReportWriter):
                     only=only,
                 )
 
-    def _write_metrics_csv(self, records: list[dict]) -> None:
-        names = sorted({k for r in records for k in r["metrics"]})
+    def _write_metrics_csv(self, records: list[RoundRecord]) -> None:
+        names = sorted({k for r in records for k in r.metrics})
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(["round", *(csv_cell(n) for n in names)])
         for r in records:
-            writer.writerow([r["round"], *(csv_cell(r["metrics"].get(n)) for n in names)])
+            writer.writerow([r.round, *(csv_cell(r.metrics.get(n)) for n in names)])
         atomic_write_text(self.party_dir / "metrics.csv", buf.getvalue())

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from audit.config.fields import is_int
 from audit.config.steps import registered
@@ -20,10 +20,11 @@ from audit.reporting.headline import headline_of, strongest_in_round
 from audit.reporting.overview_plots import GATE_COLORS
 from audit.reporting.page_parts import escape, href, page
 from audit.reporting.readings import (advantage_of, auc_of, confidence_of, csv_cell, epsilon_lb_of, exact_auc_band,
-                                      exact_auc_of, fmt, fmt_interval, ordered_models, rates_at, resolvable_at, tpr_at,
+                                      exact_auc_of, fmt, fmt_interval, rates_at, resolvable_at, series_keys, tpr_at,
                                       unresolvable_metrics)
 from audit.reporting.records import HISTOGRAMS_FILE, round_dir_name
 from audit.reporting.verdicts import LEAK, NO_LEAK, inverted_attacks, round_verdict
+from audit.round_record import RoundRecord
 
 __all__ = ["party_page", "round_section", "verdict_block", "verdict_table", "metrics_table", "sampling_note",
            "verdict_cell", "UNRESOLVED_MARK"]
@@ -73,7 +74,7 @@ def verdict_cell(verdict: str | None) -> str:
     return f'<td class="text {escape(verdict)}">{escape(verdict)}</td>'
 
 
-def verdict_block(record: Mapping) -> list[str]:
+def verdict_block(record: RoundRecord) -> list[str]:
     """The round's verdict, first on its section: the gate's verdict, the checks that decided it, the epsilon spent
     and the leak status in plain words; AUCs below 0.5 flagged."""
     v = round_verdict(record)
@@ -96,14 +97,14 @@ def verdict_block(record: Mapping) -> list[str]:
     return out
 
 
-def _private_views(record: Mapping, d: str, files: set[str]) -> list[str]:
+def _private_views(record: RoundRecord, d: str, files: set[str]) -> list[str]:
     """The round's histograms of the party's per-sample values, then each registered step's own section (Fidel's
     grid, the deanonymization self-audit's table, a plug-in's view: audit.config.steps `page_section`)."""
     out = []
     if HISTOGRAMS_FILE in files:
         link = href(d, HISTOGRAMS_FILE)
         out.append(f'<h4>Signal histograms</h4><p><a href="{link}"><img src="{link}" '
-                   f'alt="{escape("signal histograms, round " + str(record["round"]))}" loading="lazy"></a></p>')
+                   f'alt="{escape("signal histograms, round " + str(record.round))}" loading="lazy"></a></p>')
     for audit_step in registered():
         section = audit_step.load("page_section")
         if section is not None:
@@ -124,9 +125,9 @@ def _rates_cell(res: Mapping, t: float) -> str:
             "</td>")
 
 
-def sampling_note(record: Mapping) -> str | None:
+def sampling_note(record: RoundRecord) -> str | None:
     """One sentence when the membership audits used a sample of a set (audit.sample_size), else None."""
-    sets = (record.get("sampling") or {}).get("sets") or {}
+    sets = (record.sampling or {}).get("sets") or {}
     cut = [(name, s) for name, s in sets.items()
            if isinstance(s, Mapping) and is_int(s.get("audited")) and is_int(s.get("of")) and s["audited"] < s["of"]]
     if not cut:
@@ -134,7 +135,7 @@ def sampling_note(record: Mapping) -> str | None:
     names = {"members": "members", "nonmembers": "non-members", "population": "population samples"}
     parts = ", ".join(f"{s['audited']:,} of {s['of']:,} {names.get(name, name)}" for name, s in cut)
     return (f"Sampled: the membership attacks used {parts} (a random sample, the same every round; "
-            f"audit.sample_size {record['sampling'].get('sample_size')}). Their intervals and counts are the "
+            f"audit.sample_size {record.sampling.get('sample_size')}). Their intervals and counts are the "
             "sample's, so they cover the sampling.")
 
 
@@ -153,29 +154,28 @@ def _attack_row(model: str, signal: str, res: Mapping, tols: list[float]) -> str
     return "<tr>" + "".join(cells) + "</tr>"
 
 
-def _attack_table(record: Mapping, tols: list[float], pairs: list[tuple[str, str]]) -> list[str]:
-    attacks = record["attacks"]
+def _attack_table(record: RoundRecord, tols: list[float], pairs: list[tuple[str, str]]) -> list[str]:
     level = confidence_of([record])
     ci = f" [{fmt(100 * level, 3)}% CI]" if level == level else ""
     head = (f"<tr><th>model / signal</th><th>exact AUC{escape(ci)}</th><th>grid AUC (Privacy Meter)</th>"
             + "".join(f"<th>TPR @ FPR ≤ {escape(f'{t:g}')}{escape(ci)}</th>" for t in tols)
             + "<th>ε ≥</th><th>advantage</th><th>members / non-members / population</th></tr>")
-    rows = [_attack_row(model, signal, attacks[model][signal], tols) for model, signal in pairs]
+    rows = [_attack_row(model, signal, record.attack(model, signal), tols) for model, signal in pairs]
     return ['<div class="scroll"><table>', head, *rows, "</table></div>"]
 
 
-def _short_status(record: Mapping) -> str:
+def _short_status(record: RoundRecord) -> str:
     v = round_verdict(record)
     leak = {LEAK: "leak detected", NO_LEAK: "no leak detected"}.get(v.leak, "no leak verdict")
     return f"{leak} · {v.verdict or 'no gate'}"
 
 
-def round_section(record: Mapping, tols: list[float], files: set[str] | None = None, *,
+def round_section(record: RoundRecord, tols: list[float], files: set[str] | None = None, *,
                   open_: bool = False) -> list[str]:
     """One round, collapsed to its one-line status: its verdict first, then the views of the party's private files
     (`files`: those in its folder; None: not known, the ROC image linked as well), the strongest attack of each family
     (every attack a click further) and the ROC image."""
-    rnd = record["round"]
+    rnd = record.round
     d = round_dir_name(rnd)
     v = round_verdict(record)
     out = [f'<details class="round" id="{escape(d)}"{" open" if open_ else ""}>',
@@ -186,9 +186,8 @@ def round_section(record: Mapping, tols: list[float], files: set[str] | None = N
     if sampled:
         out.append(f'<p class="sampled">{escape(sampled)}</p>')
     out.append(f'<p class="muted"><a href="{href(d, "audit.json")}">audit.json</a>'
-               + (f" · seed {escape(record['seed'])}" if record.get("seed") is not None else "") + "</p>")
-    attacks = record["attacks"]
-    every = [(m, s) for m in ordered_models(attacks) for s in sorted(attacks[m])]
+               + (f" · seed {escape(record.seed)}" if record.seed is not None else "") + "</p>")
+    every = [tuple(key) for key in series_keys([record])]
     if every:
         strongest = strongest_in_round(record, exact_auc_of)
         out.append("<h4>Membership-inference attacks: the strongest of each family (by exact AUC)</h4>")
@@ -201,7 +200,8 @@ def round_section(record: Mapping, tols: list[float], files: set[str] | None = N
         out.append(f'<p><a href="{href(d, "roc.png")}"><img src="{href(d, "roc.png")}" '
                    f'alt="{escape(f"ROC curves, round {rnd}")}" loading="lazy"></a></p>')
     out += _private_views(record, d, files or set())
-    details = {k: record[k] for k in ("settings", "timings", "extra") if record.get(k)}
+    details = {name: value for name, value in
+               (("settings", record.settings), ("timings", record.timings), ("extra", record.extra)) if value}
     if details:
         text = json.dumps(details, sort_keys=True, indent=2, default=str)
         out.append(f"<details><summary>settings, timings, extra</summary><pre>{escape(text)}</pre></details>")
@@ -209,7 +209,7 @@ def round_section(record: Mapping, tols: list[float], files: set[str] | None = N
     return out
 
 
-def verdict_table(records: list[dict]) -> list[str]:
+def verdict_table(records: list[RoundRecord]) -> list[str]:
     """Every round's verdict, newest first: what the page leads with after its chart."""
     rows = []
     for r in reversed(records):
@@ -218,7 +218,7 @@ def verdict_table(records: list[dict]) -> list[str]:
         low = inverted_attacks(r)
         flag = (f'<br><span class="flag">{len(low)} attack{"s" if len(low) != 1 else ""} with AUC below 0.5 '
                 "(signal direction wrong, not safer)</span>") if low else ""
-        rows.append(f'<tr><td><a href="#{escape(round_dir_name(r["round"]))}">{escape(r["round"])}</a></td>'
+        rows.append(f'<tr><td><a href="#{escape(round_dir_name(r.round))}">{escape(r.round)}</a></td>'
                     f'<td class="text cell-{escape(v.leak)}">{escape(v.leak_text)}{flag}</td>'
                     f'<td class="text">{escape(v.proven)}</td>'
                     f"{verdict_cell(v.verdict)}<td class=\"text\">{escape(decided)}</td><td class=\"text\">"
@@ -228,28 +228,28 @@ def verdict_table(records: list[dict]) -> list[str]:
             "<th>decided by</th><th>DP ε spent</th></tr>", *rows, "</table></div>"]
 
 
-def metrics_table(records: list[dict]) -> tuple[list[str], bool]:
+def metrics_table(records: list[RoundRecord]) -> tuple[list[str], bool]:
     """Every metric (a row) per round (a column, newest first), each with its interval where the record has both
     bounds (`<metric>_lower`, `<metric>_upper`: no columns of their own); returns the rows and whether any figure
     is marked unresolvable."""
-    names = sorted({k for r in records for k in r["metrics"]})
+    names = sorted({k for r in records for k in r.metrics})
     bounds = {f"{n}_{b}" for n in names for b in BOUNDS}  # shown as the interval of their estimate
     shown = [n for n in names if n not in bounds]
     newest = list(reversed(records))
-    unresolved = {r["round"]: unresolvable_metrics(r) for r in records}
+    unresolved = {r.round: unresolvable_metrics(r) for r in records}
     marked = False
     out = ['<div class="scroll"><table><tr><th>metric</th>'
-           + "".join(f'<th><a href="#{escape(round_dir_name(r["round"]))}">round {escape(r["round"])}</a></th>'
+           + "".join(f'<th><a href="#{escape(round_dir_name(r.round))}">round {escape(r.round)}</a></th>'
                      for r in newest) + "</tr>"]
     for name in shown:
         cells = []
         for r in newest:
-            m = r["metrics"]
+            m = r.metrics
             if name not in m:
                 cells.append("<td></td>")
                 continue
             text = fmt_interval(m[name], m.get(f"{name}_lower"), m.get(f"{name}_upper"))
-            mark = UNRESOLVED_MARK if name in unresolved[r["round"]] else ""
+            mark = UNRESOLVED_MARK if name in unresolved[r.round] else ""
             marked = marked or bool(mark)
             cells.append(f'<td title="{escape(csv_cell(m[name]))}">{escape(text)}{mark}</td>')
         out.append(f"<tr><td>{escape(name)}</td>{''.join(cells)}</tr>")
@@ -257,12 +257,12 @@ def metrics_table(records: list[dict]) -> tuple[list[str], bool]:
     return out, marked
 
 
-def _summary_line(records: list[dict]) -> str:
+def _summary_line(records: list[RoundRecord]) -> str:
     states = [round_verdict(r) for r in records]
-    leaked = [r["round"] for r, v in zip(records, states) if v.leak == LEAK]
-    gated = {kind: [r["round"] for r, v in zip(records, states) if v.verdict == kind]
+    leaked = [r.round for r, v in zip(records, states) if v.leak == LEAK]
+    gated = {kind: [r.round for r, v in zip(records, states) if v.verdict == kind]
              for kind in ("withheld", "dp_retrained")}
-    latest = records[-1]["round"]
+    latest = records[-1].round
     text = (f"{len(records)} audited round{'s' if len(records) != 1 else ''} (latest: "
             f'<a href="#{escape(round_dir_name(latest))}">round {escape(latest)}</a>). ')
     if leaked:
@@ -274,7 +274,7 @@ def _summary_line(records: list[dict]) -> str:
         if rounds:
             text += (f'<span class="{kind}">Update {escape(kind.replace("_", "-"))} in round'
                      f'{"s" if len(rounds) > 1 else ""} {escape(", ".join(map(str, rounds)))}.</span> ')
-    over = [r["round"] for r, v in zip(records, states) if v.verdict == "kept" and any(c.tripped for c in v.checks)]
+    over = [r.round for r, v in zip(records, states) if v.verdict == "kept" and any(c.tripped for c in v.checks)]
     if over:
         text += (f'<span class="flag">Over the gate\'s limit in round{"s" if len(over) > 1 else ""} '
                  f'{escape(", ".join(map(str, over)))}, sent all the same (its action only reports).</span> ')
@@ -284,12 +284,12 @@ def _summary_line(records: list[dict]) -> str:
     return f"<p>{text}Data: <a href=\"metrics.csv\">metrics.csv</a>.</p>"
 
 
-def _budget_set(record: Mapping) -> bool:
-    gate = (record.get("extra") or {}).get("gate") or {}
+def _budget_set(record: RoundRecord) -> bool:
+    gate = record.extra.get("gate") or {}
     return isinstance(gate, Mapping) and gate.get("epsilon_budget") is not None
 
 
-def _headline_caption(records: list[dict]) -> str:
+def _headline_caption(records: list[RoundRecord]) -> str:
     hatched = (" Shaded rounds, named under the axis: the update was withheld, DP-retrained, or over the gate's "
                "limit and sent all the same (a gate that only reports)."
                if any(headline_of(r).gate in GATE_COLORS for r in records) else "")
@@ -306,13 +306,16 @@ def _headline_caption(records: list[dict]) -> str:
             "dash: chance." + hatched)
 
 
-def party_page(party: str, records: list[dict], tols: list[float], tpr_files: list[str], log_scale: bool,
+def party_page(party: str, records: list[RoundRecord], tols: list[float], tpr_files: list[str], log_scale: bool,
                unplotted: Mapping[float, int] | None = None, round_files: Mapping[int, set[str]] | None = None,
-               *, headline: str | None = "headline.png", all_prefix: str = "all_") -> str:
+               *, headline: str | None = "headline.png", all_prefix: str = "all_",
+               refused: Sequence[str] = ()) -> str:
     """The party's page; `unplotted`: tolerances without a TPR plot (no record's population resolves them) ->
     population size; `round_files`: round -> the file names in its folder (the private views it links);
-    `headline`: the headline chart's file (None: none drawn); `all_prefix`: the every-attack plots' prefix."""
+    `headline`: the headline chart's file (None: none drawn); `all_prefix`: the every-attack plots' prefix;
+    `refused`: a line per round record left out for its schema version (audit.round_record.RecordSchemaError)."""
     body = ['<p><a href="../index.html">&larr; run index</a></p>', f"<h1>Privacy audit: {escape(party)}</h1>"]
+    body += [f'<p class="flag">Not shown: {escape(line)}</p>' for line in refused]
     if not records:
         body.append('<p>No audited rounds yet.</p>')
         return page(f"Privacy audit: {party}", body)
@@ -322,8 +325,7 @@ def party_page(party: str, records: list[dict], tols: list[float], tpr_files: li
                     f'<p class="muted">{escape(_headline_caption(records))}</p>')
     body += verdict_table(records)
 
-    marked = any(not resolvable_at(res, t) for r in records for per in r["attacks"].values() for res in per.values()
-                 for t in tols)
+    marked = any(not resolvable_at(res, t) for r in records for res in r.attacks.values() for t in tols)
     notes = [_VERDICT_NOTE, _FAMILY_NOTE, _AUC_NOTE, _HIST_NOTE] + ([_UNRESOLVED_NOTE] if marked else [])
     body.append("<details><summary>How to read this page</summary>"
                 + "".join(f'<p class="muted">{escape(n)}</p>' for n in notes) + "</details>")
@@ -352,11 +354,11 @@ def party_page(party: str, records: list[dict], tols: list[float], tpr_files: li
     body.append(f"<details><summary>Rounds, newest first ({len(records)}): each round's verdict, attacks, ROC "
                 "curves and histograms</summary>")
     for r in reversed(records):
-        body += round_section(r, tols, None if round_files is None else round_files.get(r["round"]),
+        body += round_section(r, tols, None if round_files is None else round_files.get(r.round),
                               open_=r is records[-1])
     body.append("</details>")
 
-    names = {k for r in records for k in r["metrics"]}
+    names = {k for r in records for k in r.metrics}
     body.append("<details><summary>Metrics per round (table: one row per metric, its interval beside it)</summary>")
     if names:
         table, any_marked = metrics_table(records)

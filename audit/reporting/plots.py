@@ -19,6 +19,7 @@ from audit.config.fields import is_int
 from audit.reporting.atomic_io import atomic_savefig
 from audit.reporting.readings import (auc_of, curve, exact_auc_of, float_or_nan, fmt, ordered_models, rates_at,
                                       series_keys)
+from audit.round_record import RoundRecord
 
 __all__ = ["plot_roc", "plot_per_round", "plot_signal_histograms", "plot_collaborators", "INVERTED_NOTE",
            "log_axis_wanted"]
@@ -107,9 +108,8 @@ def _sparse_log_ticks(axis) -> None:
     axis.set_minor_locator(NullLocator())
 
 
-def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
-    attacks = record["attacks"]
-    models = [m for m in ordered_models(attacks) if attacks[m]]
+def plot_roc(record: RoundRecord, path: Path, log_scale: bool) -> None:
+    models = ordered_models(record.models())
     n = max(1, len(models))
     width, height = 3.9 * n + 0.3, 4.5
     fig = Figure(figsize=(width, height), dpi=DPI)
@@ -118,7 +118,7 @@ def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
                         wspace=0.3)
     axes = fig.subplots(1, n, squeeze=False)[0]
     for ax, model in zip(axes, models):
-        per_signal = attacks[model]
+        per_signal = record.attacks_of(model)
         curves = {s: curve(per_signal[s]) for s in sorted(per_signal)}
         counts = []
         for res in per_signal.values():
@@ -167,7 +167,7 @@ def plot_roc(record: Mapping, path: Path, log_scale: bool) -> None:
     fig.text(0.5, 0.012, "dots: TPR and non-members' FPR at each FPR tolerance's threshold, bars: their "
              "confidence intervals; hollow: the population cannot resolve that tolerance", ha="center", fontsize=7,
              color="0.35")
-    fig.suptitle(f"{record['party']} – round {record['round']}: membership-inference ROC{scale}", fontsize=11)
+    fig.suptitle(f"{record.party} – round {record.round}: membership-inference ROC{scale}", fontsize=11)
     atomic_savefig(fig, path, dpi=DPI, bbox_inches="tight")  # no label clipped, whatever the legend's length
 
 
@@ -198,7 +198,7 @@ _SERIES_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple"
 
 
 def plot_per_round(
-    records: list[dict], path: Path, *, party: str, value_of, ylabel: str, title: str,
+    records: list[RoundRecord], path: Path, *, party: str, value_of, ylabel: str, title: str,
     chance: float, chance_label: str, log_y: bool = False, band_of=None, flag_below: float | None = None,
     counts_of=None, only: set | None = None,
 ) -> None:
@@ -208,7 +208,7 @@ def plot_per_round(
     `log_y`: a log axis where the values span more than a decade (log_axis_wanted); a zero on it is drawn as an open
     marker on the axis floor with its count (`counts_of(result) -> (k, n)`, e.g. "0/90"), never joined into the line
     as if it were a small value."""
-    rounds = np.array([r["round"] for r in records], dtype=float)
+    rounds = np.array([r.round for r in records], dtype=float)
     fig = Figure(figsize=(8.4, 4.4), dpi=DPI)
     fig.subplots_adjust(left=0.08, right=0.75, bottom=0.12, top=0.91)
     ax = fig.add_subplot()
@@ -216,7 +216,7 @@ def plot_per_round(
     for model, signal in series_keys(records):
         if only is not None and (model, signal) not in only:
             continue
-        results = [r["attacks"].get(model, {}).get(signal) for r in records]
+        results = [r.attack(model, signal) for r in records]
         ys = np.array([value_of(res) if isinstance(res, Mapping) else math.nan for res in results], dtype=float)
         bands = None
         if band_of is not None:
@@ -304,7 +304,7 @@ def histogram_bins(values: np.ndarray, count: int = 30) -> tuple[np.ndarray, boo
     return np.linspace(low, high, count + 1), False
 
 
-def plot_signal_histograms(record: Mapping, panels: list, path: Path) -> bool:
+def plot_signal_histograms(record: RoundRecord, panels: list, path: Path) -> bool:
     """Members' and non-members' per-sample values, one panel per attack (audit.reporting.panels.HistogramPanel, as
     the steps read them from their private files; same bins for both sets, each normalised to its own size so that
     sets of different sizes compare); the panel's exact AUC in its title, flagged when below 0.5. Returns False
@@ -355,7 +355,7 @@ def plot_signal_histograms(record: Mapping, panels: list, path: Path) -> bool:
         ax.legend(fontsize=7, loc="upper right")  # "best" searches every position against the data
     for ax in axes[len(panels):]:
         ax.set_visible(False)
-    fig.suptitle(f"{record['party']} – round {record['round']}: members vs non-members, per signal", fontsize=11)
+    fig.suptitle(f"{record.party} – round {record.round}: members vs non-members, per signal", fontsize=11)
     atomic_savefig(fig, path, dpi=DPI)  # the fixed margins hold every label (a tight bbox draws the figure twice)
     return True
 

@@ -1,6 +1,9 @@
-"""Values read off round records for plots, pages and CSV files: curves, AUCs, TPR at a tolerance, formatting.
+"""Values read off round records (audit.round_record.RoundRecord) for plots, pages and CSV files: curves, AUCs, TPR at
+a tolerance, formatting.
 
-Records written by earlier versions may lack a value (e.g. ``exact_auc``): readers give NaN, shown as "–".
+Records of another schema version are refused where they are read (audit.round_record.RecordSchemaError), so a value
+missing here is one the attack did not report (e.g. a plug-in's attack without intervals): readers give NaN, shown as
+"–".
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from audit.config.fields import is_int
-from audit.config.vocabulary import attack_metric, attack_name, tpr_statistic
+from audit.config.vocabulary import tpr_statistic
 from audit.reporting.csv_cells import spreadsheet_safe
+from audit.round_record import AttackKey, RoundRecord
 
 __all__ = ["MODEL_ORDER", "ordered_models", "float_or_nan", "curve", "auc_of", "exact_auc_of", "tpr_at",
            "resolvable_at", "unresolvable_metrics", "exact_auc_band", "rates_at", "tpr_band_at", "epsilon_lb_of",
@@ -60,8 +64,8 @@ def auc_of(result: Mapping) -> float:
 
 
 def exact_auc_of(result: Mapping) -> float:
-    """The members-vs-non-members AUC over every threshold ("exact_auc"); NaN for records written before it
-    existed (the grid curve cannot give it)."""
+    """The members-vs-non-members AUC over every threshold ("exact_auc"); NaN for an attack without it (the grid
+    curve cannot give it)."""
     return float_or_nan(result.get("exact_auc"))
 
 
@@ -84,7 +88,7 @@ def tpr_at(result: Mapping, tol: float) -> float:
 
 def resolvable_at(result: Mapping, tol: float) -> bool:
     """Whether the attack's sets were large enough to resolve tolerance ``tol`` (its ``resolvable`` entry, see
-    audit.membership.resolution); True for records written before the entry existed."""
+    audit.membership.resolution); True for an attack without the entry."""
     table = result.get("resolvable")
     if isinstance(table, Mapping):
         for key, value in table.items():
@@ -93,17 +97,16 @@ def resolvable_at(result: Mapping, tol: float) -> bool:
     return True
 
 
-def unresolvable_metrics(record: Mapping) -> set[str]:
+def unresolvable_metrics(record: RoundRecord) -> set[str]:
     """The record's TPR-at-FPR metric names read at a tolerance its sets could not resolve."""
     names = set()
-    for model, per_signal in record.get("attacks", {}).items():
-        for signal, result in per_signal.items():
-            table = result.get("resolvable") if isinstance(result, Mapping) else None
-            if not isinstance(table, Mapping):
-                continue
-            for key, ok in table.items():
-                if ok is False:
-                    names.add(attack_metric(model, signal, tpr_statistic(float_or_nan(key))))
+    for attack, result in record.attacks.items():
+        table = result.get("resolvable") if isinstance(result, Mapping) else None
+        if not isinstance(table, Mapping):
+            continue
+        for key, ok in table.items():
+            if ok is False:
+                names.add(attack.metric(tpr_statistic(float_or_nan(key))))
     return names
 
 
@@ -134,18 +137,16 @@ def rates_at(result: Mapping, tol: float) -> Mapping | None:
     return None
 
 
-def unresolvable(records: list[dict], tol: float) -> int | None:
+def unresolvable(records: list[RoundRecord], tol: float) -> int | None:
     """The population size when no attack of any record can resolve tolerance `tol` (every one's threshold flags
-    none of its population, audit.membership.resolution), else None (also for records without uncertainty, written
-    before it existed)."""
+    none of its population, audit.membership.resolution), else None (also for attacks without uncertainty)."""
     sizes = []
     for r in records:
-        for per_signal in r["attacks"].values():
-            for result in per_signal.values():
-                rates = rates_at(result, tol)
-                if rates is None or rates.get("resolvable") is not False:
-                    return None
-                sizes.append(rates.get("n_population"))
+        for result in r.attacks.values():
+            rates = rates_at(result, tol)
+            if rates is None or rates.get("resolvable") is not False:
+                return None
+            sizes.append(rates.get("n_population"))
     return max((n for n in sizes if is_int(n)), default=None) if sizes else None
 
 
@@ -167,14 +168,13 @@ def advantage_of(result: Mapping) -> tuple[float, float, float]:
     return (float_or_nan(entry.get("value")), *_bounds(entry))
 
 
-def confidence_of(records: list[dict]) -> float:
+def confidence_of(records: list[RoundRecord]) -> float:
     """The intervals' confidence level in these records (the newest record's), NaN if none states it."""
     for r in reversed(records):
-        for per_signal in r["attacks"].values():
-            for result in per_signal.values():
-                level = float_or_nan(_uncertainty(result).get("confidence"))
-                if not math.isnan(level):
-                    return level
+        for result in r.attacks.values():
+            level = float_or_nan(_uncertainty(result).get("confidence"))
+            if not math.isnan(level):
+                return level
     return math.nan
 
 
@@ -193,27 +193,25 @@ def _as_tolerance_list(value: Any) -> list[float]:
     return out
 
 
-def tolerances_of(records: list[dict]) -> list[float]:
+def tolerances_of(records: list[RoundRecord]) -> list[float]:
     """FPR tolerances from the records' settings ("fpr_tolerance"); else from the attack results."""
     tols: set[float] = set()
     for r in records:
-        settings = r.get("settings") or {}
-        if isinstance(settings, Mapping):
-            tols.update(_as_tolerance_list(settings.get("fpr_tolerance")))
+        tols.update(_as_tolerance_list(r.settings.get("fpr_tolerance")))
     if not tols:
         for r in records:
-            for per_signal in r["attacks"].values():
-                for result in per_signal.values():
-                    tols.update(_as_tolerance_list(result.get("tolerances")))
+            for result in r.attacks.values():
+                tols.update(_as_tolerance_list(result.get("tolerances")))
     # collapse float noise so 0.1 and 0.1000000001 give one file
     by_name = {f"{t:g}": t for t in sorted(tols)}
     return sorted(by_name.values())
 
 
-def series_keys(records: list[dict]) -> list[tuple[str, str]]:
-    pairs = {(m, s) for r in records for m, per in r["attacks"].items() for s in per}
-    order = {m: i for i, m in enumerate(ordered_models(m for m, _ in pairs))}
-    return sorted(pairs, key=lambda p: (order[p[0]], p[1]))
+def series_keys(records: list[RoundRecord]) -> list[AttackKey]:
+    """Every attack of the records, by model kind (MODEL_ORDER) then signal."""
+    keys = {key for r in records for key in r.attacks}
+    order = {m: i for i, m in enumerate(ordered_models(k.model for k in keys))}
+    return sorted(keys, key=lambda k: (order[k.model], k.signal))
 
 
 def fmt(value: Any, digits: int = 4) -> str:
@@ -245,14 +243,13 @@ def csv_cell(value: Any) -> str:
 
 
 
-def population_sizes(record: Mapping) -> dict[str, int]:
-    """attack_name (audit.config.vocabulary) -> the population size the attack's thresholds were set on: what the
-    aggregator needs to mark the TPR figures this party's population cannot resolve. The attacks as the stored
-    record holds them (dicts) or as the audit made them (AttackResult)."""
+def population_sizes(record: RoundRecord) -> dict[AttackKey, int]:
+    """Each attack's population size, the one its thresholds were set on: what the aggregator needs to mark the TPR
+    figures this party's population cannot resolve. The attacks as the stored record holds them (dicts) or as the
+    audit made them (AttackResult)."""
     out = {}
-    for model, per_signal in (record.get("attacks") or {}).items():
-        for signal, result in (per_signal or {}).items():
-            n = result.get("n_population") if isinstance(result, Mapping) else getattr(result, "n_population", None)
-            if is_int(n):
-                out[attack_name(model, signal)] = int(n)
+    for key, result in record.attacks.items():
+        n = result.get("n_population") if isinstance(result, Mapping) else getattr(result, "n_population", None)
+        if is_int(n):
+            out[key] = int(n)
     return out

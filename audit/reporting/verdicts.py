@@ -16,8 +16,9 @@ from audit.config.gate import MISSING
 from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, DP_VIOLATED_TEXT, KEPT, NON_FINITE_UPDATE,
                                         RECEIVED_MODEL_REJECTED_REASON, WITHHELD)
 from audit.config.vocabulary import LOWER, UPPER, bounded
-from audit.reporting.readings import (exact_auc_band, exact_auc_of, float_or_nan, fmt, fmt_interval, ordered_models,
-                                      rates_at, resolvable_at, tolerances_of)
+from audit.reporting.readings import (exact_auc_band, exact_auc_of, float_or_nan, fmt, fmt_interval, rates_at,
+                                      resolvable_at, series_keys, tolerances_of)
+from audit.round_record import RoundRecord
 
 __all__ = ["Check", "RoundVerdict", "round_verdict", "inverted_attacks", "strongest_tpr", "NO_DP", "leak_status",
            "sent_leak_status",
@@ -131,11 +132,10 @@ def _epsilon(gate: Mapping, mitigation: Mapping | None = None) -> str:
     return NO_DP
 
 
-def strongest_tpr(record: Mapping) -> tuple[str, float, Mapping | None] | None:
+def strongest_tpr(record: RoundRecord) -> tuple[str, float, Mapping | None] | None:
     """The largest TPR at the lowest FPR tolerance every attack of the record can resolve: (attack, tolerance,
     rates at its threshold). None when no tolerance is resolvable."""
-    attacks = record.get("attacks") or {}
-    results = [(f"{m} / {s}", attacks[m][s]) for m in ordered_models(attacks) for s in sorted(attacks[m])]
+    results = [(key.label(), record.attacks[key]) for key in series_keys([record])]
     for tol in tolerances_of([record]):
         usable = [(name, res) for name, res in results if resolvable_at(res, tol) and rates_at(res, tol)]
         if not usable:
@@ -145,17 +145,20 @@ def strongest_tpr(record: Mapping) -> tuple[str, float, Mapping | None] | None:
     return None
 
 
-def inverted_attacks(record: Mapping) -> list[tuple[str, float, float, float]]:
+def inverted_attacks(record: RoundRecord) -> list[tuple[str, float, float, float]]:
     """(attack, exact AUC, lower, upper) for every attack whose exact AUC is below 0.5: its signal ranks members
     on the wrong side (reversed it would score 1 - AUC); this says nothing about the model being safer."""
-    attacks = record.get("attacks") or {}
-    return [(f"{m} / {s}", exact_auc_of(attacks[m][s]), *exact_auc_band(attacks[m][s]))
-            for m in ordered_models(attacks) for s in sorted(attacks[m]) if exact_auc_of(attacks[m][s]) < 0.5]
+    attacks = record.attacks
+    return [(key.label(), exact_auc_of(attacks[key]), *exact_auc_band(attacks[key]))
+            for key in series_keys([record]) if exact_auc_of(attacks[key]) < 0.5]
 
 
-def leak_state(record: Mapping | None) -> str:
+def leak_state(record: RoundRecord | None) -> str:
     """LEAK, NO_LEAK or NOT_AUDITED (no record, or a record without a leak verdict or without any test)."""
-    leak = (record or {}).get("leak")
+    return _state_of(record.leak if record is not None else None)
+
+
+def _state_of(leak: Mapping | None) -> str:
     if not isinstance(leak, Mapping) or leak.get("detected") is None:
         return NOT_AUDITED
     return LEAK if leak["detected"] else NO_LEAK
@@ -185,13 +188,18 @@ def floor_text(leak: Mapping) -> str:
     return text + (f"; an ε lower bound of at most {fmt(ceiling, 3)}" if ceiling is not None else "")
 
 
-def leak_status(record: Mapping | None) -> str:
+def leak_status(record: RoundRecord | None) -> str:
     """The leak verdict in one sentence: what was detected (the headline with its interval, the corrected interval,
     chance and the Holm-adjusted p-value), or that nothing was and what could have been."""
-    state = leak_state(record)
+    if record is None:
+        return "not audited"
+    return _leak_text(record.leak)
+
+
+def _leak_text(leak: Mapping | None) -> str:
+    state = _state_of(leak)
     if state == NOT_AUDITED:
-        return "not audited" if not record else "no leak verdict in this record"
-    leak = record["leak"]
+        return "no leak verdict in this record"
     tests, level = leak.get("tests"), leak.get("confidence")
     family = f"{tests} tests, Holm-corrected, {fmt(100 * float_or_nan(level), 3)}%"
     headline = leak.get("headline") or {}
@@ -205,13 +213,13 @@ def leak_status(record: Mapping | None) -> str:
     return f"no leak detected ({family}){strongest}; {floor_text(leak)}"
 
 
-def epsilon_status(record: Mapping | None) -> str:
+def epsilon_status(record: RoundRecord | None) -> str:
     """"ε ≥ 0.42 (95%, corrected for 9 attacks; these counts prove at most 4.2) against a budget of 1"."""
-    leak = (record or {}).get("leak") or {}
+    leak = (record.leak if record is not None else None) or {}
     epsilon = leak.get("epsilon") or {}
     if epsilon.get("value") is None:
         return "no ε lower bound"
-    gate = (record.get("extra") or {}).get("gate") or {}
+    gate = record.extra.get("gate") or {}
     budget = gate.get("epsilon_budget")
     source = f", {epsilon['attack']}" if epsilon.get("attack") else ""
     text = (f"ε ≥ {fmt(epsilon['value'], 3)} at δ = {fmt(epsilon.get('delta'))} ({fmt(100 * float_or_nan(epsilon.get('confidence')), 3)}%, "
@@ -220,30 +228,30 @@ def epsilon_status(record: Mapping | None) -> str:
     return text + (f" against a budget of {fmt(budget)}" if budget is not None else "")
 
 
-def sent_leak_status(record: Mapping) -> str | None:
+def sent_leak_status(record: RoundRecord) -> str | None:
     """For a round whose gate sent a DP retrain: that update's leak verdict and proven epsilon beside the accountant's
     epsilon (the round's own verdict is the trained update's, which was not sent); None otherwise."""
-    gate = (record.get("extra") or {}).get("gate") or {}
+    gate = record.extra.get("gate") or {}
     tries = gate.get("tries") or []
     if gate.get("verdict") != DP_RETRAINED or not tries or not isinstance(tries[-1], Mapping):
         return None
     sent = tries[-1]
     leak = sent.get("leak")
-    said = leak_status({"leak": leak}) if isinstance(leak, Mapping) else "no leak verdict"
+    said = _leak_text(leak) if isinstance(leak, Mapping) else "no leak verdict"
     proven = (sent.get("empirical_epsilon") or {}).get("value")
     return (f"sent: the DP retrain (accountant ε = {fmt(sent.get('epsilon'), 3)}): {said}"
             + (f"; ε ≥ {fmt(proven, 3)} proven" if proven is not None else ""))
 
 
-def round_verdict(record: Mapping) -> RoundVerdict:
-    gate = (record.get("extra") or {}).get("gate")
+def round_verdict(record: RoundRecord) -> RoundVerdict:
+    gate = record.extra.get("gate")
     leak = dict(leak=leak_state(record), leak_text=leak_status(record), proven=epsilon_status(record),
                 sent=sent_leak_status(record))
     if not isinstance(gate, Mapping):
         return RoundVerdict(None, None, status=leak["leak_text"], **leak)
     verdict, action = gate.get("verdict"), gate.get("action")
-    checks = _checks(gate, record.get("metrics") or {})
-    epsilon = _epsilon(gate, (record.get("extra") or {}).get("mitigation"))
+    checks = _checks(gate, record.metrics)
+    epsilon = _epsilon(gate, record.extra.get("mitigation"))
     tripped = [c for c in checks if c.tripped]
     reason = str(gate.get("reason") or "")
     if NON_FINITE_UPDATE in (gate.get("tripped") or {}) or reason == NON_FINITE_UPDATE:

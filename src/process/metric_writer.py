@@ -26,7 +26,7 @@ import json
 import logging
 import math
 import time
-from typing import Any, Mapping
+from typing import Any
 
 from openfl.callbacks import MetricWriter
 
@@ -75,10 +75,10 @@ class PartyMetricWriter(MetricWriter):
         self._layout_written = False
 
     def _bounds(self, round_num: int) -> dict[str, float]:
-        record = getattr(self.record_source, "last_record", None)
-        if not isinstance(record, Mapping) or record.get("round") != round_num:
+        record = getattr(self.record_source, "last_record", None)  # an audit.round_record.RoundRecord
+        if record is None or record.round != round_num:
             return {}
-        return {f"privacy/{name}": value for name, value in (record.get("metrics") or {}).items()
+        return {f"privacy/{name}": value for name, value in record.metrics.items()
                 if name.endswith(tuple("_" + b for b in BOUNDS)) and is_audit_metric(name)}
 
     def on_round_end(self, round_num: int, logs=None):
