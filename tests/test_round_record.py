@@ -15,7 +15,8 @@ from audit.config.audit_settings import AuditSettings
 from audit.config.gate import audit_metric_names
 from audit.config.vocabulary import RMIA, attack_statistics
 from audit.membership.population_attack import population_attack
-from audit.membership.step import attack_metrics, scalar_metrics
+from audit.membership.attack_uncertainty import attack_metrics
+from audit.membership.step import scalar_metrics
 from audit.reporting.party import ReportWriter
 from audit.reporting.records import load_round_records
 from audit.round_audit import AuditSets, audit_round

@@ -13,12 +13,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from audit.config.vocabulary import tolerance_name
+from audit.config.vocabulary import (ADVANTAGE, AUC, EPSILON_LB, EXACT_AUC, LOWER, UPPER, bounded, tolerance_name,
+                                     tpr_statistic)
 from audit.membership.epsilon_bound import EpsilonLowerBound, epsilon_lower_bound
 from audit.membership.uncertainty import (CONFIDENCE, Advantage, AUCInterval, RatesAtThreshold, attacker_advantage,
                                           auc, auc_interval, check_confidence, check_scores, rates_at_threshold)
 
-__all__ = ["AttackUncertainty", "attack_uncertainty"]
+__all__ = ["AttackUncertainty", "attack_uncertainty", "attack_metrics"]
 
 
 @dataclass(frozen=True)
@@ -89,3 +90,20 @@ def attack_uncertainty(pos_scores, neg_scores, population_scores, thresholds, *,
         advantage=attacker_advantage(pos, neg, confidence), confidence=confidence, delta=float(delta),
         scores=(pos, neg),
     )
+
+
+def attack_metrics(result) -> dict[str, float]:
+    """One attack's scalars by statistic (audit.config.vocabulary.attack_statistics) from its result (the AttackResult
+    of audit.membership.population_attack, which every membership attack returns, here so that no step imports
+    another): the grid AUC, the exact AUC, TPR at each tolerance, the epsilon lower bound and the advantage, each
+    interval's bounds beside its estimate."""
+    u = result.uncertainty
+    out = {AUC: result.auc, EXACT_AUC: result.exact_auc,
+           bounded(EXACT_AUC, LOWER): u.auc.lower, bounded(EXACT_AUC, UPPER): u.auc.upper}
+    for tolerance, tpr in result.tpr_at_fpr.items():
+        rates = u.at_fpr[tolerance].tpr
+        name = tpr_statistic(tolerance)
+        out.update({name: tpr, bounded(name, LOWER): rates.lower, bounded(name, UPPER): rates.upper})
+    out.update({EPSILON_LB: u.epsilon.epsilon, ADVANTAGE: u.advantage.value,
+                bounded(ADVANTAGE, LOWER): u.advantage.lower, bounded(ADVANTAGE, UPPER): u.advantage.upper})
+    return {name: float(value) for name, value in out.items()}

@@ -23,7 +23,7 @@ from audit.membership.references import (References, fine_tuned_references, inde
                                          reference_seed)
 from audit.membership.rmia import (OFFLINE_A_GRID, Signals, ZeroMarginal, rmia, true_class_probability,
                                    tune_offline_a)
-from audit.membership.step import attack_metrics
+from audit.membership.attack_uncertainty import attack_metrics
 from audit.model_io import chunks, eval_mode, model_input
 from audit.reporting.atomic_io import atomic_write_bytes
 from audit.reporting.records import RMIA_SCORES_FILE

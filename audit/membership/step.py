@@ -9,7 +9,7 @@ import io
 
 import numpy as np
 
-from audit.config.vocabulary import ADVANTAGE, AUC, EPSILON_LB, EXACT_AUC, LOWER, UPPER, bounded, tpr_statistic
+from audit.membership.attack_uncertainty import attack_metrics
 from audit.membership.population_attack import population_attack, update_attack
 from audit.membership.signals import compute_signals, member_if_lower
 from audit.reporting.atomic_io import atomic_write_bytes
@@ -17,7 +17,7 @@ from audit.reporting.records import SIGNALS_FILE
 from audit.round_audit import SETS, AuditContext, AuditSets, StepResult
 from audit.round_record import attack_keys
 
-__all__ = ["run", "scalar_metrics", "attack_metrics"]
+__all__ = ["run", "scalar_metrics"]
 
 
 def _signals_per_set(model, sets: AuditSets, names, settings, signal_cache=None) -> tuple[dict, dict]:
@@ -63,21 +63,6 @@ def _population_attacks(signal_values: dict, settings) -> dict:
         )
         for name, per_set in signal_values.items()
     }
-
-
-def attack_metrics(result) -> dict[str, float]:
-    """One attack's scalars by statistic (audit.config.vocabulary.attack_statistics): the grid AUC, the exact AUC,
-    TPR at each tolerance, the epsilon lower bound and the advantage, each interval's bounds beside its estimate."""
-    u = result.uncertainty
-    out = {AUC: result.auc, EXACT_AUC: result.exact_auc,
-           bounded(EXACT_AUC, LOWER): u.auc.lower, bounded(EXACT_AUC, UPPER): u.auc.upper}
-    for tolerance, tpr in result.tpr_at_fpr.items():
-        rates = u.at_fpr[tolerance].tpr
-        name = tpr_statistic(tolerance)
-        out.update({name: tpr, bounded(name, LOWER): rates.lower, bounded(name, UPPER): rates.upper})
-    out.update({EPSILON_LB: u.epsilon.epsilon, ADVANTAGE: u.advantage.value,
-                bounded(ADVANTAGE, LOWER): u.advantage.lower, bounded(ADVANTAGE, UPPER): u.advantage.upper})
-    return {name: float(value) for name, value in out.items()}
 
 
 def scalar_metrics(attacks) -> dict[str, float]:
