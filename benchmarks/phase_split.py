@@ -29,9 +29,10 @@ round ends when its end-of-round check moves the round number on. A reset also l
 process's ru_maxrss at exit, so the run's peak (`peak_rss_gb`) is the largest the split saw.
 
 With BENCH_CENSUS=1 in the environment, at the end of each audit and of each round, the live torch tensors (by
-storage, each counted once) and numpy arrays that garbage collection can see are summed and grouped by what holds
-them (the attribute or key path from the nearest object of a class of ours), beside glibc's malloc statistics
-(mallinfo2: bytes in use, and bytes free but kept by the allocator): written as "census" (slow: seconds a call; for
+storage, each counted once) and numpy arrays that garbage collection can see (and those inside object arrays, e.g.
+a pandas frame's column) are summed and grouped by what holds them (the attribute or key path from the nearest
+object of a class of ours), with each OpenFL TensorDB's arrays and the aggregator's best and last model, beside
+glibc's malloc statistics (mallinfo2: bytes in use, and bytes free but kept by the allocator): written as "census" (slow: seconds a call; for
 finding what stays across rounds, not for timing).
 """
 
