@@ -32,8 +32,8 @@ With BENCH_CENSUS=1 in the environment, at the end of each audit and of each rou
 storage, each counted once) and numpy arrays that garbage collection can see (and those inside object arrays, e.g.
 a pandas frame's column) are summed and grouped by what holds them (the attribute or key path from the nearest
 object of a class of ours), with each OpenFL TensorDB's arrays and the aggregator's best and last model, beside
-glibc's malloc statistics (mallinfo2: bytes in use, and bytes free but kept by the allocator): written as "census" (slow: seconds a call; for
-finding what stays across rounds, not for timing).
+glibc's malloc statistics (mallinfo2: bytes in use, and bytes free but kept by the allocator): written as
+"census" (slow: seconds a call; for finding what stays across rounds, not for timing).
 """
 
 from __future__ import annotations
