@@ -8,7 +8,8 @@ comes back after it.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import hashlib
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from torch import nn
 from audit.scaled_pixels import ScaledPixels
 
 __all__ = ["check_batch_size", "host_tensor", "model_device", "model_input", "prepare", "module_mode", "eval_mode",
-           "chunks", "load_weights"]
+           "chunks", "load_weights", "weights_fingerprint"]
 
 
 def _model_device_dtype(model: nn.Module) -> tuple[torch.device, torch.dtype]:
@@ -108,3 +109,24 @@ def load_weights(model: nn.Module, weights) -> None:
     state = model.state_dict()
     device = next(iter(state.values())).device
     model.load_state_dict({k: torch.tensor(weights[k]).to(device) for k in state})
+
+
+def weights_fingerprint(named: Iterable[tuple[str, object]]) -> str:
+    """SHA-256 over named tensors or arrays: each one's name, shape, dtype and bytes, in the order given. Equal for the
+    same weights however they are held (a model's state, a copy of it, the arrays a party received), so what was
+    computed for them can be found again by content, never by object identity (an id can be reused once its object
+    is gone)."""
+    digest = hashlib.sha256()
+    for name, value in named:
+        if isinstance(value, torch.Tensor):
+            value = value.detach().contiguous().cpu()
+            if value.dtype == torch.bfloat16:  # no numpy dtype: its bytes, through a 16-bit integer view
+                value = value.view(torch.int16)
+            value = value.numpy()
+        array = np.ascontiguousarray(value)
+        digest.update(f"{name}|{array.shape}|{array.dtype.str}".encode())
+        if array.dtype.hasobject:
+            digest.update(repr(array.tolist()).encode())
+        elif array.size:
+            digest.update(array.reshape(-1).view(np.uint8))
+    return digest.hexdigest()

@@ -40,7 +40,7 @@ from audit.party_mitigation import PartyMitigation
 from audit.party_record import (complete_record, empty_record, gate_watched, round_line, sent_metric_names,
                                 sent_scalars)
 from audit.reporting.party import ReportWriter
-from audit.model_io import load_weights
+from audit.model_io import load_weights, weights_fingerprint
 from audit.round_audit import AuditSets, LocalTraining, audit_round, round_seed, sample_seed
 from audit.round_record import RoundRecord
 from audit.spill import SpilledModel
@@ -204,11 +204,11 @@ class PartyAudit:
         return self._mia_sets[party]
 
     # ------------------------------------------------------------------ before training
-    def check_received(self, party: str, round_num: int, received: Mapping, key: tuple = ()) -> ReceivedVerdict:
+    def check_received(self, party: str, round_num: int, received: Mapping) -> ReceivedVerdict:
         """The checks of this round's received global model (model names), run by the first task that receives it,
-        before it is loaded; a later call of the round with the same `key` (the caller's name for the arrays it was
-        handed) reuses the verdict, one with another key checks again."""
-        key = (party, round_num, key)
+        before it is loaded; a later call of the round with the same weights (audit.model_io.weights_fingerprint)
+        reuses the verdict, one with other weights checks again."""
+        key = (party, round_num, weights_fingerprint(received.items()))
         if self._received_verdict is None or self._received_verdict[0] != key:
             verdict = check_received(
                 received, self.model, self.audit_sets().members, self.data.batch_size, self.settings, party=party,

@@ -99,10 +99,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.optimizer.state.clear()
 
     def _check_received(self, col_name: str, round_num: int, input_tensor_dict: dict):
-        """The received model's checks, once per round for the same arrays (OpenFL's collaborator serves later tasks
-        of the round from its cache; other arrays are checked again)."""
-        return self.audit.check_received(col_name, round_num, model_names(input_tensor_dict),
-                                         key=tuple(map(id, input_tensor_dict.values())))
+        """The received model's checks, once per round for the same weights (OpenFL's collaborator serves later tasks
+        of the round from its cache; other weights are checked again)."""
+        return self.audit.check_received(col_name, round_num, model_names(input_tensor_dict))
 
     def validate_task(self, col_name, round_num, input_tensor_dict, **kwargs):
         """OpenFL's validation task; a received model the checks rejected is not loaded (accuracy NaN)."""

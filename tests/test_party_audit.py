@@ -99,3 +99,24 @@ def test_one_round_by_hand_withholds_an_update_over_the_gates_limit(tmp_path):
     flush()  # the pages are drawn in the background: done before tmp_path goes
     written = json.loads((tmp_path / "alice" / "round_0000" / "audit.json").read_text())
     assert written["metrics"]["mia_local_loss_auc"] == outcome.scalars["mia_local_loss_auc"]
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_the_received_models_verdict_is_found_again_by_its_weights_not_its_arrays(tmp_path):
+    """check_received runs the checks once per round and weights: copies of the same weights (other array objects)
+    get the same verdict object; other weights, or another round, are checked again."""
+    from audit.party_audit import PartyAudit
+
+    party = PartyAudit(
+        audit={"signals": ["loss"], "fpr_tolerance": [0.1], "rmia": {"enabled": False}, "report_dir": str(tmp_path)},
+        gate=None, per_collaborator=None, mitigation=None, prefix="task_runner.settings", seed=1, data=_party_data(),
+        optimizer=("Adam", 0.01, 0.0), party="alice")
+    model = _plan_model()
+    party.use_model(model, _plan_model, (5,), "cpu")
+    received = _state(model)
+    first = party.check_received("alice", 0, received)
+    assert party.check_received("alice", 0, {k: v.copy() for k, v in received.items()}) is first
+    changed = {k: v.copy() for k, v in received.items()}
+    changed["0.bias"][0] = np.nextafter(changed["0.bias"][0], np.float32(np.inf))  # one bit of one weight
+    assert party.check_received("alice", 0, changed) is not first
+    assert party.check_received("alice", 1, received) is not first

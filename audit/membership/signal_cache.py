@@ -20,7 +20,6 @@ Entries live for one round (`start_round`).
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -30,20 +29,15 @@ import torch
 from torch import nn
 
 from audit.membership.signals import compute_signals
+from audit.model_io import weights_fingerprint
 from audit.round_audit import SETS, AuditSets
 
 __all__ = ["SignalCache", "state_fingerprint"]
 
 
 def state_fingerprint(model: nn.Module) -> str:
-    """SHA-256 over the model's parameters and buffers: names, shapes, dtypes and values (bytes)."""
-    digest = hashlib.sha256()
-    for name, tensor in (*model.named_parameters(remove_duplicate=False), *model.named_buffers()):
-        digest.update(f"{name}|{tuple(tensor.shape)}|{tensor.dtype}".encode())
-        values = tensor.detach().contiguous().cpu()
-        if values.numel():
-            digest.update(values.view(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()
+    """The fingerprint (audit.model_io.weights_fingerprint) of the model's parameters and buffers."""
+    return weights_fingerprint((*model.named_parameters(remove_duplicate=False), *model.named_buffers()))
 
 
 @dataclass
