@@ -9,7 +9,7 @@ of the round, only the collaborators `audit.config.gate_contract.decide` keeps:
 - a collaborator with NaN/Inf in this tensor or in any other tensor it trained this round is left out, so a
   broken collaborator is left out of every tensor, not only of the broken ones.
 
-The aggregator's report (src/server/report_record.py) reads the same decisions from the same TensorDB rows
+The aggregator's report (audit/aggregator_report/record.py) reads the same decisions from the same TensorDB rows
 (`round_decisions`). The remaining weights (normalised data sizes) are re-normalised. If nobody is left, the
 tensor is the round's starting global tensor: the model does not change.
 

@@ -13,7 +13,7 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
   (`[{template: module.Class, settings: {...}}]`) or passed as objects (in-process runs).
 - `aggregator.settings.report_dir` (default reports/aggregator): the aggregator's report, per round which
   collaborators' updates were averaged, withheld or left out and why, and the averaged audit metrics
-  (src/server/report.py).
+  (audit/aggregator_report/writer.py).
 - `aggregator.settings.deanon` (default `enabled: false`): the aggregator-side deanonymization audit, the paper's
   honest-but-curious server attacking the real updates; writes `<report_dir>/deanon/` (src/server/deanon_callback.py).
 - `aggregator.settings.save_every_round` (default false): OpenFL writes the model files (`last_state_path`,
@@ -45,9 +45,9 @@ from openfl.utilities import TensorKey
 from src.server import grpc_server as aggregator_server, model_file
 from src.process.cuda_pages import release_cuda_library_pages
 from src.aggregation import round_decisions
-from src.server.report import AggregatorReportWriter
-from src.server.report_page import withheld_warning
-from src.server.report_record import metrics_from_tensor_db, round_record
+from audit.aggregator_report.writer import AggregatorReportWriter
+from audit.aggregator_report.page import withheld_warning
+from audit.aggregator_report.record import metrics_from_tensor_db, round_record
 from src.server.settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
 from src.server.tensordb import IndexedTensorDB
 from src.process.metric_writer import PartyMetricWriter

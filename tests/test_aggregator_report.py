@@ -11,8 +11,8 @@ from openfl.utilities import TensorKey, change_tags
 
 from workspace.run_summary import averaged_summary
 from src.aggregation import GatedWeightedAverage, round_decisions
-from src.server.report import AggregatorReportWriter
-from src.server.report_record import metrics_from_tensor_db, round_record
+from audit.aggregator_report.writer import AggregatorReportWriter
+from audit.aggregator_report.record import metrics_from_tensor_db, round_record
 from src.taskrunner import AuditedTaskRunner
 from workspace.in_process import run_in_process
 from workspace.plan_file import collaborator_names

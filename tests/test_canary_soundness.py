@@ -29,7 +29,7 @@ from audit.reporting.verdicts import round_verdict
 from audit.round_audit import AuditSets, LocalTraining, audit_round
 from audit.round_record import RoundRecord
 from audit.training import TrainingRecipe
-from src.server.report_record import collaborator_entry
+from audit.aggregator_report.record import collaborator_entry
 from audit.dp_training import DPTraining
 
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),

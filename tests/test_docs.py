@@ -35,7 +35,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 PACKAGES = ("audit", "audit/membership", "audit/fidel", "audit/deanon", "audit/canary", "audit/received_model",
-            "audit/verdict", "audit/reporting", "audit/config", "src", "src/data", "src/runner", "src/server",
+            "audit/verdict", "audit/reporting", "audit/config", "audit/aggregator_report", "src", "src/data", "src/runner", "src/server",
             "src/plan", "src/process", "workspace")
 PACKAGE_READMES = [ROOT / p / "README.md" for p in PACKAGES]
 PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), *PACKAGE_READMES, ROOT / "benchmarks" / "README.md"]

@@ -358,8 +358,8 @@ def test_token_inputs_and_a_set_smaller_than_the_batch():
 def test_the_aggregator_report_reads_the_verdicts_alone(tmp_path):
     """From the scalars alone: who rejected the round's model (not trained on, left out of the average), whose check
     only reported an alarm (trained, averaged), who passed, and who sent no verdict."""
-    from src.server.report import AggregatorReportWriter
-    from src.server.report_record import round_record
+    from audit.aggregator_report.writer import AggregatorReportWriter
+    from audit.aggregator_report.record import round_record
 
     metrics = {
         "rejecter": {"gate_kept": 0.0, "received_model_alarm": 1.0, "received_model_rejected": 1.0},

@@ -21,8 +21,8 @@ from audit.reporting.plots import plot_signal_histograms
 from audit.reporting.verdicts import NO_DP, round_verdict
 from audit.round_audit import AuditSets, audit_round
 from audit.round_record import SCHEMA_VERSION, RoundRecord
-from src.server.report import AggregatorReportWriter
-from src.server.report_record import round_record
+from audit.aggregator_report.writer import AggregatorReportWriter
+from audit.aggregator_report.record import round_record
 from workspace.federation import report_locations, write_run_index
 from workspace.in_process import run_in_process
 from workspace.federation_state import FederationLayout
@@ -166,7 +166,7 @@ def test_the_aggregator_marks_the_figures_each_party_marks_from_the_sizes_it_sen
     aggregator marks exactly the TPR figures the party's own report marks unresolvable (FPR 0.001 on a few hundred
     population samples), on its page too."""
     from audit.reporting.readings import unresolvable_metrics
-    from src.server.report_record import unresolvable
+    from audit.aggregator_report.record import unresolvable
 
     marked = 0
     for r in range(ROUNDS):

@@ -23,8 +23,8 @@ from audit.reporting.plots import histogram_bins, log_axis_wanted
 from audit.reporting.readings import exact_auc_of
 from audit.reporting.verdicts import LEAK, NO_LEAK, NOT_AUDITED
 from audit.round_record import SCHEMA_VERSION, RoundRecord
-from src.server.report import AggregatorReportWriter
-from src.server.report_record import round_record, unresolvable
+from audit.aggregator_report.writer import AggregatorReportWriter
+from audit.aggregator_report.record import round_record, unresolvable
 
 TOLERANCES = (0.001, 0.01, 0.5)
 

@@ -217,7 +217,7 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
     interrupted = False
     try:
         # Written before the participants start: the aggregator's page links back to its root's index only when one
-        # is there (src.server.report); the parties rewrite theirs each round, the end of the run them all.
+        # is there (audit.aggregator_report.writer); the parties rewrite theirs each round, the end of the run them all.
         write_run_index(layout)
         layout.status = "running"
         layout.extra["tool"] = _this_process()  # so the next command can tell a killed tooling (stale_state)

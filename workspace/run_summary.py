@@ -206,7 +206,7 @@ def _withheld_warning(aggregator_dir: Path | None) -> str | None:
     """The aggregator report's warning when every update of a collaborator, or of all, was kept out of the average."""
     if aggregator_dir is None or not Path(aggregator_dir).is_dir():
         return None
-    from src.server.report_page import withheld_warning  # its one definition, beside the page that shows it too
+    from audit.aggregator_report.page import withheld_warning  # its one definition, beside the page that shows it too
 
     return withheld_warning(load_round_files(Path(aggregator_dir), "aggregator round"))
 

@@ -19,7 +19,7 @@ training it checks the global model it received (audit.before_training) and send
     received_model_alarm     1.0 if a check raised an alarm on this round's global model, else 0.0
     received_model_rejected  1.0 if it therefore did not train on it (gate_kept is then 0.0), else 0.0
 
-The aggregator's average (src/aggregation.py) and its report (src/server/report_record.py) both call `decide` on
+The aggregator's average (src/aggregation.py) and its report (audit/aggregator_report/record.py) both call `decide` on
 what arrived, so the report says exactly what was averaged. This module imports neither torch nor OpenFL.
 """
 

@@ -24,7 +24,7 @@ from audit.round_record import RoundRecord
 __all__ = ["page", "party_page", "write_index", "escape", "href", "now", "verdict_cell", "verdict_grid", "grid_cell",
            "sampling_note", "AGGREGATOR_MARKER", "GRID_IMAGE"]
 
-# A folder of the run's report root holding this file is the aggregator's report (src.server.report), not a party's.
+# A folder of the run's report root holding this file is the aggregator's report (audit.aggregator_report.writer), not a party's.
 AGGREGATOR_MARKER = "decisions.csv"
 
 GRID_IMAGE = "verdicts.png"  # the run index's picture: party x round leak verdicts (overview_plots)

@@ -1,6 +1,6 @@
 """One base for every report folder: a record per round, written atomically, and summaries rebuilt from the records.
 
-The party's report (audit.reporting.party), the aggregator's (src.server.report) and the aggregator-side
+The party's report (audit.reporting.party), the aggregator's (audit.aggregator_report.writer) and the aggregator-side
 deanonymization report (audit.deanon.server) differ only in where a round's record goes, what else a round writes and
 what the summaries are. The record is written last: it is what makes a round part of the report, so a crash leaves the
 earlier rounds intact and the next write repairs the summaries.

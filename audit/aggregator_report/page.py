@@ -1,4 +1,4 @@
-"""The aggregator report's page (index.html) and its plots from the round records (src.server.report_record):
+"""The aggregator report's page (index.html) and its plots from the round records (audit.aggregator_report.record):
 the verdicts per round first, the received-model checks, the canary clients' epsilon, the gate metrics' plots, then
 each round with its audit metrics.
 """
@@ -17,7 +17,7 @@ from audit.config.vocabulary import LEAK_EPSILON_LB
 from audit.reporting.html import page
 from audit.reporting.party_page import UNRESOLVED_MARK  # the parties' mark, on their figures here too
 from audit.reporting.plots import plot_collaborators
-from src.server.report_record import STATUS_LISTS, UNRESOLVED_NOTE, fmt, unresolvable
+from audit.aggregator_report.record import STATUS_LISTS, UNRESOLVED_NOTE, fmt, unresolvable
 
 
 def gate_metrics(records: list[dict]) -> list[str]:

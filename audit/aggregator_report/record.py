@@ -1,6 +1,6 @@
 """The aggregator's round record: each collaborator's status (averaged or not), the reason, its gate and audit
-metrics, and the audit metrics' mean and worst over the collaborators (src.server.report writes it,
-src.server.report_page shows it).
+metrics, and the audit metrics' mean and worst over the collaborators (audit.aggregator_report.writer writes it,
+audit.aggregator_report.page shows it).
 
 It reads only what the collaborators already send, scalar metrics, from the aggregator's TensorDB at the end
 of each round (rows tagged (collaborator, 'metric') for that round), plus whether the tensors each one trained

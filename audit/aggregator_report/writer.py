@@ -1,5 +1,5 @@
 """The aggregator's own per-round report: which collaborators' updates were averaged, which were not and why,
-and the averaged audit metrics. The round record is src.server.report_record's, the page src.server.report_page's.
+and the averaged audit metrics. The round record is audit.aggregator_report.record's, the page audit.aggregator_report.page's.
 
 Layout under `report_dir` (every file written atomically; the summaries are rebuilt from the round files on
 disk, so a crash leaves the earlier rounds intact and the next round repairs the summaries):
@@ -24,8 +24,8 @@ from audit.reporting.background import render_queue
 from audit.reporting.csv_cells import spreadsheet_safe_row
 from audit.reporting.html import write_index
 from audit.reporting.writer import RoundReportWriter
-from src.server.report_page import page_html, write_plots
-from src.server.report_record import STATUS_LISTS, fmt
+from audit.aggregator_report.page import page_html, write_plots
+from audit.aggregator_report.record import STATUS_LISTS, fmt
 
 
 class AggregatorReportWriter(RoundReportWriter):
