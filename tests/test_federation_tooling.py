@@ -3,7 +3,9 @@
 The real thing (fx, certificates, gRPC) is in test_federation_multiprocess.py.
 """
 
+import contextlib
 import inspect
+import io
 import json
 import os
 import shutil
@@ -245,9 +247,26 @@ def test_private_keys_become_owner_only(tmp_path):
 
 
 def cli(*args, timeout=120):
+    """`python -m workspace ARGS` in a new interpreter, as a user runs it."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([sys.executable, "-m", "workspace", *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def cli_here(*args):
+    """The same command line through workspace.__main__.main in this process, from the repository's folder: what it
+    prints and its exit code, without a new interpreter importing torch and OpenFL (seconds a call). For the checks
+    of bad options, which end before any child process; `cli` runs the entry point itself."""
+    from workspace.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as stop:  # argparse's exit
+            code = stop.code
+    return subprocess.CompletedProcess(["python", "-m", "workspace", *map(str, args)], code, out.getvalue(),
+                                       err.getvalue())
 
 
 @pytest.mark.parametrize("args, line", [
@@ -303,11 +322,29 @@ def cli(*args, timeout=120):
 ])
 def test_bad_options_fail_in_one_line_before_anything_is_made(tmp_path, args, line):
     run_dir = tmp_path / "run"
-    result = cli("run", "--dir", run_dir, *args)
+    result = cli_here("run", "--dir", run_dir, *args)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith(line), \
         result.stderr
     assert not run_dir.exists()  # no folder, no workspace, no certificate
+
+
+@pytest.mark.federation  # child processes
+@pytest.mark.parametrize("args, line", [
+    (["run", "--dir", "{run}", "--rounds", "1.5"], "error: argument --rounds: expected a whole number >= 1, got '1.5'"),
+    (["run", "--dir", "{run}", "--set", "network=5"], "error: --set network=5: network is a mapping in the plan"),
+    (["start", "--dir", "nowhere", "--liveness", "1"], "error: argument --liveness: expected 0 (no liveness check) or "
+                                                      "seconds >= 2, got '1'  (see python -m workspace start --help)"),
+])
+def test_the_command_in_its_own_process_fails_in_one_line_with_code_2(tmp_path, args, line):
+    """The checks above call main() in this process; the entry point a user runs (`python -m workspace`, which ends
+    with os._exit) prints the same one line and exits 2, for an argparse error and for a check of the plan."""
+    run_dir = tmp_path / "run"
+    result = cli(*[str(a).replace("{run}", str(run_dir)) for a in args])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith(line), \
+        result.stderr
+    assert not run_dir.exists()
 
 
 def test_counts_are_bounded_by_the_machine_and_the_data(monkeypatch):
@@ -348,12 +385,12 @@ def test_a_port_in_use_and_a_used_folder_fail_before_anything_is_made(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        result = cli("prepare", "--dir", tmp_path / "run", "--port", port)
+        result = cli_here("prepare", "--dir", tmp_path / "run", "--port", port)
     assert result.returncode == 2 and not (tmp_path / "run").exists()
     assert result.stderr.strip() == (f"error: --port {port}: in use on 127.0.0.1 (something listens there); choose "
                                      "another port, or leave --port out for a free one")
     (tmp_path / "file").write_text("")
-    result = cli("prepare", "--dir", tmp_path / "file")
+    result = cli_here("prepare", "--dir", tmp_path / "file")
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: --dir {tmp_path / 'file'}: exists and is not a folder; give a new or " \
                                     "empty folder"
@@ -583,8 +620,7 @@ def test_the_liveness_window_grows_with_the_slowest_round():
 
 @pytest.mark.parametrize("value", ["-1", "1", "nan", "inf", "soon"])
 def test_a_bad_liveness_option_is_one_clear_line(value):
-    result = subprocess.run([sys.executable, "-m", "workspace", "start", "--dir", "nowhere", "--liveness", value],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = cli_here("start", "--dir", "nowhere", "--liveness", value)
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: argument --liveness: expected 0 (no liveness check) or seconds >= 2, " \
                                     f"got '{value}'  (see python -m workspace start --help)", result.stderr
