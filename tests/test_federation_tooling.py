@@ -313,9 +313,11 @@ def cli_here(*args):
      "error: task_runner.settings.per_collaborator.../../escaped_x: collaborator name '../../escaped_x' is not a safe "
      "path component"),
     # Before: the suggested folder was .../data/MNIST, where the collaborators then looked in MNIST/MNIST/raw.
-    (["--set", "data_loader.settings.dataset=mnist"],
-     "error: data_loader.settings.data_dir: 'data' is relative, but each collaborator runs in its own folder "
-     f"(<run>/collaboratorN/); give an absolute path, e.g. --set data_loader.settings.data_dir={ROOT / 'data'}\n"),
+    # slow: the first to import torchvision's dataset readers (seconds)
+    pytest.param(["--set", "data_loader.settings.dataset=mnist"],
+                 "error: data_loader.settings.data_dir: 'data' is relative, but each collaborator runs in its own "
+                 f"folder (<run>/collaboratorN/); give an absolute path, e.g. --set data_loader.settings.data_dir="
+                 f"{ROOT / 'data'}\n", marks=pytest.mark.slow),
     (["--set", "task_runner.settings.audit.sample_size=1000000"],
      "error: task_runner.settings.audit.sample_size: 1,000,000 samples per set; at most 1,797, every sample of "
      "digits"),

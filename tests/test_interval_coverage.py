@@ -82,6 +82,7 @@ def cells():
     return [(auc, m, n) for auc in AUCS for m, n in SIZES]
 
 
+@pytest.mark.slow
 def test_the_auc_interval_covers_each_side_over_the_grid(grid):
     failures, pooled = [], {}
     for family, (truth, estimate, pos_var, neg_var, m, n, lower, upper) in grid.items():
