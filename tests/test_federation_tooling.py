@@ -3,9 +3,7 @@
 The real thing (fx, certificates, gRPC) is in test_federation_multiprocess.py.
 """
 
-import contextlib
 import inspect
-import io
 import json
 import os
 import shutil
@@ -18,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from shared_runs import workspace_here
 from workspace.federation import Outcome, _watch, metrics_file
 from workspace.prepare import (FederationLayout, SetupError, check_archive, check_port, check_run_dir, fx_exception,
                                restrict_private_keys)
@@ -253,22 +252,6 @@ def cli(*args, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def cli_here(*args):
-    """The same command line through workspace.__main__.main in this process, from the repository's folder: what it
-    prints and its exit code, without a new interpreter importing torch and OpenFL (seconds a call). For the checks
-    of bad options, which end before any child process; `cli` runs the entry point itself."""
-    from workspace.__main__ import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            code = main([str(a) for a in args])
-        except SystemExit as stop:  # argparse's exit
-            code = stop.code
-    return subprocess.CompletedProcess(["python", "-m", "workspace", *map(str, args)], code, out.getvalue(),
-                                       err.getvalue())
-
-
 @pytest.mark.parametrize("args, line", [
     (["--set", "network=5"], "error: --set network=5: network is a mapping in the plan"),
     (["--port", "70000"], "error: --port 70000: a TCP port is a whole number in 1..65535"),
@@ -324,7 +307,7 @@ def cli_here(*args):
 ])
 def test_bad_options_fail_in_one_line_before_anything_is_made(tmp_path, args, line):
     run_dir = tmp_path / "run"
-    result = cli_here("run", "--dir", run_dir, *args)
+    result = workspace_here("run", "--dir", run_dir, *args)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith(line), \
         result.stderr
@@ -387,12 +370,12 @@ def test_a_port_in_use_and_a_used_folder_fail_before_anything_is_made(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        result = cli_here("prepare", "--dir", tmp_path / "run", "--port", port)
+        result = workspace_here("prepare", "--dir", tmp_path / "run", "--port", port)
     assert result.returncode == 2 and not (tmp_path / "run").exists()
     assert result.stderr.strip() == (f"error: --port {port}: in use on 127.0.0.1 (something listens there); choose "
                                      "another port, or leave --port out for a free one")
     (tmp_path / "file").write_text("")
-    result = cli_here("prepare", "--dir", tmp_path / "file")
+    result = workspace_here("prepare", "--dir", tmp_path / "file")
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: --dir {tmp_path / 'file'}: exists and is not a folder; give a new or " \
                                     "empty folder"
@@ -622,7 +605,7 @@ def test_the_liveness_window_grows_with_the_slowest_round():
 
 @pytest.mark.parametrize("value", ["-1", "1", "nan", "inf", "soon"])
 def test_a_bad_liveness_option_is_one_clear_line(value):
-    result = cli_here("start", "--dir", "nowhere", "--liveness", value)
+    result = workspace_here("start", "--dir", "nowhere", "--liveness", value)
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: argument --liveness: expected 0 (no liveness check) or seconds >= 2, " \
                                     f"got '{value}'  (see python -m workspace start --help)", result.stderr
