@@ -120,7 +120,8 @@ def assert_png(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def written_template(tmp_path_factory):
-    """A report with rounds 0, 1, 2 for PARTY, rendered once per module (rendering is the slow part)."""
+    """A report with rounds 0, 1, 2 for PARTY, rendered once per module (rendering is the slow part: the tests that
+    read it are marked slow)."""
     root = tmp_path_factory.mktemp("report")
     writer = ReportWriter(root, PARTY)
     records = [make_record(r) for r in range(3)]
@@ -166,6 +167,7 @@ def test_write_round_returns_round_dir(tmp_path):
     assert rdir.is_dir()
 
 
+@pytest.mark.slow
 def test_metrics_csv_rows_and_values(written, tmp_path):
     _, records = written
     rows = read_csv(tmp_path / PARTY / "metrics.csv")
@@ -191,6 +193,7 @@ def test_metrics_csv_union_of_keys_with_empty_cells(tmp_path):
     assert rows[0]["mia_update_loss_reduction_auc"] != "" and rows[1]["mia_update_loss_reduction_auc"] == ""
 
 
+@pytest.mark.slow
 def test_index_html_references_plots_and_rounds_newest_first(written, tmp_path):
     _, records = written
     page = (tmp_path / PARTY / "index.html").read_text()
@@ -280,6 +283,7 @@ def test_crash_while_rewriting_audit_json_keeps_old_record(written, tmp_path, mo
     assert [r["seed"] for r in load_round_records(tmp_path / PARTY)] == [0, 0, 0, 0]
 
 
+@pytest.mark.slow
 def test_crash_in_the_middle_of_a_png_leaves_no_temp_file(written, tmp_path, monkeypatch):
     writer, _ = written
     before = snapshot(tmp_path)
@@ -318,6 +322,7 @@ def test_corrupt_audit_json_is_skipped(written, tmp_path, caplog):
      b'{"party": "collaborator1", "round": 4, "attacks": {}, "metrics": {}}'],  # round 4 stored in round_0001
     ids=["binary", "not-a-dict", "nan-metric", "misplaced"],
 )
+@pytest.mark.slow
 def test_invalid_audit_json_variants_are_skipped(written, tmp_path, content, caplog):
     (tmp_path / PARTY / "round_0001" / "audit.json").write_bytes(content)
     with caplog.at_level(logging.WARNING, logger="audit.reporting.party"):
