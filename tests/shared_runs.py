@@ -60,6 +60,22 @@ def run_demo_here(args, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["cifar10_PM.py", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
+def workspace_here(*args) -> subprocess.CompletedProcess:
+    """`python -m workspace ARGS` through workspace.__main__.main in this process, from the repository's folder: its
+    exit code and what it printed, without a new interpreter importing torch and OpenFL (seconds a call). For checks
+    that end before the tool starts a child process of its own, or where a new interpreter is not what is tested."""
+    from workspace.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(ROOT), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as stop:  # argparse's exit
+            code = stop.code
+    return subprocess.CompletedProcess(["python", "-m", "workspace", *map(str, args)], code, out.getvalue(),
+                                       err.getvalue())
+
+
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory) -> DemoRun:
     tmp = tmp_path_factory.mktemp("demo")

@@ -45,6 +45,7 @@ def test_the_plan_loads_the_auditing_aggregator(tmp_path):
     assert agg.report_dir == tmp_path.resolve() / "aggregator_report"  # in-process runs put it there
 
 
+@pytest.mark.slow
 def test_an_idle_request_is_held_then_told_to_ask_again(tmp_path):
     """A collaborator with nothing to do this round (here: a straggler) is not told to sleep whole seconds: its request
     is held for up to poll_interval_s, then answered "ask again now"."""
@@ -104,6 +105,7 @@ def test_a_held_request_gets_the_next_rounds_tasks_when_the_round_ends(tmp_path)
     assert agg.round_number == 2 and agg.get_tasks("collaborator1")[3]  # the quit signal, at once
 
 
+@pytest.mark.slow
 def test_requests_beyond_the_held_limit_are_told_to_sleep(tmp_path):
     """At most MAX_HELD_REQUESTS idle requests hold one of the gRPC server's worker threads; the others get OpenFL's
     kind of answer, "sleep poll_interval_s", so results and model downloads always find a free thread."""
@@ -332,6 +334,7 @@ def test_a_request_naming_an_unknown_collaborator_is_logged_with_its_address(tmp
     assert "Sender in request header is not authorized" in message
 
 
+@pytest.mark.slow
 def test_a_certified_but_unlisted_collaborator_is_refused_unauthenticated_and_logged(tmp_path, caplog):
     """mTLS with a certificate the federation's CA signed, for a name not in the aggregator's cols.yaml."""
     import grpc

@@ -226,6 +226,7 @@ def faulty(tmp_path_factory):
     return run_in_process(tmp_path_factory.mktemp("faulty"), collaborators=4, rounds=1, overrides=overrides)
 
 
+@pytest.mark.slow
 def test_inf_nan_and_a_nan_verdict_are_reported_as_left_out_as_they_were(faulty):
     sent = faulty.collaborator_metrics[0]
     for col in ("collaborator1", "collaborator2", "collaborator3"):

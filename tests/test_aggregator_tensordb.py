@@ -64,6 +64,7 @@ def same(x, y):
 
 
 @pytest.mark.parametrize("seed", range(6))
+@pytest.mark.slow
 def test_every_answer_matches_openfls_tensordb(seed):
     rng = random.Random(seed)
     ours, reference = IndexedTensorDB(), TensorDB()

@@ -67,6 +67,7 @@ def test_model_lists():
 
 
 @pytest.mark.parametrize("dataset", ["cifar10", "digits"])
+@pytest.mark.slow
 def test_layer_number_10_is_a_conv_layer_with_parameters(dataset):
     name = cifar10_PM.feature_layer("alexnet", dataset, 10)
     assert name == "features.conv5"

@@ -84,6 +84,7 @@ def test_a_bad_sample_size_is_named_by_its_key(value, words):
 # ------------------------------------------------------------------------------------------ coverage
 
 
+@pytest.mark.slow
 def test_intervals_on_a_sample_cover_the_whole_sets_values_as_often_as_they_say():
     """A finite set of 20,000 members' and 20,000 non-members' scores (members shifted by 0.6) and 20,000 population
     scores; 400 samples of 300 each (AuditSets.sampled, seeds 0..399). The interval of each sample's AUC must
@@ -146,6 +147,7 @@ def audit_settings(sample_size):
                          sections={"rmia": {"references": ["global", "independent"], "reference_models": 4}})
 
 
+@pytest.mark.slow
 def test_the_membership_audits_run_on_the_sample_and_the_record_says_so():
     """The record's attacks and RMIA use the sample (counts, reference subsets), with exactly the metrics an audit
     of the pre-sampled sets gives; the members outnumber the population (600 against 400, as in the tutorial's

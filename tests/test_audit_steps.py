@@ -69,6 +69,7 @@ def models():
     return local, received
 
 
+@pytest.mark.slow
 def test_a_registered_step_is_parsed_run_reported_and_gated(toy_step, tmp_path):
     settings = AuditSettings.from_mapping({"signals": ["loss"], "fpr_tolerance": [0.1], "toy": {"enabled": True},
                                            "rmia": {"enabled": False}}, prefix="task_runner.settings.audit")

@@ -77,6 +77,7 @@ def trainer(sigma: float, epochs: int = 2) -> DPTraining:
 
 
 @pytest.mark.parametrize("kind", ["mlp", "embedding"])
+@pytest.mark.slow
 def test_gradient_canary_bound_is_never_above_the_accountant(kind):
     """8 seeds x 2 noise levels x 2 canary kinds: every bound at most opacus' epsilon of its run; with little noise
     (an accountant's epsilon in the tens) the canaries do prove something."""
@@ -93,6 +94,7 @@ def test_gradient_canary_bound_is_never_above_the_accountant(kind):
     assert max(bounds[0.5]) > 0.3 and max(bounds[1.5]) < max(bounds[0.5])
 
 
+@pytest.mark.slow
 def test_input_canary_step_under_dp_is_never_above_its_shadows_accountant():
     """The canary step, in a round whose update was trained with DP, trains its shadow with the party's DP training
     (an Embedding model on token ids: noise canaries are token ids too) and reports the shadow's accountant."""

@@ -1,18 +1,14 @@
 """End to end: cifar10_PM.py (the tutorial's command line) on digits, its parser (--gate too), the gate's verdicts
 in the reports and the summary, and the CIFAR-10-missing error. The plain run is the shared demo run
-(tests/shared_runs.py, a new interpreter as a user starts it); the gated and --deanon runs call its main() here."""
+(tests/shared_runs.py, a new interpreter as a user starts it); the gated and --deanon runs and the CIFAR-10-missing
+error call its main() here."""
 
 import csv
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
 
 import cifar10_PM
 from shared_runs import run_demo_here
@@ -26,12 +22,6 @@ SUMMARY = ("Average aggregated model validation values = ", "Average training lo
 # Digits with few members per party and one local epoch: the quick end-to-end runs below add to this.
 DIGITS_RUN = ["--dataset", "digits", "--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45",
               "--audit_dataset_ratio", "0.45", "--local_epochs", "1"]
-
-
-def _run(args, tmp_path, timeout=600):
-    env = {**os.environ, "MPLBACKEND": "Agg"}
-    return subprocess.run([sys.executable, str(ROOT / "cifar10_PM.py"), *args], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture
@@ -129,12 +119,11 @@ def test_parser_tutorial_command_line():
     assert args.signals == ["loss", "logits", "gradient_norm"] and args.comm_round == 30
 
 
-@pytest.mark.federation
 def test_cifar10_missing_fails_with_instructions(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
-    proc = _run(["--dataset", "cifar10", "--data-dir", str(empty), "--comm_round", "1",
-                 "--log_dir", str(tmp_path / "logs")], tmp_path, timeout=300)
+    proc = run_demo_here(["--dataset", "cifar10", "--data-dir", str(empty), "--comm_round", "1",
+                          "--log_dir", str(tmp_path / "logs")], tmp_path)
     assert proc.returncode != 0
     message = proc.stderr
     assert "CIFAR-10" in message and str(empty) in message

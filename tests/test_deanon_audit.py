@@ -141,6 +141,7 @@ def test_reidentification_finds_distinct_users_and_not_identical_ones(attack):
     assert 0.5 < chance.ap_over_chance < 1.6
 
 
+@pytest.mark.slow
 def test_siamese_matching_scores_same_user_pairs_higher():
     train_x, train_u = _clustered_updates(8, 10, 50, 0.5, noise_seed=1)
     test_x, test_u = _clustered_updates(8, 3, 50, 0.5, noise_seed=2)

@@ -85,6 +85,7 @@ def test_distinct_users_are_reidentified_well_above_chance():
     assert closed["matching"]["siamese"]["ap_over_chance"] > 1.4
 
 
+@pytest.mark.slow
 def test_users_from_one_distribution_are_reidentified_at_chance():
     ratios = {}
     for seed in range(6):
@@ -152,6 +153,7 @@ def test_fewer_than_three_collaborators_skip_the_open_world_with_a_reason():
     assert "at least 3" in record["open_world"]["reason"]
 
 
+@pytest.mark.slow
 def test_the_record_is_strict_json_without_update_vectors(tmp_path):
     record = evaluate_round(synthetic_history(4, 4, distinct=True, seed=0), 3, seed=0)
     text = json.dumps(record, allow_nan=False)

@@ -86,6 +86,7 @@ def test_shadow_and_reference_training_make_no_tensor_on_the_default_device():
     np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.slow
 def test_a_round_audit_with_rmia_makes_no_tensor_on_the_default_device():
     """The whole round: signals of both models, the update attack, RMIA with fine-tuned and independent references."""
     rng = np.random.default_rng(7)

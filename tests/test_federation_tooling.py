@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from shared_runs import workspace_here
 from workspace.federation import Outcome, _watch, metrics_file
 from workspace.federation_state import FederationLayout, SetupError
 from workspace.prepare import check_archive, check_port, check_run_dir, fx_exception, restrict_private_keys
@@ -245,6 +246,7 @@ def test_private_keys_become_owner_only(tmp_path):
 
 
 def cli(*args, timeout=120):
+    """`python -m workspace ARGS` in a new interpreter, as a user runs it."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     return subprocess.run([sys.executable, "-m", "workspace", *map(str, args)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
@@ -294,20 +296,40 @@ def cli(*args, timeout=120):
      "error: task_runner.settings.per_collaborator.../../escaped_x: collaborator name '../../escaped_x' is not a safe "
      "path component"),
     # Before: the suggested folder was .../data/MNIST, where the collaborators then looked in MNIST/MNIST/raw.
-    (["--set", "data_loader.settings.dataset=mnist"],
-     "error: data_loader.settings.data_dir: 'data' is relative, but each collaborator runs in its own folder "
-     f"(<run>/collaboratorN/); give an absolute path, e.g. --set data_loader.settings.data_dir={ROOT / 'data'}\n"),
+    # slow: the first to import torchvision's dataset readers (seconds)
+    pytest.param(["--set", "data_loader.settings.dataset=mnist"],
+                 "error: data_loader.settings.data_dir: 'data' is relative, but each collaborator runs in its own "
+                 f"folder (<run>/collaboratorN/); give an absolute path, e.g. --set data_loader.settings.data_dir="
+                 f"{ROOT / 'data'}\n", marks=pytest.mark.slow),
     (["--set", "task_runner.settings.audit.sample_size=1000000"],
      "error: task_runner.settings.audit.sample_size: 1,000,000 samples per set; at most 1,797, every sample of "
      "digits"),
 ])
 def test_bad_options_fail_in_one_line_before_anything_is_made(tmp_path, args, line):
     run_dir = tmp_path / "run"
-    result = cli("run", "--dir", run_dir, *args)
+    result = workspace_here("run", "--dir", run_dir, *args)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith(line), \
         result.stderr
     assert not run_dir.exists()  # no folder, no workspace, no certificate
+
+
+@pytest.mark.federation  # child processes
+@pytest.mark.parametrize("args, line", [
+    (["run", "--dir", "{run}", "--rounds", "1.5"], "error: argument --rounds: expected a whole number >= 1, got '1.5'"),
+    (["run", "--dir", "{run}", "--set", "network=5"], "error: --set network=5: network is a mapping in the plan"),
+    (["start", "--dir", "nowhere", "--liveness", "1"], "error: argument --liveness: expected 0 (no liveness check) or "
+                                                      "seconds >= 2, got '1'  (see python -m workspace start --help)"),
+])
+def test_the_command_in_its_own_process_fails_in_one_line_with_code_2(tmp_path, args, line):
+    """The checks above call main() in this process; the entry point a user runs (`python -m workspace`, which ends
+    with os._exit) prints the same one line and exits 2, for an argparse error and for a check of the plan."""
+    run_dir = tmp_path / "run"
+    result = cli(*[str(a).replace("{run}", str(run_dir)) for a in args])
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()] and result.stderr.startswith(line), \
+        result.stderr
+    assert not run_dir.exists()
 
 
 def test_counts_are_bounded_by_the_machine_and_the_data(monkeypatch):
@@ -348,12 +370,12 @@ def test_a_port_in_use_and_a_used_folder_fail_before_anything_is_made(tmp_path):
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        result = cli("prepare", "--dir", tmp_path / "run", "--port", port)
+        result = workspace_here("prepare", "--dir", tmp_path / "run", "--port", port)
     assert result.returncode == 2 and not (tmp_path / "run").exists()
     assert result.stderr.strip() == (f"error: --port {port}: in use on 127.0.0.1 (something listens there); choose "
                                      "another port, or leave --port out for a free one")
     (tmp_path / "file").write_text("")
-    result = cli("prepare", "--dir", tmp_path / "file")
+    result = workspace_here("prepare", "--dir", tmp_path / "file")
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: --dir {tmp_path / 'file'}: exists and is not a folder; give a new or " \
                                     "empty folder"
@@ -583,8 +605,7 @@ def test_the_liveness_window_grows_with_the_slowest_round():
 
 @pytest.mark.parametrize("value", ["-1", "1", "nan", "inf", "soon"])
 def test_a_bad_liveness_option_is_one_clear_line(value):
-    result = subprocess.run([sys.executable, "-m", "workspace", "start", "--dir", "nowhere", "--liveness", value],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = workspace_here("start", "--dir", "nowhere", "--liveness", value)
     assert result.returncode == 2
     assert result.stderr.strip() == f"error: argument --liveness: expected 0 (no liveness check) or seconds >= 2, " \
                                     f"got '{value}'  (see python -m workspace start --help)", result.stderr

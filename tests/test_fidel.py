@@ -300,6 +300,7 @@ def frozen_first_layer_update(model, x, y):
 
 @pytest.mark.parametrize("arch", [FCNN, CNN])
 @pytest.mark.parametrize("how", ["local is global", "first dense layer frozen"])
+@pytest.mark.slow
 def test_an_update_that_moves_no_neuron_reveals_nothing(digits, tmp_path, arch, how):
     x, y = digits
     torch.manual_seed(10)

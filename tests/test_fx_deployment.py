@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from shared_runs import PREPARED_COLLABORATORS
+from shared_runs import PREPARED_COLLABORATORS, workspace_here
 from workspace.plan_file import deep_merge
 from workspace.run_plan import merge_overrides
 
@@ -163,11 +163,6 @@ def test_the_readme_fx_sequence_runs_a_federation_across_fresh_folders(tmp_path)
     assert (agg / "reports" / "aggregator" / "round_0000.json").is_file()
 
 
-def workspace_cli(*args, timeout=400):
-    return subprocess.run([sys.executable, "-m", "workspace", *map(str, args)], cwd=ROOT, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
 def test_the_tool_prepares_what_the_manual_path_does_with_owner_only_keys(prepared_federation):
     run_dir = prepared_federation  # `python -m workspace prepare`, 2 collaborators, mTLS (read only here)
     keys = sorted((run_dir).rglob("*.key"))
@@ -189,8 +184,8 @@ def test_the_tool_prepares_what_the_manual_path_does_with_owner_only_keys(prepar
 
 def test_a_bad_task_runner_setting_fails_at_plan_initialize_before_any_certificate(tmp_path):
     run_dir = tmp_path / "run"
-    result = workspace_cli("prepare", "--collaborators", 1, "--rounds", 1, "--dir", run_dir,
-                           "--set", "task_runner.settings.audit.fpr_tolerance=[0.1, 2.0]")
+    result = workspace_here("prepare", "--collaborators", 1, "--rounds", 1, "--dir", run_dir,
+                            "--set", "task_runner.settings.audit.fpr_tolerance=[0.1, 2.0]")
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr

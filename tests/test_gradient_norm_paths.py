@@ -93,6 +93,7 @@ class WideHead(nn.Module):
         return self.out(torch.tanh(self.wide(torch.tanh(self.norm(self.inp(x))))))
 
 
+@pytest.mark.slow
 def test_general_path_is_accurate_on_a_large_layer():
     model = WideHead()
     g = torch.Generator().manual_seed(4)

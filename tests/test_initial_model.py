@@ -35,6 +35,7 @@ def assert_same_state(model: torch.nn.Module, want: dict, device) -> None:
 
 @pytest.mark.parametrize("model, dataset, model_settings", [
     ("cnn", "digits", None), ("fcnn", "mnist", {"dropout": 0.3, "activation": "tanh"}), ("alexnet", "cifar10", None)])
+@pytest.mark.slow
 def test_before_round_0_the_initial_model_is_the_plan_model_built_again_bit_for_bit(tmp_path, model, dataset,
                                                                                     model_settings):
     """What the runner deep-copied at construction, for every model of src/runner/models.py; building it again leaves

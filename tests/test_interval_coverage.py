@@ -52,7 +52,7 @@ def wald(estimate, pos_var, neg_var, m, n, confidence=CONFIDENCE):
 @pytest.fixture(scope="module")
 def grid():
     """{family: (truth, estimate, pos_var, neg_var, m, n, lower, upper)}, arrays over every (AUC, sizes) cell x draw;
-    lower, upper: the AUC interval's bounds."""
+    lower, upper: the AUC interval's bounds. Seconds of simulation: the tests that read it are marked slow."""
     out = {}
     for family in GRID_FAMILIES:
         columns = [[] for _ in range(6)]
@@ -83,6 +83,7 @@ def cells():
     return [(auc, m, n) for auc in AUCS for m, n in SIZES]
 
 
+@pytest.mark.slow
 def test_the_auc_interval_covers_each_side_over_the_grid(grid):
     failures, pooled = [], {}
     for family, (truth, estimate, pos_var, neg_var, m, n, lower, upper) in grid.items():
@@ -98,6 +99,7 @@ def test_the_auc_interval_covers_each_side_over_the_grid(grid):
         assert max(sides) <= SIDE + 3 * math.sqrt(SIDE * (1 - SIDE) / total), (family, sides)
 
 
+@pytest.mark.slow
 def test_delongs_wald_interval_fails_the_check_near_auc_1(grid):
     """The check above can fail: DeLong's Wald interval, on the same draws, has the truth below its lower bound in
     far more than 2.5% of draws at AUC 0.99 with 20 members and 20 non-members (measured 34% to 71% across the
@@ -109,6 +111,7 @@ def test_delongs_wald_interval_fails_the_check_near_auc_1(grid):
         assert above[cell] <= ALLOWED
 
 
+@pytest.mark.slow
 def test_the_interval_is_delongs_where_delong_holds(grid):
     """Not wide for safety where it need not be: with 1,000 and 10,000 a class and AUC up to 0.9, its mean width is
     within 5% of DeLong's Wald interval's (measured 1.02x), and with 10,000 a class each side misses about as often

@@ -277,6 +277,7 @@ def check_record(record, settings, models_before):
     ],
     ids=["signals", "fidel", "fidel+deanon"],
 )
+@pytest.mark.slow
 def test_audit_round_on_token_inputs(settings):
     x, y = token_task(n=260)  # population 180: room for 2 disjoint crowd users of 40 + a 40-sample prior
     sets = AuditSets(members=(x[:40], y[:40]), nonmembers=(x[40:80], y[40:80]), population=(x[80:], y[80:]))

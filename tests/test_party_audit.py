@@ -21,6 +21,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_the_facade_and_what_it_uses_import_no_openfl():
     code = ("import sys, audit.party_audit, audit.party_mitigation, audit.membership.signal_cache, "
             "audit.dp_training, audit.config.per_collaborator, audit.chance_accuracy, audit.audit_cost\n"
@@ -55,6 +56,7 @@ def _state(model):
 
 
 @pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.slow
 def test_one_round_by_hand_withholds_an_update_over_the_gates_limit(tmp_path):
     from audit.party_audit import PartyAudit
 

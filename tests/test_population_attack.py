@@ -352,6 +352,7 @@ def _best_achievable(population: np.ndarray, k: int) -> int:
 
 @pytest.mark.parametrize("kind", ["gaussian", "float32_losses", "heavy_ties", "one_big_tie"])
 @pytest.mark.parametrize("member_if_lower", [True, False])
+@pytest.mark.slow
 def test_population_fpr_never_above_tolerance_and_best_achievable(kind, member_if_lower):
     """Issue 10, defect 2: over population sizes 20..2,000 and tolerances 0.001..0.5, the share of the population
     flagged at the reported threshold is never above t, and equals the best achievable count under t (found by

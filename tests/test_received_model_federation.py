@@ -179,6 +179,9 @@ SIGNATURES = {
 }
 
 
+# Both named, not only fetched by name: they are then in the tests' fixture closure, which keeps every test of a
+# crafted federation on one xdist worker, where it is built once (tests/conftest.py).
+@pytest.mark.usefixtures("crafted_fcnn", "crafted_cnn")
 @pytest.mark.parametrize("fixture", ["crafted_fcnn", "crafted_cnn"])
 def test_every_construction_is_rejected_before_any_training(fixture, request):
     result, crafts, built, trained, verdicts = request.getfixturevalue(fixture)
@@ -198,6 +201,9 @@ def test_every_construction_is_rejected_before_any_training(fixture, request):
         assert [verdicts[(party, r)]["alarms"] for r in range(CRAFT_ROUND)] == [[]] * CRAFT_ROUND
 
 
+# Both named, not only fetched by name: they are then in the tests' fixture closure, which keeps every test of a
+# crafted federation on one xdist worker, where it is built once (tests/conftest.py).
+@pytest.mark.usefixtures("crafted_fcnn", "crafted_cnn")
 @pytest.mark.parametrize("fixture", ["crafted_fcnn", "crafted_cnn"])
 def test_a_rejecting_party_sends_nothing_new_and_only_its_verdict(fixture, request):
     result, crafts, _built, _trained, _verdicts = request.getfixturevalue(fixture)

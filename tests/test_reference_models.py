@@ -309,6 +309,7 @@ def test_template_model_is_left_alone_and_bad_input_is_named():
         assert not np.allclose(refs.logits(x[:20])[0], model(torch.as_tensor(x[:20])).detach().numpy())
 
 
+@pytest.mark.slow
 def test_copies_over_the_spill_size_wait_on_disk_and_give_the_same_values(monkeypatch):
     """Copies larger than _SPILL_BYTES (RMIA's references of a large model) are written chunk by chunk as they are
     trained and read back when used: the same parameters, buffers and logits as in memory, bit for bit, also when a

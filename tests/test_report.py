@@ -123,7 +123,8 @@ def assert_png(path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def written_template(tmp_path_factory):
-    """A report with rounds 0, 1, 2 for PARTY, rendered once per module (rendering is the slow part)."""
+    """A report with rounds 0, 1, 2 for PARTY, rendered once per module (rendering is the slow part: the tests that
+    read it are marked slow)."""
     root = tmp_path_factory.mktemp("report")
     writer = ReportWriter(root, PARTY)
     records = [make_record(r) for r in range(3)]
@@ -162,12 +163,14 @@ def test_three_rounds_write_every_file(written, tmp_path):
     assert plt.get_fignums() == []  # nothing registered with pyplot
 
 
+@pytest.mark.slow
 def test_write_round_returns_round_dir(tmp_path):
     rdir = ReportWriter(tmp_path, PARTY).write_round(make_record(7))
     assert rdir == tmp_path / PARTY / "round_0007"
     assert rdir.is_dir()
 
 
+@pytest.mark.slow
 def test_metrics_csv_rows_and_values(written, tmp_path):
     _, records = written
     rows = read_csv(tmp_path / PARTY / "metrics.csv")
@@ -193,6 +196,7 @@ def test_metrics_csv_union_of_keys_with_empty_cells(tmp_path):
     assert rows[0]["mia_update_loss_reduction_auc"] != "" and rows[1]["mia_update_loss_reduction_auc"] == ""
 
 
+@pytest.mark.slow
 def test_index_html_references_plots_and_rounds_newest_first(written, tmp_path):
     _, records = written
     page = (tmp_path / PARTY / "index.html").read_text()
@@ -218,6 +222,7 @@ def test_write_index_lists_every_party(tmp_path):
     assert "not_a_party" not in page
 
 
+@pytest.mark.slow
 def test_html_escapes_text(tmp_path):
     rec = make_record(0, models=("local",))
     rec["attacks"]["local"]["<script>x</script>"] = rec["attacks"]["local"]["loss"]
@@ -230,6 +235,7 @@ def test_html_escapes_text(tmp_path):
     assert "&lt;b&gt;blocked&lt;/b&gt; &amp; logged" in page
 
 
+@pytest.mark.slow
 def test_rewrite_of_a_round_replaces_it(written, tmp_path):
     writer, records = written
     new = make_record(1, seed=5)
@@ -243,6 +249,7 @@ def test_rewrite_of_a_round_replaces_it(written, tmp_path):
     assert temp_files(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_crash_in_os_replace_keeps_previous_files(written, tmp_path, monkeypatch):
     writer, records = written
     before = snapshot(tmp_path)
@@ -260,6 +267,7 @@ def test_crash_in_os_replace_keeps_previous_files(written, tmp_path, monkeypatch
     assert [r.round for r in load_round_records(tmp_path / PARTY)] == [0, 1, 2]
 
 
+@pytest.mark.slow
 def test_crash_while_rewriting_audit_json_keeps_old_record(written, tmp_path, monkeypatch):
     writer, records = written
     old_text = (tmp_path / PARTY / "round_0001" / "audit.json").read_text()
@@ -278,6 +286,7 @@ def test_crash_while_rewriting_audit_json_keeps_old_record(written, tmp_path, mo
     assert [r.seed for r in load_round_records(tmp_path / PARTY)] == [0, 0, 0, 0]
 
 
+@pytest.mark.slow
 def test_crash_in_the_middle_of_a_png_leaves_no_temp_file(written, tmp_path, monkeypatch):
     writer, _ = written
     before = snapshot(tmp_path)
@@ -293,6 +302,7 @@ def test_crash_in_the_middle_of_a_png_leaves_no_temp_file(written, tmp_path, mon
     assert snapshot(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_corrupt_audit_json_is_skipped(written, tmp_path, caplog):
     writer, records = written
     bad = tmp_path / PARTY / "round_0001" / "audit.json"
@@ -315,6 +325,7 @@ def test_corrupt_audit_json_is_skipped(written, tmp_path, caplog):
      b'{"party": "collaborator1", "round": 4, "attacks": {}, "metrics": {}}'],  # round 4 stored in round_0001
     ids=["binary", "not-a-dict", "nan-metric", "misplaced"],
 )
+@pytest.mark.slow
 def test_invalid_audit_json_variants_are_skipped(written, tmp_path, content, caplog):
     (tmp_path / PARTY / "round_0001" / "audit.json").write_bytes(content)
     with caplog.at_level(logging.WARNING, logger="audit.reporting.party"):
@@ -420,6 +431,7 @@ def saved_figures(monkeypatch):
     return figures
 
 
+@pytest.mark.slow
 def test_both_aucs_shown_and_named_with_twenty_population_samples(tmp_path, saved_figures):
     """Issue 10, defect 3: with 20 population samples Privacy Meter's grid AUC reads 0.681 where the
     members-vs-non-members AUC is 0.756; the report shows both, each under its own name, and plots the exact one."""
@@ -449,6 +461,7 @@ def test_both_aucs_shown_and_named_with_twenty_population_samples(tmp_path, save
     assert "loss (grid AUC 0.681, exact 0.756)" in labels
 
 
+@pytest.mark.slow
 def test_intervals_counts_and_unresolvable_tolerances_are_reported(tmp_path, saved_figures):
     """Issue 12: every figure with its interval and counts, in the page, metrics.csv and the plots' bands; a tolerance
     below 1/population is marked unresolvable. 90 members, 404 non-members and 404 population samples (the demo's
@@ -502,6 +515,7 @@ def test_intervals_counts_and_unresolvable_tolerances_are_reported(tmp_path, sav
         assert tuple(segment[:, 1]) == pytest.approx((low, high)), name
 
 
+@pytest.mark.slow
 def test_record_without_exact_auc_still_renders(tmp_path, saved_figures):
     rec = make_record(0, models=("local",))
     for a in rec["attacks"]["local"].values():
@@ -530,6 +544,7 @@ def test_log_scale_plots_with_zeros(tmp_path):
     assert temp_files(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_only_local_model_and_missing_curves(tmp_path):
     writer = ReportWriter(tmp_path, PARTY)
     rec = make_record(0, models=("local",))
@@ -539,6 +554,7 @@ def test_only_local_model_and_missing_curves(tmp_path):
     assert_png(tmp_path / PARTY / "auc.png")
 
 
+@pytest.mark.slow
 def test_empty_attacks_round(tmp_path):
     rec = make_record(0)
     rec["attacks"], rec["metrics"] = {}, {"train_loss": 0.5}
@@ -559,6 +575,7 @@ def test_tpr_plots_follow_the_settings(tmp_path):
     assert names == ["tpr_at_0.001.png", "tpr_at_0.1.png"]
 
 
+@pytest.mark.slow
 def test_rebuild_summary_from_disk_only(written, tmp_path):
     _, records = written
     (tmp_path / PARTY / "metrics.csv").unlink()
@@ -616,6 +633,7 @@ def test_atomic_savefig_failure_keeps_previous_image(tmp_path):
     assert temp_files(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_metrics_csv_escapes_formula_like_names_but_keeps_negative_numbers(tmp_path):
     rec = make_record(0)
     rec["metrics"].update({"=HYPERLINK(\"http://x\")": -0.5, "@SUM(A1)": 2, "-2+3": -1e-300, "train_loss": -0.25})
@@ -659,6 +677,7 @@ def test_report_files_follow_the_umask(tmp_path, umask, mask):
     assert atomic_io.atomic_write_bytes(text, b"w", private=True).stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.slow
 def test_per_sample_files_are_private_to_the_party(tmp_path, umask):
     """signals.npz, rmia_scores.npz, Fidel's grid, and whatever else an audit step's private writer puts in the round
     folder: 0600 in a 0700 round folder, even when the step's writer itself made them readable to all. Before: 0644."""
@@ -684,6 +703,7 @@ def test_per_sample_files_are_private_to_the_party(tmp_path, umask):
     assert writer.store_round(make_record(2)).stat().st_mode & 0o777 == 0o755
 
 
+@pytest.mark.slow
 def test_the_audit_steps_write_their_per_sample_files_private(tmp_path, umask):
     """The built-in steps' own writers, on a real audit (membership signals, RMIA scores, Fidel's grid of the members
     an update reveals): each file 0600 in a 0700 round folder under the usual umask 022. Before: 0644."""

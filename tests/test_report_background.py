@@ -33,6 +33,7 @@ def gated_roc(monkeypatch):
     flush(60)
 
 
+@pytest.mark.slow
 def test_round_returns_before_its_plots_and_flush_draws_them(tmp_path, gated_roc):
     writer = ReportWriter(tmp_path, PARTY)
     round_dir = writer.write_round_in_background(make_record(0))
@@ -98,6 +99,7 @@ def test_a_failing_render_is_logged_and_the_next_round_still_draws(tmp_path, mon
     assert broken_links(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_matplotlib_draws_only_on_the_worker_thread(tmp_path, monkeypatch):
     threads = set()
     real = Figure.savefig

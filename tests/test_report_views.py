@@ -94,6 +94,7 @@ def _visible_tick_labels(fig, axis="y"):
 
 # ----------------------------------------------------------------------------------------------- per-round plots
 
+@pytest.mark.slow
 def test_a_zero_on_a_log_axis_is_an_open_marker_on_the_floor_with_its_count_never_joined(tmp_path, figures):
     """TPR at FPR 0.01 of 0/90 members in rounds 1 and 3 (the demo's zig-zag): the line breaks there, and an open
     marker sits on the axis floor with "0/90" beside it."""
@@ -122,6 +123,7 @@ def test_a_zero_on_a_log_axis_is_an_open_marker_on_the_floor_with_its_count_neve
     assert len(_visible_tick_labels(figures["tpr_at_0.01.png"])) >= 3
 
 
+@pytest.mark.slow
 def test_every_per_round_plot_has_at_least_three_tick_labels_and_a_log_axis_only_over_decades(tmp_path, figures):
     """TPR at FPR 0.5 spans 0.4-0.9: one power of ten on a log axis gave one label; it is now linear with several.
     AUC plots are linear too. A log axis is kept only where the values span more than a decade."""
@@ -134,6 +136,7 @@ def test_every_per_round_plot_has_at_least_three_tick_labels_and_a_log_axis_only
         assert len(labels) >= 3, (name, labels)
 
 
+@pytest.mark.slow
 def test_series_differ_by_colour_and_the_default_view_keeps_the_strongest_attack_per_family(tmp_path, figures):
     rng = np.random.default_rng(3)
     records = [_record(r, rng) for r in range(3)]
@@ -173,6 +176,7 @@ def test_histograms_use_a_log_axis_where_values_span_decades():
 
 # -------------------------------------------------------------------------------------- headline and verdict grid
 
+@pytest.mark.slow
 def test_the_headline_chart_shows_epsilon_against_the_budget_or_the_figure_against_chance(tmp_path, figures):
     rng = np.random.default_rng(5)
     budget = {"verdict": "kept", "action": "withhold", "thresholds": {}, "epsilon_budget": 0.5, "retries": 0}
@@ -229,6 +233,7 @@ def test_the_grid_picture_colours_each_cell_by_its_verdict_marks_gated_updates_a
 
 # ----------------------------------------------------------------------------------------------------- the pages
 
+@pytest.mark.slow
 def test_a_party_page_opens_with_its_chart_and_verdicts_and_collapses_the_rest(tmp_path):
     rng = np.random.default_rng(6)
     _write(tmp_path, "p", [_record(r, rng, leak=_leak(r >= 2)) for r in range(4)])
@@ -249,6 +254,7 @@ def test_a_party_page_opens_with_its_chart_and_verdicts_and_collapses_the_rest(t
     assert re.search(r"<td>mia_local_loss_tpr_at_fpr_0.001</td>.*?\*</sup>", table)  # 404 cannot resolve 0.001
 
 
+@pytest.mark.slow
 def test_the_run_index_opens_with_the_grid_picture_naming_the_worst_round_and_what_was_done(tmp_path):
     rng = np.random.default_rng(7)
     gate = {"verdict": "withheld", "action": "withhold", "thresholds": {"mia_local_loss_exact_auc": 0.6},

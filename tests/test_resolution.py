@@ -77,6 +77,7 @@ def _record(round_num: int, n_population: int) -> dict:
             "attacks": {m: {s: r.to_dict() for s, r in per.items()} for m, per in attacks.items()}}
 
 
+@pytest.mark.slow
 def test_the_party_page_marks_unresolvable_figures_and_says_why(tmp_path):
     writer = ReportWriter(tmp_path, "alice")
     writer.write_round(_record(0, n_population=4))      # resolves 0.5 only

@@ -107,6 +107,7 @@ def test_the_plan_section_is_parsed_and_checked_by_its_dotted_key():
 # ------------------------------------------------------------------------------------------ the scores
 
 
+@pytest.mark.slow
 def test_the_step_is_rmia_on_the_models_it_audits():
     """Every kind's scores are audit.membership.rmia's on probabilities computed here from the same models (the
     global model; the references the step trained, read back from the party's store), and its figures are the
@@ -243,6 +244,7 @@ def test_missing_inputs_are_named():
 # ------------------------------------------------------------------------------------------ gated, reported
 
 
+@pytest.mark.slow
 def test_rmia_metrics_are_declared_gated_on_and_reported_with_private_scores(tmp_path):
     sets, initial = task(), net(0)
     local = trained(initial, sets)

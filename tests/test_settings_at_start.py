@@ -25,6 +25,7 @@ import torch
 import cifar10_PM
 from audit.config.fields import SettingsError
 from src.server.settings import OPENFL_FILLED, OPENFL_KEYS, OWN_KEYS
+from shared_runs import workspace_here
 from src.plan.checks import TASK_FUNCTIONS
 from workspace.in_process import parse_plan, run_in_process
 from workspace.plan_file import check_settings, run_plan_config, write_run_plan
@@ -490,14 +491,7 @@ def test_workspace_plan_file_errors_name_the_flag_and_the_file(tmp_path, capsys)
 
 # ------------------------------------------------------------------------------------------------- entry points
 
-def _cli(*args, cwd=ROOT, timeout=300):
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    return subprocess.run([sys.executable, *map(str, args)], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-
-
-@pytest.mark.federation
-@pytest.mark.skipif(not (Path(sys.executable).parent / "fx").exists(), reason="fx comes with openfl in the venv")
+@pytest.mark.slow  # builds the task runner (the checks' imports)
 @pytest.mark.parametrize("override, line", [
     ("task_runner.settings.learnig_rate=0.1", "error: task_runner.settings.learnig_rate: unknown setting; known: "),
     ("task_runner.settings.device=cuda:63", "error: task_runner.settings.device: 'cuda:63' is not available on this "
@@ -510,8 +504,7 @@ def test_bad_settings_fail_before_any_certificate_is_made(tmp_path, override, li
     `fx plan initialize` does) fails in the tool's own process before any folder is made; one line, naming the key.
     Before, it failed in `fx plan initialize` and left --dir holding aggregator/ and setup.log."""
     run_dir = tmp_path / "run"
-    result = _cli("-m", "workspace", "prepare", "--collaborators", "2", "--rounds", "1", "--dir", run_dir,
-                  "--set", override)
+    result = workspace_here("prepare", "--collaborators", "2", "--rounds", "1", "--dir", run_dir, "--set", override)
     assert result.returncode == 2, result.stderr
     err = result.stderr.strip()
     assert err.splitlines() == [err] and err.startswith(line), err
@@ -528,12 +521,12 @@ def test_a_prepare_refused_in_fx_leaves_nothing_and_the_fixed_command_works(tmp_
     kept aggregator/ and setup.log, and the fixed rerun was refused "not empty". Now nothing is left, and the same
     command with the mistake fixed prepares the folder."""
     run_dir = tmp_path / "run"
-    bad = _cli("-m", "workspace", "prepare", "--dir", run_dir, *SMALL,
+    bad = workspace_here("prepare", "--dir", run_dir, *SMALL,
                "--set", f"aggregator.settings.init_state_path={tmp_path / 'no' / 'such' / 'init.pbuf'}")
     assert bad.returncode == 2, bad.stdout[-2000:] + bad.stderr[-2000:]
     assert "`fx plan initialize` failed" in bad.stderr or "fx plan initialize" in bad.stderr, bad.stderr
     assert not run_dir.exists(), sorted(str(p) for p in run_dir.rglob("*"))[:20]
-    good = _cli("-m", "workspace", "prepare", "--dir", run_dir, *SMALL)
+    good = workspace_here("prepare", "--dir", run_dir, *SMALL)
     assert good.returncode == 0, good.stdout[-2000:] + good.stderr[-2000:]
     assert (run_dir / "collaborator1" / "plan" / "plan.yaml").is_file()
 
@@ -552,14 +545,14 @@ TRUNCATED = ("MNIST is not available: its files are incomplete or corrupted (tra
              "torchvision reads")
 
 
-@pytest.mark.federation
+@pytest.mark.slow  # torchvision's readers
 def test_the_tool_reads_each_partys_data_before_any_certificate(tmp_path):
     """Before: a truncated MNIST file was found only by the collaborators, in round 0, and the tool said "exited with
     code 1 during round 0"; now the tool reads every shard with the loader's own readers before making anything."""
     data = truncated_mnist(tmp_path / "data")
     run_dir = tmp_path / "run"
-    result = _cli("-m", "workspace", "prepare", "--dir", run_dir, "--collaborators", "2", "--set",
-                  "data_loader.settings.dataset=mnist", "--set", f"data_loader.settings.data_dir={data}")
+    result = workspace_here("prepare", "--dir", run_dir, "--collaborators", "2", "--set",
+                            "data_loader.settings.dataset=mnist", "--set", f"data_loader.settings.data_dir={data}")
     assert result.returncode == 2, result.stderr
     err = result.stderr.strip()
     assert err.splitlines() == [err] and err.startswith(f"error: {TRUNCATED}"), err

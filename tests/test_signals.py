@@ -351,6 +351,7 @@ def _no_functorch(monkeypatch):
         ("fcnn", (1, 8, 8), "classifier.fc1"),
     ],
 )
+@pytest.mark.slow
 def test_layerwise_matches_naive_on_project_models(monkeypatch, model_name, shape, layer):
     model = _project_model(model_name, shape)
     torch.manual_seed(0)

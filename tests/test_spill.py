@@ -83,6 +83,7 @@ def assert_same_model(loaded: nn.Module, model: nn.Module) -> None:
     assert [m.training for m in loaded.modules()] == [m.training for m in model.modules()]
 
 
+@pytest.mark.slow
 def test_a_spilled_model_reads_back_bit_for_bit_and_its_folder_goes_with_it():
     model, tokens, _ = tied_tokens()
     conv = odd_conv()
@@ -129,6 +130,7 @@ def pool(seed: int = 1):
     return x, np.random.default_rng(seed + 1).integers(0, 3, 90)
 
 
+@pytest.mark.slow
 def test_trained_copies_do_not_keep_their_template_model_alive():
     """The stored references would otherwise pin the model they started from (the plan's initial model, a whole
     model's size per party, as long as the party keeps its references)."""

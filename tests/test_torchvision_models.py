@@ -71,6 +71,7 @@ def test_the_names_are_torchvisions_registry_less_the_families_left_out():
 @pytest.mark.parametrize("name,shape,classes", [("resnet18", CIFAR, 100), ("resnet18", MNIST, 10),
                                                 ("mobilenet_v3_small", MNIST, 10), ("efficientnet_b0", CIFAR, 10),
                                                 ("vgg11_bn", CIFAR, 10)])
+@pytest.mark.slow
 def test_a_torchvision_classifier_fitted_to_small_images(name, shape, classes):
     """The first convolution takes the dataset's channels, with stride 1 on images under 64 pixels; everything else
     is torchvision's (the same modules, BatchNorm included); eval and train forwards give logits; same seed, same
@@ -90,6 +91,7 @@ def test_a_torchvision_classifier_fitted_to_small_images(name, shape, classes):
     assert net.eval()(x).shape == (3, classes) and net.train()(x[:1]).shape == (1, classes)
 
 
+@pytest.mark.slow
 def test_large_images_keep_torchvisions_stride_and_small_ones_that_cannot_fit_fail_in_one_line():
     net = model("resnet18", (3, 64, 64))
     assert net.conv1.stride == (2, 2) and net.conv1.in_channels == 3
@@ -122,6 +124,7 @@ def autograd_norms(net, x, y, names):
 
 
 @pytest.mark.parametrize("name,layer", [("resnet18", "conv1"), ("resnet18", "layer4"), ("mobilenet_v3_small", None)])
+@pytest.mark.slow
 def test_gradient_norms_match_per_sample_autograd(name, layer):
     """The layer-wise path (conv1: a plain Conv2d) and torch.func's (BatchNorm's parameters in layer4, every
     parameter of a net with squeeze-excitation and hardswish) against autograd, sample by sample."""
@@ -135,6 +138,7 @@ def test_gradient_norms_match_per_sample_autograd(name, layer):
     assert norms.min() > 0
 
 
+@pytest.mark.slow
 def test_reference_copies_train_like_separate_local_trainings():
     """RMIA's references (torch.func, copies stacked): each copy's parameters and its own BatchNorm statistics (and
     num_batches_tracked) as a separate local training of a copy in train mode would leave them."""
@@ -169,6 +173,7 @@ def test_fidel_and_deanonymization_take_the_first_and_last_dense_layer():
     assert last_layer(mobile) == "classifier.3"
 
 
+@pytest.mark.slow
 def test_deanon_self_audit_on_a_batchnorm_classifier():
     x, y = images(400, seed=2)
     assert_self_audit_leaves_models_unchanged(model("mobilenet_v3_small").eval(), x, y)
@@ -202,6 +207,7 @@ def test_the_round_audit_on_a_batchnorm_classifier():
 # ------------------------------------------------------------------------------------------ DP retrain
 
 
+@pytest.mark.slow
 def test_dp_retrain_freezes_batchnorm_and_trains_the_rest_with_dp():
     """opacus refuses a trainable BatchNorm; the retrain keeps the architecture: BatchNorm's weights and running
     statistics are sent as received, every other tensor is trained with DP-SGD (clipped, noised, accounted)."""

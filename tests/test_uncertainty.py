@@ -152,6 +152,7 @@ def test_population_threshold_flags_at_most_the_tolerance_even_with_ties():
     assert (pop > population_threshold(pop, 0.01)).sum() == 3
 
 
+@pytest.mark.slow
 def test_tpr_interval_covers_its_thresholds_tpr_but_not_the_tpr_at_exactly_the_tolerance():
     """The threshold comes from 200 population samples at FPR 0.05. The TPR interval (100 members) covers the true
     TPR of the threshold it was given at >= 95% (Clopper-Pearson given the threshold); it does not cover "the TPR at
@@ -249,6 +250,7 @@ def test_epsilon_bound_equals_a_direct_computation(delta):
     assert (flipped.tp, flipped.fp, flipped.fn, flipped.tn) == (got.tp, got.fp, got.fn, got.tn)
 
 
+@pytest.mark.slow
 def test_epsilon_bound_is_zero_for_identical_distributions():
     rng = np.random.default_rng(8)
     bounds = [epsilon_lower_bound(rng.normal(size=1000), rng.normal(size=1000)).epsilon for _ in range(200)]
