@@ -690,3 +690,33 @@ def test_a_folder_left_running_by_a_killed_tooling_is_reported_stale(tmp_path):
     finally:
         survivor.kill()
         survivor.wait()
+
+
+def test_a_signal_while_the_main_thread_starts_a_process_is_delivered_once_it_is_recorded(tmp_path, monkeypatch):
+    """A SIGINT whose handler runs while subprocess.Popen forks (where Python drops the handler's exception: logging's
+    after-fork hook) is deferred and raised right after start() records the process, so the clean-up stops it and the
+    run ends interrupted, not with a dropped exception and a process nobody stops."""
+    import signal
+
+    import workspace.processes as processes
+    from workspace.__main__ import Interrupted, interrupt_handler
+
+    registry = ProcessRegistry()
+    real_popen = subprocess.Popen
+
+    def popen_interrupted_while_forking(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # its handler runs at the next bytecode boundary: still inside Popen
+        time.sleep(0.05)
+        assert registry.launching and registry.cancelled  # deferred: nothing raised here
+        return real_popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+
+    monkeypatch.setattr(processes.subprocess, "Popen", popen_interrupted_while_forking)
+    previous = signal.signal(signal.SIGINT, interrupt_handler(registry))
+    try:
+        with pytest.raises(Interrupted):
+            registry.start("sleeper", ["sleep"], cwd=tmp_path, log_path=tmp_path / "sleeper.log", env={})
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        registry.stop_all()
+    assert [s.name for s in registry.started] == ["sleeper"] and registry.stopped_running == ["sleeper"]
+    assert registry.interrupted_by == signal.SIGINT and not registry.launching

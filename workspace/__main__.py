@@ -53,6 +53,9 @@ def interrupt_handler(registry: ProcessRegistry):
     winds down anyway (that clean-up, a failed set-up's, the end of a run) never interrupts it: it only hastens it
     (ProcessRegistry.hurry: every process killed at once)."""
     def handler(signum, _frame):
+        if registry.launching:  # inside a fork's hooks: raised here, the exception would be dropped
+            registry.defer(signum)
+            return
         registry.cancel()
         if registry.interrupted_by is None and not registry.winding_down:
             registry.interrupted_by = signum

@@ -195,6 +195,11 @@ class ProcessRegistry:
         # Set once the tooling stops (an interrupt, a failure, the end of a run): a signal then only hastens it.
         self.winding_down = False
         self.interrupted_by: int | None = None  # the first SIGINT/SIGTERM, if any
+        # While the main thread forks a process, a signal handler that raises would raise inside the fork's hooks
+        # (logging's lock release), where Python prints the exception and drops it: the handler defers the signal
+        # (`defer`) and start() delivers it again once the process is recorded.
+        self.launching = False
+        self._deferred: int | None = None
 
     @property
     def cancelled(self) -> bool:
@@ -203,6 +208,18 @@ class ProcessRegistry:
     def cancel(self) -> None:
         """Start nothing more (safe in a signal handler: no lock; start() reads the flag under its lock)."""
         self._closed = True
+
+    def defer(self, signum: int) -> None:
+        """Keep a signal that came while the main thread was starting a process, for start() to deliver again (safe in
+        a signal handler: no lock)."""
+        self._closed = True
+        self._deferred = self._deferred or signum
+
+    def _launched(self) -> None:
+        self.launching = False
+        signum, self._deferred = self._deferred, None
+        if signum is not None:
+            signal.raise_signal(signum)  # the handler runs now, outside the fork's hooks
 
     def check_cancelled(self, what: str = "the next step") -> None:
         """Raise InterruptedError if the run is being stopped: a job calls this before each step of its own."""
@@ -226,12 +243,21 @@ class ProcessRegistry:
             if self._closed:  # stop_all() ran (e.g. Ctrl-C): start nothing new from a worker thread
                 raise InterruptedError(f"not starting {name}: the run is being stopped")
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "ab") as log:
-                popen = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True,
-                                         preexec_fn=die_with_this_process())
+            main = threading.current_thread() is threading.main_thread()  # where signal handlers run
+            self.launching = main
+            try:
+                with open(log_path, "ab") as log:
+                    popen = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True,
+                                             preexec_fn=die_with_this_process())
+            except BaseException:
+                if main:
+                    self._launched()
+                raise
             started = Started(name, popen, log_path)
-            self._started.append(started)
+            self._started.append(started)  # before a deferred signal: its clean-up stops this process too
+            if main:
+                self._launched()
             return started
 
     def run(self, name: str, argv: Sequence[str], *, cwd: Path, log_path: Path, env: dict,
