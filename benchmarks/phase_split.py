@@ -71,12 +71,17 @@ _round_peaks: list[dict] = [{}]  # per round: {phase: peak GB while that phase r
 _census: list[dict] = []
 
 
-def _peak_rss_gb() -> float:
+def _status_gb(field: str) -> float:
+    """A size of this process from /proc/self/status (VmHWM: the peak RSS, VmRSS: the RSS now), GB; 0 if absent."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024 / 1e9
     return 0.0
+
+
+def _peak_rss_gb() -> float:
+    return _status_gb("VmHWM")
 
 
 def _reset_peak() -> bool:
@@ -279,24 +284,33 @@ def census(top: int = 30) -> dict:
         owner = f"{'tensor' if key[0] == 't' else 'array'} " + _owner_path(item, holder, skip=skip)
         groups[owner] = groups.get(owner, 0.0) + size / 1e9
     stores = {f"{type(o).__module__}.{type(o).__qualname__}@{id(o):x}": round(_tensor_db_gb(o), 4)
-              for o in objects if any(c.__name__ == "TensorDB" for c in type(o).__mro__)}
+              for o in objects if _is_a(o, "TensorDB")}
     # the aggregator's own copies of whole models (OpenFL keeps the best and the last round's tensors)
     for o in objects:
-        for attribute in ("best_tensor_dict", "last_tensor_dict"):
-            held = getattr(o, "__dict__", {}).get(attribute) if type(o).__name__ == "Aggregator" or any(
-                c.__name__ == "Aggregator" for c in type(o).__mro__) else None
-            if isinstance(held, dict):
-                stores[f"Aggregator.{attribute}"] = round(sum(getattr(a, "nbytes", 0) for a in held.values()) / 1e9, 4)
+        if _is_a(o, "Aggregator"):
+            for attribute in ("best_tensor_dict", "last_tensor_dict"):
+                held = vars(o).get(attribute)
+                if isinstance(held, dict):
+                    stores[f"Aggregator.{attribute}"] = round(_arrays_gb(held.values()), 4)
     del objects, found
     largest = sorted(groups.items(), key=lambda kv: -kv[1])[:top]
     return {"rss_gb": round(_rss_gb(), 3), "tensors_gb": round(totals["t"], 3), "arrays_gb": round(totals["a"], 3),
             **_malloc_stats(), "tensor_dbs_gb": stores, "by_holder": [(k, round(v, 4)) for k, v in largest]}
 
 
+def _is_a(obj, class_name: str) -> bool:
+    """Whether obj's class or one of its bases is named class_name (OpenFL's classes, without importing OpenFL)."""
+    return any(c.__name__ == class_name for c in type(obj).__mro__)
+
+
+def _arrays_gb(arrays) -> float:
+    return sum(getattr(a, "nbytes", 0) for a in arrays) / 1e9
+
+
 def _tensor_db_gb(db) -> float:
     """The bytes of the arrays an OpenFL TensorDB holds (its frame's nparray column), GB."""
     try:
-        return sum(getattr(a, "nbytes", 0) for a in db.tensor_db["nparray"]) / 1e9
+        return _arrays_gb(db.tensor_db["nparray"])
     except Exception:
         return float("nan")
 
@@ -320,8 +334,4 @@ def _malloc_stats() -> dict:
 
 
 def _rss_gb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024 / 1e9
-    return 0.0
+    return _status_gb("VmRSS")
