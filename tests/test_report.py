@@ -25,7 +25,8 @@ from sklearn.metrics import roc_auc_score, roc_curve  # noqa: E402
 from audit.reporting import atomic_io, plots  # noqa: E402
 from audit.membership.population_attack import population_attack  # noqa: E402
 from audit.membership.uncertainty import auc_interval  # noqa: E402
-from audit.reporting.party import ReportWriter, load_round_records, validate_record, write_index  # noqa: E402
+from audit.reporting.party import ReportWriter, load_round_records, write_index  # noqa: E402
+from audit.round_record import validate_record  # noqa: E402
 from audit.round_record import SCHEMA_VERSION  # noqa: E402
 
 PARTY = "collaborator1"

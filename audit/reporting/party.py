@@ -51,17 +51,14 @@ from audit.reporting.overview_plots import plot_headline
 from audit.reporting.plots import plot_per_round, plot_roc, plot_signal_histograms
 from audit.reporting.readings import (csv_cell, exact_auc_band, exact_auc_of, rates_at, tolerances_of, tpr_at,
                                       tpr_band_at, unresolvable)
-from audit.reporting.records import (HISTOGRAMS_FILE, load_cached_round_records, load_round_records, round_dir_name,
-                                     validate_party_name, validate_record)
+from audit.reporting.records import HISTOGRAMS_FILE, load_cached_round_records, load_round_records, round_dir_name
 from audit.reporting.writer import RoundReportWriter
-from audit.round_record import RoundRecord
+from audit.round_record import RoundRecord, validate_party_name, validate_record
 
 __all__ = [
     "ReportWriter",
     "load_round_records",
     "write_index",
-    "validate_record",
-    "validate_party_name",
     "round_dir_name",
 ]
 

@@ -15,10 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from audit.config.vocabulary import FIDEL_GRID_FILE, RMIA_SCORES_FILE, SIGNALS_FILE  # noqa: F401 (re-exported)
-from audit.round_record import (RecordSchemaError, RoundRecord, validate_party_name,  # noqa: F401 (re-exported)
-                                validate_record, validate_structure)
+from audit.round_record import RecordSchemaError, RoundRecord
 
-__all__ = ["validate_party_name", "round_dir_name", "validate_record", "validate_structure", "load_round_records",
+__all__ = ["round_dir_name", "load_round_records",
            "load_cached_round_records", "round_file_name", "load_round_files", "ROUND_DIR_RE", "SIGNALS_FILE",
            "RMIA_SCORES_FILE", "FIDEL_GRID_FILE", "HISTOGRAMS_FILE"]
 

@@ -9,7 +9,7 @@ plan as a mapping, by whoever holds the whole plan before any work: `python -m w
 
 The collaborators' names, wherever the project reads them (the tool's layout, the plan's `per_collaborator`, and
 OpenFL's plan/cols.yaml, plan/data.yaml and `fx collaborator start -n` name where OpenFL builds our classes) must
-be safe single path components (audit.reporting.records.validate_party_name, the one pattern): OpenFL writes files
+be safe single path components (audit.round_record.validate_party_name, the one pattern): OpenFL writes files
 named after them (`logs/<name>_metrics.txt`, `cert/client/col_<name>.key`), and `../../x` wrote outside the
 workspace. The counts the plan asks for are bounded (src.plan.bounds).
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from audit.config.fields import Mismatch, SettingsError, boolean, custom, did_you_mean, integer, to_dict
 from audit.config.plugins import check_plugins
-from audit.reporting.records import validate_party_name
+from audit.round_record import validate_party_name
 from src.plan import bounds as plan_bounds
 from src.plan.openfl_sections import check_included_files, check_openfl_sections
 
