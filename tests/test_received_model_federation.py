@@ -18,7 +18,6 @@ from collections import OrderedDict
 
 import numpy as np
 import pytest
-import torch
 from openfl.federated import PyTorchTaskRunner
 from openfl.utilities import TensorKey
 from torch import nn

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import copy
 import importlib.util
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import yaml
 
-from audit.config.fields import (SettingsError, anything, boolean, choice, did_you_mean, either, integer, is_int, is_real,
+from audit.config.fields import (SettingsError, anything, boolean, choice, did_you_mean, either, integer, is_real,
                                  literal, optional, real, text)
 
 __all__ = ["NETWORK_KEYS", "NETWORK_FILLED", "COLLABORATOR_KEYS", "COLLABORATOR_FILLED", "STRAGGLER_POLICIES",
