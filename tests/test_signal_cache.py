@@ -156,6 +156,33 @@ def test_fingerprint_sees_names_values_and_buffers():
     assert state_fingerprint(renamed) != base  # same tensors under other names
 
 
+def test_weights_fingerprint_is_the_same_for_a_models_state_and_the_arrays_a_party_receives():
+    """weights_fingerprint: a model's tensors and numpy copies of them (what a party receives) give one fingerprint;
+    one bit (-0.0 against 0.0), the dtype, the shape or the order changes it; bfloat16 tensors and an Embedding's
+    weights are read by their bytes."""
+    import numpy as np
+    import torch
+
+    from audit.model_io import weights_fingerprint
+
+    model = nn.Sequential(nn.Embedding(7, 3), nn.Flatten(), nn.Linear(6, 2))
+    named = list(model.state_dict().items())
+    base = weights_fingerprint(named)
+    arrays = [(k, v.detach().numpy().copy()) for k, v in named]
+    assert weights_fingerprint(arrays) == base
+    zero = [(k, np.zeros_like(v)) for k, v in arrays]
+    negative_zero = [(k, -np.zeros_like(v)) for k, v in arrays]
+    assert weights_fingerprint(zero) != weights_fingerprint(negative_zero)
+    assert weights_fingerprint([(k, v.astype(np.float64)) for k, v in arrays]) != base
+    assert weights_fingerprint([(k, v.reshape(-1)) for k, v in arrays]) != base
+    assert weights_fingerprint(arrays[::-1]) != base
+    half = [(k, v.to(torch.bfloat16)) for k, v in named]
+    assert weights_fingerprint(half) == weights_fingerprint([(k, v.clone()) for k, v in half])
+    nudged = [(k, v.clone()) for k, v in half]
+    nudged[0][1].view(torch.int16)[0, 0] += 1  # one bit of a bfloat16 weight
+    assert weights_fingerprint(nudged) != weights_fingerprint(half)
+
+
 # ---------------------------------------------------------------- the task runner's validation tasks
 
 # RMIA against the received model only: it reads its outputs off the cache as every kind does; the trained
