@@ -10,6 +10,9 @@ Every check of the options and of the plan runs before any certificate or key is
 run's plan in this process, then `fx plan initialize` (which builds the data loader and the task runner, so it
 checks every setting the collaborators will check), and only then `fx workspace certify`.
 
+`fx plan initialize` is an `fx` process of its own; the other commands run in turn in forks of one process that has
+imported OpenFL's libraries (workspace/fx_worker.py), through OpenFL's own entry point.
+
 mTLS (default): `fx plan initialize`, then `fx workspace certify`, `fx aggregator generate-cert-request` and
 `certify` alongside `fx workspace export`; per collaborator `fx workspace import`, `fx collaborator create`,
 `generate-cert-request`; the aggregator signs each request (`fx collaborator certify --request-pkg`, which also
@@ -22,8 +25,11 @@ The collaborators get `audit` the way a manual deployment does: inside the expor
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -36,7 +42,8 @@ import yaml
 from audit.reporting.atomic_io import atomic_write_text
 from workspace.federation_state import AGGREGATOR, FederationLayout, SetupError
 from workspace.plan_file import WORKSPACE_ROOT, collaborator_names
-from workspace.processes import ProcessRegistry, fx_environment, fx_executable
+from workspace.fx_worker import RC_SUFFIX
+from workspace.processes import ProcessRegistry, Started, describe_returncode, fx_environment, fx_executable
 from workspace.run_lock import LOCK_FILE, FolderBusyError, FolderLock
 from workspace.run_plan import (AGG_ADDR, aggregator_report_dir, build_run_plan, collaborator_report_dir, dump_plan,
                                 free_port, insecure_allowed, port_problem)
@@ -55,6 +62,14 @@ SIGNAL_POLL_S = 0.1  # the main thread wakes this often while set-up jobs run, t
 PORT_RANGE = (1, 65535)
 
 
+# `fx plan initialize` builds the workspace's data loader and task runner from the workspace's own code: it runs as an
+# `fx` process of its own, in that workspace. The other set-up commands import nothing of a workspace: they run in
+# turn in one process (workspace/fx_worker.py), which imports OpenFL once instead of once per command.
+OWN_PROCESS = {("plan", "initialize")}
+WORKER = Path(__file__).resolve().with_name("fx_worker.py")
+WORKER_POLL_S = 0.02
+
+
 class FxRunner:
     """Runs `fx` commands in participants' folders, logging their output to <run>/setup.log."""
 
@@ -63,14 +78,24 @@ class FxRunner:
         self.setup_log = setup_log
         self.fx = fx_executable()
         self.log_dir = setup_log.parent / ".setup_logs"  # one file per running command, merged into setup.log
+        self._worker_lock = threading.Lock()  # one command at a time in the worker
+        # Started now, from the thread that makes the runner: the kernel kills a child when the thread that started
+        # it ends (PR_SET_PDEATHSIG, workspace/processes.py), and the set-up's job threads end after each step. Its
+        # import of OpenFL overlaps the first command's.
+        self._worker: Started | None = self.registry.start(
+            "fx set-up commands", [sys.executable, str(WORKER)], cwd=setup_log.parent,
+            log_path=self.log_dir / "worker.log", env=fx_environment(), stdin=subprocess.PIPE)
 
     def __call__(self, cwd: Path, *args: str) -> None:
         command = "fx " + " ".join(args)
         self.registry.check_cancelled(f"`{command}`")
         log_path = self.log_dir / f"{time.monotonic_ns()}.log"
         began = time.monotonic()
-        rc = self.registry.run(cwd.name + ": " + command, [str(self.fx), *args], cwd=cwd, log_path=log_path,
-                               env=fx_environment(), timeout_s=FX_TIMEOUT_S)
+        if tuple(args[:2]) in OWN_PROCESS:
+            rc = self.registry.run(cwd.name + ": " + command, [str(self.fx), *args], cwd=cwd, log_path=log_path,
+                                   env=fx_environment(), timeout_s=FX_TIMEOUT_S)
+        else:
+            rc = self._in_worker(cwd, args, log_path, command)
         output = log_path.read_text(errors="replace") if log_path.exists() else ""
         log_path.unlink(missing_ok=True)
         with open(self.setup_log, "a", encoding="utf-8") as log:
@@ -82,6 +107,51 @@ class FxRunner:
             tail = "\n".join(output.strip().splitlines()[-15:])
             raise SetupError(f"`{command}` failed in {cwd} (exit code {rc}); last lines:\n{tail}\n"
                              f"(full output: {self.setup_log})")
+
+    def _in_worker(self, cwd: Path, args: tuple, log_path: Path, command: str) -> int:
+        """The command's exit code, from the worker (started on first use)."""
+        with self._worker_lock:
+            self.registry.check_cancelled(f"`{command}`")
+            worker = self._worker
+            if worker is None:
+                raise RuntimeError(f"`{command}`: the set-up commands' process was already closed")
+            done = Path(str(log_path) + RC_SUFFIX)
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                worker.popen.stdin.write((json.dumps({"cwd": str(cwd), "args": list(args), "log": str(log_path)})
+                                          + "\n").encode())
+                worker.popen.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass  # it has ended: said below
+            deadline = time.monotonic() + FX_TIMEOUT_S
+            while not done.exists():
+                if worker.popen.poll() is not None:  # stopped by an interrupt, or died
+                    self.registry.check_cancelled(f"`{command}`")
+                    worker_log = self.log_dir / "worker.log"
+                    tail = worker_log.read_text(errors="replace")[-2000:] if worker_log.exists() else ""
+                    raise SetupError(f"`{command}` in {cwd}: the process running fx's set-up commands "
+                                     f"{describe_returncode(worker.popen.returncode)}\n{tail}")
+                if time.monotonic() > deadline:
+                    self.registry.stop(worker)
+                    raise TimeoutError(f"`{command}` in {cwd} took more than {FX_TIMEOUT_S:g} s (output: {log_path})")
+                time.sleep(WORKER_POLL_S)
+            rc = int(done.read_text())
+            done.unlink()
+            return rc
+
+    def close(self) -> None:
+        """End the worker: at the end of its input it exits."""
+        with self._worker_lock:
+            worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        try:
+            worker.popen.stdin.close()
+            worker.popen.wait(timeout=FX_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.registry.stop(worker)  # nothing left of it, whatever happened
+        self.registry.forget(worker)
 
 
 def fx_exception(output: str) -> str | None:
@@ -281,6 +351,7 @@ def _prepare_in(folder: RunFolder, config: Mapping, names: list[str], *, rounds:
         (ws / signed).unlink()
 
     in_parallel([lambda i=i, n=n: collaborator_chain(i, n) for i, n in enumerate(names, 1)], registry)
+    fx.close()
     check_prepared(run_dir, names, use_tls)
     shutil.rmtree(fx.log_dir, ignore_errors=True)
     layout.prepared_at = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -291,7 +362,8 @@ def _prepare_in(folder: RunFolder, config: Mapping, names: list[str], *, rounds:
 
 
 def in_parallel(jobs: list[Callable[[], object]], registry: ProcessRegistry, workers: int = 2) -> None:
-    """Run jobs two at a time (two cores: fx commands are mostly Python imports); the first error is raised.
+    """Run jobs two at a time (one copies or moves files while the other waits for its fx command); the first error is
+    raised.
 
     On an error or an interrupt every queued job is dropped, the registry is cancelled (a running job stops at its
     next step: no process starts, no copy is made, ProcessRegistry.check_cancelled) and its processes are stopped;

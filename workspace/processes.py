@@ -238,7 +238,10 @@ class ProcessRegistry:
         with self._lock:
             return list(self._started)
 
-    def start(self, name: str, argv: Sequence[str], *, cwd: Path, log_path: Path, env: dict) -> Started:
+    def start(self, name: str, argv: Sequence[str], *, cwd: Path, log_path: Path, env: dict,
+              stdin: int = subprocess.DEVNULL) -> Started:
+        """Start `argv` in its own process group, its output appended to log_path; `stdin`: subprocess.PIPE for a
+        process the caller writes to (started.popen.stdin)."""
         with self._lock:
             if self._closed:  # stop_all() ran (e.g. Ctrl-C): start nothing new from a worker thread
                 raise InterruptedError(f"not starting {name}: the run is being stopped")
@@ -247,7 +250,7 @@ class ProcessRegistry:
             self.launching = main
             try:
                 with open(log_path, "ab") as log:
-                    popen = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                    popen = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=stdin, stdout=log,
                                              stderr=subprocess.STDOUT, start_new_session=True,
                                              preexec_fn=die_with_this_process())
             except BaseException:
@@ -271,9 +274,13 @@ class ProcessRegistry:
             raise TimeoutError(f"{name}: `{' '.join(map(str, argv[1:]))}` in {cwd} took more than {timeout_s:g} s "
                                f"(output: {log_path})") from None
         finally:
-            with self._lock:
-                if started in self._started and started.popen.poll() is not None:
-                    self._started.remove(started)
+            self.forget(started)
+
+    def forget(self, started: Started) -> None:
+        """Drop a process that has ended from what stop_all() stops."""
+        with self._lock:
+            if started in self._started and started.popen.poll() is not None:
+                self._started.remove(started)
 
     def stop(self, started: Started, grace: bool = True) -> None:
         """SIGTERM the process group, SIGKILL it if still there after the grace period (at once with grace=False),
