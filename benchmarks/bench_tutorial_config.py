@@ -348,8 +348,12 @@ def print_census(rows: list[dict], top: int = 12) -> None:
         for entry in (r.get("phases") or {}).get("census") or []:
             malloc = (f"; malloc in use {entry['malloc_in_use_gb']:.2f} GB, free but kept "
                       f"{entry['malloc_free_kept_gb']:.2f} GB" if "malloc_in_use_gb" in entry else "")
-            print(f"\ncensus ({r['label']}, round {entry['round'] + 1}, {entry['at']}): RSS {entry['rss_gb']:.2f} GB, "
-                  f"tensors {entry['tensors_gb']:.3f} GB, arrays {entry['arrays_gb']:.3f} GB (>= 1 MB each){malloc}")
+            resident = (f" (anonymous {entry['rss_anon_gb']:.2f}, files {entry['rss_file_gb']:.2f})"
+                        if "rss_anon_gb" in entry else "")
+            small = f", smaller ones {entry['small_gb']:.3f} GB" if "small_gb" in entry else ""
+            print(f"\ncensus ({r['label']}, round {entry['round'] + 1}, {entry['at']}): RSS {entry['rss_gb']:.2f} GB"
+                  f"{resident}, tensors {entry['tensors_gb']:.3f} GB, arrays {entry['arrays_gb']:.3f} GB (>= 1 MB each)"
+                  f"{small}{malloc}")
             for store, gb in (entry.get("tensor_dbs_gb") or {}).items():
                 print(f"  {gb:8.3f} GB  held by {store}")
             for holder, gb in entry["by_holder"][:top]:

@@ -265,7 +265,7 @@ def census(top: int = 30) -> dict:
     skip = frozenset({id(objects), id(found), *map(id, found)})
     groups: dict[str, float] = {}
     seen: set = set()
-    totals = {"t": 0.0, "a": 0.0}
+    totals = {"t": 0.0, "a": 0.0, "small": 0.0}
     for item, holder in found:
         try:
             if isinstance(item, torch.Tensor):
@@ -277,9 +277,12 @@ def census(top: int = 30) -> dict:
                 key, size = ("a", id(base)), base.nbytes
         except Exception:
             continue
-        if key in seen or size < 1 << 20:
+        if key in seen:
             continue
         seen.add(key)
+        if size < 1 << 20:  # counted in all, not by holder
+            totals["small"] += size / 1e9
+            continue
         totals[key[0]] += size / 1e9
         owner = f"{'tensor' if key[0] == 't' else 'array'} " + _owner_path(item, holder, skip=skip)
         groups[owner] = groups.get(owner, 0.0) + size / 1e9
@@ -294,7 +297,8 @@ def census(top: int = 30) -> dict:
                     stores[f"Aggregator.{attribute}"] = round(_arrays_gb(held.values()), 4)
     del objects, found
     largest = sorted(groups.items(), key=lambda kv: -kv[1])[:top]
-    return {"rss_gb": round(_rss_gb(), 3), "tensors_gb": round(totals["t"], 3), "arrays_gb": round(totals["a"], 3),
+    return {"rss_gb": round(_rss_gb(), 3), "rss_anon_gb": round(_status_gb("RssAnon"), 3),
+            "rss_file_gb": round(_status_gb("RssFile"), 3), "small_gb": round(totals["small"], 3), "tensors_gb": round(totals["t"], 3), "arrays_gb": round(totals["a"], 3),
             **_malloc_stats(), "tensor_dbs_gb": stores, "by_holder": [(k, round(v, 4)) for k, v in largest]}
 
 

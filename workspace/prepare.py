@@ -64,7 +64,7 @@ PORT_RANGE = (1, 65535)
 
 # `fx plan initialize` builds the workspace's data loader and task runner from the workspace's own code: it runs as an
 # `fx` process of its own, in that workspace. The other set-up commands import nothing of a workspace: they run in
-# turn in one process (workspace/fx_worker.py), which imports OpenFL once instead of once per command.
+# turn, each in a fork of one process that imported OpenFL's libraries once (workspace/fx_worker.py).
 OWN_PROCESS = {("plan", "initialize")}
 WORKER = Path(__file__).resolve().with_name("fx_worker.py")
 WORKER_POLL_S = 0.02
