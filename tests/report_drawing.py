@@ -1,0 +1,21 @@
+"""For tests of what a federation computes (metrics, counts, decisions), not of its report's pages: a fixture that
+leaves the report's drawing out. The drawing (each round's ROC and histogram images, the cross-round plots and
+pages: audit.reporting.background's queue, derived from the records on disk) is most of a small in-process
+federation's CPU (digits, 2 parties, 3 rounds: about 6.5 of 8.5 CPU-seconds); each round's record and private
+files are still written, synchronously, as in any run. A test module imports the fixture
+(`from report_drawing import without_report_drawing  # noqa: F401`) and asks for it by name."""
+
+import pytest
+
+from audit.reporting.background import render_queue
+
+
+@pytest.fixture
+def without_report_drawing():
+    """The process's report worker takes no jobs for this test. Yields the jobs it was given, (the writer's key,
+    round), so a test can check that the run did ask for its report. Its own MonkeyPatch: a test's
+    monkeypatch.undo() leaves it in place."""
+    queued = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(render_queue, "submit", lambda writer, round_num: queued.append((writer.render_key(), round_num)))
+        yield queued
