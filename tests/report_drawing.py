@@ -5,6 +5,8 @@ federation's CPU (digits, 2 parties, 3 rounds: about 6.5 of 8.5 CPU-seconds); ea
 files are still written, synchronously, as in any run. A test module imports the fixture
 (`from report_drawing import without_report_drawing  # noqa: F401`) and asks for it by name."""
 
+import contextlib
+
 import pytest
 
 from audit.reporting.background import render_queue
@@ -19,3 +21,17 @@ def without_report_drawing():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(render_queue, "submit", lambda writer, round_num: queued.append((writer.render_key(), round_num)))
         yield queued
+
+
+@contextlib.contextmanager
+def pages_drawn_at_the_end():
+    """For a run whose tests read its pages (index.html, the CSVs) but not each round's images: the report worker
+    takes no jobs while the run goes, and at its end each report's summaries and pages are rebuilt once from the
+    records on disk (rebuild_summary, as the worker's last job for a report does), in the order the reports first
+    asked. Yields the writers, by report folder."""
+    writers = {}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(render_queue, "submit", lambda writer, round_num: writers.setdefault(writer.render_key(), writer))
+        yield writers
+    for writer in writers.values():
+        writer.rebuild_summary()
