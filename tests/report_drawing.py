@@ -3,7 +3,8 @@ leaves the report's drawing out. The drawing (each round's ROC and histogram ima
 pages: audit.reporting.background's queue, derived from the records on disk) is most of a small in-process
 federation's CPU (digits, 2 parties, 3 rounds: about 6.5 of 8.5 CPU-seconds); each round's record and private
 files are still written, synchronously, as in any run. A test module imports the fixture
-(`from report_drawing import without_report_drawing  # noqa: F401`) and asks for it by name."""
+(`from report_drawing import without_report_drawing  # noqa: F401`) and asks for it by name; a module- or
+session-scoped fixture runs its federation inside `with no_report_drawing():`."""
 
 import contextlib
 
@@ -12,14 +13,21 @@ import pytest
 from audit.reporting.background import render_queue
 
 
-@pytest.fixture
-def without_report_drawing():
-    """The process's report worker takes no jobs for this test. Yields the jobs it was given, (the writer's key,
+@contextlib.contextmanager
+def no_report_drawing():
+    """The process's report worker takes no jobs in the block. Yields the jobs it was given, (the writer's key,
     round), so a test can check that the run did ask for its report. Its own MonkeyPatch: a test's
     monkeypatch.undo() leaves it in place."""
     queued = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(render_queue, "submit", lambda writer, round_num: queued.append((writer.render_key(), round_num)))
+        yield queued
+
+
+@pytest.fixture
+def without_report_drawing():
+    """no_report_drawing for the test."""
+    with no_report_drawing() as queued:
         yield queued
 
 
