@@ -185,7 +185,7 @@ def test_the_round_audit_on_a_batchnorm_classifier():
     membership signals of the local, global and update models (gradient norms w.r.t. the stem: a convolution and
     its BatchNorm), RMIA with each kind of references (torch.func copies with their own statistics), Fidel on the
     first dense layer (after pooling: the activation space) and the deanonymization self-audit."""
-    x, y = images(160, seed=3)
+    x, y = images(120, seed=3)  # a population of 72: the deanon crowd's 2 users x 24 private samples, and a prior
     sets = AuditSets(members=(x[:24], y[:24]), nonmembers=(x[24:48], y[24:48]), population=(x[48:], y[48:]))
     received = model("mobilenet_v3_small")
     # lr 0.01: at 0.05 a few steps leave running statistics that blow eval-mode logits up to ~1e3, and the
