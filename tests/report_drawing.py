@@ -1,10 +1,11 @@
-"""For tests of what a federation computes (metrics, counts, decisions), not of its report's pages: a fixture that
-leaves the report's drawing out. The drawing (each round's ROC and histogram images, the cross-round plots and
+"""For tests of what a federation computes (metrics, counts, decisions), not of its report's images: ways to leave
+the report's drawing out. The drawing (each round's ROC and histogram images, the cross-round plots and
 pages: audit.reporting.background's queue, derived from the records on disk) is most of a small in-process
 federation's CPU (digits, 2 parties, 3 rounds: about 6.5 of 8.5 CPU-seconds); each round's record and private
 files are still written, synchronously, as in any run. A test module imports the fixture
 (`from report_drawing import without_report_drawing  # noqa: F401`) and asks for it by name; a module- or
-session-scoped fixture runs its federation inside `with no_report_drawing():`."""
+session-scoped fixture runs its federation inside `with no_report_drawing():`, or inside
+`with pages_drawn_at_the_end():` where its tests read the pages (index.html, metrics.csv)."""
 
 import contextlib
 
@@ -41,5 +42,6 @@ def pages_drawn_at_the_end():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(render_queue, "submit", lambda writer, round_num: writers.setdefault(writer.render_key(), writer))
         yield writers
+    render_queue.flush()  # the worker idle (earlier tests' jobs drawn): one thread draws at a time, as in a run
     for writer in writers.values():
         writer.rebuild_summary()
