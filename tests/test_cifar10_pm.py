@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import cifar10_PM
+from report_drawing import no_report_drawing
 from shared_runs import run_demo_here
 
 COLLABORATORS = ("collaborator1", "collaborator2")
@@ -288,9 +289,10 @@ def gated_run(tmp_path_factory):
     the gate reads the population attack's metric (the shared demo run has RMIA on)."""
     tmp = tmp_path_factory.mktemp("pm_gate")
     log_dir = tmp / "logs"
-    proc = run_demo_here([*DIGITS_RUN, "--comm_round", "2", "--signals", "loss", "--rmia", "false", "--no_progress",
-                          "--log_dir", str(log_dir), "--gate", "withhold", "mia_local_loss_auc=0.0",
-                          "--gate_bound", "point"], tmp)
+    with no_report_drawing():  # its tests read the records and the printed lines, not the pages
+        proc = run_demo_here([*DIGITS_RUN, "--comm_round", "2", "--signals", "loss", "--rmia", "false",
+                              "--no_progress", "--log_dir", str(log_dir), "--gate", "withhold",
+                              "mia_local_loss_auc=0.0", "--gate_bound", "point"], tmp)
     return proc, log_dir
 
 
@@ -354,9 +356,10 @@ def test_deanon_run_writes_both_sides_reports(tmp_path):
     2 of history, then one the server attacks). The parties audit rounds 0 and 2 (--auditing_interval 2), without
     RMIA: neither is what this run checks."""
     log_dir = tmp_path / "logs"
-    proc = run_demo_here([*DIGITS_RUN, "--comm_round", "3", "--collaborators", "3", "--dirichlet_alpha", "0.3",
-                          "--signals", "loss", "--rmia", "false", "--auditing_interval", "2", "--no_progress",
-                          "--deanon", "--log_dir", str(log_dir)], tmp_path)
+    with no_report_drawing():  # the records and the server's deanon/ files (written as it goes) are read
+        proc = run_demo_here([*DIGITS_RUN, "--comm_round", "3", "--collaborators", "3", "--dirichlet_alpha", "0.3",
+                              "--signals", "loss", "--rmia", "false", "--auditing_interval", "2", "--no_progress",
+                              "--deanon", "--log_dir", str(log_dir)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for col in ("collaborator1", "collaborator2", "collaborator3"):
         record = json.loads((log_dir / col / "round_0002" / "audit.json").read_text())

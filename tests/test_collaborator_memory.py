@@ -12,12 +12,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # A small in-process federation (the real task runner, audit on, digits) in a fresh interpreter; prints what was
 # loaded and every round's metrics. argv[1] == "preload": triton is imported first, as a GPU process might have.
+# The report's drawing (most of the run's CPU; matplotlib, no torch) is left out: the metrics are compared.
 RUN = """
 import json, sys, tempfile
 from pathlib import Path
 if sys.argv[1] == "preload":
     import triton
 sys.path.insert(0, sys.argv[2])
+from audit.reporting.background import render_queue
+render_queue.submit = lambda writer, round_num: None
 from workspace.in_process import run_in_process
 result = run_in_process(Path(tempfile.mkdtemp()) / "run", collaborators=2, rounds=1,
                         overrides={"tasks": {"train": {"kwargs": {"epochs": 1}}}})

@@ -18,6 +18,7 @@ from openfl.interface.aggregation_functions import WeightedAverage
 from openfl.utilities import LocalTensor, TensorKey, change_tags
 from opacus.accountants import RDPAccountant
 
+from report_drawing import no_report_drawing, pages_drawn_at_the_end
 from src.aggregation import GatedWeightedAverage
 from workspace.in_process import initial_tensor_dict, parse_plan, run_in_process
 from workspace.plan_file import write_run_plan
@@ -103,14 +104,15 @@ def differs(a: dict, b: dict) -> bool:
 @pytest.fixture(scope="module")
 def withheld(tmp_path_factory):
     """collaborator3 is leaky and withheld; collaborator2 trips its own report-only gate and is kept."""
-    return run_in_process(
-        tmp_path_factory.mktemp("withhold"), collaborators=3, rounds=1,
-        overrides=overrides(
-            {"action": "withhold", "thresholds": {AUC: 0.7}},
-            {"collaborator2": {"gate": {"action": "report_only", "thresholds": {AUC: 0.5}}},
-             "collaborator3": LEAKY},
-        ),
-    )
+    with pages_drawn_at_the_end():  # one test reads a page, none a round's images
+        return run_in_process(
+            tmp_path_factory.mktemp("withhold"), collaborators=3, rounds=1,
+            overrides=overrides(
+                {"action": "withhold", "thresholds": {AUC: 0.7}},
+                {"collaborator2": {"gate": {"action": "report_only", "thresholds": {AUC: 0.5}}},
+                 "collaborator3": LEAKY},
+            ),
+        )
 
 
 @pytest.mark.federation
@@ -184,11 +186,12 @@ def test_reports_record_verdict_tripped_metric_and_threshold(withheld):
 
 @pytest.mark.federation
 def test_when_every_update_is_gated_the_global_model_is_unchanged(tmp_path):
-    result = run_in_process(
-        tmp_path, collaborators=2, rounds=1,
-        overrides=overrides({"action": "withhold", "thresholds": {AUC: 0.55}}, epochs=LEAKY["epochs"],
-                            learning_rate=LEAKY["learning_rate"]),
-    )
+    with no_report_drawing():  # the metrics and the models are read
+        result = run_in_process(
+            tmp_path, collaborators=2, rounds=1,
+            overrides=overrides({"action": "withhold", "thresholds": {AUC: 0.55}}, epochs=LEAKY["epochs"],
+                                learning_rate=LEAKY["learning_rate"]),
+        )
     for col in ("collaborator1", "collaborator2"):
         assert metric(result, col, AUC) > 0.55 and metric(result, col, "gate_kept") == 0.0
     start = initial_tensor_dict(parse_plan(result.plan_dir))
@@ -203,17 +206,18 @@ def test_when_every_update_is_gated_the_global_model_is_unchanged(tmp_path):
 def retrained(tmp_path_factory):
     """collaborator3 (leaky) is retrained with DP-SGD and passes; collaborator2 (leaky, a stricter threshold
     and next to no noise) still fails after its retries and is withheld."""
-    return run_in_process(
-        tmp_path_factory.mktemp("dp"), collaborators=3, rounds=1,
-        overrides=overrides(
-            {"action": "dp_retrain", "thresholds": {AUC: 0.7}, "dp": {"noise_multiplier": 4.0, "max_retries": 2}},
-            {"collaborator2": {**LEAKY, "gate": {"thresholds": {AUC: 0.6},
-                                                 "dp": {"noise_multiplier": 0.01, "max_grad_norm": 100.0}}},
-             "collaborator3": LEAKY},
-            rmia=True,  # the tries' empirical epsilon takes RMIA's bounds too
-            audit={"canary": {"gradient_count": 200}},  # each try's canary check: fewer canaries, a faster test
-        ),
-    )
+    with no_report_drawing():  # the records and the metrics are read
+        return run_in_process(
+            tmp_path_factory.mktemp("dp"), collaborators=3, rounds=1,
+            overrides=overrides(
+                {"action": "dp_retrain", "thresholds": {AUC: 0.7}, "dp": {"noise_multiplier": 4.0, "max_retries": 2}},
+                {"collaborator2": {**LEAKY, "gate": {"thresholds": {AUC: 0.6},
+                                                     "dp": {"noise_multiplier": 0.01, "max_grad_norm": 100.0}}},
+                 "collaborator3": LEAKY},
+                rmia=True,  # the tries' empirical epsilon takes RMIA's bounds too
+                audit={"canary": {"gradient_count": 200}},  # each try's canary check: fewer canaries, a faster test
+            ),
+        )
 
 
 @pytest.mark.federation
@@ -285,10 +289,11 @@ def test_update_still_leaky_after_the_retries_is_withheld(retrained):
 def diverged(tmp_path_factory):
     """collaborator2 diverges (learning rate 1e30: its weights become NaN) under a report-only gate without
     thresholds; round 1 is not audited (interval 2)."""
-    return run_in_process(
-        tmp_path_factory.mktemp("nan"), collaborators=3, rounds=2,
-        overrides=overrides({}, {"collaborator2": {"learning_rate": 1e30}}, audit={"interval": 2}),
-    )
+    with pages_drawn_at_the_end():  # one test reads metrics.csv
+        return run_in_process(
+            tmp_path_factory.mktemp("nan"), collaborators=3, rounds=2,
+            overrides=overrides({}, {"collaborator2": {"learning_rate": 1e30}}, audit={"interval": 2}),
+        )
 
 
 @pytest.mark.federation

@@ -14,6 +14,7 @@ import torch
 
 import audit.party_audit as party_audit_module
 from audit.spill import load_model
+from report_drawing import no_report_drawing
 from workspace.in_process import parse_plan, run_in_process
 from workspace.plan_file import write_run_plan
 
@@ -122,7 +123,8 @@ def test_the_audit_gets_the_initial_model_the_runner_held_and_nothing_keeps_a_co
     monkeypatch.setattr(party_audit_module.PartyAudit, "use_model", init)
     monkeypatch.setattr(party_audit_module.PartyAudit, "initial_model", initial_model)
     monkeypatch.setattr(party_audit_module, "audit_round", audit_round)
-    result = run_in_process(tmp_path, collaborators=2, rounds=3, overrides=OVERRIDES)
+    with no_report_drawing():  # the models handed to the audit are the subject, not the report's pages
+        result = run_in_process(tmp_path, collaborators=2, rounds=3, overrides=OVERRIDES)
     monkeypatch.undo()
 
     parties = sorted(result.collaborators)

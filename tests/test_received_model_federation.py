@@ -27,6 +27,7 @@ import audit.party_audit as party_audit
 from audit.config.audit_settings import AuditSettings
 from crafted_models import class_fishing, imprint, layer_inputs, pass_through_convolution, trap_weights
 from src.aggregator import AuditingAggregator
+from report_drawing import pages_drawn_at_the_end, without_report_drawing  # noqa: F401  (a fixture)
 from src.data.datasets import load_dataset
 from workspace.in_process import run_in_process
 from workspace.plan_file import collaborator_names
@@ -138,7 +139,8 @@ def _verdicts(monkeypatch) -> dict:
 def _crafted_federation(tmp_path_factory, model: str, *, honest_party: bool = False):
     """Five parties each sent a construction in round CRAFT_ROUND; with `honest_party` a sixth gets the honest model
     and that round is audited, so that its parties send different audits (OpenFL needs the same names)."""
-    with pytest.MonkeyPatch.context() as monkeypatch:
+    # The tests read the reports' pages, not each round's images (tests/report_drawing.py).
+    with pytest.MonkeyPatch.context() as monkeypatch, pages_drawn_at_the_end():
         crafts = _crafts(model)
         built = _crafting_server(monkeypatch, crafts)
         trained = _trained_rounds(monkeypatch)
@@ -347,6 +349,7 @@ def _honest_federation(tmp_path_factory, model: str, alpha):
 
 @pytest.mark.parametrize("alpha", [None, 0.3], ids=["iid", "skewed"])
 @pytest.mark.parametrize("model", ["cnn", "fcnn", "batchnorm_cnn"])
+@pytest.mark.usefixtures("without_report_drawing")  # the verdicts and metrics are the subject, not the pages
 def test_no_false_alarm_over_twenty_honest_rounds(model, alpha, tmp_path_factory):
     result, verdicts = _honest_federation(tmp_path_factory, model, alpha)
     parties = collaborator_names(2)

@@ -13,6 +13,7 @@ import audit.membership.signal_cache as cache_module
 from audit.membership.signal_cache import SignalCache, state_fingerprint
 from audit.membership.signals import compute_signals
 from audit.round_audit import SETS, AuditSets
+from report_drawing import without_report_drawing  # noqa: F401  (a fixture)
 from workspace.in_process import run_in_process
 
 NAMES = ["loss", "logits", "gradient_norm"]
@@ -221,6 +222,7 @@ def _run(tmp_path, monkeypatch, shared: bool, overrides=DIGITS):
 
 
 @pytest.mark.federation
+@pytest.mark.usefixtures("without_report_drawing")  # the metrics and counts are the subject, not the pages
 def test_validation_reads_the_audits_signals_with_the_same_metrics(tmp_path, monkeypatch):
     plain, plain_loops, plain_computed = _run(tmp_path / "plain", monkeypatch, shared=False)
     shared, shared_loops, shared_computed = _run(tmp_path / "shared", monkeypatch, shared=True)
@@ -237,6 +239,7 @@ def test_validation_reads_the_audits_signals_with_the_same_metrics(tmp_path, mon
 
 
 @pytest.mark.federation
+@pytest.mark.usefixtures("without_report_drawing")  # the metrics and counts are the subject, not the pages
 def test_a_sampled_audit_leaves_validation_on_every_sample(tmp_path, monkeypatch):
     """With audit.sample_size 100 (the digits shards: 90 members, 404 non-members = the validation set, 404
     population) the audit's non-members are a sample, so the validation accuracy cannot be read off them: every

@@ -96,8 +96,7 @@ def python2_batch_pickle(data: np.ndarray, labels, label_key: str) -> bytes:
 
 def md5_tables(root: Path, name: str) -> dict:
     """torchvision's md5 table of CIFAR class `name` (train_list, test_list, meta) with the md5s of the files under
-    `root` in their place: what a test sets (monkeypatch, or TRUST_BOOT in a child process) so that torchvision takes
-    these files for the official ones. MNIST's raw files have no md5 in torchvision: nothing to set."""
+    `root` in their place: what trust_files sets so that torchvision takes these files for the official ones. MNIST's raw files have no md5 in torchvision: nothing to set."""
     import hashlib
 
     import torchvision.datasets as tvd
@@ -122,20 +121,3 @@ def trust_files(monkeypatch, root: Path, name: str) -> None:
     cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
     for attr, value in md5_tables(root, name).items():
         monkeypatch.setattr(cls, attr, value)
-
-
-# Run as a child process's first lines (python -c TRUST_BOOT <root> <name> <script> <args...>): trust the CIFAR files
-# under <root> as trust_files does, then run <script> as __main__.
-TRUST_BOOT = """
-import os, runpy, sys
-sys.path.insert(0, {tests!r})
-from torchvision_files import md5_tables
-import torchvision.datasets as tvd
-root, name = sys.argv[1], sys.argv[2]
-cls = tvd.CIFAR10 if name == "cifar10" else tvd.CIFAR100
-for attr, value in md5_tables(root, name).items():
-    setattr(cls, attr, value)
-sys.argv = sys.argv[3:]
-sys.path.insert(0, os.path.dirname(os.path.abspath(sys.argv[0])))
-runpy.run_path(sys.argv[0], run_name="__main__")
-""".format(tests=str(Path(__file__).resolve().parent))
