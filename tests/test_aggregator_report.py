@@ -198,6 +198,41 @@ def test_the_report_lists_as_kept_exactly_the_updates_the_average_took():
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
+def test_the_average_reads_each_trained_array_once_a_round_and_a_replaced_one_again(monkeypatch):
+    """OpenFL calls the aggregation function once per tensor with every row of the round: the finiteness of each
+    trained array is read once a round, not once per tensor, and an array that replaced a row's (same name, round and
+    tags) is read afresh, so a NaN sent late still leaves its collaborator out."""
+    import src.aggregation as aggregation
+    from openfl.utilities import LocalTensor
+
+    reads = []
+    finite = aggregation._finite
+    monkeypatch.setattr(aggregation, "_finite", lambda value: reads.append(id(value)) or finite(value))
+    names, cols = [f"t{i}" for i in range(6)], ["c1", "c2"]
+    rng = np.random.default_rng(0)
+    rows = [{"tensor_name": n, "round": 3, "tags": ("model",), "nparray": rng.normal(size=4)} for n in names]
+    rows += [{"tensor_name": n, "round": 3, "tags": (c, "trained"), "nparray": rng.normal(size=4)}
+             for n in names for c in cols]
+    trained = {(r["tensor_name"], r["tags"][0]): r for r in rows if "trained" in r["tags"]}
+    function = GatedWeightedAverage()
+
+    def average(name):
+        # copies, as OpenFL hands them: the function's own check of the tensor it averages reads those
+        local = [LocalTensor(c, np.array(trained[(name, c)]["nparray"]), 0.5) for c in cols]
+        return function.call(local, iter(rows), name, 3, ("trained",))
+
+    for name in names:
+        want = (trained[(name, "c1")]["nparray"] + trained[(name, "c2")]["nparray"]) / 2
+        np.testing.assert_allclose(average(name), want)
+    rows_read = [id(r["nparray"]) for r in trained.values()]
+    assert sorted(i for i in reads if i in rows_read) == sorted(rows_read)  # each once, over the six calls
+    # c2 sends t0 again, with a NaN: a new array under the same key, read again, and c2 is left out of every tensor
+    late = trained[("t0", "c2")]
+    late["nparray"] = np.array([np.nan, 0.0, 0.0, 0.0])
+    for name in names[1:]:
+        np.testing.assert_allclose(average(name), trained[(name, "c1")]["nparray"])
+
+
 FAULTS = {"collaborator2": "inf", "collaborator3": "nan", "collaborator4": "nan_verdict"}
 
 
