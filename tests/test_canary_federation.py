@@ -53,13 +53,15 @@ def sent(result, col: str, round_num: int) -> dict:
 @pytest.fixture(scope="module")
 def with_canaries(tmp_path_factory):
     with pages_drawn_at_the_end():  # one test reads the aggregator's page, none a round's images
-        return run_in_process(tmp_path_factory.mktemp("canary"), collaborators=2, rounds=ROUNDS, overrides=overrides(True))
+        return run_in_process(tmp_path_factory.mktemp("canary"), collaborators=2, rounds=ROUNDS,
+                              overrides=overrides(True))
 
 
 @pytest.fixture(scope="module")
 def without_canaries(tmp_path_factory):
     with no_report_drawing():  # what the parties sent is read, not the reports
-        return run_in_process(tmp_path_factory.mktemp("plain"), collaborators=2, rounds=ROUNDS, overrides=overrides(False))
+        return run_in_process(tmp_path_factory.mktemp("plain"), collaborators=2, rounds=ROUNDS,
+                              overrides=overrides(False))
 
 
 @pytest.mark.federation
