@@ -14,6 +14,7 @@ from src.aggregation import GatedWeightedAverage, round_decisions
 from audit.aggregator_report.writer import AggregatorReportWriter
 from audit.aggregator_report.record import metrics_from_tensor_db, round_record
 from src.taskrunner import AuditedTaskRunner
+from report_drawing import no_report_drawing, pages_drawn_at_the_end
 from workspace.in_process import run_in_process
 from workspace.plan_file import collaborator_names
 
@@ -111,7 +112,8 @@ def test_summaries_are_rebuilt_from_the_round_files(tmp_path):
 def in_process(tmp_path_factory):
     overrides = {"tasks": {"train": {"kwargs": {"epochs": 1}}},
                  "task_runner": {"settings": {"audit": {"signals": ["loss"], "fpr_tolerance": [0.1]}}}}
-    return run_in_process(tmp_path_factory.mktemp("agg_report"), collaborators=2, rounds=2, overrides=overrides)
+    with pages_drawn_at_the_end():  # the summaries and pages are read, not a round's images
+        return run_in_process(tmp_path_factory.mktemp("agg_report"), collaborators=2, rounds=2, overrides=overrides)
 
 
 @pytest.mark.federation
@@ -258,7 +260,8 @@ def faulty(tmp_path_factory):
     overrides = {"tasks": {"train": {"kwargs": {"epochs": 1}}},
                  "task_runner": {"template": f"{__name__}.FaultyTaskRunner",
                                  "settings": {"audit": {"enabled": False}}}}
-    return run_in_process(tmp_path_factory.mktemp("faulty"), collaborators=4, rounds=1, overrides=overrides)
+    with no_report_drawing():  # the round's record and the average are read, not the pages
+        return run_in_process(tmp_path_factory.mktemp("faulty"), collaborators=4, rounds=1, overrides=overrides)
 
 
 @pytest.mark.slow

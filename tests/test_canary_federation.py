@@ -18,6 +18,7 @@ from opacus.optimizers import optimizer as opacus_optimizer
 from audit.canary.step import CANARY_FILE
 from audit.config.canary_settings import CANARY_METRICS
 from audit.config.gate_contract import DP_VIOLATED, DP_VIOLATED_TEXT, tripped_name
+from report_drawing import no_report_drawing, pages_drawn_at_the_end, without_report_drawing  # noqa: F401  (a fixture)
 from src.aggregation import GatedWeightedAverage
 from workspace.in_process import run_in_process
 from workspace.plan_file import collaborator_names
@@ -51,12 +52,16 @@ def sent(result, col: str, round_num: int) -> dict:
 
 @pytest.fixture(scope="module")
 def with_canaries(tmp_path_factory):
-    return run_in_process(tmp_path_factory.mktemp("canary"), collaborators=2, rounds=ROUNDS, overrides=overrides(True))
+    with pages_drawn_at_the_end():  # one test reads the aggregator's page, none a round's images
+        return run_in_process(tmp_path_factory.mktemp("canary"), collaborators=2, rounds=ROUNDS,
+                              overrides=overrides(True))
 
 
 @pytest.fixture(scope="module")
 def without_canaries(tmp_path_factory):
-    return run_in_process(tmp_path_factory.mktemp("plain"), collaborators=2, rounds=ROUNDS, overrides=overrides(False))
+    with no_report_drawing():  # what the parties sent is read, not the reports
+        return run_in_process(tmp_path_factory.mktemp("plain"), collaborators=2, rounds=ROUNDS,
+                              overrides=overrides(False))
 
 
 @pytest.mark.federation
@@ -112,6 +117,7 @@ def test_canary_clients_estimate_each_rounds_user_level_epsilon(with_canaries):
 
 
 @pytest.mark.federation
+@pytest.mark.usefixtures("without_report_drawing")  # the aggregator's round record is read, not its pages
 def test_a_later_run_without_canary_clients_has_none(with_canaries, tmp_path):
     """OpenFL's aggregation function is one object per process: an earlier run's canary clients must not stay in it."""
     assert GatedWeightedAverage().canary_clients is not None  # the runs above left theirs
@@ -155,7 +161,7 @@ def broken_dp(tmp_path_factory):
             "per_collaborator": {"collaborator2": {"gate": {"dp": {"noise_multiplier": BROKEN_SIGMA}}}},
             "audit": {"signals": ["loss"], "fpr_tolerance": [0.1], "rmia": {"enabled": False}}}},
     }
-    with pytest.MonkeyPatch.context() as patch:
+    with pytest.MonkeyPatch.context() as patch, no_report_drawing():  # the records are read, not the pages
         patch.setattr(opacus_optimizer.DPOptimizer, "add_noise", add_noise)
         return run_in_process(tmp_path_factory.mktemp("broken_dp"), collaborators=2, rounds=1, overrides=plan)
 

@@ -7,6 +7,7 @@ from openfl.component import Aggregator
 from openfl.protocols import utils
 from openfl.utilities import TensorKey
 
+from report_drawing import without_report_drawing  # noqa: F401  (a fixture)
 from src.server import model_file
 from src.aggregator import AuditingAggregator
 from workspace.in_process import parse_plan, run_in_process
@@ -32,6 +33,7 @@ def _run(tmp_path, monkeypatch, every_round: bool):
 
 
 @pytest.mark.federation
+@pytest.mark.usefixtures("without_report_drawing")  # the model files and tensors are read, not the reports
 def test_model_files_only_at_the_end_unless_asked_and_the_same_files(tmp_path, monkeypatch):
     asked, asked_writes = _run(tmp_path / "every", monkeypatch, True)
     plain, plain_writes = _run(tmp_path / "end", monkeypatch, False)
@@ -58,6 +60,7 @@ def _model_rows(aggregator) -> set:
 
 
 @pytest.mark.federation
+@pytest.mark.usefixtures("without_report_drawing")  # the model files and tensors are read, not the reports
 def test_collaborators_with_delta_updates_get_every_copy_they_read(tmp_path):
     """With collaborator.settings.use_delta_updates the collaborators ask for the aggregate and its delta: the
     aggregator keeps them, and the run ends with the same kind of files."""

@@ -14,6 +14,7 @@ from audit import chance_accuracy
 from audit.audit_cost import audit_cost_note
 from audit.chance_accuracy import near_chance_note
 from audit.round_record import RoundRecord
+from report_drawing import without_report_drawing  # noqa: F401  (a fixture)
 
 
 @pytest.mark.parametrize("argv, hint", [
@@ -125,6 +126,7 @@ def test_the_near_chance_note_holds_the_accuracy_against_the_most_frequent_class
 
 
 @pytest.mark.federation
+@pytest.mark.usefixtures("without_report_drawing")  # the log lines are read, not the reports
 def test_the_tutorials_untrained_model_is_flagged_during_the_run(tmp_path, caplog, monkeypatch):
     """Digits with the tutorial's SGD at 0.005 for one epoch stays near chance: the run says so once, at round 2;
     the demo's Adam at 0.003 for five epochs does not."""

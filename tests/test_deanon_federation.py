@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 
+from report_drawing import no_report_drawing
 from workspace.in_process import run_in_process
 
 ROUNDS = 2
@@ -29,7 +30,8 @@ OVERRIDES = {
 
 @pytest.fixture(scope="module")
 def federation(tmp_path_factory):
-    return run_in_process(tmp_path_factory.mktemp("deanon"), collaborators=2, rounds=ROUNDS, overrides=OVERRIDES)
+    with no_report_drawing():  # the records, metrics and runners are read, not the pages
+        return run_in_process(tmp_path_factory.mktemp("deanon"), collaborators=2, rounds=ROUNDS, overrides=OVERRIDES)
 
 
 def _record(federation, name, round_num):

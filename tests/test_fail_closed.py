@@ -22,6 +22,7 @@ from audit.config.steps import AuditStep, register, unregister
 from audit.gate_flow import WITHHELD, run_gate
 from audit.round_audit import AuditSets, LocalTraining, StepResult, audit_round
 from audit.training import TrainingRecipe
+from report_drawing import pages_drawn_at_the_end
 from workspace.in_process import run_in_process
 from workspace.run_summary import summary_lines
 
@@ -61,7 +62,8 @@ def run(toy_step, tmp_path_factory):
         }},
         "aggregator": {"settings": {"report_dir": str(tmp / "reports" / "aggregator")}},
     }
-    result = run_in_process(tmp / "run", collaborators=2, rounds=3, overrides=overrides)
+    with pages_drawn_at_the_end():  # the aggregator's page and metrics.csv are read, not a round's images
+        result = run_in_process(tmp / "run", collaborators=2, rounds=3, overrides=overrides)
     return result, tmp / "reports"
 
 

@@ -11,6 +11,7 @@ import torch
 
 from audit.membership.population_attack import population_attack
 from audit.membership.signals import loss_signal
+from report_drawing import without_report_drawing  # noqa: F401  (a fixture)
 from workspace.in_process import initial_tensor_dict, parse_plan, run_in_process
 from workspace.plan_file import collaborator_names
 
@@ -96,6 +97,7 @@ def test_round_zero_audits_the_model_the_parties_start_from(federation):
 
 
 @pytest.mark.federation
+@pytest.mark.usefixtures("without_report_drawing")  # the second run's metrics are compared, not its pages
 def test_same_plan_and_seed_give_the_same_metrics(federation, tmp_path):
     again = run_in_process(tmp_path, collaborators=2, rounds=ROUNDS, overrides=OVERRIDES)
     assert again.collaborator_metrics == federation.collaborator_metrics
@@ -137,6 +139,7 @@ def test_drop_finished_models_keeps_later_rounds_metrics_and_delta_bases():
 
 
 @pytest.mark.federation
+@pytest.mark.usefixtures("without_report_drawing")  # the models held and the metrics are read, not the pages
 def test_the_round_ends_at_the_aggregator_without_the_collaborators_models(tmp_path, monkeypatch):
     """The last collaborator's last sending ends the round at the aggregator (its memory peak): by then no
     collaborator holds model tensors of the round any more, and the run's metrics are those of a run that keeps them

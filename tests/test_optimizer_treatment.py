@@ -7,9 +7,11 @@ from __future__ import annotations
 import pytest
 
 import src.taskrunner as taskrunner_module
+from report_drawing import without_report_drawing  # noqa: F401  (a fixture)
 from workspace.in_process import run_in_process
 
-pytestmark = pytest.mark.federation
+# The optimizer's state is the subject, not the reports' pages.
+pytestmark = [pytest.mark.federation, pytest.mark.usefixtures("without_report_drawing")]
 
 
 def _state_sizes(tmp_path, monkeypatch, treatment: str, optimizer: str):

@@ -18,6 +18,8 @@ import pytest
 import torch
 from torch import nn
 
+from report_drawing import without_report_drawing  # noqa: F401  (a fixture)
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -57,7 +59,8 @@ def _state(model):
 
 @pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.slow
-def test_one_round_by_hand_withholds_an_update_over_the_gates_limit(tmp_path):
+def test_one_round_by_hand_withholds_an_update_over_the_gates_limit(tmp_path, without_report_drawing):
+    # The round's record is read, not its images: the drawing is only asked for (tests/report_drawing.py).
     from audit.party_audit import PartyAudit
 
     data = _party_data()
@@ -96,9 +99,7 @@ def test_one_round_by_hand_withholds_an_update_over_the_gates_limit(tmp_path):
     assert outcome.record.extra["gate"]["verdict"] == "withheld"
     assert outcome.record.timings["audit_in_validation_s"] > 0  # the received model's signals came from validation
     assert party.last_record is outcome.record
-    from audit.reporting.background import flush
-
-    flush()  # the pages are drawn in the background: done before tmp_path goes
+    assert without_report_drawing == [(str((tmp_path / "alice").resolve()), 0)]  # its report's drawing asked for
     written = json.loads((tmp_path / "alice" / "round_0000" / "audit.json").read_text())
     assert written["metrics"]["mia_local_loss_auc"] == outcome.scalars["mia_local_loss_auc"]
 

@@ -17,6 +17,7 @@ from audit.membership.step import scalar_metrics
 from audit.reporting.party import ReportWriter
 from audit.reporting.readings import resolvable_at, unresolvable_metrics
 from audit.round_record import SCHEMA_VERSION, AttackKey, RoundRecord
+from report_drawing import without_report_drawing  # noqa: F401  (a fixture)
 
 TOLERANCES = (0.01, 0.1, 0.5)
 
@@ -121,6 +122,7 @@ def test_an_attack_without_the_flags_is_not_marked():
 
 
 @pytest.mark.federation
+@pytest.mark.usefixtures("without_report_drawing")  # the start lines and the records are read, not the pages
 def test_each_party_says_at_start_which_tolerances_its_sets_resolve(tmp_path, caplog):
     """A federation whose parties audit a handful of samples: one warning line per party before its first training,
     and every round record flags the unresolvable tolerances."""

@@ -20,6 +20,7 @@ from audit.membership.uncertainty import tpr_at_population_fpr
 from audit.round_audit import AuditSets, audit_round
 from audit.audit_cost import COST_FACTOR, MIN_AUDIT_S, audit_cost_note
 from audit.round_record import AttackKey, RoundRecord
+from report_drawing import no_report_drawing
 from workspace.demo_output import Progress, print_summary
 from src.process.party_events import ENV as PARTY_STATUS_ENV, emit
 from workspace.party_status import PartyStatus, StatusFollower
@@ -320,7 +321,8 @@ def audited_federation(tmp_path_factory):
     try:
         # The received model's signals are computed while it is validated (not in audit_s), so a digits audit can stay
         # under MIN_AUDIT_S on a fast machine: the note's one-second floor is lifted here, the ratio rule is not.
-        with contextlib.redirect_stderr(stderr), pytest.MonkeyPatch.context() as patch:
+        # The status events, log lines, stderr and records are read, not the reports' pages.
+        with contextlib.redirect_stderr(stderr), pytest.MonkeyPatch.context() as patch, no_report_drawing():
             patch.setattr("audit.party_audit.audit_cost_note", functools.partial(audit_cost_note, min_audit_s=0.0))
             run_dir = tmp_path_factory.mktemp("feedback")
             patch.setenv(PARTY_STATUS_ENV, str(run_dir / "status.jsonl"))  # every party of the process writes there
