@@ -297,6 +297,28 @@ def test_change_norms_hold_one_float64_copy_and_give_the_one_expression_values(m
     assert 8 * n <= ours <= 8 * n + 4 * history._DIFF_CHUNK + 4096 and expression >= 20 * n, (ours, expression)
 
 
+def test_parallel_rows_holds_a_large_layer_and_its_cosines_once_each():
+    """The rows' unit copy is divided in place and the cosines' absolute values taken in place (numpy reports its
+    arrays to tracemalloc): one copy of the rows and one of the cosines, not two of each; the same group is found
+    (four rows made parallel among 2,048)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(8)
+    n = 2048
+    weight = rng.normal(size=(n, n)).astype(np.float32)
+    weight[[3, 70, 900, 2000]] = weight[5] * np.array([[2.0], [-0.5], [3.0], [0.25]], dtype=np.float32)
+    weight, bias = torch.from_numpy(weight), torch.from_numpy(rng.normal(size=n).astype(np.float32))
+    tracemalloc.start()
+    try:
+        found = parallel_rows(weight, bias)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert found == {"rows": 5, "distinct_offsets": 5, "of": n}
+    layer = n * n * 4
+    assert peak < 2.4 * layer, peak / layer  # the rows' copy, the cosines and their comparison's booleans
+
+
 # ---------------------------------------------------------------------------------------------- a round sequence
 
 
