@@ -85,12 +85,15 @@ def _copies_forward(model, batched: bool):
 
 
 def _train_chunk(model, params, buffers, x, y, recipe: TrainingRecipe, generator: torch.Generator,
-                 batched: bool = True, start: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
+                 batched: bool = True, start: tuple[dict, dict] | None = None,
+                 own_start: bool = False) -> tuple[dict, dict]:
     """The copies' trained parameters and their buffers after training, each stacked (copies, ...).
 
     `batched`: all copies in one vmap'd forward; else one functional_call per copy (the same training, slower;
     dropout masks are drawn copy by copy, so they differ from the batched ones). `start`: each copy's own starting
-    parameters and buffers, stacked (copies, ...); None: every copy starts from `params` and `buffers`."""
+    parameters and buffers, stacked (copies, ...); None: every copy starts from `params` and `buffers`.
+    `own_start`: start's tensors are this call's alone (just read from disk) and are trained in place, not copied:
+    one chunk's parameters less in memory while it trains."""
     copies, size = y.shape
     if start is None:
         stacked = {n: t.requires_grad_(True) for n, t in _stacked(params, copies).items()}
@@ -99,6 +102,9 @@ def _train_chunk(model, params, buffers, x, y, recipe: TrainingRecipe, generator
         # batched tensor as input while the running_mean or running_var ... were not batched"), and the received
         # model's stay untouched.
         stacked_buffers = _stacked(buffers, copies)
+    elif own_start:
+        stacked = {n: start[0][n].detach().requires_grad_(True) for n in params}
+        stacked_buffers = {n: start[1][n].detach() for n in buffers}
     else:  # new storage: the copies handed in stay as they were
         stacked = {n: start[0][n].detach().clone().requires_grad_(True) for n in params}
         stacked_buffers = {n: start[1][n].detach().clone() for n in buffers}
@@ -131,6 +137,10 @@ def _set_dropout_rng_state(cuda: list, state: tuple) -> None:
     torch.set_rng_state(state[0])
     for device, device_state in zip(cuda, state[1]):
         torch.cuda.set_rng_state(device_state, device)
+
+
+def _start_of(start: "TrainedCopies | None", first: int, chunk: int) -> tuple[dict, dict] | None:
+    return None if start is None else start.copies(first, first + chunk)
 
 
 def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, seed: int, chunk: int | None,
@@ -180,12 +190,14 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
             else:
                 xs, ys = pick(subsets[first:first + chunk]), y[subsets[first:first + chunk]]
             args = (model, params, buffers, xs, ys, recipe, generator)
-            begin = None if start is None else start.copies(first, first + chunk)
+            # Copies read from disk are nobody else's: trained in place (read again for a retry, which starts over).
+            owned = start is not None and start.on_disk
             vmap_error = None
             if batched:
                 dropout_state, shuffle_state = _dropout_rng_state(cuda), generator.get_state()
                 try:
-                    trained, trained_buffers = _train_chunk(*args, start=begin)
+                    trained, trained_buffers = _train_chunk(*args, start=_start_of(start, first, chunk),
+                                                            own_start=owned)
                 except (RuntimeError, NotImplementedError) as err:
                     vmap_error = err
                     _set_dropout_rng_state(cuda, dropout_state)  # redo the chunk from scratch, same draws
@@ -194,7 +206,8 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
                 # For forwards vmap cannot batch (BatchNorm with momentum=None reads float(num_batches_tracked),
                 # .item(), data-dependent control flow); an error that is not vmap's is raised here again, by plain
                 # autograd, with its own message. Stacked buffers are made anew per call: the failed try left none.
-                trained, trained_buffers = _train_chunk(*args, batched=False, start=begin)
+                trained, trained_buffers = _train_chunk(*args, batched=False, start=_start_of(start, first, chunk),
+                                                        own_start=owned)
             if vmap_error is not None:
                 warnings.warn(f"{caller}: torch.func.vmap cannot batch the model's training forward "
                               f"({vmap_error}); training the copies one at a time, which is slower",

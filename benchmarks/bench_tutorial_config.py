@@ -16,6 +16,7 @@ files' md5s in torchvision's table and changes nothing else (see CHILD_BOOT).
     .venv/bin/python benchmarks/bench_tutorial_config.py                       # full size, 3 rounds
     .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 --rounds 5   # each round's peak RSS
     .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 --census  # what holds memory, round by round
+    .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 --rounds 2 --trace --keep DIR  # what the peaks hold
     .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 0.25      # 6,000 and 15,000 images
     .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.25 --compare-with HEAD~1
     .venv/bin/python benchmarks/bench_tutorial_config.py --scale 0.1 --compare-with 82771dd --also-with "--rmia False"
@@ -113,7 +114,7 @@ def write_synthetic_cifar10(root: Path, n: int, seed: int = 0) -> Path:
 
 
 def run_script(code_root: Path, data_root: Path, log_dir: Path, rounds: int, timeout: float | None,
-               extra: list[str], census: bool = False) -> dict:
+               extra: list[str], census: bool = False, trace: bool = False) -> dict:
     """Run code_root/cifar10_PM.py once; wall seconds, exit code and the child's own peak RSS."""
     cmd = [sys.executable, "-c", CHILD_BOOT, str(code_root / "cifar10_PM.py"), *TUTORIAL_ARGS,
            "--data-dir", str(data_root), "--comm_round", str(rounds), "--log_dir", str(log_dir), *extra]
@@ -122,7 +123,7 @@ def run_script(code_root: Path, data_root: Path, log_dir: Path, rounds: int, tim
     phases_path.unlink(missing_ok=True)
     env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONUNBUFFERED": "1",
            "BENCH_PHASE_SPLIT_DIR": str(Path(__file__).resolve().parent), "BENCH_PHASE_SPLIT_OUT": str(phases_path),
-           "BENCH_CENSUS": "1" if census else "0"}
+           "BENCH_CENSUS": "1" if census else "0", "BENCH_STEP_TRACE": "1" if trace else "0"}
     start = time.perf_counter()
     with open(out_path, "w") as out:
         child = subprocess.Popen(cmd, cwd=data_root, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -208,6 +209,9 @@ def main(argv=None) -> int:
     p.add_argument("--census", action="store_true",
                    help="at each audit's and round's end, list the live tensors and arrays by holder (slow; for "
                         "finding what stays across rounds, not for timing)")
+    p.add_argument("--trace", action="store_true",
+                   help="record RSS and malloc at each audit step's and task's entry and exit, with the stack at each "
+                        "interval's peak (benchmarks/step_trace.py; reports_*.trace.json in the work dir, --keep it)")
     p.add_argument("--compare-with", metavar="REV", default=None,
                    help="also run cifar10_PM.py of git revision REV on the same data (e.g. HEAD)")
     p.add_argument("--also-with", metavar="ARGS", action="append", default=[],
@@ -253,7 +257,7 @@ def main(argv=None) -> int:
                 shutil.rmtree(log_dir, ignore_errors=True)
                 print(f"running {label} on {n} images ...", flush=True)
                 run = run_script(code_root, data_root, log_dir, args.rounds, args.timeout, args.script_arg + extra,
-                                 census=args.census)
+                                 census=args.census, trace=args.trace)
                 summary = summarise(read_records(log_dir, args.rounds))
                 row = {"label": label, "scale": scale, "n": n, **run, **summary}
                 phases = round_phases(row, args.rounds)

@@ -180,6 +180,10 @@ def _wrap(module_name: str, path: str, phase: str) -> bool:
 def install(out_path: str) -> None:
     """Wrap every phase's functions (the workspace must be on sys.path) and write the split to out_path at exit."""
     wrapped = {phase: [f"{m}:{p}" for m, p in targets if _wrap(m, p, phase)] for phase, targets in _PHASES.items()}
+    if __import__("os").environ.get("BENCH_STEP_TRACE") == "1":  # what the peaks hold (benchmarks/step_trace.py)
+        import step_trace
+
+        step_trace.install(out_path.removesuffix(".phases.json") + ".trace.json")
 
     def dump():
         end = time.perf_counter()

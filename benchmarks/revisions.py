@@ -18,6 +18,15 @@ def export_revision(root: Path, rev: str, dest: Path) -> Path:
         subprocess.run(["git", "-C", str(root), "archive", "--format=tar", rev], stdout=f, check=True,
                        stderr=subprocess.DEVNULL)
     with tarfile.open(archive) as tar:
-        tar.extractall(dest, filter="data")
+        tar.extractall(dest, filter=_data_or_skip)
     archive.unlink()
     return dest
+
+
+def _data_or_skip(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+    """tarfile's "data" filter, but a member it refuses (a tracked symlink to an absolute path, such as a clone's
+    `.venv`) is left out instead of failing the export: it is no code of the revision."""
+    try:
+        return tarfile.data_filter(member, path)
+    except tarfile.FilterError:
+        return None

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -93,6 +94,17 @@ class AuditedTaskRunner(PyTorchTaskRunner):
     def forward(self, x):
         return self.model(x)
 
+    def set_tensor_dict(self, tensor_dict, with_opt_vars=False):
+        """OpenFL's loading of the received (or read-back) arrays into the model, without its model-sized copy:
+        OpenFL makes a tensor of every array (torch.tensor copies), which load_state_dict then copies into the model;
+        here load_state_dict reads the arrays in place (the same values). OpenFL's own with the optimizer's state."""
+        if with_opt_vars:
+            return super().set_tensor_dict(tensor_dict, with_opt_vars)
+        with warnings.catch_warnings():  # arrays decoded from a message are read-only; load_state_dict only reads them
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            state = {k: torch.as_tensor(tensor_dict.pop(k)).to(self.device) for k in self.state_dict()}
+        self.load_state_dict(state)
+
     def reset_opt_vars(self) -> None:
         """`collaborator.settings.opt_treatment: RESET`: every round's training starts from a fresh optimizer state.
         OpenFL 1.9's PyTorchTaskRunner leaves this method empty, so momentum carried over into the next round."""
@@ -106,6 +118,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
     def validate_task(self, col_name, round_num, input_tensor_dict, **kwargs):
         """OpenFL's validation task; a received model the checks rejected is not loaded (accuracy NaN)."""
         apply = kwargs.get("apply")
+        # What the tasks before freed (the aggregator's end of round in one process), before the checks and signals.
+        release_freed_memory()
         if apply == "global" and self._check_received(col_name, round_num, input_tensor_dict).rejected:
             return rejected_validation(col_name, round_num, apply)
         self._validating = (col_name, round_num, apply)

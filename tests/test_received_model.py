@@ -259,6 +259,66 @@ def test_history_judges_each_tensor_against_the_honest_envelope():
     assert judge_changes({"new": 1.0}, state)["ratio"] is None  # nothing honest moved it yet: not judged
 
 
+def test_change_norms_hold_one_float64_copy_and_give_the_one_expression_values(monkeypatch):
+    """Each tensor's norm is bit for bit np.sqrt(np.dot(d64, d)) of d = new - old in float32 or wider (float16,
+    float32, float64 and mixed; sizes across the chunks the difference is taken in), while memory holds one float64
+    copy of the difference, not it and the difference in its own dtype and a second float64 copy (numpy reports
+    its arrays to tracemalloc)."""
+    import tracemalloc
+
+    import audit.received_model.history as history
+
+    def one_expression(a, b):
+        d = np.subtract(a, b, dtype=np.result_type(a, b, np.float32)).ravel()
+        return float(np.sqrt(np.dot(d.astype(np.float64, copy=False), d)))
+
+    rng = np.random.default_rng(5)
+    monkeypatch.setattr(history, "_DIFF_CHUNK", 1000)
+    for dtypes in [(np.float32, np.float32), (np.float16, np.float16), (np.float64, np.float32),
+                   (np.float16, np.float64)]:
+        for shape in [(), (7,), (1000,), (3, 1001), (64, 65, 3)]:
+            a = rng.normal(size=shape).astype(dtypes[0])
+            b = (a + rng.normal(scale=rng.uniform(1e-4, 2), size=shape)).astype(dtypes[1])
+            assert change_norms({"t": a}, {"t": b}) == {"t": one_expression(a, b)}, (dtypes, shape)
+    monkeypatch.undo()
+    n = 2**22
+    a = rng.normal(size=n).astype(np.float32)
+    b = a + np.float32(0.01)
+    tracemalloc.start()
+    try:
+        change_norms({"t": a}, {"t": b})
+        _, ours = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        one_expression(a, b)
+        _, expression = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # the float64 difference and one chunk of it in float32, against 4 + 8 + 8 bytes a value
+    assert 8 * n <= ours <= 8 * n + 4 * history._DIFF_CHUNK + 4096 and expression >= 20 * n, (ours, expression)
+
+
+def test_parallel_rows_holds_a_large_layer_and_its_cosines_once_each():
+    """The rows' unit copy is divided in place and the cosines' absolute values taken in place (numpy reports its
+    arrays to tracemalloc): one copy of the rows and one of the cosines, not two of each; the same group is found
+    (four rows made parallel among 2,048)."""
+    import tracemalloc
+
+    rng = np.random.default_rng(8)
+    n = 2048
+    weight = rng.normal(size=(n, n)).astype(np.float32)
+    weight[[3, 70, 900, 2000]] = weight[5] * np.array([[2.0], [-0.5], [3.0], [0.25]], dtype=np.float32)
+    weight, bias = torch.from_numpy(weight), torch.from_numpy(rng.normal(size=n).astype(np.float32))
+    tracemalloc.start()
+    try:
+        found = parallel_rows(weight, bias)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert found == {"rows": 5, "distinct_offsets": 5, "of": n}
+    layer = n * n * 4
+    assert peak < 2.4 * layer, peak / layer  # the rows' copy, the cosines and their comparison's booleans
+
+
 # ---------------------------------------------------------------------------------------------- a round sequence
 
 

@@ -400,3 +400,45 @@ def test_each_chunk_s_gradients_and_optimizer_state_go_when_it_is_trained(monkey
         assert all(p.grad is None for group in optimizer.param_groups for p in group["params"])
     for name, value in plain.params.items():
         assert torch.equal(value, watched.params[name]), name
+
+
+@pytest.mark.parametrize("chunk", [1, 2])  # one copy at a time (plain autograd), two under vmap
+def test_copies_read_from_disk_are_trained_in_place_and_in_memory_ones_are_left_alone(monkeypatch, chunk):
+    """Continuing from copies on disk trains the chunk just read in place (no second copy of its parameters and
+    buffers while it trains), with the same result, bit for bit, as continuing from the same copies in memory, which
+    are copied first and stay as they were."""
+    x, y = tabular()
+    model = tabular_net(seed=4)
+    recipe = TrainingRecipe("SGD", 0.05, 0.9, epochs=1, batch_size=12)
+    p, q = picks(len(y), 3, seed=10), picks(len(y), 3, seed=11)
+    in_memory = train_references(model, x[p], y[p], recipe, seed=1, chunk=chunk)
+    kept = {n: t.clone() for n, t in {**in_memory.params, **in_memory.buffers}.items()}
+    monkeypatch.setattr(shadow_training, "_SPILL_BYTES", 0)
+    spilled = train_references(model, x[p], y[p], recipe, seed=1, chunk=chunk)
+    assert spilled.on_disk
+    handed, returned = [], []
+    copies, train_chunk = TrainedCopies.copies, shadow_training._train_chunk
+
+    def spy_copies(self, first, stop):
+        found = copies(self, first, stop)
+        handed.append({n: t.data_ptr() for part in found for n, t in part.items()})
+        return found
+
+    def spy_train(*args, **kwargs):
+        trained = train_chunk(*args, **kwargs)
+        returned.append({n: t.data_ptr() for part in trained for n, t in part.items()})
+        return trained
+
+    monkeypatch.setattr(TrainedCopies, "copies", spy_copies)
+    monkeypatch.setattr(shadow_training, "_train_chunk", spy_train)
+    from_disk = train_references(model, x[q], y[q], recipe, seed=2, chunk=chunk, start=spilled)
+    assert len(handed) == len(returned) == -(-3 // chunk)
+    assert handed == returned  # the tensors read are the ones trained: no copy
+    handed.clear(), returned.clear()
+    from_memory = train_references(model, x[q], y[q], recipe, seed=2, chunk=chunk, start=in_memory)
+    assert all(set(h.values()).isdisjoint(r.values()) for h, r in zip(handed, returned))  # copied first
+    for name, value in {**in_memory.params, **in_memory.buffers}.items():
+        assert torch.equal(value, kept[name]), name  # the copies in memory are left alone
+    for name, value in {**from_memory.params, **from_memory.buffers}.items():
+        assert torch.equal({**from_disk.params, **from_disk.buffers}[name], value), name
+    assert not torch.equal(from_memory.params["0.weight"], in_memory.params["0.weight"])  # it did train

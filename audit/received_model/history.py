@@ -37,6 +37,10 @@ class HistoryState:
             self.largest_change[name] = max(value, self.largest_change.get(name, 0.0))
 
 
+# Rows of a tensor's difference taken at a time (8 MB in float64) on the way to its float64 copy.
+_DIFF_CHUNK = 2**20
+
+
 def change_norms(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, float]:
     """||new - old|| per floating tensor both hold with the same shape (the difference in the tensors' float32 or wider;
     the sum of squares in float64)."""
@@ -47,9 +51,20 @@ def change_norms(new: Mapping[str, Any], old: Mapping[str, Any]) -> dict[str, fl
             continue
         b = np.asarray(old[name])
         if a.shape == b.shape:
-            d = np.subtract(a, b, dtype=np.result_type(a, b, np.float32)).ravel()
-            out[name] = float(np.sqrt(np.dot(d.astype(np.float64, copy=False), d)))
+            d = _float64_difference(a.ravel(), b.ravel(), np.result_type(a, b, np.float32))
+            out[name] = float(np.sqrt(np.dot(d, d)))
     return out
+
+
+def _float64_difference(a: np.ndarray, b: np.ndarray, dtype) -> np.ndarray:
+    """a - b computed in `dtype`, held in float64: the values of `np.subtract(a, b, dtype=dtype).astype(float64)`,
+    filled a chunk at a time, so a large tensor (the tutorial's 64 MB layer) costs its float64 copy alone, not that
+    and the difference in `dtype` and a second float64 copy for the dot product, as one expression would."""
+    d = np.empty(a.size, dtype=np.float64)
+    for start in range(0, a.size, _DIFF_CHUNK):
+        part = slice(start, start + _DIFF_CHUNK)
+        d[part] = np.subtract(a[part], b[part], dtype=dtype)
+    return d
 
 
 def judge_changes(change: Mapping[str, float], state: HistoryState) -> dict:

@@ -45,12 +45,17 @@ def parallel_rows(weight: torch.Tensor, bias: torch.Tensor | None) -> dict:
     live = np.flatnonzero(norms > 0)
     if len(live) == 0:
         return {"rows": 0, "distinct_offsets": 0, "of": int(weight.shape[0])}
-    unit = w[live] / norms[live, None].astype(np.float32)  # cosines to 1e-6 in float32: far finer than 0.99
+    # Cosines to 1e-6 in float32: far finer than 0.99. w[live] is a copy (w may be the model's own memory), divided in
+    # place, and the cosines' absolute values are taken in place: a large layer's rows and their cosines held once each.
+    unit = w[live]
+    unit /= norms[live, None].astype(np.float32)
     seen = unit
     if len(live) ** 2 * unit.shape[1] > _EXACT_BUDGET and unit.shape[1] > _PROJECTION:
         seen = unit @ np.random.default_rng(0).standard_normal((unit.shape[1], _PROJECTION)).astype(np.float32)
         seen /= np.maximum(np.linalg.norm(seen, axis=1, keepdims=True), np.finfo(np.float32).tiny)
-    close = np.abs(seen @ seen.T) >= (PARALLEL_COSINE if seen is unit else _PROJECTED_COSINE)
+    cosines = seen @ seen.T
+    close = np.abs(cosines, out=cosines) >= (PARALLEL_COSINE if seen is unit else _PROJECTED_COSINE)
+    del cosines
     centre = int(close.sum(axis=1).argmax())
     members = np.flatnonzero(close[centre])
     members = members[np.abs(unit[members] @ unit[centre]) >= PARALLEL_COSINE]  # on the rows themselves
