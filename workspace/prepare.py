@@ -109,7 +109,7 @@ class FxRunner:
                              f"(full output: {self.setup_log})")
 
     def _in_worker(self, cwd: Path, args: tuple, log_path: Path, command: str) -> int:
-        """The command's exit code, from the worker (started on first use)."""
+        """The command's exit code, from the worker (started with the runner)."""
         with self._worker_lock:
             self.registry.check_cancelled(f"`{command}`")
             worker = self._worker
