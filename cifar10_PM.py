@@ -36,7 +36,7 @@ from audit.config.audit_settings import AuditSettings  # noqa: E402  (torch-free
 from audit.config.fields import did_you_mean  # noqa: E402
 from audit.config.gate import BOUND_CHOICES  # noqa: E402
 from audit.config.rmia_settings import REFERENCE_KINDS, RMIASettings  # noqa: E402
-from audit.config.vocabulary import GATE_ACTIONS, MODELS, SIGNALS  # noqa: E402
+from audit.config.vocabulary import GATE_ACTIONS, SIGNALS, ModelChoices  # noqa: E402
 from src.data.datasets import DATASETS  # noqa: E402  (numpy only)
 from workspace.arguments import NEAREST, SuggestingParser  # noqa: E402
 
@@ -160,9 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="download --dataset into --data-dir if it is not there (the archives torchvision fetches, "
                         "md5-checked; needs the network)")
     p.add_argument("--collaborators", type=whole_number(1), default=2, help="number of collaborators (data shards)")
-    p.add_argument("--model", choices=MODELS, default="cnn", metavar="MODEL",
+    p.add_argument("--model", choices=ModelChoices(), default="cnn", metavar="MODEL",
                    help="cnn, fcnn (the Fidel paper's), alexnet (the tutorial's Net, ~23.3M parameters) or a "
-                        f"torchvision classifier, untrained, fitted to the dataset's images: {', '.join(MODELS[3:])}")
+                        "torchvision classifier, untrained, fitted to the dataset's images; one of: %(choices)s")
     p.add_argument("--learning_rate", type=positive_number, default=None,
                    help="local learning rate (none: 0.005 for SGD, 0.001 for Adam)")
     p.add_argument("--local_epochs", type=whole_number(1), default=1, help="local epochs per round (the tutorial: 1)")

@@ -25,7 +25,8 @@ from workspace.in_process import run_in_process
 result = run_in_process(Path(tempfile.mkdtemp()) / "run", collaborators=2, rounds=1,
                         overrides={"tasks": {"train": {"kwargs": {"epochs": 1}}}})
 print(json.dumps({"triton": repr(sys.modules.get("triton", "absent"))[:40],
-                  "dynamo": "torch._dynamo" in sys.modules, "rounds": result.round_logs,
+                  "dynamo": "torch._dynamo" in sys.modules, "torchvision": "torchvision" in sys.modules,
+                  "rounds": result.round_logs,
                   "collaborators": result.collaborator_metrics}))
 """
 
@@ -49,6 +50,8 @@ def test_a_cpu_collaborator_keeps_triton_out_with_the_same_metrics():
     # torch.optim did import torch._dynamo (the path that would load triton), and triton stayed out
     assert plain["dynamo"] and plain["triton"] == "None"
     assert preloaded["triton"].startswith("<module 'triton'")  # a process that had it keeps it
+    # the workspace's own model (cnn) and digits need no torchvision: the model names' check does not import it
+    assert plain["torchvision"] is False
     assert plain["rounds"] == preloaded["rounds"] and len(plain["rounds"]) == 1
     assert plain["collaborators"] == preloaded["collaborators"]
     assert any(k.endswith("mia_local_loss_auc") for k in plain["collaborators"][-1])  # the audit ran

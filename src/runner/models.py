@@ -83,14 +83,14 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from audit.config.vocabulary import MODELS, WORKSPACE_MODELS
+from audit.config import vocabulary
+from audit.config.vocabulary import WORKSPACE_MODELS, is_model_name
 from src.runner.torchvision_models import torchvision_model
 
-__all__ = ["MODELS", "model_names", "PAPER_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model", "feature_layers"]
+__all__ = ["model_names", "is_model_name", "PAPER_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model", "feature_layers"]
 
 #: The Fidel-paper models (``classifier.fc1`` is ``classifier[0]``, 128 units; tests parametrize over these).
 PAPER_MODELS = ("cnn", "fcnn")
-assert set(PAPER_MODELS) < set(MODELS)  # MODELS: every name build_model accepts, plus the tutorial's alexnet
 ACTIVATIONS = ("relu", "sigmoid", "tanh")
 
 _ACT = {"relu": nn.ReLU, "sigmoid": nn.Sigmoid, "tanh": nn.Tanh}
@@ -264,7 +264,7 @@ assert tuple(_CLASSES) == WORKSPACE_MODELS
 
 def model_names() -> tuple[str, ...]:
     """Every name build_model accepts: MODELS, and any model class added to the workspace's own (_CLASSES)."""
-    return tuple(dict.fromkeys((*_CLASSES, *MODELS)))
+    return tuple(dict.fromkeys((*_CLASSES, *vocabulary.MODELS)))
 
 
 def build_model(name, input_shape, num_classes, **kwargs) -> nn.Module:
@@ -275,8 +275,8 @@ def build_model(name, input_shape, num_classes, **kwargs) -> nn.Module:
     Unknown name or keyword, or a torchvision model that cannot take ``input_shape`` -> ValueError naming it.
     """
     key = name.strip().lower() if isinstance(name, str) else None
-    known = model_names()
-    if key not in known:
+    if not (key in _CLASSES or is_model_name(key)):
+        known = model_names()
         close = difflib.get_close_matches(str(key), known, n=3)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
         raise ValueError(f"unknown model {name!r}; {hint}choose one of {', '.join(known)}")

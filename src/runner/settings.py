@@ -26,10 +26,10 @@ PREFIX = "task_runner.settings"
 def _model(key: str, value) -> str:
     """A name src.runner.models builds (its own models, torchvision's classifiers), in any case; asked of
     src.runner.models itself (which imports torch) when a plan is parsed, so that it is the one list of names."""
-    from src.runner.models import model_names
+    from src.runner.models import is_model_name, model_names
 
     found = value.strip().lower() if isinstance(value, str) else value
-    if isinstance(found, str) and found in model_names():
+    if isinstance(found, str) and is_model_name(found):
         return found
     raise SettingsError(f"{key}: unknown model {value!r}; known: {', '.join(model_names())}"
                         f"{did_you_mean(value, model_names())}")
