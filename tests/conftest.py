@@ -21,6 +21,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from shared_runs import demo_run, prepared_federation  # noqa: E402,F401  (session fixtures: tests/shared_runs.py)
+from fx_forks import fx_fork  # noqa: E402,F401  (fx commands in forks of one worker: tests/fx_forks.py)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,8 @@ def no_network(monkeypatch):
 # this suite runs on the same worker as every other test using it, so each shared fixture (a federation, a demo
 # run) is built once per test run; other tests go to whichever worker is free. Heavy tests are handed out first.
 
-CHEAP_SHARED = {"one_torch_thread"}  # module-scoped but costs nothing: no need to keep its tests together
+# Shared but cheap (nothing to build, or a process per worker): no need to keep their tests together
+CHEAP_SHARED = {"one_torch_thread", "fx_fork"}
 
 
 def _shared_fixtures(item) -> list[str]:

@@ -3,7 +3,6 @@
 import inspect
 import logging
 import ipaddress
-import os
 import socket
 import subprocess
 import sys
@@ -267,8 +266,9 @@ def test_plan_get_server_builds_the_bound_server(tmp_path, monkeypatch):
 
 @pytest.mark.federation
 @pytest.mark.skipif(not (Path(sys.executable).parent / "fx").exists(), reason="fx comes with openfl in the venv")
-def test_fx_aggregator_start_rejects_a_bad_poll_interval(tmp_path):
-    """The real entry point: `fx aggregator start` fails at once, naming the key, before serving anything."""
+def test_fx_aggregator_start_rejects_a_bad_poll_interval(tmp_path, fx_fork):
+    """OpenFL's entry point (tests/fx_forks.py): `fx aggregator start` fails at once, naming the key, before serving
+    anything."""
     for name in ("plan", "src", "audit"):
         subprocess.run(["cp", "-r", str(ROOT / name), str(tmp_path / name)], check=True)
     (tmp_path / ".workspace").write_text((ROOT / ".workspace").read_text())
@@ -276,14 +276,12 @@ def test_fx_aggregator_start_rejects_a_bad_poll_interval(tmp_path):
     text = plan.read_text()
     assert "poll_interval_s: 1 " in text
     plan.write_text(text.replace("poll_interval_s: 1 ", "poll_interval_s: 0 "))
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # A serving aggregator never exits by itself: that the command returned at all (within the timeout, which a
     # loaded machine's imports need) shows it stopped before serving.
-    result = subprocess.run([str(Path(sys.executable).parent / "fx"), "aggregator", "start"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=300)
+    result = fx_fork(tmp_path, "aggregator", "start", timeout=300)
     assert result.returncode != 0
     assert ("aggregator.settings.poll_interval_s: expected a whole number of seconds in [1, 3600] (OpenFL sends it "
-            "as an int32), got 0") in result.stdout + result.stderr
+            "as an int32), got 0") in result.stdout
 
 
 # ---------------------------------------------------------------------------------------------------------

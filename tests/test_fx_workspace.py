@@ -2,7 +2,6 @@
 
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,28 +22,26 @@ def copy_workspace(dest: Path) -> Path:
     return dest
 
 
-def fx(cwd, *args):
-    return subprocess.run([str(FX), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.federation
 @pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv")
-def test_fx_plan_initialize_writes_the_initial_model(tmp_path):
+def test_fx_plan_initialize_writes_the_initial_model(tmp_path, fx_fork):
     ws = copy_workspace(tmp_path)
-    result = fx(ws, "plan", "initialize")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = fx_fork(ws, "plan", "initialize")  # OpenFL's command (tests/fx_forks.py)
+    assert result.returncode == 0, result.stdout[-3000:]
     assert (ws / "save" / "init.pbuf").stat().st_size > 0
 
 
 @pytest.mark.federation
 @pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv")
-def test_fx_plan_initialize_rejects_a_bad_audit_key(tmp_path):
+def test_fx_plan_initialize_rejects_a_bad_audit_key(tmp_path, fx_fork):
     ws = copy_workspace(tmp_path)
     plan = ws / "plan" / "plan.yaml"
     text, count = re.subn(r"fpr_tolerance: \[[^\]]*\]", "fpr_tolerance: [0.01, 2.0]", plan.read_text())
     assert count == 1  # the plan's own line was replaced
     plan.write_text(text)
-    result = fx(ws, "plan", "initialize")
+    result = fx_fork(ws, "plan", "initialize")
     assert result.returncode != 0
-    assert "task_runner.settings.audit.fpr_tolerance" in result.stdout + result.stderr
+    assert "task_runner.settings.audit.fpr_tolerance" in result.stdout
     assert not (ws / "save" / "init.pbuf").exists()

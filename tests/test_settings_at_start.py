@@ -628,18 +628,16 @@ def test_demo_refuses_a_used_log_dir_unless_asked_to_replace_it(tmp_path, capsys
 
 @pytest.mark.federation
 @pytest.mark.skipif(not (Path(sys.executable).parent / "fx").exists(), reason="fx comes with openfl in the venv")
-def test_a_deployment_by_hand_fails_at_fx_plan_initialize_and_fx_aggregator_start_naming_the_key(tmp_path):
-    """The real `fx` commands in an aggregator's workspace made as by hand (no tool check before them): a misspelt
-    network key fails `fx plan initialize` (before any certificate), a `per_collaborator` name that is no
-    collaborator in plan/cols.yaml fails `fx aggregator start` before it listens; each in one EXCEPTION line."""
+def test_a_deployment_by_hand_fails_at_fx_plan_initialize_and_fx_aggregator_start_naming_the_key(tmp_path, fx_fork):
+    """OpenFL's `fx` commands (tests/fx_forks.py) in an aggregator's workspace made as by hand (no tool check before
+    them): a misspelt network key fails `fx plan initialize` (before any certificate), a `per_collaborator` name that
+    is no collaborator in plan/cols.yaml fails `fx aggregator start` before it listens; each in one EXCEPTION line."""
     from workspace.plan_file import collaborator_names, read_plan
     from workspace.prepare import fx_exception, make_aggregator_workspace
-    from workspace.processes import fx_environment
 
     def fx(ws, *args, timeout=300):
-        done = subprocess.run([str(Path(sys.executable).parent / "fx"), *args], cwd=ws, env=fx_environment(),
-                              capture_output=True, text=True, timeout=timeout)
-        return done.returncode, fx_exception(done.stdout + done.stderr)
+        done = fx_fork(ws, *args, timeout=timeout)
+        return done.returncode, fx_exception(done.stdout)
 
     names = collaborator_names(2)
     plan = merged(read_plan(ROOT / "plan" / "plan.yaml"), FAST)  # the workspace's plan, its paths relative
@@ -661,8 +659,9 @@ def test_a_deployment_by_hand_fails_at_fx_plan_initialize_and_fx_aggregator_star
 
 @pytest.mark.federation
 @pytest.mark.skipif(not (Path(sys.executable).parent / "fx").exists(), reason="fx comes with openfl in the venv")
-def test_a_deployment_by_hand_checks_included_files_names_and_transport_at_each_fx_command(tmp_path):
-    """`fx` run by hand in a workspace the tool did not check: `fx plan initialize` refuses a `defaults:` file OpenFL
+def test_a_deployment_by_hand_checks_included_files_names_and_transport_at_each_fx_command(tmp_path, fx_fork):
+    """`fx` run by hand in a workspace the tool did not check (OpenFL's commands: tests/fx_forks.py; the serving
+    aggregator a real `fx` process): `fx plan initialize` refuses a `defaults:` file OpenFL
     does not ship (before: read as empty, silently) and an unsafe name in plan/data.yaml; `fx collaborator start -n
     ../../escaped_x` is refused before OpenFL writes anything (before: it wrote logs/../../escaped_x_metrics.txt,
     outside the workspace, and the name was refused only at its first audit); `fx aggregator start` refuses a plan
@@ -675,10 +674,9 @@ def test_a_deployment_by_hand_checks_included_files_names_and_transport_at_each_
 
     fx_path = str(Path(sys.executable).parent / "fx")
 
-    def fx(ws, *args, timeout=300, env=None):
-        done = subprocess.run([fx_path, *args], cwd=ws, env=env or fx_environment(), capture_output=True, text=True,
-                              timeout=timeout)
-        return done.returncode, fx_exception(done.stdout + done.stderr)
+    def fx(ws, *args, timeout=300):
+        done = fx_fork(ws, *args, timeout=timeout)
+        return done.returncode, fx_exception(done.stdout)
 
     names = collaborator_names(1)
     plan = merged(read_plan(ROOT / "plan" / "plan.yaml"), merged(FAST, {
