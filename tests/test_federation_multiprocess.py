@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from shared_runs import PREPARED_COLLABORATORS, PREPARED_ROUNDS, workspace_cli
+from shared_runs import PREPARED_COLLABORATORS, PREPARED_ROUNDS, workspace_cli, workspace_here
 
 ROOT = Path(__file__).resolve().parent.parent
 FX = Path(sys.executable).parent / "fx"
@@ -379,7 +379,7 @@ def test_ctrl_c_stops_every_process_it_started(prepared, tmp_path):
 ])
 def test_bad_settings_fail_before_any_certificate_is_made(tmp_path, setting, key):
     run_dir = tmp_path / "run"
-    result = workspace_cli("prepare", "--dir", run_dir, "--set", setting, timeout=120)
+    result = workspace_here("prepare", "--dir", run_dir, "--set", setting)  # refused before any child process
     assert result.returncode == 2
     assert key in result.stderr
     assert not run_dir.exists()
