@@ -111,8 +111,8 @@ def prepared_federation(tmp_path_factory) -> Path:
     run_dir = tmp_path_factory.mktemp("multiprocess") / "prepared"
     sets = [arg for s in PREPARED_SETS for arg in ("--set", s)]
     started = time.monotonic()
-    result = workspace_cli("prepare", "--collaborators", len(PREPARED_COLLABORATORS), "--rounds", PREPARED_ROUNDS,
-                           "--dir", run_dir, *sets, timeout=400)
+    result = workspace_here("prepare", "--collaborators", len(PREPARED_COLLABORATORS), "--rounds", PREPARED_ROUNDS,
+                            "--dir", run_dir, *sets)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     print(f"prepare: {time.monotonic() - started:.1f} s")
     return run_dir

@@ -17,8 +17,8 @@ import time
 import psutil
 import pytest
 
-from test_federation_multiprocess import (FX, all_pids, is_gone, start_cli, state, stop_group, wait_until,
-                                         workspace_cli)
+from shared_runs import workspace_here
+from test_federation_multiprocess import FX, all_pids, is_gone, start_cli, state, stop_group, wait_until
 
 pytestmark = [pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv"),
               pytest.mark.federation]
@@ -35,8 +35,8 @@ LIVENESS = ["--liveness", "5"]  # the window is then max(5 s, 3 x the slowest ro
 def prepared(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("faults") / "prepared"
     sets = [arg for s in SETS for arg in ("--set", s)]
-    result = workspace_cli("prepare", "--collaborators", 2, "--rounds", ROUNDS, "--dir", run_dir, "--no-tls",
-                           "--poll-interval", 1, *sets, timeout=400)
+    result = workspace_here("prepare", "--collaborators", 2, "--rounds", ROUNDS, "--dir", run_dir, "--no-tls",
+                            "--poll-interval", 1, *sets)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return run_dir
 
@@ -156,7 +156,7 @@ def test_participants_die_with_a_killed_tooling_and_the_folder_is_reported_stale
                 psutil.Process(pid).kill()
     assert state(run_dir)["status"] == "running"  # what the killed tooling left behind
     for command in (["start", "--dir", run_dir], ["run", "--dir", run_dir, "--no-tls"]):
-        again = workspace_cli(*command, timeout=120)
+        again = workspace_here(*command)  # refused before any child process
         assert again.returncode == 2, again.stdout + again.stderr
         assert f"error: stale: the tool (pid {tooling.pid}) that started {run_dir} is gone" in again.stderr
         for name, pid in pids.items():

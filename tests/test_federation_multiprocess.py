@@ -20,7 +20,7 @@ import psutil
 import pytest
 import yaml
 
-from shared_runs import PREPARED_COLLABORATORS, PREPARED_ROUNDS, workspace_cli, workspace_here
+from shared_runs import PREPARED_COLLABORATORS, PREPARED_ROUNDS, workspace_here
 
 ROOT = Path(__file__).resolve().parent.parent
 FX = Path(sys.executable).parent / "fx"
@@ -321,7 +321,7 @@ def test_a_run_starts_fresh_and_only_once(federation):
     assert not list(federation.run_dir.rglob("tensor.db"))  # persist_checkpoint: false, fresh folders
     plan = yaml.safe_load((federation.run_dir / "aggregator" / "plan" / "plan.yaml").read_text())
     assert plan["aggregator"]["settings"]["persist_checkpoint"] is False
-    again = workspace_cli("start", "--dir", federation.run_dir, timeout=120)
+    again = workspace_here("start", "--dir", federation.run_dir)  # refused before any child process
     assert again.returncode == 2
     assert "already started" in again.stderr
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from test_federation_multiprocess import FX, is_gone, state, workspace_cli
+from shared_runs import workspace_cli
+from test_federation_multiprocess import FX, is_gone, state
 
 pytestmark = [pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv"),
               pytest.mark.federation]
