@@ -24,7 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from shared_runs import workspace_cli
+from shared_runs import workspace_here
 from test_federation_multiprocess import FX, is_gone, state
 
 pytestmark = [pytest.mark.skipif(not FX.exists(), reason="fx is installed with openfl in the project's venv"),
@@ -166,7 +166,7 @@ def interrupted_prepares(tmp_path_factory):
                      "left": snapshot(run_dir), "state": state(run_dir), "output": output})
         if proc.returncode == 0:  # it finished before the moment came: start from a fresh folder again
             shutil.rmtree(run_dir)
-    done = workspace_cli("prepare", "--dir", run_dir, *PREPARE, timeout=600)
+    done = workspace_here("prepare", "--dir", run_dir, *PREPARE)  # the same command, in this process
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return run_dir, seen
 
@@ -230,7 +230,7 @@ def test_an_interrupted_start_stops_every_participant_and_says_so(interrupted_pr
             continue
         # Never `running`: `prepared` only if no participant had started (nothing ran), else `interrupted`.
         assert status == ("prepared" if not pids else "interrupted"), (phase, status, pids)
-        again = workspace_cli("start", "--dir", run_dir, "--timeout", 600, timeout=900)
+        again = workspace_here("start", "--dir", run_dir, "--timeout", 600)
         if status == "interrupted":  # the next command says so, in one line, at once
             assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
             assert again.stderr.strip() == (f"error: {run_dir} was already started (status 'interrupted'); prepare "
