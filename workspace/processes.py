@@ -257,6 +257,8 @@ class ParticipantLauncher:
     def close(self) -> None:
         """End the launcher (at the end of its input it kills and reaps what is left of its forks) and reap it."""
         popen = self.process.popen
+        if popen.stdout.closed:
+            return
         try:
             popen.stdin.close()
         except OSError:
