@@ -250,7 +250,7 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
     finally:
         # Whatever ends the run, federation.json must say how (a signal now only hastens this, see __main__).
         registry.winding_down = True
-        still_running = registry.stop_all()
+        still_running = [name for name in registry.stop_all() if name != ParticipantLauncher.NAME]
         if launcher is not None:
             launcher.close()
         if progress is not None:
@@ -258,7 +258,10 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         outcome.seconds = time.monotonic() - begin
         outcome.rounds_done = rounds_done(metrics_file(layout))
         outcome.round_seconds = round_seconds(layout)
-        if interrupted and not registry.started:  # (the registry holds only participants here)
+        # A participant ran if the registry holds one, or the launcher forked one that an interrupt kept from it.
+        ran = (any(s.name != ParticipantLauncher.NAME for s in registry.started)
+               or (launcher is not None and launcher.forked > 0))
+        if interrupted and not ran:
             layout.status = "prepared"  # interrupted before any participant started: nothing ran, it may start
             layout.extra.pop("tool", None)
         else:

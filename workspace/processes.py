@@ -3,12 +3,14 @@
 Every `fx` command (set-up commands and the long-running aggregator and collaborators) is started in a new
 session, so its process group id is its PID: a Ctrl-C in the terminal reaches only the tooling, and the
 tooling stops each process group it started (SIGTERM, then SIGKILL after a grace period), never anything
-found by name.
+found by name. A federation's participants are forks of one ParticipantLauncher (workspace/fx_worker.py), each
+in a session of its own, seen here through Popen's interface (ForkedProcess).
 
 A tooling killed outright (SIGKILL, OOM killer) runs no clean-up: on Linux every process it starts asks the
 kernel for SIGKILL when the tooling dies (prctl PR_SET_PDEATHSIG), so no participant is left orphaned. The
 signal is SIGKILL because a stopped (SIGSTOP) process would leave a SIGTERM pending. Elsewhere there is no
-such request; `federation.json` then still names the orphans (see workspace/federation.py).
+such request; `federation.json` then still names the orphans (see workspace/federation.py). A launcher's forks
+make the same request of the launcher, which dies with the tooling.
 
 `snapshot(pid)` reads what /proc shows of a process (state, CPU time, start time) for the liveness check.
 
@@ -183,6 +185,7 @@ class ParticipantLauncher:
     local federation's participants share that one import's CPU time and library pages. Give it to
     ProcessRegistry.start; close() it once the participants are stopped (their forks die with it anyway)."""
 
+    NAME = "participants' launcher"  # its name in the registry, for the moment before start() leaves it to its owner
     START_TIMEOUT_S = 120.0  # its imports (a few CPU-seconds) then one fork
     CLOSE_S = 5.0  # at the end of its input it kills what is left of its forks, reaps them and exits
 
@@ -191,8 +194,7 @@ class ParticipantLauncher:
         self.log_path = log_path
         # The registry starts it (in its own session, killed if the tooling dies) but does not stop it with the
         # participants: their forks would die with it before their grace period.
-        self.process = registry.start("participants' launcher", [sys.executable, fx_worker.__file__,
-                                                                  fx_worker.PARTICIPANTS],
+        self.process = registry.start(self.NAME, [sys.executable, fx_worker.__file__, fx_worker.PARTICIPANTS],
                                       cwd=cwd, log_path=log_path, env=fx_environment(), stdin=subprocess.PIPE,
                                       replies=True)
         registry.detach(self.process)
@@ -201,6 +203,7 @@ class ParticipantLauncher:
         self._pending = b""
         self._started: list[int] = []  # PIDs reported, not yet claimed by start()
         self._ended: dict[int, int] = {}
+        self.forked = 0  # participants it started, whether or not start() returned them (an interrupt)
         self._closed = False  # its replies ended: whatever has not ended was killed with it
 
     def start(self, argv: list[str], *, cwd: Path, env: dict, log_path: Path) -> ForkedProcess:
@@ -253,6 +256,7 @@ class ParticipantLauncher:
                     self._ended[reply["pid"]] = reply["rc"]
                 else:
                     self._started.append(reply["pid"])
+                    self.forked += 1
 
     def close(self) -> None:
         """End the launcher (at the end of its input it kills and reaps what is left of its forks) and reap it."""
