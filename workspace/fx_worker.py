@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import importlib
 import importlib.util
 import json
@@ -229,6 +230,10 @@ def serve_participants() -> int:
     if threads != 1:  # a fork holds only the thread that forked: whatever the others held (a lock) stays held
         print(f"the participants' launcher runs {threads} threads after its imports; it forks none", file=sys.stderr)
         return 1
+    # What the imports made stays shared with every fork until written: the collector's passes would write to each
+    # object's header (gc.freeze, as Python's documentation advises before forking workers). Those objects live as
+    # long as their modules in a participant anyway.
+    gc.freeze()
     commands = _stdin_to_null()
     replies = os.dup(1)
     os.dup2(2, 1)  # nothing else of this process reaches the replies
@@ -241,11 +246,14 @@ def serve_participants() -> int:
 
     def reap() -> None:
         while running:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
             if pid == 0:
                 return
             running.discard(pid)
-            reply({"pid": pid, "rc": os.waitstatus_to_exitcode(status)})  # -N for a signal N, as Popen's returncode
+            code = os.waitstatus_to_exitcode(status)  # -N for a signal N, as Popen's returncode
+            reply({"pid": pid, "rc": code})
+            print(f"participant {pid} ended ({code}) after {usage.ru_utime + usage.ru_stime:.1f} CPU-seconds",
+                  file=sys.stderr, flush=True)
 
     try:
         while True:
