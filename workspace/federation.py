@@ -252,7 +252,7 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         registry.winding_down = True
         still_running = [name for name in registry.stop_all() if name != ParticipantLauncher.NAME]
         if launcher is not None:
-            launcher.close()
+            launcher.close(at_once=interrupted)
         if progress is not None:
             progress.finish()
         outcome.seconds = time.monotonic() - begin

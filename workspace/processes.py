@@ -258,8 +258,9 @@ class ParticipantLauncher:
                     self._started.append(reply["pid"])
                     self.forked += 1
 
-    def close(self) -> None:
-        """End the launcher (at the end of its input it kills and reaps what is left of its forks) and reap it."""
+    def close(self, at_once: bool = False) -> None:
+        """End the launcher (at the end of its input it kills and reaps what is left of its forks) and reap it;
+        `at_once` (an interrupt): kill it now, its forks with it, rather than wait for the end of its imports."""
         popen = self.process.popen
         if popen.stdout.closed:
             return
@@ -268,7 +269,7 @@ class ParticipantLauncher:
         except OSError:
             pass
         try:
-            popen.wait(timeout=self.CLOSE_S)
+            popen.wait(timeout=0 if at_once else self.CLOSE_S)
         except subprocess.TimeoutExpired:  # still importing, or stopped: its forks die with it
             _killpg(self.process.pid, signal.SIGKILL)
             try:
