@@ -12,14 +12,15 @@ On a machine without an NVIDIA driver, importing this package keeps triton out o
 which torchvision imports and torch.optim imports on first use, imports triton (a compiler of GPU kernels that
 torch's CUDA build brings along) when it is installed: 70 MB of library pages in every process, and nothing without
 a GPU can run what it compiles. A None in sys.modules makes that import fail as for a missing package, which torch
-handles. A process that loaded triton already keeps it.
+handles. A process that loaded triton already keeps it (src.process.cuda_pages.keep_triton_out).
 """
 
 import sys
 from pathlib import Path
 
-if not Path("/proc/driver/nvidia/version").exists():  # the NVIDIA driver's, present wherever a CUDA GPU can be used
-    sys.modules.setdefault("triton", None)
+from src.process.cuda_pages import keep_triton_out
+
+keep_triton_out()
 
 _WORKSPACE = Path(__file__).resolve().parent.parent
 _SHIPPED = Path(__file__).resolve().parent / "shipped"

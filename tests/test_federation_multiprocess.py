@@ -172,6 +172,19 @@ def federation(prepared, tmp_path_factory):
         processes["tooling"] = tooling = start_cli(run_dir, base / "tooling.log", tensorboard=True)
         pids = wait_until(lambda: all_pids(run_dir), 60, "the participants' pids",
                           tooling, base / "tooling.log")
+        # The collaborators start within a second of the aggregator and keep it busy from its first moment (a busy
+        # aggregator can leave a request unanswered for seconds): they are held (SIGSTOP) until it has answered the
+        # unlisted intruder, so that the intruder is refused while the federation runs, however fast it runs.
+        held = [pids[name] for name in COLLABORATORS]
+        for pid in held:
+            os.killpg(pid, signal.SIGSTOP)
+        try:
+            unlisted = intruders["unlisted"][0] / "logs" / "intruder.log"
+            wait_until(lambda: "StatusCode.UNAUTHENTICATED" in unlisted.read_text(), 120,
+                       "the aggregator's answer to the unlisted intruder", tooling, base / "tooling.log")
+        finally:
+            for pid in held:
+                os.killpg(pid, signal.SIGCONT)
         port = state(run_dir)["port"]
         aggregator = psutil.Process(pids["aggregator"])
         listening = wait_until(lambda: {c.laddr.ip for c in aggregator.net_connections(kind="tcp")

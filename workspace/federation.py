@@ -1,6 +1,7 @@
 """Start a prepared local federation (`fx aggregator start`, `fx collaborator start -n NAME`) and watch it.
 
-Each participant is a separate process in its own process group, started in its own workspace folder, with
+Each participant is a separate process in its own process group (a fork of one launcher that imported the
+participants' libraries once, workspace.processes.ParticipantLauncher), started in its own workspace folder, with
 its console output in <workspace>/logs/<name>.console.log and OpenFL's plain log in <workspace>/logs/<name>.log.
 The watcher reads the aggregator's metrics log for progress and the processes' exit codes for failures:
 
@@ -32,13 +33,14 @@ import yaml
 
 from audit.reporting.html import write_index
 from workspace.federation_state import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
-from workspace.processes import (ProcessRegistry, Started, describe_returncode, fx_environment, fx_executable,
-                                 is_running, party_threads, snapshot)
+from workspace.processes import (ParticipantLauncher, ProcessRegistry, Started, describe_returncode, fx_environment,
+                                 fx_executable, is_running, party_threads, snapshot)
 from workspace.party_status import StatusFollower, status_file
 from workspace.progress import DEFAULT_LIVENESS_S, Liveness, ProgressLine, eta_seconds, rounds_done
 from workspace.run_plan import port_is_free
 from src.plan.checks import INSECURE_ENV
 
+LAUNCHER_LOG = "launcher.log"  # the participants' launcher's own output (theirs: each in its workspace's logs/)
 AGGREGATOR_EXIT_GRACE_S = 30.0  # OpenFL's server checks every 5 s whether every collaborator got its quit signal
 
 
@@ -199,6 +201,7 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
     outcome = Outcome(ok=False, rounds_done=0, rounds=total, seconds=0.0, reports=report_locations(layout), logs=logs)
 
     collaborator_threads = party_threads(len(layout.collaborators))
+    launcher: ParticipantLauncher | None = None
 
     def launch(name: str, args: list[str]) -> None:
         ws = layout.workspace(name)
@@ -208,7 +211,8 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         env = fx_environment(f"logs/{name}.log", threads=threads,
                              status_file=str(status_file(ws, name).relative_to(ws)))
         env[INSECURE_ENV] = ",".join(layout.insecure)  # what the user's flags allowed off, and nothing else
-        processes[name] = started = registry.start(name, [fx, *args], cwd=ws, log_path=logs[name], env=env)
+        processes[name] = started = registry.start(name, [fx, *args], cwd=ws, log_path=logs[name], env=env,
+                                                   launcher=launcher)
         # Recorded as each one starts: an interrupted launch still names every participant that ran
         layout.extra.setdefault("pids", {})[name] = started.pid
         layout.extra.setdefault("start_ticks", {})[name] = getattr(snapshot(started.pid), "start_ticks", None)
@@ -216,6 +220,9 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
 
     interrupted = False
     try:
+        # Every participant is a fork of one process that imported their libraries once (its imports overlap what
+        # follows until the aggregator starts).
+        launcher = ParticipantLauncher(registry, cwd=layout.root, log_path=layout.root / LAUNCHER_LOG)
         # Written before the participants start: the aggregator's page links back to its root's index only when one
         # is there (audit.aggregator_report.writer); the parties rewrite theirs each round, the end of the run them all.
         write_run_index(layout)
@@ -243,13 +250,18 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
     finally:
         # Whatever ends the run, federation.json must say how (a signal now only hastens this, see __main__).
         registry.winding_down = True
-        still_running = registry.stop_all()
+        still_running = [name for name in registry.stop_all() if name != ParticipantLauncher.NAME]
+        if launcher is not None:
+            launcher.close(at_once=interrupted)
         if progress is not None:
             progress.finish()
         outcome.seconds = time.monotonic() - begin
         outcome.rounds_done = rounds_done(metrics_file(layout))
         outcome.round_seconds = round_seconds(layout)
-        if interrupted and not registry.started:  # (the registry holds only participants here)
+        # A participant ran if the registry holds one, or the launcher forked one that an interrupt kept from it.
+        ran = (any(s.name != ParticipantLauncher.NAME for s in registry.started)
+               or (launcher is not None and launcher.forked > 0))
+        if interrupted and not ran:
             layout.status = "prepared"  # interrupted before any participant started: nothing ran, it may start
             layout.extra.pop("tool", None)
         else:

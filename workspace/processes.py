@@ -3,12 +3,14 @@
 Every `fx` command (set-up commands and the long-running aggregator and collaborators) is started in a new
 session, so its process group id is its PID: a Ctrl-C in the terminal reaches only the tooling, and the
 tooling stops each process group it started (SIGTERM, then SIGKILL after a grace period), never anything
-found by name.
+found by name. A federation's participants are forks of one ParticipantLauncher (workspace/fx_worker.py), each
+in a session of its own, seen here through Popen's interface (ForkedProcess).
 
 A tooling killed outright (SIGKILL, OOM killer) runs no clean-up: on Linux every process it starts asks the
 kernel for SIGKILL when the tooling dies (prctl PR_SET_PDEATHSIG), so no participant is left orphaned. The
 signal is SIGKILL because a stopped (SIGSTOP) process would leave a SIGTERM pending. Elsewhere there is no
-such request; `federation.json` then still names the orphans (see workspace/federation.py).
+such request; `federation.json` then still names the orphans (see workspace/federation.py). A launcher's forks
+make the same request of the launcher, which dies with the tooling.
 
 `snapshot(pid)` reads what /proc shows of a process (state, CPU time, start time) for the liveness check.
 
@@ -20,9 +22,9 @@ handler: they take no lock.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Sequence
 
 from src.process.party_events import ENV as PARTY_STATUS_ENV
+from workspace import fx_worker
 
 
 class FxNotFoundError(RuntimeError):
@@ -85,22 +88,7 @@ def fx_environment(log_file: str | None = None, *, threads: int | None = None, s
     return env
 
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 KILL_REAP_S = 1.0  # after SIGKILL, how long to wait to reap the process (a process in disk wait dies later)
-
-
-def _load_prctl():
-    """libc's prctl, resolved now: the function passed as preexec_fn runs between fork and exec, where it
-    should do as little as possible (no imports, no library look-ups)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _load_prctl()
 
 
 def die_with_this_process():
@@ -109,15 +97,13 @@ def die_with_this_process():
     The kernel sends the signal when the *thread* that forked the child exits: start participants from a
     thread that outlives them (the main thread; `ProcessRegistry.run` waits for its child in the calling thread).
     """
-    if _PRCTL is None:
+    if not fx_worker.supports_die_with():
         return None
     parent = os.getpid()
-    prctl = _PRCTL
+    die_with = fx_worker.die_with  # resolved now: the function runs between fork and exec
 
     def preexec():
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before the request was in place
-            os.kill(os.getpid(), signal.SIGKILL)
+        die_with(parent)
 
     return preexec
 
@@ -171,10 +157,133 @@ def describe_returncode(returncode: int | None) -> str:
     return f"exited with code {returncode}"
 
 
+class ForkedProcess:
+    """A participant forked by a ParticipantLauncher, seen through Popen's interface (pid, args, returncode, poll,
+    wait): the launcher, its parent, reaps it and reports its exit code."""
+
+    def __init__(self, launcher: "ParticipantLauncher", pid: int, args: list[str]):
+        self.launcher, self.pid, self.args = launcher, pid, args
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.launcher.returncode(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.launcher.wait_for_news(0.05 if deadline is None else min(0.05, max(0.0, deadline - time.monotonic())))
+        return self.returncode
+
+
+class ParticipantLauncher:
+    """One process (workspace/fx_worker.py --participants) that has imported what a participant imports, and forks
+    each participant (`fx aggregator start`, `fx collaborator start`) in its own session, folder and environment: a
+    local federation's participants share that one import's CPU time and library pages. Give it to
+    ProcessRegistry.start; close() it once the participants are stopped (their forks die with it anyway)."""
+
+    NAME = "participants' launcher"  # its name in the registry, for the moment before start() leaves it to its owner
+    START_TIMEOUT_S = 120.0  # its imports (a few CPU-seconds) then one fork
+    CLOSE_S = 5.0  # at the end of its input it kills what is left of its forks, reaps them and exits
+
+    def __init__(self, registry: "ProcessRegistry", *, cwd: Path, log_path: Path):
+        self.registry = registry
+        self.log_path = log_path
+        # The registry starts it (in its own session, killed if the tooling dies) but does not stop it with the
+        # participants: their forks would die with it before their grace period.
+        self.process = registry.start(self.NAME, [sys.executable, fx_worker.__file__, fx_worker.PARTICIPANTS],
+                                      cwd=cwd, log_path=log_path, env=fx_environment(), stdin=subprocess.PIPE,
+                                      replies=True)
+        registry.detach(self.process)
+        self._replies = self.process.popen.stdout.fileno()
+        os.set_blocking(self._replies, False)
+        self._pending = b""
+        self._started: list[int] = []  # PIDs reported, not yet claimed by start()
+        self._ended: dict[int, int] = {}
+        self.forked = 0  # participants it started, whether or not start() returned them (an interrupt)
+        self._closed = False  # its replies ended: whatever has not ended was killed with it
+
+    def start(self, argv: list[str], *, cwd: Path, env: dict, log_path: Path) -> ForkedProcess:
+        """Fork `argv` (an `fx` command: argv[0] is fx) in `cwd` with `env`, its output appended to `log_path`."""
+        command = {"cwd": str(cwd), "args": list(argv[1:]), "log": str(log_path), "env": env}
+        try:
+            self.process.popen.stdin.write((json.dumps(command) + "\n").encode())
+            self.process.popen.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # it has ended: said below
+        deadline = time.monotonic() + self.START_TIMEOUT_S
+        while not self._started:
+            if self._closed or time.monotonic() > deadline:
+                tail = self.log_path.read_text(errors="replace")[-2000:] if self.log_path.exists() else ""
+                raise RuntimeError(f"the participants' launcher (pid {self.process.pid}) did not start `fx "
+                                   f"{' '.join(argv[1:])}` ({describe_returncode(self.process.popen.poll())}); "
+                                   f"its log {self.log_path}:\n{tail}")
+            self.wait_for_news(1.0)
+        return ForkedProcess(self, self._started.pop(0), list(argv))
+
+    def returncode(self, pid: int) -> int | None:
+        self._read()
+        if pid in self._ended:
+            return self._ended[pid]
+        return -signal.SIGKILL if self._closed else None  # PR_SET_PDEATHSIG: killed when the launcher died
+
+    def wait_for_news(self, timeout: float) -> None:
+        if not self._closed:
+            select.select([self._replies], [], [], timeout)
+        else:
+            time.sleep(timeout)
+        self._read()
+
+    def _read(self) -> None:
+        while not self._closed:
+            try:
+                data = os.read(self._replies, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._closed = True
+                return
+            self._pending += data
+            *lines, self._pending = self._pending.split(b"\n")
+            for line in lines:
+                reply = json.loads(line)
+                if "rc" in reply:
+                    self._ended[reply["pid"]] = reply["rc"]
+                else:
+                    self._started.append(reply["pid"])
+                    self.forked += 1
+
+    def close(self, at_once: bool = False) -> None:
+        """End the launcher (at the end of its input it kills and reaps what is left of its forks) and reap it;
+        `at_once` (an interrupt): kill it now, its forks with it, rather than wait for the end of its imports."""
+        popen = self.process.popen
+        if popen.stdout.closed:
+            return
+        try:
+            popen.stdin.close()
+        except OSError:
+            pass
+        try:
+            popen.wait(timeout=0 if at_once else self.CLOSE_S)
+        except subprocess.TimeoutExpired:  # still importing, or stopped: its forks die with it
+            _killpg(self.process.pid, signal.SIGKILL)
+            try:
+                popen.wait(timeout=KILL_REAP_S)
+            except subprocess.TimeoutExpired:
+                pass
+        self._read()
+        popen.stdout.close()
+
+
 @dataclass
 class Started:
     name: str
-    popen: subprocess.Popen
+    popen: subprocess.Popen | ForkedProcess
     log_path: Path
     started_at: float = field(default_factory=time.monotonic)
 
@@ -239,20 +348,29 @@ class ProcessRegistry:
             return list(self._started)
 
     def start(self, name: str, argv: Sequence[str], *, cwd: Path, log_path: Path, env: dict,
-              stdin: int = subprocess.DEVNULL) -> Started:
+              stdin: int = subprocess.DEVNULL, replies: bool = False,
+              launcher: ParticipantLauncher | None = None) -> Started:
         """Start `argv` in its own process group, its output appended to log_path; `stdin`: subprocess.PIPE for a
-        process the caller writes to (started.popen.stdin)."""
+        process the caller writes to (started.popen.stdin); `replies`: its stdout is a pipe the caller reads
+        (started.popen.stdout), its stderr alone goes to log_path; `launcher`: `argv`, an `fx` command, is forked by
+        that launcher (a ForkedProcess) instead of started with its own interpreter."""
         with self._lock:
             if self._closed:  # stop_all() ran (e.g. Ctrl-C): start nothing new from a worker thread
                 raise InterruptedError(f"not starting {name}: the run is being stopped")
             log_path.parent.mkdir(parents=True, exist_ok=True)
-            main = threading.current_thread() is threading.main_thread()  # where signal handlers run
+            # Where signal handlers run, and this process forks (a launcher forks in its own process: an interrupt
+            # while it does is raised here, and launcher.close() ends a fork it started meanwhile).
+            main = threading.current_thread() is threading.main_thread() and launcher is None
             self.launching = main
             try:
-                with open(log_path, "ab") as log:
-                    popen = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=stdin, stdout=log,
-                                             stderr=subprocess.STDOUT, start_new_session=True,
-                                             preexec_fn=die_with_this_process())
+                if launcher is not None:
+                    popen = launcher.start(list(argv), cwd=cwd, env=env, log_path=log_path)
+                else:
+                    with open(log_path, "ab") as log:
+                        popen = subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=stdin,
+                                                 stdout=subprocess.PIPE if replies else log,
+                                                 stderr=log if replies else subprocess.STDOUT,
+                                                 start_new_session=True, preexec_fn=die_with_this_process())
             except BaseException:
                 if main:
                     self._launched()
@@ -275,6 +393,12 @@ class ProcessRegistry:
                                f"(output: {log_path})") from None
         finally:
             self.forget(started)
+
+    def detach(self, started: Started) -> None:
+        """Leave a process to its caller: stop_all() and hurry() no longer stop it (the caller ends it)."""
+        with self._lock:
+            if started in self._started:
+                self._started.remove(started)
 
     def forget(self, started: Started) -> None:
         """Drop a process that has ended from what stop_all() stops."""

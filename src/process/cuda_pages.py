@@ -7,6 +7,10 @@ driver nothing runs that code. Those pages are the files' own: a mapping that ca
 anonymous (copy-on-write) page is byte for byte the file, so madvise(MADV_DONTNEED) drops it from the process and
 any later access reads it back from the file (on Linux, for private file mappings). Mappings that were written
 (relocated data) are left alone, and so is everything on a machine with a GPU.
+
+`keep_triton_out()` is what src/__init__.py runs before torch._dynamo is imported (see there). This module imports
+nothing but the standard library: the participants' launcher (workspace/fx_worker.py) loads it from its file and runs
+both, as a participant would, without importing `src`.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import re
 import sys
 from pathlib import Path
 
-__all__ = ["release_cuda_library_pages"]
+__all__ = ["keep_triton_out", "release_cuda_library_pages"]
 
 # torch's CUDA libraries: the nvidia-* wheels' (site-packages/nvidia/...), torch's own CUDA parts, torchvision's
 # nvJPEG.
@@ -26,11 +30,22 @@ _MADV_DONTNEED = 4
 _MAPPING = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \S+\s*(.*)$")
 
 
+def _gpu_driver() -> bool:
+    return Path("/proc/driver/nvidia/version").exists()  # the NVIDIA driver's, present wherever a CUDA GPU can be used
+
+
+def keep_triton_out() -> None:
+    """Without an NVIDIA driver, make `import triton` fail as for a missing package (a None in sys.modules), which
+    torch handles; a process that loaded triton already keeps it."""
+    if not _gpu_driver():
+        sys.modules.setdefault("triton", None)
+
+
 def release_cuda_library_pages() -> int:
     """Drop the resident pages of the CUDA libraries' unwritten mappings; returns the bytes dropped (0 where there is
     a GPU driver, or this is not Linux, or torch is not a CUDA build)."""
     torch = sys.modules.get("torch")
-    if (not sys.platform.startswith("linux") or Path("/proc/driver/nvidia/version").exists() or torch is None
+    if (not sys.platform.startswith("linux") or _gpu_driver() or torch is None
             or getattr(torch.version, "cuda", None) is None):
         return 0
     try:
