@@ -84,7 +84,7 @@ import torch
 from torch import nn
 
 from audit.config import vocabulary
-from audit.config.vocabulary import WORKSPACE_MODELS, is_model_name
+from audit.config.vocabulary import WORKSPACE_MODELS, is_model_name as _in_vocabulary
 from src.runner.torchvision_models import torchvision_model
 
 __all__ = ["model_names", "is_model_name", "PAPER_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model", "feature_layers"]
@@ -267,6 +267,12 @@ def model_names() -> tuple[str, ...]:
     return tuple(dict.fromkeys((*_CLASSES, *vocabulary.MODELS)))
 
 
+def is_model_name(name) -> bool:
+    """Whether build_model accepts `name` (one of model_names()); the workspace's own models are answered without
+    reading torchvision's registry (audit.config.vocabulary.is_model_name)."""
+    return name in _CLASSES or _in_vocabulary(name)
+
+
 def build_model(name, input_shape, num_classes, **kwargs) -> nn.Module:
     """Build model ``name`` (one of ``MODELS``: "cnn" | "fcnn" | "alexnet" | a torchvision classifier such as
     "resnet18") for ``input_shape`` (C, H, W).
@@ -275,7 +281,7 @@ def build_model(name, input_shape, num_classes, **kwargs) -> nn.Module:
     Unknown name or keyword, or a torchvision model that cannot take ``input_shape`` -> ValueError naming it.
     """
     key = name.strip().lower() if isinstance(name, str) else None
-    if not (key in _CLASSES or is_model_name(key)):
+    if not is_model_name(key):
         known = model_names()
         close = difflib.get_close_matches(str(key), known, n=3)
         hint = f"did you mean {' or '.join(close)}? " if close else ""
