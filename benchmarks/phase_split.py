@@ -33,7 +33,14 @@ storage, each counted once) and numpy arrays that garbage collection can see (an
 a pandas frame's column) are summed and grouped by what holds them (the attribute or key path from the nearest
 object of a class of ours), with each OpenFL TensorDB's arrays and the aggregator's best and last model, beside
 glibc's malloc statistics (mallinfo2: bytes in use, and bytes free but kept by the allocator): written as
-"census" (slow: seconds a call; for finding what stays across rounds, not for timing).
+"census" (slow: seconds a call; for finding what stays across rounds, not for timing). Arrays held in dicts and
+tuples that gc does not track (it stops tracking a container of untracked objects only: a {name: array} tensor
+dict, a TensorDB's row tuples) are found by looking inside such containers. Beside it: the process's anonymous
+memory page by page against the buffers found ("mappings": copies of them no census reaches, malloc's own mmapped
+blocks that hold none of them, zero pages, the rest), the tensors that keep an autograd graph, and bytes objects of
+1 MB or more; each entry also goes to stderr as it is taken (a line starting "CENSUS "). BENCH_TRACEMALLOC=1 adds
+tracemalloc's total and what grew most since the previous census (Python objects and numpy data; slows the audit
+tens of times).
 """
 
 from __future__ import annotations
