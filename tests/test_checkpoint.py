@@ -37,7 +37,7 @@ def _run(tmp_path, monkeypatch, every_round: bool):
 
 @pytest.mark.federation
 @pytest.mark.usefixtures("without_report_drawing")  # the model files and tensors are read, not the reports
-def test_model_files_only_at_the_end_unless_asked_and_the_same_files(tmp_path, monkeypatch):
+def test_the_last_model_s_file_at_the_end_unless_asked_and_the_same_files(tmp_path, monkeypatch):
     asked, asked_writes = _run(tmp_path / "every", monkeypatch, True)
     plain, plain_writes = _run(tmp_path / "end", monkeypatch, False)
     save = {name: tmp_path / name / "save" for name in ("every", "end")}
