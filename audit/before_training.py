@@ -122,10 +122,13 @@ class ReceivedVerdict:
                 "timings": dict(self.timings), **{name: c.details for name, c in self.checks.items()}}
 
     def remember(self, sent: Mapping[str, Any]) -> None:
-        """After the round: what the party sent (its trained update, or what a withheld round sent back)."""
+        """After the round: what the party sent (its trained update, or what a withheld round sent back). The
+        received weights are let go then: the party keeps its verdict until its next round's check (a later task of
+        the round reuses it), and they would be a whole model held through the other parties' rounds."""
+        received, self._received = self._received, None
         for check in self.checks.values():
-            if check.remember is not None and self._received is not None:
-                check.remember(self._received, sent)
+            if check.remember is not None and received is not None:
+                check.remember(received, sent)
 
 
 def check_received(

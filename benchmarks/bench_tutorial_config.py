@@ -358,6 +358,19 @@ def print_census(rows: list[dict], top: int = 12) -> None:
             print(f"\ncensus ({r['label']}, round {entry['round'] + 1}, {entry['at']}): RSS {entry['rss_gb']:.2f} GB"
                   f"{resident}, tensors {entry['tensors_gb']:.3f} GB, arrays {entry['arrays_gb']:.3f} GB (>= 1 MB each)"
                   f"{small}{malloc}")
+            if entry.get("mappings"):
+                m = entry["mappings"]
+                print(f"  anonymous memory {m['anonymous_gb']:.3f} GB: found buffers {m['known_gb']:.3f}, copies of them "
+                      f"{sum(g for _, g in m['copies_gb']):.3f}, zero pages {m['zero_pages_gb']:.3f}, "
+                      f"other {m['other_gb']:.3f}")
+                for label, gb in m["copies_gb"][:top]:
+                    print(f"  {gb:8.3f} GB  copies of {label}")
+            if entry.get("graph_tensors", {}).get("with_grad_fn"):
+                print(f"  tensors with an autograd graph: {entry['graph_tensors']}")
+            if "traced_gb" in entry:
+                print(f"  tracemalloc: {entry['traced_gb']:.3f} GB traced")
+                for gb, count, where in entry.get("since_previous") or []:
+                    print(f"    {gb:+8.1f} MB {count:+7d} blocks  {' < '.join(where[:4])}")
             for store, gb in (entry.get("tensor_dbs_gb") or {}).items():
                 print(f"  {gb:8.3f} GB  held by {store}")
             for holder, gb in entry["by_holder"][:top]:

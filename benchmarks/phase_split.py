@@ -33,7 +33,14 @@ storage, each counted once) and numpy arrays that garbage collection can see (an
 a pandas frame's column) are summed and grouped by what holds them (the attribute or key path from the nearest
 object of a class of ours), with each OpenFL TensorDB's arrays and the aggregator's best and last model, beside
 glibc's malloc statistics (mallinfo2: bytes in use, and bytes free but kept by the allocator): written as
-"census" (slow: seconds a call; for finding what stays across rounds, not for timing).
+"census" (slow: seconds a call; for finding what stays across rounds, not for timing). Arrays held in dicts and
+tuples that gc does not track (it stops tracking a container of untracked objects only: a {name: array} tensor
+dict, a TensorDB's row tuples) are found by looking inside such containers. Beside it: the process's anonymous
+memory page by page against the buffers found ("mappings": copies of them no census reaches, malloc's own mmapped
+blocks that hold none of them, zero pages, the rest), the tensors that keep an autograd graph, and bytes objects of
+1 MB or more; each entry also goes to stderr as it is taken (a line starting "CENSUS "). BENCH_TRACEMALLOC=1 adds
+tracemalloc's total and what grew most since the previous census (Python objects and numpy data; slows the audit
+tens of times).
 """
 
 from __future__ import annotations
@@ -151,9 +158,11 @@ def _timed(phase: str, fn):
                     _trim()
                 if phase == "audit" and _census_on() and not any(f[2] == "audit" for f in _stack):
                     _census.append({"round": _round["number"], "at": "audit end", **census()})
+                    _show(_census[-1])
                 if not _stack and _round.pop("advance", False):
                     if _census_on():
                         _census.append({"round": _round["number"], "at": "round end", **census()})
+                        _show(_census[-1])
                     _round["number"] += 1
                     _round_peaks.append({})
     wrapper.__phase_wrapped__ = True
@@ -203,6 +212,13 @@ def install(out_path: str) -> None:
     atexit.register(dump)
 
 
+def _show(entry: dict) -> None:
+    """One census entry on stderr as it is taken (the run's output file), less its holders' list."""
+    import sys
+
+    print("CENSUS " + json.dumps({k: v for k, v in entry.items() if k != "by_holder"}), file=sys.stderr, flush=True)
+
+
 def _census_on() -> bool:
     import os
 
@@ -250,6 +266,7 @@ def _owner_path(obj, holder=None, depth: int = 8, skip: frozenset = frozenset())
 def census(top: int = 30) -> dict:
     """Live torch tensors (by storage) and numpy arrays of 1 MB or more, GB in total and per holder (largest
     `top`)."""
+    import ctypes
     import gc
     import warnings
 
@@ -262,14 +279,25 @@ def census(top: int = 30) -> dict:
         objects = gc.get_objects()
         found = [(o, None) for o in objects if isinstance(o, torch.Tensor)]
         found += [(a, o) for o in objects for a in gc.get_referents(o) if isinstance(a, np.ndarray)]
+        # gc stops tracking a dict or tuple that holds only untracked objects (numpy arrays, bytes, numbers): a
+        # {name: array} dict (a tensor dict) is no tracked object's, so look inside those containers too
+        untracked = [r for o in objects for r in gc.get_referents(o)
+                     if isinstance(r, (dict, tuple)) and not gc.is_tracked(r)]
+        untracked = list({id(c): c for c in untracked}.values())
+        found += [(a, c) for c in untracked for a in (c.values() if isinstance(c, dict) else c)
+                  if isinstance(a, np.ndarray)]
+        blobs = {id(b): (b, o) for o in objects + untracked for b in
+                 (gc.get_referents(o) if gc.is_tracked(o) else (o.values() if isinstance(o, dict) else o))
+                 if isinstance(b, (bytes, bytearray)) and len(b) >= 1 << 20}
         # numpy arrays are not tracked by gc, so arrays held in an object array (a pandas frame's column: OpenFL's
         # TensorDB keeps its tensors so) are no object's referents: look inside the object arrays found
         found += [(a, holder) for arr, holder in list(found) if isinstance(arr, np.ndarray) and arr.dtype == object
                   for a in arr.ravel() if isinstance(a, np.ndarray)]
-    skip = frozenset({id(objects), id(found), *map(id, found)})
+    skip = frozenset({id(objects), id(found), id(untracked), *map(id, found)})
     groups: dict[str, float] = {}
     seen: set = set()
     totals = {"t": 0.0, "a": 0.0, "small": 0.0}
+    known: list = []  # (address, bytes, label) of each buffer found
     for item, holder in found:
         try:
             if isinstance(item, torch.Tensor):
@@ -290,6 +318,7 @@ def census(top: int = 30) -> dict:
         totals[key[0]] += size / 1e9
         owner = f"{'tensor' if key[0] == 't' else 'array'} " + _owner_path(item, holder, skip=skip)
         groups[owner] = groups.get(owner, 0.0) + size / 1e9
+        known.append((key[1] if key[0] == "t" else base.ctypes.data, size, f"{owner} {tuple(item.shape)}"))
     stores = {f"{type(o).__module__}.{type(o).__qualname__}@{id(o):x}": round(_tensor_db_gb(o), 4)
               for o in objects if _is_a(o, "TensorDB")}
     # the aggregator's own copies of whole models (OpenFL keeps the best and the last round's tensors)
@@ -299,11 +328,165 @@ def census(top: int = 30) -> dict:
                 held = vars(o).get(attribute)
                 if isinstance(held, dict):
                     stores[f"Aggregator.{attribute}"] = round(_arrays_gb(held.values()), 4)
+    graphs = _graph_tensors(objects)
+    blob_list = []
+    for b, holder in blobs.values():
+        blob_list.append((round(len(b) / 1e6, 1), _owner_path(b, holder, skip=skip)))
+        known.append((ctypes.cast(ctypes.c_char_p(b), ctypes.c_void_p).value if isinstance(b, bytes) else
+                      ctypes.addressof(ctypes.c_char.from_buffer(b)), len(b), "bytes"))
+    graphs["bytes_objects"] = sorted(blob_list, reverse=True)[:20]
+    for o in objects:
+        if _is_a(o, "TensorDB"):
+            try:
+                known += [(a.ctypes.data, a.nbytes, "tensordb " + str(a.shape)) for a in o.tensor_db["nparray"]
+                          if isinstance(a, np.ndarray)]
+            except Exception:
+                pass
+        if _is_a(o, "Aggregator"):
+            for attribute in ("best_tensor_dict", "last_tensor_dict"):
+                known += [(a.ctypes.data, a.nbytes, attribute + " " + str(a.shape))
+                          for a in (vars(o).get(attribute) or {}).values() if isinstance(a, np.ndarray)]
+    mappings = _large_mappings(known)
     del objects, found
     largest = sorted(groups.items(), key=lambda kv: -kv[1])[:top]
     return {"rss_gb": round(_rss_gb(), 3), "rss_anon_gb": round(_status_gb("RssAnon"), 3),
             "rss_file_gb": round(_status_gb("RssFile"), 3), "small_gb": round(totals["small"], 3), "tensors_gb": round(totals["t"], 3), "arrays_gb": round(totals["a"], 3),
-            **_malloc_stats(), "tensor_dbs_gb": stores, "by_holder": [(k, round(v, 4)) for k, v in largest]}
+            **_malloc_stats(), **_traced(), "graph_tensors": graphs, "mappings": mappings, "tensor_dbs_gb": stores,
+            "by_holder": [(k, round(v, 4)) for k, v in largest]}
+
+
+def _large_mappings(known, minimum: int = 1 << 20) -> dict:
+    """What the process's anonymous read-write memory holds besides the buffers of `known` [(address, bytes,
+    label)]: each stretch of `minimum` bytes or more outside them, page by page, is matched against the known
+    buffers' contents (64 bytes at each 16-byte offset of their second page, so a copy at any 16-byte alignment is
+    found): GB per label copied (a copy of a live buffer that no census reaches; freed memory malloc keeps may still
+    hold one too), all-zero pages, and the rest."""
+    import ctypes
+
+    probe = {}
+    for address, size, label in known:
+        if size >= 3 * 4096:
+            for offset in range(4096, 8192, 16):
+                probe.setdefault(ctypes.string_at(address + offset, 64), (label, address, size, offset))
+    regions = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split()
+            if fields[1] != "rw-p" or (len(fields) > 5 and fields[5] != "[heap]"):
+                continue
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            if regions and regions[-1][1] == lo:
+                regions[-1][1] = hi
+            else:
+                regions.append([lo, hi])
+    intervals = sorted((a, a + n) for a, n, _ in known)
+    copies: dict[str, int] = {}
+    totals = {"anonymous_gb": 0, "known_gb": 0, "zero_pages_gb": 0, "other_gb": 0}
+    zero = bytes(64)
+    blocks: list = []
+    for lo, hi in regions:
+        totals["anonymous_gb"] += hi - lo
+        cursor = lo
+        stretches = []
+        for a, b in intervals:
+            if b <= lo or a >= hi:
+                continue
+            a, b = max(a, lo), min(b, hi)
+            totals["known_gb"] += max(0, b - max(a, cursor))
+            if a > cursor:
+                stretches.append((cursor, a))
+            cursor = max(cursor, b)
+        if cursor < hi:
+            stretches.append((cursor, hi))
+        for a, b in stretches:
+            if b - a < minimum:
+                continue
+            page = (a + 4095) & ~4095
+            while page + 64 <= b:
+                head = ctypes.string_at(page, 64)
+                header = int.from_bytes(ctypes.string_at(page + 8, 8), "little")
+                length = header & ~7
+                if header & 2 and length >= 1 << 17 and length % 4096 == 0 and page + length <= b:
+                    # a block malloc mmapped on its own (IS_MMAPPED): its size and what its contents look like
+                    blocks.append((round(length / 1e6, 2), _sketch(page + length // 2)))
+                match = probe.get(head)
+                if match is not None:  # a copy from page - offset: the rest of it checked at its last 64 bytes
+                    label, address, size, offset = match
+                    stop = page - offset + size
+                    if stop <= b and ctypes.string_at(stop - 64, 64) == ctypes.string_at(address + size - 64, 64):
+                        copies[label] = copies.get(label, 0) + size
+                        page = (stop + 4095) & ~4095
+                        continue
+                    totals["other_gb"] += 4096
+                elif head == zero:
+                    totals["zero_pages_gb"] += 4096
+                else:
+                    totals["other_gb"] += 4096
+                page += 4096
+    out = {k: round(v / 1e9, 3) for k, v in totals.items()}
+    blocks.sort(key=lambda x: -x[0])
+    out["unknown_mmapped_gb"] = round(sum(x[0] for x in blocks) / 1e3, 3)
+    out["unknown_mmapped"] = blocks[:30]
+    out["copies_gb"] = sorted(((k, round(v / 1e9, 4)) for k, v in copies.items() if v >= 1 << 20), key=lambda x: -x[1])
+    return out
+
+
+def _sketch(address: int) -> str:
+    """What 4 kB of memory at `address` look like: as float32, float64 and int64 (the share of plausible values)."""
+    import ctypes
+
+    import numpy as np
+
+    raw = ctypes.string_at(address, 4096)
+    f4 = np.frombuffer(raw, np.float32)
+    f8 = np.frombuffer(raw, np.float64)
+    i8 = np.frombuffer(raw, np.int64)
+    plausible = lambda x: float(np.mean(np.isfinite(x) & (np.abs(x) < 1e3) & ((np.abs(x) > 1e-12) | (x == 0))))
+    return (f"f32 {plausible(f4):.2f} (|mean| {float(np.nanmean(np.abs(f4[np.isfinite(f4)]))) if np.isfinite(f4).any() else 0:.3g}), "
+            f"f64 {plausible(f8):.2f}, i64<2^20 {float(np.mean((i8 >= 0) & (i8 < 1 << 20))):.2f}, "
+            f"zeros {float(np.mean(f4 == 0)):.2f}")
+
+
+def _graph_tensors(objects) -> dict:
+    """Live tensors that keep an autograd graph (grad_fn set: the graph's saved tensors are native, no census sees
+    them) and tensors with a .grad: counts and the tensors' own GB."""
+    import torch
+
+    with_graph = [o for o in objects if isinstance(o, torch.Tensor) and o.grad_fn is not None]
+    with_grad = [o for o in objects if isinstance(o, torch.Tensor) and o.grad is not None]
+    return {"with_grad_fn": len(with_graph), "with_grad_fn_gb": round(sum(t.nbytes for t in with_graph) / 1e9, 4),
+            "with_grad_fn_shapes": [str(tuple(t.shape)) + " " + type(t.grad_fn).__name__ for t in with_graph[:10]],
+            "with_grad": len(with_grad), "grads_gb": round(sum(t.grad.nbytes for t in with_grad) / 1e9, 4)}
+
+
+_TRACE_STATE: dict = {}
+
+
+def _traced() -> dict:
+    """BENCH_TRACEMALLOC=1: tracemalloc (started at the first census, so round 1's end is the baseline; it sees Python
+    objects and numpy's data, not torch's) - the traced total, and what grew most since the previous census, by the
+    allocating lines (5 frames)."""
+    import os
+    import tracemalloc
+
+    if os.environ.get("BENCH_TRACEMALLOC") != "1":
+        return {}
+    if not tracemalloc.is_tracing():
+        tracemalloc.start(8)
+        return {"traced_gb": 0.0}
+    snap = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
+    previous, _TRACE_STATE["snap"] = _TRACE_STATE.get("snap"), snap
+    first = _TRACE_STATE.setdefault("first", snap)
+    current, peak = tracemalloc.get_traced_memory()
+    out = {"traced_gb": round(current / 1e9, 4), "traced_peak_gb": round(peak / 1e9, 4)}
+    tracemalloc.reset_peak()
+    for name, base in (("since_previous", previous), ("since_first", first)):
+        if base is None or base is snap:
+            continue
+        diff = snap.compare_to(base, "traceback")
+        out[name] = [(round(d.size_diff / 1e6, 2), d.count_diff, [f"{f.filename}:{f.lineno}" for f in d.traceback][:8])
+                     for d in diff[:15]]
+    return out
 
 
 def _is_a(obj, class_name: str) -> bool:

@@ -17,7 +17,8 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
 - `aggregator.settings.deanon` (default `enabled: false`): the aggregator-side deanonymization audit, the paper's
   honest-but-curious server attacking the real updates; writes `<report_dir>/deanon/` (src/server/deanon_callback.py).
 - `aggregator.settings.save_every_round` (default false): OpenFL writes the model files (`last_state_path`,
-  `best_state_path`) at every round's end; here only at the last round unless this is true.
+  `best_state_path`) at every round's end; here the last model's only at the last round and the best model's when
+  it improves, unless this is true.
 - `aggregator.settings.canary_clients` (default `enabled: false`): Andrew et al.'s canary clients for parties that
   send dp_fedavg updates (audit/canary/clients.py): a user-level epsilon estimate of the global model per round, on
   the aggregator's page beside the accountant's.
@@ -209,7 +210,7 @@ class AuditingAggregator(Aggregator):
                    if settings.canary_clients.enabled else None)
         self.poll_interval_s = settings.poll_interval_s
         self.save_every_round = settings.save_every_round
-        self._unsaved_best: int | None = None  # round of a best model whose file is not written yet
+        self._best_round: int | None = None  # the round of the best model so far (its file: best_state_path)
         self.report = AggregatorReportCallback(settings.report_dir)
         self.deanon = None  # the DeanonymizationCallback, if aggregator.settings.deanon.enabled
         own = [self.report]
@@ -267,12 +268,15 @@ class AuditingAggregator(Aggregator):
         self.report.canary_clients = clients
 
     def _save_model(self, round_number, file_path):
-        """OpenFL's model files (best_state_path, last_state_path) each round only with `save_every_round`; else the
-        round's tensors are kept as OpenFL keeps them (best_tensor_dict, last_tensor_dict) and the files are written
-        at the last round. Each file is the protobuf of the whole model, a serialisation of every tensor at the
-        round's peak of memory, which nothing in a run reads; OpenFL also deserialised the previous file's whole
-        protobuf for the tensors' names (read once here). The recovery database (persist_checkpoint) is OpenFL's
-        own: with it every save is OpenFL's."""
+        """OpenFL's model files (best_state_path, last_state_path): each round only with `save_every_round`; else the
+        last model's file at the last round, and the best model's when it improves. Each file is the protobuf of the
+        whole model, which nothing in a run reads; OpenFL also deserialised the previous file's whole protobuf for
+        the tensors' names (read once here). No round's tensors are held beyond the tensor store's own rows: OpenFL
+        keeps the last and the best round's in memory (last_tensor_dict, best_tensor_dict), each a whole model of its
+        own once the store's clean-up drops that round, through every later round's training and audit. Here
+        last_tensor_dict is set at the last round only, and best_tensor_dict is read back from its file when asked
+        for (at the last round, when it was the best, that round's dict). The recovery database
+        (persist_checkpoint) is OpenFL's own: with it every save is OpenFL's."""
         if self.persistent_db:
             super()._save_model(round_number, file_path)
             return
@@ -284,21 +288,37 @@ class AuditingAggregator(Aggregator):
                 return
             tensor_dict[name] = value
         best = file_path == self.best_state_path
-        if best:
-            self.best_tensor_dict = tensor_dict
-        if file_path == self.last_state_path:
-            self.last_tensor_dict = tensor_dict
         final = round_number >= self.rounds_to_train - 1
-        if not (self.save_every_round or final):
-            if best:
-                self._unsaved_best = round_number
-            return
-        self._write_model(tensor_dict, round_number, file_path)
         if best:
-            self._unsaved_best = None
-        elif final and self._unsaved_best is not None:  # the best model of an earlier round
-            self._write_model(self.best_tensor_dict, self._unsaved_best, self.best_state_path)
-            self._unsaved_best = None
+            self._best_round = round_number
+        if file_path == self.last_state_path:
+            if final:
+                self.last_tensor_dict = tensor_dict
+            else:
+                self.__dict__.pop("last_tensor_dict", None)
+            if final and self._best_round == round_number:
+                self._best_tensor_dict = tensor_dict  # one dict for both, as OpenFL's
+            else:
+                self.__dict__.pop("_best_tensor_dict", None)  # its file holds it
+        if best or self.save_every_round or final:
+            self._write_model(tensor_dict, round_number, file_path)
+
+    @property
+    def best_tensor_dict(self) -> dict:
+        """The best round's tensors (OpenFL's attribute): the last round's dict when that round was the best, else
+        read from the best model's file (each time: nothing holds them in between)."""
+        held = self.__dict__.get("_best_tensor_dict")
+        if held is not None:
+            return held
+        if self._best_round is None:
+            raise AttributeError("best_tensor_dict: no round has been the best yet")
+        tensors, _ = utils.deconstruct_model_proto(utils.load_proto(str(self.best_state_path)),
+                                                   self.compression_pipeline)
+        return tensors
+
+    @best_tensor_dict.setter
+    def best_tensor_dict(self, tensor_dict: dict) -> None:  # OpenFL's own _save_model (persist_checkpoint) sets it
+        self._best_tensor_dict = tensor_dict
 
     def _write_model(self, tensor_dict: dict, round_number: int, file_path) -> None:
         # OpenFL's file, written a tensor at a time (OpenFL's writer held about four times the model at once).

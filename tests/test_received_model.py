@@ -439,3 +439,24 @@ def test_the_aggregator_report_reads_the_verdicts_alone(tmp_path):
                                                         for r in rows)
     page = (tmp_path / "index.html").read_text()
     assert "Received global model: checks before training" in page and "1 of 1 rounds' global models" in page
+
+
+def test_the_verdict_lets_the_received_weights_go_once_the_round_is_remembered(tabular):
+    """The party keeps its last verdict until its next round's check; the received weights in it, a whole model, go
+    when the round is remembered, and the history still learns from them."""
+    import gc
+    import weakref
+
+    x, y = tabular
+    store: dict = {}
+    received = {k: np.array(v) for k, v in state_of(mlp()).items()}
+    held = [weakref.ref(a) for a in received.values()]
+    verdict = check_received(received, mlp(), (x[:200], y[:200]), BATCH, settings(), party="p", round_num=0, seed=3,
+                             plan_initial=lambda: mlp(), store=store)
+    del received
+    gc.collect()
+    assert all(r() is not None for r in held)  # before the round ends: remember still needs them
+    verdict.remember(state_of(mlp(seed=1)))
+    gc.collect()
+    assert all(r() is None for r in held)
+    assert store[STORE_KEY].history.own_round == 0 and store[STORE_KEY].history.own_update  # learnt all the same

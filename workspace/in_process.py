@@ -153,6 +153,9 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     agg_settings["callbacks"] = [*(agg_settings.get("callbacks") or []), LambdaCallback(on_round_end=record_round),
                                  PartyMetricWriter(log_dir=logs_dir)]
     aggregator = agg_plan.get_aggregator(tensor_dict=initial_tensor_dict(agg_plan))
+    # OpenFL's Plan.get_aggregator leaves the initial model in the plan's settings, which this run's plan object keeps
+    # to the end: a whole model (89 MB for the tutorial's net) after the aggregator's store has dropped round 0.
+    agg_settings.pop("initial_tensor_dict", None)
 
     cols, clients = {}, {}
     for name in collaborator_names(collaborators):

@@ -82,8 +82,8 @@ class AggregatorSettings:
                                    "whole seconds the request of a collaborator with nothing to do is held open")
     report_dir: str = setting(DEFAULT_REPORT_DIR, REPORT_DIR, "where the aggregator's report goes")
     deanon: DeanonServerSettings = subsection(DeanonServerSettings, "the aggregator-side deanonymization audit")
-    save_every_round: bool = setting(False, boolean(), "write OpenFL's model files (last/best_state_path) every "
-                                                       "round, not only at the end")
+    save_every_round: bool = setting(False, boolean(), "write last_state_path every round, not only at the end "
+                                                       "(best_state_path is written whenever it improves)")
     canary_clients: CanaryClientSettings = subsection(CanaryClientSettings, "Andrew et al.'s canary clients for a "
                                                       "dp_fedavg federation (audit.canary.clients)")
 
