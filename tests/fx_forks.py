@@ -26,6 +26,17 @@ from workspace.fx_worker import RC_SUFFIX
 from workspace.processes import fx_environment
 
 WORKER = Path(__file__).resolve().parent.parent / "workspace" / "fx_worker.py"
+# The worker in its set-up mode, after importing what a participant's workspace code imports too (scikit-learn, SciPy,
+# matplotlib, ...: these commands build the task runner); loaded from its file, as `python workspace/fx_worker.py`
+# runs it, so that nothing of this repository is imported before a fork imports its own folder's code.
+BOOT = f"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("_fx_worker", {str(WORKER)!r})
+worker = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(worker)
+worker.import_libraries(worker.PARTICIPANT_LIBRARIES, participants=True)
+sys.exit(worker.serve_commands())
+"""
 
 
 class FxForks:
@@ -35,7 +46,7 @@ class FxForks:
         self.folder = folder
         self._count = itertools.count()
         self._log = open(folder / "worker.log", "wb")
-        self._worker = subprocess.Popen([sys.executable, str(WORKER)], cwd=folder, env=fx_environment(),
+        self._worker = subprocess.Popen([sys.executable, "-c", BOOT], cwd=folder, env=fx_environment(),
                                         stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
 
