@@ -1,9 +1,10 @@
 """`fx` commands for tests whose subject is what a command does in its workspace, not how a new interpreter starts.
 
 Each command runs through OpenFL's own entry point (`openfl.interface.cli.entry`, what the `fx` script calls), in its
-folder, in a fork of one process per test worker that imported OpenFL's libraries once: workspace/fx_worker.py, the
-process `python -m workspace prepare` runs its set-up commands in. A fork imports OpenFL and the workspace's code
-itself, as a new `fx` process does; it skips the ~3.5 CPU-seconds of importing torch, pandas, gRPC, ... again.
+folder, in a fork of one process per test worker that imported OpenFL's libraries and the workspace's once:
+workspace/fx_worker.py, the process `python -m workspace prepare` runs its set-up commands in. A fork imports OpenFL
+and the workspace's code itself, as a new `fx` process does; it skips the ~4 CPU-seconds of importing torch, pandas,
+gRPC, scikit-learn, ... again.
 
 The documented hand-run sequence (tests/test_fx_deployment.py), and a command that needs an environment of its own or
 keeps running (a serving aggregator), stay real `fx` processes.
@@ -26,17 +27,6 @@ from workspace.fx_worker import RC_SUFFIX
 from workspace.processes import fx_environment
 
 WORKER = Path(__file__).resolve().parent.parent / "workspace" / "fx_worker.py"
-# The worker in its set-up mode, after importing what a participant's workspace code imports too (scikit-learn, SciPy,
-# matplotlib, ...: these commands build the task runner); loaded from its file, as `python workspace/fx_worker.py`
-# runs it, so that nothing of this repository is imported before a fork imports its own folder's code.
-BOOT = f"""
-import importlib.util, sys
-spec = importlib.util.spec_from_file_location("_fx_worker", {str(WORKER)!r})
-worker = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(worker)
-worker.import_libraries(worker.PARTICIPANT_LIBRARIES, participants=True)
-sys.exit(worker.serve_commands())
-"""
 
 
 class FxForks:
@@ -46,7 +36,7 @@ class FxForks:
         self.folder = folder
         self._count = itertools.count()
         self._log = open(folder / "worker.log", "wb")
-        self._worker = subprocess.Popen([sys.executable, "-c", BOOT], cwd=folder, env=fx_environment(),
+        self._worker = subprocess.Popen([sys.executable, str(WORKER)], cwd=folder, env=fx_environment(),
                                         stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
 

@@ -12,9 +12,11 @@ command's state (its logging set-up, sys.path) reaches the next one.
 Run as a script (`python workspace/fx_worker.py [--participants]`), so that it imports nothing of this repository
 (the forks import their own folder's `src`). Two modes:
 
-- set-up commands (no flag; workspace.prepare.FxRunner): one command at a time, waited for. It reads one command per
-  line on stdin, as JSON: {"cwd": folder, "args": [fx arguments], "log": file}; the command's stdin is /dev/null and
-  its stdout and stderr go to `log`; then it writes the exit code to `log` + ".rc" (written whole, then renamed).
+- set-up commands (no flag; workspace.prepare.FxRunner), `fx plan initialize` included (it builds the workspace's
+  task runner: the libraries a participant's code imports are imported first too): one command at a time, waited
+  for. It reads one command per line on stdin, as JSON: {"cwd": folder, "args": [fx arguments], "log": file}; the
+  command's stdin is /dev/null and its stdout and stderr go to `log`; then it writes the exit code to `log` + ".rc"
+  (written whole, then renamed).
 - participants (`--participants`; workspace.processes.ParticipantLauncher, for `python -m workspace start`): the
   long-running `fx aggregator start` / `fx collaborator start`, all at once. A command line also carries the
   participant's environment ("env"); the fork starts its own session (its process group is its PID), asks to be
@@ -45,8 +47,9 @@ PARTICIPANTS = "--participants"
 # library missing here is imported by the command itself, only slower.
 LIBRARIES = ("torch", "pandas", "numpy", "yaml", "click", "dynaconf", "flask", "rich", "grpc", "google.protobuf",
              "cryptography.x509", "cryptography.hazmat.primitives.asymmetric.rsa", "tqdm")
-# And what a participant's workspace code imports (src/, audit/): torch.optim's first optimizer imports torch._dynamo;
-# the reports draw with matplotlib's Figure (no pyplot: no backend is chosen here, as in the participant) and Agg.
+# And what a participant's workspace code (src/, audit/) imports, as `fx plan initialize` does: torch.optim's first
+# optimizer imports torch._dynamo; the reports draw with matplotlib's Figure (no pyplot: no backend is chosen here, as
+# in the participant) and Agg.
 # Only libraries a participant loads anyway: a fork holds nothing a fresh `fx` process would not.
 PARTICIPANT_LIBRARIES = LIBRARIES + (
     "torch._dynamo", "torch.optim", "threadpoolctl", "scipy.stats", "scipy.optimize", "scipy.special",
@@ -199,7 +202,7 @@ def _stdin_to_null() -> int:
 
 
 def serve_commands() -> int:
-    import_libraries(LIBRARIES)
+    import_libraries(PARTICIPANT_LIBRARIES, participants=True)  # `fx plan initialize` builds the task runner
     commands = os.fdopen(_stdin_to_null(), "r")
     for line in commands:
         if not line.strip():

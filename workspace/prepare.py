@@ -62,10 +62,9 @@ SIGNAL_POLL_S = 0.1  # the main thread wakes this often while set-up jobs run, t
 PORT_RANGE = (1, 65535)
 
 
-# `fx plan initialize` builds the workspace's data loader and task runner from the workspace's own code: it runs as an
-# `fx` process of its own, in that workspace. The other set-up commands import nothing of a workspace: they run in
-# turn, each in a fork of one process that imported OpenFL's libraries once (workspace/fx_worker.py).
-OWN_PROCESS = {("plan", "initialize")}
+# The set-up commands run in turn, each in a fork of one process that imported OpenFL's libraries, and those the
+# workspace's code imports, once (workspace/fx_worker.py); `fx plan initialize` imports its workspace's own code (it
+# builds the data loader and the task runner) in its fork, from its folder.
 WORKER = Path(__file__).resolve().with_name("fx_worker.py")
 WORKER_POLL_S = 0.02
 
@@ -76,12 +75,12 @@ class FxRunner:
     def __init__(self, registry: ProcessRegistry, setup_log: Path):
         self.registry = registry
         self.setup_log = setup_log
-        self.fx = fx_executable()
+        fx_executable()  # no `fx` in this environment: said before anything starts
         self.log_dir = setup_log.parent / ".setup_logs"  # one file per running command, merged into setup.log
         self._worker_lock = threading.Lock()  # one command at a time in the worker
         # Started now, from the thread that makes the runner: the kernel kills a child when the thread that started
         # it ends (PR_SET_PDEATHSIG, workspace/processes.py), and the set-up's job threads end after each step. Its
-        # import of OpenFL overlaps the first command's.
+        # imports overlap the checks that follow.
         self._worker: Started | None = self.registry.start(
             "fx set-up commands", [sys.executable, str(WORKER)], cwd=setup_log.parent,
             log_path=self.log_dir / "worker.log", env=fx_environment(), stdin=subprocess.PIPE)
@@ -91,11 +90,7 @@ class FxRunner:
         self.registry.check_cancelled(f"`{command}`")
         log_path = self.log_dir / f"{time.monotonic_ns()}.log"
         began = time.monotonic()
-        if tuple(args[:2]) in OWN_PROCESS:
-            rc = self.registry.run(cwd.name + ": " + command, [str(self.fx), *args], cwd=cwd, log_path=log_path,
-                                   env=fx_environment(), timeout_s=FX_TIMEOUT_S)
-        else:
-            rc = self._in_worker(cwd, args, log_path, command)
+        rc = self._in_worker(cwd, args, log_path, command)
         output = log_path.read_text(errors="replace") if log_path.exists() else ""
         log_path.unlink(missing_ok=True)
         with open(self.setup_log, "a", encoding="utf-8") as log:
