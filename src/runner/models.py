@@ -84,7 +84,7 @@ import torch
 from torch import nn
 
 from audit.config import vocabulary
-from audit.config.vocabulary import WORKSPACE_MODELS, is_model_name as _in_vocabulary
+from audit.config.vocabulary import WORKSPACE_MODELS, in_models
 from src.runner.torchvision_models import torchvision_model
 
 __all__ = ["model_names", "is_model_name", "PAPER_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model", "feature_layers"]
@@ -269,8 +269,8 @@ def model_names() -> tuple[str, ...]:
 
 def is_model_name(name) -> bool:
     """Whether build_model accepts `name` (one of model_names()); the workspace's own models are answered without
-    reading torchvision's registry (audit.config.vocabulary.is_model_name)."""
-    return name in _CLASSES or _in_vocabulary(name)
+    reading torchvision's registry (audit.config.vocabulary.in_models)."""
+    return name in _CLASSES or in_models(name)
 
 
 def build_model(name, input_shape, num_classes, **kwargs) -> nn.Module:
