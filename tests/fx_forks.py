@@ -12,60 +12,29 @@ keeps running (a serving aggregator), stay real `fx` processes.
 
 from __future__ import annotations
 
-import itertools
-import json
-import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from workspace.fx_worker import RC_SUFFIX
-from workspace.processes import fx_environment
-
-WORKER = Path(__file__).resolve().parent.parent / "workspace" / "fx_worker.py"
+from workspace.prepare import FxRunner
+from workspace.processes import ProcessRegistry
 
 
 class FxForks:
-    """`fx ARGS` in a folder, as a fork of one worker; returns what subprocess.run would (output in `stdout`)."""
+    """`fx ARGS` in a folder, as a fork of one worker (workspace.prepare.FxRunner, what `prepare` runs them through);
+    returns what subprocess.run would (output in `stdout`)."""
 
     def __init__(self, folder: Path):
-        self.folder = folder
-        self._count = itertools.count()
-        self._log = open(folder / "worker.log", "wb")
-        self._worker = subprocess.Popen([sys.executable, str(WORKER)], cwd=folder, env=fx_environment(),
-                                        stdin=subprocess.PIPE, stdout=self._log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+        self._registry = ProcessRegistry()
+        self._runner = FxRunner(self._registry, folder / "setup.log")
 
     def __call__(self, cwd: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        log = self.folder / f"{next(self._count)}.log"
-        done = Path(str(log) + RC_SUFFIX)
-        self._worker.stdin.write((json.dumps({"cwd": str(cwd), "args": list(args), "log": str(log)}) + "\n").encode())
-        self._worker.stdin.flush()
-        deadline = time.monotonic() + timeout
-        while not done.exists():
-            if self._worker.poll() is not None:
-                raise AssertionError(f"the fx worker ended ({self._worker.returncode}): "
-                                     f"{(self.folder / 'worker.log').read_text(errors='replace')[-2000:]}")
-            if time.monotonic() > deadline:
-                self.close()
-                raise AssertionError(f"`fx {' '.join(args)}` in {cwd} took more than {timeout} s")
-            time.sleep(0.02)
-        output = log.read_text(errors="replace") if log.exists() else ""
-        return subprocess.CompletedProcess(["fx", *args], int(done.read_text()), output, "")
+        rc, output = self._runner.run(cwd, *args, timeout_s=timeout)
+        return subprocess.CompletedProcess(["fx", *args], rc, output, "")
 
     def close(self) -> None:
-        if self._worker.poll() is None:
-            self._worker.stdin.close()
-            try:
-                self._worker.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self._worker.pid, signal.SIGKILL)
-                self._worker.wait()
-        self._log.close()
+        self._runner.close()
 
 
 @pytest.fixture(scope="session")

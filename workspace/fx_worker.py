@@ -133,7 +133,8 @@ def thread_counts(env: dict) -> dict[str, int]:
                 continue
         return cpus
 
-    return {"openmp": first("OMP_NUM_THREADS"), "blas": first("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"),
+    return {"openmp": first("OMP_NUM_THREADS"),
+            "blas": first("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"),
             "torch": first("MKL_NUM_THREADS", "OMP_NUM_THREADS")}
 
 

@@ -85,16 +85,23 @@ class FxRunner:
             "fx set-up commands", [sys.executable, str(WORKER)], cwd=setup_log.parent,
             log_path=self.log_dir / "worker.log", env=fx_environment(), stdin=subprocess.PIPE)
 
-    def __call__(self, cwd: Path, *args: str) -> None:
+    def run(self, cwd: Path, *args: str, timeout_s: float = FX_TIMEOUT_S) -> tuple[int, str]:
+        """`fx ARGS` in `cwd`: its exit code and output (also appended to setup.log)."""
         command = "fx " + " ".join(args)
         self.registry.check_cancelled(f"`{command}`")
         log_path = self.log_dir / f"{time.monotonic_ns()}.log"
         began = time.monotonic()
-        rc = self._in_worker(cwd, args, log_path, command)
+        rc = self._in_worker(cwd, args, log_path, command, timeout_s)
         output = log_path.read_text(errors="replace") if log_path.exists() else ""
         log_path.unlink(missing_ok=True)
         with open(self.setup_log, "a", encoding="utf-8") as log:
             log.write(f"\n===== [{cwd}] {command}  (exit code {rc}, {time.monotonic() - began:.1f} s)\n{output}")
+        return rc, output
+
+    def __call__(self, cwd: Path, *args: str) -> None:
+        """`fx ARGS` in `cwd`; a failure raises SetupError naming the command and fx's own reason."""
+        rc, output = self.run(cwd, *args)
+        command = "fx " + " ".join(args)
         if rc != 0:
             reason = fx_exception(output)
             if reason:  # fx's own one-line summary, e.g. the plan key a setting check named
@@ -103,7 +110,7 @@ class FxRunner:
             raise SetupError(f"`{command}` failed in {cwd} (exit code {rc}); last lines:\n{tail}\n"
                              f"(full output: {self.setup_log})")
 
-    def _in_worker(self, cwd: Path, args: tuple, log_path: Path, command: str) -> int:
+    def _in_worker(self, cwd: Path, args: tuple, log_path: Path, command: str, timeout_s: float) -> int:
         """The command's exit code, from the worker (started with the runner)."""
         with self._worker_lock:
             self.registry.check_cancelled(f"`{command}`")
@@ -118,7 +125,7 @@ class FxRunner:
                 worker.popen.stdin.flush()
             except (BrokenPipeError, OSError):
                 pass  # it has ended: said below
-            deadline = time.monotonic() + FX_TIMEOUT_S
+            deadline = time.monotonic() + timeout_s
             while not done.exists():
                 if worker.popen.poll() is not None:  # stopped by an interrupt, or died
                     self.registry.check_cancelled(f"`{command}`")
@@ -128,7 +135,7 @@ class FxRunner:
                                      f"{describe_returncode(worker.popen.returncode)}\n{tail}")
                 if time.monotonic() > deadline:
                     self.registry.stop(worker)
-                    raise TimeoutError(f"`{command}` in {cwd} took more than {FX_TIMEOUT_S:g} s (output: {log_path})")
+                    raise TimeoutError(f"`{command}` in {cwd} took more than {timeout_s:g} s (output: {log_path})")
                 time.sleep(WORKER_POLL_S)
             rc = int(done.read_text())
             done.unlink()

@@ -87,7 +87,8 @@ from audit.config import vocabulary
 from audit.config.vocabulary import WORKSPACE_MODELS, in_models
 from src.runner.torchvision_models import torchvision_model
 
-__all__ = ["model_names", "is_model_name", "PAPER_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model", "feature_layers"]
+__all__ = ["model_names", "is_model_name", "PAPER_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model",
+           "feature_layers"]
 
 #: The Fidel-paper models (``classifier.fc1`` is ``classifier[0]``, 128 units; tests parametrize over these).
 PAPER_MODELS = ("cnn", "fcnn")
