@@ -192,6 +192,43 @@ def test_the_probe_leaves_model_generator_and_received_tensors_as_they_were(tabu
     assert first.layers[0]["space"] == "input" and first.layers[1]["space"] == "activation"
 
 
+def small_cnn(inplace: bool) -> nn.Module:
+    """Conv -> BatchNorm -> ReLU -> Linear -> ReLU (in place or not) -> Linear: images, not the suite's models."""
+    torch.manual_seed(5)
+    return nn.Sequential(nn.Conv2d(3, 6, 3), nn.BatchNorm2d(6), nn.ReLU(), nn.Flatten(), nn.Linear(6 * 6 * 6, 20),
+                         nn.ReLU(inplace=inplace), nn.Linear(20, 5))
+
+
+def test_the_probe_step_gives_autograds_gradients_without_any_parameter_gradient():
+    """gamma, dW and db of each linear layer against a plain backward of the same step on a copy that runs no
+    in-place ReLU; the probe itself gives no parameter a gradient (and so keeps no activation before the first
+    linear layer), and an in-place ReLU after a linear layer does not change what its gamma is."""
+    rng = np.random.default_rng(2)
+    x = rng.random((16, 3, 8, 8), dtype=np.float32)
+    y = rng.integers(0, 5, 16)
+    model = small_cnn(inplace=True)
+    tensors = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    captures = capture_linear_layers(model, tensors, x, y, invert="all")
+    assert all(p.grad is None for p in model.parameters())
+    assert not any(t.requires_grad for t in tensors.values())
+
+    reference = small_cnn(inplace=False)
+    reference.load_state_dict(tensors)
+    reference.train()
+    outputs = {}
+    for index in (4, 6):
+        reference[index].register_forward_hook(lambda m, a, out, i=index: outputs.__setitem__(i, out) or
+                                               out.retain_grad())
+    loss = nn.functional.cross_entropy(reference(torch.as_tensor(x)), torch.as_tensor(y))
+    loss.backward()
+    assert [c.name for c in captures] == ["4", "6"]
+    for capture, index in zip(captures, (4, 6)):
+        np.testing.assert_allclose(capture.gamma, outputs[index].grad.double().numpy(), rtol=1e-5, atol=1e-9)
+        np.testing.assert_allclose(capture.dw, reference[index].weight.grad.double().numpy(), rtol=1e-4, atol=1e-8)
+        np.testing.assert_allclose(capture.db, reference[index].bias.grad.double().numpy(), rtol=1e-4, atol=1e-8)
+    assert np.any(captures[0].gamma == 0) and np.any(captures[0].gamma != 0)  # the ReLU cut some, not all
+
+
 def test_mcnemar_and_clopper_pearson_against_scipy():
     rng = np.random.default_rng(0)
     for _ in range(200):

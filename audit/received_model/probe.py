@@ -66,14 +66,17 @@ def capture_linear_layers(template: nn.Module, tensors: dict[str, torch.Tensor],
     statistics, as the local training runs it) but with Dropout off: its random zeros would read as neurons few
     samples move, and honest references and received model are then compared on the same deterministic step. The
     template's parameters and buffers are replaced by `tensors` (buffers are copied: BatchNorm's running statistics
-    move in train mode; the floating parameters get requires_grad and their .grad). Returns every nn.Linear with a
-    bias called on one row per sample, in forward order; the inputs and weight gradients (float64 copies, a layer's
-    size each) of the first only, or of every one with invert="all"."""
+    move in train mode). Returns every nn.Linear with a bias called on one row per sample, in forward order; the
+    inputs and weight gradients (float64, a layer's size each) of the first only, or of every one with
+    invert="all"."""
+    # No parameter's gradient is needed: a layer's dW and db follow from its output's gradient gamma and its input
+    # (dW = gamma^T a, db = gamma^T 1). So autograd starts at the first captured output, and nothing before it (the
+    # convolutions of a CNN) keeps activations or gets a gradient: the whole model's gradients and the features'
+    # saved activations were the step's largest memory.
     linears = {module: name for name, module in template.named_modules() if isinstance(module, nn.Linear)
                and module.bias is not None}
     parameter_names = {name for name, _ in template.named_parameters()}
-    params = {name: t.detach().requires_grad_(t.is_floating_point()) for name, t in tensors.items()
-              if name in parameter_names}
+    params = {name: t.detach() for name, t in tensors.items() if name in parameter_names}
     buffers = {name: t.detach().clone() for name, t in tensors.items() if name not in parameter_names}
     xb = model_input(template, x)
     n = len(xb)
@@ -81,35 +84,36 @@ def capture_linear_layers(template: nn.Module, tensors: dict[str, torch.Tensor],
 
     def hook(module, args, output):
         inp = args[0] if args else None
-        if isinstance(inp, torch.Tensor) and inp.ndim == 2 and inp.shape[0] == n and output.requires_grad:
-            output.retain_grad()
-            seen.append((linears[module], inp.detach(), output))
+        if isinstance(inp, torch.Tensor) and inp.ndim == 2 and inp.shape[0] == n and isinstance(output, torch.Tensor):
+            z = output if output.requires_grad else output.detach().requires_grad_()
+            seen.append((linears[module], inp.detach(), z))
+            return z.clone()  # an in-place op downstream (ReLU(inplace=True)) changes the copy, not z
 
     handles = [module.register_forward_hook(hook) for module in linears]
     try:
-        with module_mode(template, training=True):  # every module's own flag comes back afterwards
+        with module_mode(template, training=True), torch.enable_grad():  # each module's own flag comes back after
             for module in template.modules():
                 if _is_dropout(module):
                     module.eval()
             logits = functional_call(template, {**params, **buffers}, (xb,))
+            if not seen or not logits.requires_grad:
+                return []
             loss = F.cross_entropy(logits, torch.as_tensor(np.asarray(y), dtype=torch.long, device=logits.device))
-            loss.backward()
+            gammas = torch.autograd.grad(loss, [z for _, _, z in seen], allow_unused=True)
     finally:
         for handle in handles:
             handle.remove()
     out = []
-    for name, inp, output in seen:
-        if output.grad is None:
+    for (name, inp, _), gamma in zip(seen, gammas):
+        if gamma is None:  # the layer does not reach the loss
             continue
-        full = invert == "all" or not out
-
-        def numpy(t):
-            return t.double().cpu().numpy() if full else None
-
-        out.append(LayerCapture(name=name, gamma=output.grad.double().cpu().numpy(), inputs=numpy(inp),
-                                dw=numpy(params[f"{name}.weight"].grad), db=numpy(params[f"{name}.bias"].grad)))
-    for t in params.values():
-        t.grad = None
+        g = gamma.double().cpu()
+        if invert == "all" or not out:
+            a = inp.double().cpu()
+            out.append(LayerCapture(name=name, gamma=g.numpy(), inputs=a.numpy(), dw=(g.T @ a).numpy(),
+                                    db=g.sum(dim=0).numpy()))
+        else:
+            out.append(LayerCapture(name=name, gamma=g.numpy(), inputs=None, dw=None, db=None))
     return out
 
 
