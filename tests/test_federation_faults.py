@@ -24,10 +24,13 @@ pytestmark = [pytest.mark.skipif(not FX.exists(), reason="fx is installed with o
               pytest.mark.federation]
 
 ROUNDS = 2
+# What --keep-going's round waits for once the frozen collaborator is out. OpenFL ends a round at the cutoff only if
+# one collaborator has reported, and at that one's report otherwise, so a loaded machine makes it later, not wrong.
+CUTOFF_S = 10
 # The audit is kept (collaborator1 reports every round) but small: one signal, no RMIA (not what these test).
 SETS = ["tasks.train.kwargs.epochs=1", "task_runner.settings.audit.signals=[loss]",
         "task_runner.settings.audit.fpr_tolerance=[0.1]", "task_runner.settings.audit.rmia.enabled=false",
-        "straggler_handling_policy.settings.straggler_cutoff_time=30"]
+        f"straggler_handling_policy.settings.straggler_cutoff_time={CUTOFF_S}"]
 LIVENESS = ["--liveness", "5"]  # the window is then max(5 s, 3 x the slowest round so far)
 
 
@@ -102,7 +105,7 @@ def test_keep_going_stops_the_frozen_collaborator_and_the_others_finish(prepared
     output = (tmp_path / "tooling.log").read_text()
     print(f"SIGSTOP to the end of the run: {seconds:.1f} s")
     assert tooling.returncode == 1, output[-3000:]
-    assert seconds < 120  # 5 s to notice, then round 1 ends at the 30 s straggler cutoff; no idling after it
+    assert seconds < 120  # 5 s to notice, then round 1 ends at the straggler cutoff; no idling after it
     assert f"all {ROUNDS} rounds finished without: collaborator2 (pid {pids['collaborator2']}) stopped answering" \
         in output
     assert "timed out" not in output

@@ -1,12 +1,12 @@
 """The fx deployment path of docs/deployment.md ("A deployment over several hosts"), end to end, with OpenFL's own
 commands only.
 
-Marked federation: one federation of one round, run by hand with `fx`, and `python -m workspace prepare` once (the
-prepared federation of tests/shared_runs.py, shared with the multi-process tests). Every party works in its own fresh folder, as on separate hosts: the aggregator's folder is what a clone
-of this repository holds; each collaborator's folder holds only what `fx workspace import` unpacked from the
-aggregator's export and the certificate the aggregator's CA signed. Nothing is installed (all parties share this
-venv), and nothing but `fx` touches the collaborator's folder, so `audit` can only come from the export.
-"""
+Marked federation: one federation of one round, run by hand with OpenFL's `fx` commands, and `python -m workspace
+prepare` once (the prepared federation of tests/shared_runs.py, shared with the multi-process tests). Every party
+works in its own fresh folder, as on separate hosts: the aggregator's folder is what a clone of this repository holds;
+each collaborator's folder holds only what `fx workspace import` unpacked from the aggregator's export and the
+certificate the aggregator's CA signed. Nothing is installed (all parties share this venv), and nothing but `fx`
+touches the collaborator's folder, so `audit` can only come from the export."""
 
 import json
 import os
@@ -47,12 +47,6 @@ def env():
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"PYTHONUNBUFFERED": "1"}
 
 
-def fx(cwd: Path, *args: str) -> str:
-    result = subprocess.run([str(FX), *args], cwd=cwd, capture_output=True, text=True, timeout=300, env=env())
-    assert result.returncode == 0, f"fx {' '.join(args)} in {cwd}:\n{result.stdout[-3000:]}{result.stderr[-3000:]}"
-    return result.stdout
-
-
 def clone_of_the_repository(dest: Path) -> Path:
     """What the aggregator's operator has after `git clone`: the workspace files, symlinks as links."""
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pbuf")
@@ -84,7 +78,16 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_the_readme_fx_sequence_runs_a_federation_across_fresh_folders(tmp_path):
+def test_the_readme_fx_sequence_runs_a_federation_across_fresh_folders(tmp_path, fx_fork):
+    """The set-up commands run through OpenFL's entry point in forks (tests/fx_forks.py: what the `fx` script calls,
+    in the command's folder, importing that folder's code); the aggregator and the collaborator are real `fx`
+    processes, each a new interpreter that imports its own folder's code."""
+
+    def fx(cwd: Path, *args: str) -> str:
+        result = fx_fork(cwd, *args)
+        assert result.returncode == 0, f"fx {' '.join(args)} in {cwd}:\n{result.stdout[-3000:]}"
+        return result.stdout
+
     agg_host, col_host = tmp_path / "aggregator_host", tmp_path / "collaborator_host"
     col_host.mkdir()
     agg = clone_of_the_repository(agg_host / WORKSPACE_NAME)
