@@ -14,6 +14,7 @@ to `verdict.remember(sent)`, so that the checks can keep what they learn from th
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -35,16 +36,20 @@ class KeptWeights:
 
     def __init__(self, weights: Mapping[str, Any], round_num: int):
         self.round_num = int(round_num)
-        arrays = {name: np.array(value, copy=True) for name, value in weights.items()}
+        arrays = {name: np.asarray(value) for name, value in weights.items()}  # views: the caller's arrays
         if sum(a.nbytes for a in arrays.values()) <= _SPILL_BYTES:
-            self._arrays, self._folder = arrays, None
+            self._arrays, self._folder = {name: a.copy() for name, a in arrays.items()}, None
         else:
             import torch
 
             from audit.spill import SpillFolder
 
             self._arrays, self._folder = None, SpillFolder("kept_weights_")
-            self._folder.save("weights", {n: torch.from_numpy(a) for n, a in arrays.items()})
+            # Written from the caller's arrays, without a copy of the model in memory first. torch.save only reads
+            # them, so a read-only array (a received protobuf's buffer) is no concern for torch's warning.
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                self._folder.save("weights", {n: torch.from_numpy(np.ascontiguousarray(a)) for n, a in arrays.items()})
 
     def load(self) -> dict[str, np.ndarray]:
         if self._arrays is not None:

@@ -14,7 +14,7 @@ from scipy.stats import binomtest
 from sklearn.datasets import make_classification
 from torch import nn
 
-from audit.before_training import check_received
+from audit.before_training import KeptWeights, check_received
 from audit.config.audit_settings import AuditSettings
 from audit.config.fields import SettingsError
 from audit.config.gate import GatePolicy, audit_metric_names
@@ -227,6 +227,37 @@ def test_the_probe_step_gives_autograds_gradients_without_any_parameter_gradient
         np.testing.assert_allclose(capture.dw, reference[index].weight.grad.double().numpy(), rtol=1e-4, atol=1e-8)
         np.testing.assert_allclose(capture.db, reference[index].bias.grad.double().numpy(), rtol=1e-4, atol=1e-8)
     assert np.any(captures[0].gamma == 0) and np.any(captures[0].gamma != 0)  # the ReLU cut some, not all
+
+
+@pytest.mark.parametrize("megabytes", [1, 48])  # in memory below 32 MB, on disk above
+def test_kept_weights_give_back_the_values_and_hold_no_copy_while_writing_to_disk(megabytes):
+    """The last accepted model, kept across rounds: the same bytes back, unmoved by later writes to the caller's
+    arrays; a large one goes to disk straight from the caller's (read-only, as a received buffer is) arrays, with no
+    model-sized copy in memory on the way and no warning."""
+    import tracemalloc
+    import warnings
+
+    rng = np.random.default_rng(1)
+    n = megabytes * 2**20 // 4
+    weights = {"fc.weight": rng.normal(size=n - 7).astype(np.float32), "fc.bias": np.arange(7, dtype=np.int64)}
+    original = {name: a.copy() for name, a in weights.items()}
+    weights["fc.weight"].flags.writeable = False
+    tracemalloc.start()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            kept = KeptWeights(weights, round_num=3)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    on_disk = megabytes > 32
+    assert (peak < 0.1 * n * 4) if on_disk else (peak >= n * 4)  # the in-memory one is a copy
+    weights["fc.weight"].flags.writeable = True
+    weights["fc.weight"][:5] = 0
+    weights["fc.bias"][:] = -1
+    back = kept.load()
+    assert kept.round_num == 3 and set(back) == set(original)
+    assert all(back[k].dtype == original[k].dtype and back[k].tobytes() == original[k].tobytes() for k in original)
 
 
 def test_mcnemar_and_clopper_pearson_against_scipy():
