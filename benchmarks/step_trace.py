@@ -19,6 +19,7 @@ import ctypes
 import functools
 import importlib
 import json
+import os
 import sys
 import threading
 import time
@@ -136,8 +137,17 @@ def install(out_path: str) -> list[str]:
         setattr(owner, name, _traced(f"{module_name.rsplit('.', 1)[-1]}.{path}", fn))
         wrapped.append(f"{module_name}:{path}")
     threading.Thread(target=_sampler, args=(threading.main_thread().ident,), daemon=True).start()
-    atexit.register(lambda: json.dump({"wrapped": wrapped, "events": _events}, open(out_path, "w")))
+    atexit.register(_write, out_path, wrapped)
     return wrapped
+
+
+def _write(out_path: str, wrapped: list[str]) -> None:
+    """The records so far, written whole (a copy of the list: the sampler thread may still append to it; a file
+    that a crash cut would not parse)."""
+    events = list(_events)
+    with open(f"{out_path}.tmp", "w") as f:
+        json.dump({"wrapped": wrapped, "events": events}, f)
+    os.replace(f"{out_path}.tmp", out_path)
 
 
 def largest_transients(events: list[dict], top: int = 12) -> list[dict]:
