@@ -1,7 +1,7 @@
 """OpenFL's Collaborator, whose per-round metrics go to TensorBoard under tags named by metric
 (src.process.metric_writer): the plan's collaborator template, so that `fx collaborator start` writes what the
 one-process demo writes. It also writes its phases between tasks as status events (src.process.party_events) for the
-tooling's status line."""
+tooling's status line, and lets go of each finished round's models (drop_finished_models)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,28 @@ from openfl.component import Collaborator
 from src.process.metric_writer import PartyMetricWriter
 from src.process.party_events import emit
 
-__all__ = ["AuditingCollaborator", "StatusEvents"]
+__all__ = ["AuditingCollaborator", "StatusEvents", "FinishedModels", "drop_finished_models"]
+
+# TensorDB tags of a collaborator's model tensors (received, trained): what drop_finished_models frees.
+_MODEL_TAGS = ("model", "trained")
+
+
+def drop_finished_models(col, round_num: int) -> int:
+    """Free the model tensors (received and trained, each a model's size) of `col`'s rounds up to `round_num`, once
+    its round is over; returns how many rows went. OpenFL's own clean-up (`db_store_rounds`, 2 in our plan) keeps the
+    last rounds' models, three a round, and no later task reads them: the next round's model comes from the
+    aggregator. Not with delta updates (`use_delta_updates`): the collaborator then applies the aggregator's deltas to
+    the model it holds, so nothing is dropped. Metric rows stay."""
+    if getattr(col, "use_delta_updates", False):
+        return 0
+    db = col.tensor_db
+    with db.mutex:
+        frame = db.tensor_db
+        finished = frame["round"].astype(int) <= round_num
+        model_rows = frame["tags"].map(lambda tags: any(tag in _MODEL_TAGS for tag in tags))
+        drop = finished & model_rows & ~frame["report"].astype(bool)
+        db.tensor_db = frame[~drop].reset_index(drop=True)
+    return int(drop.sum())
 
 
 class StatusEvents(Callback):
@@ -35,18 +56,35 @@ class StatusEvents(Callback):
         emit(self.party, "done")
 
 
+class FinishedModels(Callback):
+    """At each round's end (after OpenFL's clean-up), drop_finished_models for the collaborator it belongs to."""
+
+    def __init__(self, collaborator=None):
+        super().__init__()
+        self.collaborator = collaborator
+
+    def on_round_end(self, round_num: int, logs=None):
+        if self.collaborator is not None:
+            drop_finished_models(self.collaborator, round_num)
+
+
 class AuditingCollaborator(Collaborator):
     """With `write_logs`, a PartyMetricWriter in place of OpenFL's MetricWriter (OpenFL adds its own only when the
-    callbacks hold none), reading the bounds of the audit's figures from this collaborator's task runner."""
+    callbacks hold none), reading the bounds of the audit's figures from this collaborator's task runner. A process
+    of its own holds each round's models only until the round ends (FinishedModels): what OpenFL's `db_store_rounds`
+    would keep is two earlier rounds' received and trained models, each a model's size, through the next round's
+    training and audit."""
 
     def __init__(self, *args, callbacks=None, write_logs: bool = False, **kwargs):
         # Always a fresh list: OpenFL's default (`callbacks=[]`) is one list shared by every Collaborator.
-        own = [*(callbacks or []), StatusEvents()]
+        own = [*(callbacks or []), StatusEvents(), FinishedModels()]
         if write_logs and not any(isinstance(c, MetricWriter) for c in own):
             own.append(PartyMetricWriter())
         super().__init__(*args, callbacks=own, write_logs=write_logs, **kwargs)
         for callback in own:
             if isinstance(callback, StatusEvents):
                 callback.party = self.collaborator_name
+            if isinstance(callback, FinishedModels):
+                callback.collaborator = self
             if isinstance(callback, PartyMetricWriter) and callback.record_source is None:
                 callback.record_source = self.task_runner

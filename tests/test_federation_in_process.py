@@ -114,6 +114,34 @@ def test_collaborators_keep_no_model_tensors_of_finished_rounds(federation):
         assert frame["round"].astype(int).max() == ROUNDS - 1  # metrics of the last round are still there
 
 
+@pytest.mark.federation
+def test_the_plans_collaborator_drops_a_rounds_models_when_openfl_ends_the_round(federation):
+    """What `fx collaborator start` runs, round after round (OpenFL's Collaborator.run: its tasks cache the received
+    and the trained model, then its clean-up keeps `db_store_rounds` rounds, then the callbacks' on_round_end): the
+    plan's collaborator's own callback drops each round's models, so the next round starts holding none (OpenFL's
+    clean-up alone keeps two rounds': benchmarks/bench_collaborator_models.py). Only that callback is called: the run
+    is over, and the metric writer's file is closed."""
+    from openfl.utilities import TensorKey
+
+    from src.collaborator import AuditingCollaborator, FinishedModels
+
+    for name, col in federation.collaborators.items():
+        assert isinstance(col, AuditingCollaborator)
+        (finished,) = [cb for cb in col.callbacks.callbacks if isinstance(cb, FinishedModels)]
+        assert finished.collaborator is col
+        assert col.db_store_rounds == 2  # the plan's: what OpenFL's clean-up alone would keep
+        for later in range(ROUNDS + 5, ROUNDS + 9):  # rounds the run never had
+            weights = {tag: np.full((3, 2), later, dtype=np.float32) for tag in ("model", "trained")}
+            col.tensor_db.cache_tensor({TensorKey("w", name, later, False, (tag,)): weights[tag] for tag in weights})
+            col.tensor_db.cache_tensor({TensorKey("acc", name, later, True, ("metric",)): np.array(0.5)})
+            col.tensor_db.clean_up(col.db_store_rounds)
+            finished.on_round_end(later, {})
+            frame = col.tensor_db.tensor_db
+            models = frame[frame["tags"].map(lambda t: bool({"model", "trained"} & set(t)))]
+            assert models.empty, models[["tensor_name", "round", "tags"]]
+            assert ("acc", later) in {(r.tensor_name, int(r.round)) for r in frame.itertuples()}
+
+
 def test_drop_finished_models_keeps_later_rounds_metrics_and_delta_bases():
     """drop_finished_models on a real TensorDB: model and trained rows of rounds <= the given one go, metrics and
     later rounds stay; with delta updates nothing goes (the collaborator applies deltas to the model it holds)."""
@@ -122,7 +150,7 @@ def test_drop_finished_models_keeps_later_rounds_metrics_and_delta_bases():
     from openfl.databases import TensorDB
     from openfl.utilities import TensorKey
 
-    from workspace.in_process import drop_finished_models
+    from src.collaborator import drop_finished_models
 
     db = TensorDB()
     weights = np.ones((4, 3), dtype=np.float32)
@@ -146,7 +174,7 @@ def test_the_round_ends_at_the_aggregator_without_the_collaborators_models(tmp_p
     (OpenFL's own clean-up only)."""
     import gc
 
-    import workspace.in_process as in_process
+    import src.collaborator
     from openfl.component import Collaborator
     from openfl.component.aggregator.aggregator import Aggregator
 
@@ -167,7 +195,7 @@ def test_the_round_ends_at_the_aggregator_without_the_collaborators_models(tmp_p
     dropped = run_in_process(tmp_path / "dropped", collaborators=2, rounds=2, overrides=overrides)
     assert len(seen) == 2 and all(s == {"collaborator1": 0, "collaborator2": 0} for s in seen)  # one per round
     seen.clear()
-    monkeypatch.setattr(in_process, "drop_finished_models", lambda col, round_num: 0)
+    monkeypatch.setattr(src.collaborator, "drop_finished_models", lambda col, round_num: 0)
     kept = run_in_process(tmp_path / "kept", collaborators=2, rounds=2, overrides=overrides)
     # OpenFL's clean-up alone: at the round's end the last collaborator still holds the round's received and
     # trained models (and the first one its own, db_store_rounds = 2)

@@ -182,31 +182,9 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
                             round_logs=round_logs, collaborator_metrics=collaborator_metrics)
 
 
-#: TensorDB tags of a collaborator's model tensors (received, trained): what drop_finished_models frees.
-MODEL_TAGS = ("model", "trained")
-
-
-def drop_finished_models(col, round_num: int) -> int:
-    """Free the model tensors (received and trained, each a model's size) of `col`'s rounds up to `round_num`, once
-    its round is over; returns how many rows went. OpenFL's own clean-up (`db_store_rounds`, 2 in our plan) keeps
-    the last rounds' models for a collaborator process of its own; in one process every collaborator's copies add up
-    (3 models per collaborator per round kept), and no later task reads them: the next round's model comes from the
-    aggregator. Not with delta updates (`use_delta_updates`): the collaborator then applies the aggregator's
-    deltas to the model it holds, so nothing is dropped. Metric rows stay."""
-    if getattr(col, "use_delta_updates", False):
-        return 0
-    db = col.tensor_db
-    with db.mutex:
-        frame = db.tensor_db
-        finished = frame["round"].astype(int) <= round_num
-        model_rows = frame["tags"].map(lambda tags: any(tag in MODEL_TAGS for tag in tags))
-        drop = finished & model_rows & ~frame["report"].astype(bool)
-        db.tensor_db = frame[~drop].reset_index(drop=True)
-    return int(drop.sum())
-
-
 def _run_rounds(aggregator, cols: dict, clients: dict, on_task, collaborator_metrics: list[dict]) -> None:
     """Every round's tasks, collaborator by collaborator, as Collaborator.run() would, then the quit signals."""
+    from src.collaborator import drop_finished_models
     while not aggregator._time_to_quit():
         round_num = aggregator.round_number
         metrics: dict = {}
@@ -228,7 +206,7 @@ def _run_rounds(aggregator, cols: dict, clients: dict, on_task, collaborator_met
                 logs.update(col.do_task(task, task_round))
             clients[name].before_next_send = None  # a task that sent nothing
             col.tensor_db.clean_up(col.db_store_rounds)
-            drop_finished_models(col, task_round)
+            drop_finished_models(col, task_round)  # whatever the plan's collaborator class (ours does it at round end)
             col.callbacks.on_round_end(task_round, logs)
             metrics.update(logs)
         if aggregator.round_number == round_num:
