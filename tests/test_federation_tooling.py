@@ -692,6 +692,36 @@ def test_a_folder_left_running_by_a_killed_tooling_is_reported_stale(tmp_path):
         survivor.wait()
 
 
+def test_a_signal_during_an_import_is_raised_once_the_import_is_done(tmp_path, monkeypatch):
+    """A SIGINT whose handler runs while a module is being imported (torch's import runs Python code from C++, where
+    a raised exception aborts the process: SIGABRT, no clean-up) waits until the import is done: the module is whole,
+    then Interrupted reaches the main thread."""
+    import signal
+
+    from workspace.__main__ import Interrupted, interrupt_handler
+
+    (tmp_path / "slow_to_import.py").write_text(
+        "import os, signal, time\n"
+        "os.kill(os.getpid(), signal.SIGINT)\n"
+        "for _ in range(20):\n"
+        "    time.sleep(0.01)  # the handler runs here, inside the import\n"
+        "WHOLE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = ProcessRegistry()
+    previous = signal.signal(signal.SIGINT, interrupt_handler(registry))
+    after_import = []
+    try:
+        with pytest.raises(Interrupted):
+            import slow_to_import  # noqa: F401
+            after_import.append((slow_to_import.WHOLE, registry.cancelled))
+            time.sleep(5)  # the signal, delivered again, interrupts this
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        sys.modules.pop("slow_to_import", None)
+    assert after_import == [(True, False)]  # the import ran to its end, nothing cancelled inside it
+    assert registry.interrupted_by == signal.SIGINT and registry.cancelled
+
+
 def test_a_signal_while_the_main_thread_starts_a_process_is_delivered_once_it_is_recorded(tmp_path, monkeypatch):
     """A SIGINT whose handler runs while subprocess.Popen forks (where Python drops the handler's exception: logging's
     after-fork hook) is deferred and raised right after start() records the process, so the clean-up stops it and the

@@ -20,6 +20,7 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -47,17 +48,33 @@ class Interrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+# A module being imported may be a C extension running Python code from C++ (torch's import does): an exception a
+# signal handler raises there cannot unwind through the C++ frames, and the process ends in abort() (SIGABRT), with
+# no clean-up and no exit code of its own. So a signal that comes during an import is delivered again this much later.
+_REDELIVER_S = 0.05
+
+
+def _importing() -> bool:
+    """Whether any module is being imported now, in any thread (importlib marks its spec while it runs)."""
+    return any(getattr(getattr(module, "__spec__", None), "_initializing", False)
+               for module in list(sys.modules.values()))
+
+
 def interrupt_handler(registry: ProcessRegistry):
     """The SIGINT/SIGTERM handler: the first signal cancels the registry (no process starts, every queued job is
-    dropped) and raises Interrupted in the main thread, whose handlers clean up; a signal that comes while the tooling
-    winds down anyway (that clean-up, a failed set-up's, the end of a run) never interrupts it: it only hastens it
-    (ProcessRegistry.hurry: every process killed at once)."""
+    dropped) and raises Interrupted in the main thread, whose handlers clean up (during an import, once it is done:
+    _importing); a signal that comes while the tooling winds down anyway (that clean-up, a failed set-up's, the end
+    of a run) never interrupts it: it only hastens it (ProcessRegistry.hurry: every process killed at once)."""
     def handler(signum, _frame):
         if registry.launching:  # inside a fork's hooks: raised here, the exception would be dropped
             registry.defer(signum)
             return
+        first = registry.interrupted_by is None and not registry.winding_down
+        if first and _importing():  # delivered again, whole, once the import is done
+            threading.Timer(_REDELIVER_S, os.kill, (os.getpid(), signum)).start()
+            return
         registry.cancel()
-        if registry.interrupted_by is None and not registry.winding_down:
+        if first:
             registry.interrupted_by = signum
             registry.winding_down = True
             raise Interrupted(signum)
