@@ -21,8 +21,8 @@ def drop_finished_models(col, round_num: int) -> int:
     """Free the model tensors (received and trained, each a model's size) of `col`'s rounds up to `round_num`, once
     its round is over; returns how many rows went. OpenFL's own clean-up (`db_store_rounds`, 2 in our plan) keeps the
     last rounds' models, a received and a trained array a round, and no later task reads them: the next round's model
-    comes from the aggregator. Not with delta updates (`use_delta_updates`): the collaborator then applies the aggregator's deltas to
-    the model it holds, so nothing is dropped. Metric rows stay."""
+    comes from the aggregator. Not with delta updates (`use_delta_updates`): the collaborator then applies the
+    aggregator's deltas to the model it holds, so nothing is dropped. Metric rows stay."""
     if getattr(col, "use_delta_updates", False):
         return 0
     db = col.tensor_db

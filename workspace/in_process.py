@@ -206,8 +206,7 @@ def _run_rounds(aggregator, cols: dict, clients: dict, on_task, collaborator_met
                 logs.update(col.do_task(task, task_round))
             clients[name].before_next_send = None  # a task that sent nothing
             col.tensor_db.clean_up(col.db_store_rounds)
-            drop_finished_models(col, task_round)  # whatever the plan's collaborator class (ours does it at round end)
-            col.callbacks.on_round_end(task_round, logs)
+            col.callbacks.on_round_end(task_round, logs)  # the plan's collaborator drops the round's models here
             metrics.update(logs)
         if aggregator.round_number == round_num:
             raise RuntimeError(f"round {round_num} did not complete: a collaborator got no tasks")
