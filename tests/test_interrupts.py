@@ -7,7 +7,8 @@ Before: two SIGTERMs during `prepare` printed "interrupted" while the set-up poo
 queued collaborator; two SIGINTs during `start` left `federation.json` saying `running`. Two `start --dir D` at the
 same instant both started.
 
-The random moments come from one seed per test, printed, so that a failure can be replayed (INTERRUPT_SEED=...).
+The random moments come from one seed each for the prepares, the starts and the run, printed, so that a failure
+can be replayed (INTERRUPT_SEED=...).
 """
 
 from __future__ import annotations
@@ -206,15 +207,39 @@ START_PHASES = {
 }
 
 
-def test_an_interrupted_start_stops_every_participant_and_says_so(interrupted_prepares, tmp_path):
+@pytest.fixture(scope="module")
+def interrupted_starts(interrupted_prepares, tmp_path_factory):
+    """`start --dir` on a fresh copy of the prepared folder, interrupted in each phase (1, 2 and 3 signals, dealt to
+    the phases at random), each followed by the checks of assert_stopped_and_still and, if a signal was sent, the same
+    command again. In the training phase two starts of the folder are launched at the same instant: one is refused,
+    and the one that runs is the one interrupted (a run whose folder another command just tried). Returns what each
+    interrupt left."""
     rng = seeded("start")
     prepared, _ = interrupted_prepares
+    base = tmp_path_factory.mktemp("starts")
     counts = rng.sample([1, 2, 3], 3)
+    cases = []
     for (phase, reached), count in zip(START_PHASES.items(), counts):
-        run_dir = tmp_path / phase.replace(" ", "_")
+        run_dir = base / phase.replace(" ", "_")
         shutil.copytree(prepared, run_dir)
-        log = tmp_path / f"start-{run_dir.name}.log"
-        proc = tool("start", "--dir", run_dir, "--timeout", 600, out=log)
+        log = base / f"start-{run_dir.name}.log"
+        case = {"phase": phase, "count": count, "run_dir": run_dir}
+        if phase == "training":
+            logs = [log, base / f"start-{run_dir.name}-second.log"]
+            procs = [tool("start", "--dir", run_dir, "--timeout", 600, out=out) for out in logs]
+            refused = wait_for(lambda: [p for p in procs if p.poll() is not None], 120, "one of them to be refused")
+            if len(refused) != 1:
+                for p in procs:
+                    if p.poll() is None:
+                        os.killpg(p.pid, signal.SIGKILL)
+                raise AssertionError(f"two starts at once: {[p.returncode for p in procs]}, not one refused:\n"
+                                     + "\n".join(out.read_text()[-2000:] for out in logs))
+            loser = procs.index(refused[0])
+            proc, log = procs[1 - loser], logs[1 - loser]
+            case["refused"] = {"returncode": refused[0].returncode, "output": logs[loser].read_text(),
+                               "winner": proc.pid}
+        else:
+            proc = tool("start", "--dir", run_dir, "--timeout", 600, out=log)
         wait_for(lambda: handles_sigterm(proc.pid), 60, "the tool's signal handler", proc)
         moment = wait_for(lambda: reached(run_dir, log), 300, f"phase {phase}", proc, log)
         if phase != "launching":
@@ -222,48 +247,47 @@ def test_an_interrupted_start_stops_every_participant_and_says_so(interrupted_pr
         sent = send(proc, count, rng) if moment else []
         print(phase, count, [s.name for s in sent], proc.poll())
         assert_stopped_and_still(proc, run_dir, sent, log)
-        status = state(run_dir)["status"]
         pids = state(run_dir).get("extra", {}).get("pids", {})
-        assert all(is_gone(pid) for pid in pids.values()), pids
-        if not sent:
-            assert status == "finished"
+        case.update(sent=sent, status=state(run_dir)["status"], pids=pids,
+                    left_running=[pid for pid in pids.values() if not is_gone(pid)])
+        if sent:
+            case["again"] = workspace_here("start", "--dir", run_dir, "--timeout", 600)
+            case["status_after_again"] = state(run_dir)["status"]
+        cases.append(case)
+    return cases
+
+
+def test_an_interrupted_start_stops_every_participant_and_says_so(interrupted_starts):
+    for case in interrupted_starts:
+        print(case["phase"], case["count"], [s.name for s in case["sent"]], case["status"])
+        assert case["left_running"] == [], case
+        if not case["sent"]:
+            assert case["status"] == "finished"
             continue
         # Never `running`: `prepared` only if no participant had started (nothing ran), else `interrupted`.
-        assert status == ("prepared" if not pids else "interrupted"), (phase, status, pids)
-        again = workspace_here("start", "--dir", run_dir, "--timeout", 600)
-        if status == "interrupted":  # the next command says so, in one line, at once
+        assert case["status"] == ("prepared" if not case["pids"] else "interrupted"), case
+        again, run_dir = case["again"], case["run_dir"]
+        if case["status"] == "interrupted":  # the next command says so, in one line, at once
             assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
             assert again.stderr.strip() == (f"error: {run_dir} was already started (status 'interrupted'); prepare "
                                             "a fresh folder so that no participant picks up an earlier run's state")
         else:  # nothing had run: the folder starts and finishes
             assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-            assert state(run_dir)["status"] == "finished"
+            assert case["status_after_again"] == "finished"
 
 
-def test_two_starts_at_the_same_instant_one_runs_the_other_is_refused(interrupted_prepares, tmp_path):
+def test_two_starts_at_the_same_instant_one_runs_the_other_is_refused(interrupted_starts):
     """Before: both started, two aggregators shared the port, no round in 400 s. The lock is taken before anything
-    else; the one that runs is then interrupted at a random moment of round 0 (the interrupt of a `start` whose
-    folder another command just tried)."""
-    rng = seeded("two starts")
-    prepared, _ = interrupted_prepares
-    run_dir = tmp_path / "run"
-    shutil.copytree(prepared, run_dir)
-    logs = [tmp_path / "first.log", tmp_path / "second.log"]
-    procs = [tool("start", "--dir", run_dir, "--timeout", 600, out=log) for log in logs]
-    refused = wait_for(lambda: [p for p in procs if p.poll() is not None], 120, "one of them to be refused")
-    assert len(refused) == 1, [p.returncode for p in procs]
-    loser = procs.index(refused[0])
-    winner = procs[1 - loser]
-    output = logs[loser].read_text()
-    assert refused[0].returncode == 2
+    else; the one that runs is then interrupted at a random moment of round 0 (the training phase of
+    interrupted_starts)."""
+    case = next(c for c in interrupted_starts if c["phase"] == "training")
+    refused, run_dir = case["refused"], case["run_dir"]
+    assert refused["returncode"] == 2
+    output = refused["output"]
     assert output.strip().startswith(f"error: --dir {run_dir}: in use by another `python -m workspace` "
-                                     f"(pid {winner.pid}); one run per folder"), output
+                                     f"(pid {refused['winner']}); one run per folder"), output
     assert len(output.strip().splitlines()) == 1, output
-    wait_for(lambda: started(logs[1 - loser]), 300, "the other to start its participants", winner, logs[1 - loser])
-    time.sleep(rng.uniform(0, 2.0))
-    sent = send(winner, rng.choice([1, 2, 3]), rng)
-    assert_stopped_and_still(winner, run_dir, sent, logs[1 - loser])
-    assert state(run_dir)["status"] == "interrupted"
+    assert case["sent"] and case["status"] == "interrupted", case
 
 
 # ---------------------------------------------------------------------------------------------------------
