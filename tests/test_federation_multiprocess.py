@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from shared_runs import PREPARED_COLLABORATORS, PREPARED_ROUNDS, workspace_here
+from workspace.processes import ParticipantLauncher, ProcessRegistry, fx_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 FX = Path(sys.executable).parent / "fx"
@@ -133,12 +134,12 @@ def make_intruders(run_dir: Path, dest: Path) -> dict:
     return {"foreign_ca": (foreign, "collaborator1"), "unlisted": (unlisted, "intruder")}
 
 
-def start_collaborator(ws: Path, name: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["LOG_FILE"] = "logs/intruder.log"
-    with open(ws / "logs" / "console.log", "wb") as log:
-        return subprocess.Popen([str(FX), "collaborator", "start", "-n", name], cwd=ws, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+def start_collaborator(registry, launcher, ws: Path, name: str):
+    """`fx collaborator start -n NAME` in `ws`, forked by `launcher` as `python -m workspace start` forks each
+    collaborator (its own session, folder and environment): the two intruders share one launcher's imports."""
+    return registry.start(name, [str(FX), "collaborator", "start", "-n", name], cwd=ws,
+                          log_path=ws / "logs" / "console.log", env=fx_environment("logs/intruder.log"),
+                          launcher=launcher)
 
 
 @dataclass
@@ -157,11 +158,13 @@ def federation(prepared, tmp_path_factory):
     base = tmp_path_factory.mktemp("federation")
     run_dir = fresh_copy(prepared, base / "run")
     intruders = make_intruders(run_dir, base / "intruders")
-    processes = {}
+    registry = ProcessRegistry(stop_grace_s=0)  # the intruders are killed at the end, as stop_group does
+    launcher = ParticipantLauncher(registry, cwd=base, log_path=base / "intruders_launcher.log")
+    processes, knocking = {}, {}
     try:
         # The intruders first: they retry until the aggregator answers, so they knock during the whole run.
         for name, (ws, claimed) in intruders.items():
-            processes[name] = start_collaborator(ws, claimed)
+            knocking[name] = start_collaborator(registry, launcher, ws, claimed).popen
         # An fx collaborator takes several seconds to start; a short federation could be over before an intruder
         # knocks once. So wait until both are up and retrying against the not-yet-started aggregator.
         for name, (ws, _claimed) in intruders.items():
@@ -192,10 +195,12 @@ def federation(prepared, tmp_path_factory):
                                "the aggregator's listening socket")
         tooling.wait(timeout=FEDERATION_TIMEOUT_S + 60)
         seconds = time.monotonic() - started
-        intruder_codes = {name: processes[name].poll() for name in intruders}
+        intruder_codes = {name: knocking[name].poll() for name in intruders}
     finally:
         for popen in processes.values():
             stop_group(popen)
+        registry.stop_all()
+        launcher.close()
     print(f"federation: {seconds:.1f} s")
     return Federation(run_dir, tooling.returncode, (base / "tooling.log").read_text(), seconds, listening, port,
                       {name: (intruders[name][0], intruder_codes[name]) for name in intruders})
