@@ -526,7 +526,15 @@ def test_a_folder_with_an_earlier_runs_state_is_not_started(tmp_path):
 CHATTY = "import time\nfor i in range(200):\n    print('working', i, flush=True); time.sleep(0.05)"  # logs for 10 s
 STOPS = "import os, signal, time; print('up', flush=True); time.sleep(0.3); os.kill(os.getpid(), signal.SIGSTOP)"
 HANGS = "import time; time.sleep(60)"  # a deadlock: no log line, no CPU, state S
-BUSY = "import time\nend = time.monotonic() + 4\nwhile time.monotonic() < end: pass"  # training: CPU, no log line
+# training: CPU, no log line. A third of a core (30 ms of work in every 90), over three times the share that counts
+# as working (workspace.progress.BUSY_CPU_SHARE), for the 4 s a full core would have spun.
+BUSY = """import time
+end = time.monotonic() + 4
+while time.monotonic() < end:
+    spin = time.monotonic() + 0.03
+    while time.monotonic() < spin:
+        pass
+    time.sleep(0.06)"""
 SLOW_AGGREGATOR = """
 import json, sys, time
 time.sleep(3)  # waits for the collaborators' first round (c1 trains on, after it: no gap without progress)
