@@ -1,9 +1,12 @@
 """The report drawn off the round's critical path (audit.reporting.background): the record is on disk when the round
 returns, the images and pages come from the process's one worker thread, flush() waits for them, a drawing error is
-logged with its party and round and the next round still draws, and queued rounds share one summary rebuild."""
+logged with its party and round and the next round still draws, queued rounds share one summary rebuild, and the
+figures a batch drew are freed when it ends."""
 
+import gc
 import logging
 import threading
+import weakref
 
 import pytest
 from matplotlib.figure import Figure
@@ -112,6 +115,29 @@ def test_matplotlib_draws_only_on_the_worker_thread(tmp_path, monkeypatch):
     ReportWriter(tmp_path, PARTY).write_round_in_background(make_record(0))
     assert flush(timeout=60)
     assert threads == {render_queue._name}
+
+
+@pytest.mark.slow
+def test_the_worker_frees_the_figures_it_drew_without_waiting_for_pythons_collector(tmp_path, monkeypatch):
+    """A drawn figure is reference cycles holding its data: with the interpreter's own collections off (in a process
+    with a model's millions of objects the full ones are rare), the worker's batch still leaves none alive."""
+    drawn = []
+    real = Figure.__init__
+
+    def tracked(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        drawn.append(weakref.ref(self))
+
+    monkeypatch.setattr(Figure, "__init__", tracked)
+    gc.collect()
+    gc.disable()
+    try:
+        ReportWriter(tmp_path, PARTY).write_round_in_background(make_record(0))
+        assert flush(timeout=60)
+        alive = sum(ref() is not None for ref in drawn)
+    finally:
+        gc.enable()
+    assert len(drawn) >= 3 and alive == 0, (len(drawn), alive)
 
 
 @pytest.mark.federation

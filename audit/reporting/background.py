@@ -12,6 +12,7 @@ A drawing error is logged with the party and round and does not stop the worker 
 from __future__ import annotations
 
 import atexit
+import gc
 import logging
 import threading
 from typing import Protocol
@@ -70,6 +71,14 @@ class RenderQueue:
             try:
                 for writer, rounds in jobs.values():
                     _draw(writer, rounds)
+                # A drawn figure is a web of reference cycles (figure, axes, artists, transforms) holding its data
+                # and the renderer's buffers: freed only by a collection of the oldest generation, which a process
+                # holding a model's millions of objects runs seldom. Each round's figures are then still held while
+                # the next round trains and audits (up to 0.5 GB for the tutorial's AlexNet: benchmarks/README.md,
+                # "Memory across rounds"). Full collections after each batch, here where the garbage is made: two,
+                # as what the first one finalizes can hold the last of it (a batch's ROC figure survives one pass).
+                for _ in range(2):
+                    gc.collect()
             finally:
                 with self._cond:
                     self._busy = False
