@@ -62,3 +62,33 @@ def test_a_release_between_audits_changes_no_metric():
         return metrics
 
     assert rounds(release=True) == rounds(release=False)
+
+
+def test_the_runner_that_built_the_initial_model_is_freed_before_the_rounds(tmp_path, monkeypatch):
+    """The one-process run's initial model comes from a task runner of its own (a model and an optimizer), which is
+    reference cycles: it is gone when the initial model is, without waiting for Python's own collections."""
+    import gc
+    import weakref
+
+    from openfl.federated.task.runner_pt import PyTorchTaskRunner
+
+    from workspace.in_process import initial_tensor_dict, parse_plan
+    from workspace.plan_file import write_run_plan
+
+    plan = parse_plan(write_run_plan(tmp_path, collaborators=2, rounds=1, overrides={}))
+    built = []
+    real = PyTorchTaskRunner.__init__
+
+    def tracked(self, *args, **kwargs):
+        real(self, *args, **kwargs)
+        built.append(weakref.ref(self))
+
+    monkeypatch.setattr(PyTorchTaskRunner, "__init__", tracked)
+    gc.collect()
+    gc.disable()
+    try:
+        tensors = initial_tensor_dict(plan)
+        alive = [ref() is not None for ref in built]
+    finally:
+        gc.enable()
+    assert tensors and alive == [False]

@@ -10,6 +10,7 @@ file and its checks are workspace.plan_file's.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import sys
@@ -83,6 +84,10 @@ def initial_tensor_dict(plan) -> dict:
         runner.get_tensor_dict(False), **runner.tensor_dict_split_fn_kwargs
     )
     plan.runner_ = None  # the plan caches its runner: a model and an optimizer nobody uses after this
+    # ... and a runner is reference cycles (its audit's callbacks, OpenFL's): freed now, not at the next collection
+    # of the oldest generation, which a process holding a model's millions of objects may run rounds later.
+    del runner
+    gc.collect()
     return tensor_dict
 
 
