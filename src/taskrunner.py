@@ -153,6 +153,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         global_out, local_out = super().train_task(col_name, round_num, input_tensor_dict, epochs=plan.epochs,
                                                    **_tqdm_on_terminal_only(kwargs))
         train_seconds = time.perf_counter() - start
+        # OpenFL's results hold a copy of the trained weights (a model's size) from here to the send, through the
+        # audit, which reads the model itself: until the audit is done, the results read the model's own tensors.
+        viewed = _results_as_views(self.state_dict(), global_out, local_out)
         # The last batch's gradients (a model's size) would stay until the next round's first step sets them to None,
         # and under RESET the optimizer state (another model's size with momentum, two with Adam) until the reset.
         self.optimizer.zero_grad(set_to_none=True)
@@ -163,8 +166,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         trained = {k.tensor_name: v for k, v in {**global_out, **local_out}.items() if "trained" in k.tags}
         outcome = self.audit.after_training(model_names(trained), model_names(received), train_loss, train_seconds)
         release_freed_memory()  # and what the audit freed
-        if outcome.weights_changed:
-            self._send_model(global_out, local_out)
+        # What is sent (and what OpenFL keeps of it) is a copy of the model as the audit left it: never the model's
+        # own tensors, which the next round's training overwrites.
+        self._send_model(global_out, local_out, names=None if outcome.weights_changed else viewed)
         for key in global_out:
             if outcome.train_loss is not None and key.tensor_name == cross_entropy.__name__ and "metric" in key.tags:
                 global_out[key] = np.array(outcome.train_loss)
@@ -178,16 +182,36 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.rebuild_model(round_num, dict(input_tensor_dict))
         return copy.deepcopy(self.model)
 
-    def _send_model(self, global_out: dict, local_out: dict) -> None:
-        """Replace this round's trained tensors with what the model now holds (what the audit decided to send)."""
+    def _send_model(self, global_out: dict, local_out: dict, names: set | None = None) -> None:
+        """Replace this round's trained tensors (those in `names`; None: all) with copies of what the model now holds
+        (what the audit decided to send)."""
         sent = self.get_tensor_dict(with_opt_vars=False)
         for out in (global_out, local_out):
             for key in list(out):
-                if "metric" in key.tags:
+                if "metric" in key.tags or (names is not None and key.tensor_name not in names):
                     continue
                 if key.tensor_name not in sent:
                     raise RuntimeError(f"gate: no value to send for trained tensor {key.tensor_name!r}")
                 out[key] = sent[key.tensor_name]
+
+
+def _results_as_views(state: dict, *outputs: dict) -> set:
+    """Each trained tensor of `outputs` (TensorKey -> array) that the model holds on the CPU replaced by a view of the
+    model's own tensor (`state`: its state dict, which shares their memory); returns the names replaced."""
+    viewed = set()
+    for out in outputs:
+        for key in list(out):
+            tensor = state.get(key.tensor_name)
+            if "metric" in key.tags or tensor is None or tensor.device.type != "cpu":
+                continue
+            try:
+                view = tensor.numpy()
+            except TypeError:  # a dtype numpy lacks (bfloat16): OpenFL's copy stays
+                continue
+            if view.shape == np.shape(out[key]) and view.dtype == np.asarray(out[key]).dtype:
+                out[key] = view
+                viewed.add(key.tensor_name)
+    return viewed
 
 
 def _tqdm_on_terminal_only(kwargs: dict) -> dict:

@@ -1,0 +1,58 @@
+"""The train task's results: through the audit they are the model's own tensors (no copy of a model's size held while
+the audit runs), and what the task returns, which OpenFL caches and sends, is a copy with the values the audit left
+in the model, which the next round's training cannot change."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import src.taskrunner as taskrunner_module
+from audit.party_audit import PartyAudit
+from report_drawing import without_report_drawing  # noqa: F401  (a fixture)
+from tests.test_settings_at_start import FAST
+from workspace.in_process import run_in_process
+
+pytestmark = [pytest.mark.federation, pytest.mark.usefixtures("without_report_drawing")]
+
+
+def _model_tensors(runner) -> dict:
+    return {name: tensor.numpy() for name, tensor in runner.state_dict().items()}
+
+
+def test_results_are_the_model_through_the_audit_and_a_copy_of_it_after(tmp_path, monkeypatch):
+    during, returned = [], []
+    real_after, real_task = PartyAudit.after_training, taskrunner_module.AuditedTaskRunner.train_task
+
+    def after_training(self, trained, received, *args, **kwargs):
+        model = {name: tensor.numpy() for name, tensor in self.model.state_dict().items()}
+        during.append({name: np.shares_memory(array, model[name]) for name, array in trained.items()})
+        return real_after(self, trained, received, *args, **kwargs)
+
+    def train_task(self, col_name, round_num, *args, **kwargs):
+        global_out, local_out = real_task(self, col_name, round_num, *args, **kwargs)
+        model = _model_tensors(self)
+        for out in (global_out, local_out):
+            for key, array in out.items():
+                if "metric" in key.tags:
+                    continue
+                returned.append((np.shares_memory(array, model[key.tensor_name]),
+                                 np.array_equal(array, model[key.tensor_name]), key.tensor_name))
+        # The copies outlive a change of the model (the next round's training writes into the same tensors).
+        kept = {key: np.array(array) for key, array in global_out.items() if "metric" not in key.tags}
+        for tensor in self.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.add_(1.0)
+        assert all(np.array_equal(global_out[key], value) for key, value in kept.items())
+        for tensor in self.state_dict().values():
+            if tensor.is_floating_point():
+                tensor.sub_(1.0)
+        return global_out, local_out
+
+    monkeypatch.setattr(PartyAudit, "after_training", after_training)
+    monkeypatch.setattr(taskrunner_module.AuditedTaskRunner, "train_task", train_task)
+    run_in_process(tmp_path, collaborators=2, rounds=2, overrides=FAST)
+
+    assert len(during) == 4 and all(during) and all(all(shared.values()) for shared in during), during
+    assert returned and not any(shared for shared, _equal, _name in returned), returned
+    assert all(equal for _shared, equal, _name in returned), [name for _s, equal, name in returned if not equal]
