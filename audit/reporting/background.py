@@ -75,10 +75,10 @@ class RenderQueue:
                 # and the renderer's buffers: freed only by a collection of the oldest generation, which a process
                 # holding a model's millions of objects runs seldom. Each round's figures are then still held while
                 # the next round trains and audits (up to 0.5 GB for the tutorial's AlexNet: benchmarks/README.md,
-                # "Memory across rounds"). Full collections after each batch, here where the garbage is made: two,
-                # as what the first one finalizes can hold the last of it (a batch's ROC figure survives one pass).
-                for _ in range(2):
-                    gc.collect()
+                # "Memory across rounds"). One full collection after each batch, here where the garbage is made
+                # (0.3-0.7 s: it walks every object of the process). What its finalizers let go of (a batch's ROC
+                # figure) goes with the next batch's.
+                gc.collect()
             finally:
                 with self._cond:
                     self._busy = False
