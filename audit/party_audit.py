@@ -303,8 +303,9 @@ class PartyAudit:
     # ------------------------------------------------------------------ after training
     def after_training(self, trained: dict, received: Mapping, train_loss: float, train_seconds: float) -> RoundOutcome:
         """After the local training of the round before_training planned: `trained` and `received` are the trained and
-        received weights (model names, numpy); the party's model holds the trained ones. The update mitigation, the
-        audit, the gate and the report; the model ends up holding what is sent."""
+        received weights (model names, numpy); the party's model holds the trained ones (`trained` may be views of the
+        model's own tensors: read before the model is written). The update mitigation, the audit, the gate and the
+        report; the model ends up holding what is sent."""
         r = self._round
         party, round_num, col, verdict, global_model = r.party, r.round_num, r.settings, r.verdict, r.received_model
         mitigation_record, changed = self.mitigation.update(col.mitigation, trained, received, party, round_num)

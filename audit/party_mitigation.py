@@ -68,10 +68,12 @@ class PartyMitigation:
         start = {n: received[n] for n in names}
         before = {n: trained[n] for n in names}
         sent = mitigate_update(mitigation, start, before, seed=round_seed(audit.seed, f"{party}/mitigation", round_num))
-        trained.update(sent)
-        load_weights(audit.model, trained)
+        # Both norms before the model is loaded: `trained` may hold views of the model's own tensors (the task
+        # runner's results through the audit), which the load overwrites with what is sent.
         out = {**mitigation.to_dict(), "update_norm": update_norm(start, before),
                "sent_update_norm": update_norm(start, sent)}
+        trained.update(sent)
+        load_weights(audit.model, trained)
         if mitigation.method == "dp_fedavg" and mitigation.sigma > 0:  # its accountant, and its canary check
             releases = self._dp_fedavg_releases[party] = self._dp_fedavg_releases.get(party, 0) + 1
             out.update(dp_fedavg_entry(mitigation, start, releases=releases, audit_settings=audit.settings,
