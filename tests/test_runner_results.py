@@ -4,13 +4,17 @@ in the model, which the next round's training cannot change."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
+import src.runner.models
 import src.taskrunner as taskrunner_module
 from audit.party_audit import PartyAudit
 from report_drawing import without_report_drawing  # noqa: F401  (a fixture)
-from tests.test_settings_at_start import FAST
+from tests.test_received_model_federation import BatchNormNet
+from tests.test_settings_at_start import FAST, merged
 from workspace.in_process import run_in_process
 
 pytestmark = [pytest.mark.federation, pytest.mark.usefixtures("without_report_drawing")]
@@ -20,7 +24,15 @@ def _model_tensors(runner) -> dict:
     return {name: tensor.numpy() for name, tensor in runner.state_dict().items()}
 
 
-def test_results_are_the_model_through_the_audit_and_a_copy_of_it_after(tmp_path, monkeypatch):
+# collaborator2 sends a noised update: the model is written during the audit's step (weights changed), its results
+# are then copies of what it sends.
+NOISE = {"task_runner": {"settings": {"per_collaborator": {"collaborator2": {
+    "mitigation": {"method": "noise", "sigma": 0.01}}}}}}
+
+
+@pytest.mark.parametrize("model", ["cnn", "batchnorm_cnn"])  # BatchNorm: running statistics and an int64 buffer
+def test_results_are_the_model_through_the_audit_and_a_copy_of_it_after(tmp_path, monkeypatch, model):
+    monkeypatch.setitem(src.runner.models._CLASSES, "batchnorm_cnn", BatchNormNet)
     during, returned = [], []
     real_after, real_task = PartyAudit.after_training, taskrunner_module.AuditedTaskRunner.train_task
 
@@ -38,21 +50,26 @@ def test_results_are_the_model_through_the_audit_and_a_copy_of_it_after(tmp_path
                     continue
                 returned.append((np.shares_memory(array, model[key.tensor_name]),
                                  np.array_equal(array, model[key.tensor_name]), key.tensor_name))
-        # The copies outlive a change of the model (the next round's training writes into the same tensors).
+        # The copies outlive a change of the model (the next round's training writes into the same tensors); the
+        # model then gets its own values back, bit for bit.
         kept = {key: np.array(array) for key, array in global_out.items() if "metric" not in key.tags}
+        state = {name: tensor.clone() for name, tensor in self.state_dict().items()}
         for tensor in self.state_dict().values():
             if tensor.is_floating_point():
                 tensor.add_(1.0)
         assert all(np.array_equal(global_out[key], value) for key, value in kept.items())
-        for tensor in self.state_dict().values():
-            if tensor.is_floating_point():
-                tensor.sub_(1.0)
+        for name, tensor in self.state_dict().items():
+            tensor.copy_(state[name])
         return global_out, local_out
 
     monkeypatch.setattr(PartyAudit, "after_training", after_training)
     monkeypatch.setattr(taskrunner_module.AuditedTaskRunner, "train_task", train_task)
-    run_in_process(tmp_path, collaborators=2, rounds=2, overrides=FAST)
+    overrides = merged(FAST, merged(NOISE, {"task_runner": {"settings": {"model": model}}}))
+    result = run_in_process(tmp_path, collaborators=2, rounds=2, overrides=overrides)
 
     assert len(during) == 4 and all(during) and all(all(shared.values()) for shared in during), during
     assert returned and not any(shared for shared, _equal, _name in returned), returned
     assert all(equal for _shared, equal, _name in returned), [name for _s, equal, name in returned if not equal]
+    noised = [json.loads((result.report_dir / "collaborator2" / f"round_{r:04d}" / "audit.json").read_text())
+              ["extra"]["mitigation"] for r in (0, 1)]
+    assert all(m["method"] == "noise" and m["sent_update_norm"] != m["update_norm"] for m in noised), noised
