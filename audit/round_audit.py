@@ -24,7 +24,7 @@ import torch
 from audit.config.audit_settings import AuditSettings
 from audit.config.steps import AFTER_TRAINING, AuditStep, registered
 from audit.round_record import AttackKey, RoundRecord
-from audit.scaled_pixels import take_rows
+from audit.scaled_pixels import select_rows
 from audit.spill import ModelSource
 from audit.training import TrainingRecipe
 from audit.verdict.leak import Evidence, attack_evidence, leak_verdict
@@ -78,7 +78,8 @@ class AuditSets:
     def sampled(self, size: int | None, seed: int) -> "AuditSets":
         """Each set cut to at most `size` samples, drawn uniformly without replacement (each set from its own
         stream of `seed`; indices sorted, so the samples keep the data's order); itself when no set is larger. The
-        sample's label is its source's, size and seed: the same draw from the same sets has the same label.
+        sample's label is its source's, size and seed: the same draw from the same sets has the same label. A set
+        held as pixels (ScaledPixels) stays pixels: the sample copies its rows' pixels, not their float32 values.
 
         A simple random sample of a finite set: an interval computed from the sample's counts (Clopper-Pearson,
         the AUC's) covers the whole set's value at least as often as its level says (sampling without replacement only
@@ -93,7 +94,7 @@ class AuditSets:
                 picked[name] = (x, y)
                 continue
             index = np.sort(np.random.default_rng([seed, i]).choice(sizes[name], size=size, replace=False))
-            picked[name] = (take_rows(x, index), np.asarray(y)[index])
+            picked[name] = (select_rows(x, index), np.asarray(y)[index])
         return AuditSets(**picked, drawn_from=sizes, label=f"{self.label}/sample{size}@{seed}")
 
     def sampling(self) -> dict:

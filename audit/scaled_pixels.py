@@ -8,7 +8,7 @@ read gives bit for bit the values the float32 array held.
 
 Any code that takes an array of samples can take one: indexing (``x[rows]``, ``x[a:b]``) and ``np.asarray(x)`` give
 float32 ndarrays; ``shape``, ``dtype`` (float32), ``len`` are the float32 array's. ``rows(slice)`` is the one view
-(no copy). Code that reads a large set whole should read it in chunks (``read_in_chunks``) so that no float32 copy
+(no copy), ``take(index)`` the rows picked by a sample (a copy of their pixels only). Code that reads a large set whole should read it in chunks (``read_in_chunks``) so that no float32 copy
 of the whole set is made.
 """
 
@@ -81,11 +81,23 @@ class ScaledPixels:
         view.pixels, view._steps = self.pixels[key], self._steps
         return view
 
+    def take(self, index) -> "ScaledPixels":
+        """Rows `index` (integer indices) as ScaledPixels holding a copy of only those rows' pixels."""
+        taken = object.__new__(ScaledPixels)
+        taken.pixels, taken._steps = self.pixels[np.asarray(index, dtype=np.intp)], self._steps
+        return taken
+
 
 def take_rows(x, index) -> np.ndarray:
     """Rows `index` of an array of samples (ndarray, tensor, list or ScaledPixels) as an ndarray, without converting
     the rows that are not taken."""
     return x[index] if isinstance(x, ScaledPixels) else np.asarray(x)[index]
+
+
+def select_rows(x, index):
+    """Rows `index` of an array of samples, held as `x` holds them: ScaledPixels keep their pixels (a quarter of the
+    float32 rows' memory), anything else gives an ndarray."""
+    return x.take(index) if isinstance(x, ScaledPixels) else np.asarray(x)[index]
 
 
 def read_in_chunks(x) -> bool:

@@ -4,8 +4,9 @@ A party keeps things across rounds that it reads rarely: RMIA's trained referenc
 initial model (read only when the independent references start). `SpillFolder` is where such tensors wait
 (torch.save: the same values, bit for bit, when read back); `SpilledModel` is one model waiting there;
 `weightless_template` is a model's architecture without its weights, for code that needs only the structure (the
-references' functional calls); `ModelSource` is a model or a zero-argument callable giving it, so that a caller can
-hand over a model that is only built or read when it is used (`load_model`).
+references' functional calls); `model_with_tensors` is a copy of a model around tensors given in place of its own;
+`ModelSource` is a model or a zero-argument callable giving it, so that a caller can hand over a model that is only
+built or read when it is used (`load_model`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Callable, Union
 import torch
 from torch import nn
 
-__all__ = ["SpillFolder", "SpilledModel", "weightless_template", "ModelSource", "load_model"]
+__all__ = ["SpillFolder", "SpilledModel", "weightless_template", "model_with_tensors", "ModelSource", "load_model"]
 
 # A model, or a zero-argument callable that builds or reads it when (and only if) it is needed.
 ModelSource = Union[nn.Module, Callable[[], nn.Module]]
@@ -49,7 +50,7 @@ class SpillFolder:
         return torch.load(self.path(name), map_location=map_location, weights_only=True)
 
 
-def _with_tensors(model: nn.Module, replace: Callable[[str, torch.Tensor], torch.Tensor]) -> nn.Module:
+def model_with_tensors(model: nn.Module, replace: Callable[[str, torch.Tensor], torch.Tensor]) -> nn.Module:
     """A deep copy of `model` whose every parameter and buffer is replace(name, tensor), the model's own never copied.
     A tensor the model holds under several names (tied weights) gets one replacement, still shared."""
     memo: dict = {}
@@ -68,7 +69,7 @@ def weightless_template(model: nn.Module) -> nn.Module:
     and dtype, sizes, names) and torch.func.functional_call with every parameter and buffer given work as on
     `model`, at a few bytes per tensor. Its values are meaningless: never run it without giving all of them.
     (The meta device would keep no element at all, but loses the device the inputs must go to.)"""
-    return _with_tensors(model, lambda name, t: torch.empty((), dtype=t.dtype, device=t.device).expand(t.shape))
+    return model_with_tensors(model, lambda name, t: torch.empty((), dtype=t.dtype, device=t.device).expand(t.shape))
 
 
 class SpilledModel:
@@ -89,4 +90,4 @@ class SpilledModel:
     def load(self, device=None) -> nn.Module:
         """The model read back, on `device` (None: the device each tensor was saved from)."""
         tensors = self._folder.load("model", map_location=None if device is None else torch.device(device))
-        return _with_tensors(self._template, lambda name, t: tensors[name])
+        return model_with_tensors(self._template, lambda name, t: tensors[name])

@@ -10,7 +10,6 @@ model from OpenFL's tensor dicts.
 
 from __future__ import annotations
 
-import copy
 import sys
 import time
 import warnings
@@ -30,6 +29,7 @@ from src.runner.models import build_model
 from src.process.party_events import emit as status_event
 from src.plan.checks import check_built_plan, plan_being_built
 from src.runner.received_model_task import model_names, rejected_validation, runner_names, untrained_results
+from src.runner.shared_received_model import SharedReceivedModel
 from src.runner.settings import PREFIX as SETTINGS_PREFIX, RunnerSettings
 
 # What OpenFL itself passes a task runner besides the plan's task_runner.settings (Plan.get_task_runner, TaskRunner).
@@ -143,8 +143,13 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         # What withholding sends back. rebuild_model pops from input_tensor_dict: keep the dict, not copies of the
         # arrays (the TensorDB's own; loading them into the model copies, and nothing writes into them).
         received = dict(input_tensor_dict)
-        plan = self.audit.before_training(col_name, round_num, epochs, verdict,
-                                          received_model=lambda: self._received_model(round_num, input_tensor_dict))
+        shared = []  # the received model, on OpenFL's own arrays of the received weights, if the round is audited
+
+        def received_model() -> torch.nn.Module:
+            shared.append(SharedReceivedModel(self.model, model_names(received)))
+            return shared[-1].model
+
+        plan = self.audit.before_training(col_name, round_num, epochs, verdict, received_model=received_model)
         for group in self.optimizer.param_groups:
             group["lr"] = plan.learning_rate
         torch.manual_seed(plan.seed)
@@ -165,6 +170,9 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         train_loss = float(next(v for k, v in global_out.items() if k.tensor_name == cross_entropy.__name__))
         trained = {k.tensor_name: v for k, v in {**global_out, **local_out}.items() if "trained" in k.tags}
         outcome = self.audit.after_training(model_names(trained), model_names(received), train_loss, train_seconds)
+        for model in shared:  # fails the round if the audit wrote into what a withheld round sends
+            model.check_unchanged()
+        shared.clear()
         release_freed_memory()  # and what the audit freed
         # What is sent (and what OpenFL keeps of it) is a copy of the model as the audit left it: never the model's
         # own tensors, which the next round's training overwrites.
@@ -175,12 +183,6 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         for name, value in outcome.scalars.items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out
-
-    def _received_model(self, round_num: int, input_tensor_dict: dict) -> torch.nn.Module:
-        """A copy of the model holding the weights received from the aggregator this round."""
-        # rebuild_model pops the tensors it loads: give it a copy so train_task still gets them.
-        self.rebuild_model(round_num, dict(input_tensor_dict))
-        return copy.deepcopy(self.model)
 
     def _send_model(self, global_out: dict, local_out: dict, names: set | None = None) -> None:
         """Replace this round's trained tensors (those in `names`; None: all) with copies of what the model now holds

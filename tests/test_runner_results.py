@@ -1,6 +1,7 @@
 """The train task's results: through the audit they are the model's own tensors (no copy of a model's size held while
 the audit runs), and what the task returns, which OpenFL caches and sends, is a copy with the values the audit left
-in the model, which the next round's training cannot change."""
+in the model, which the next round's training cannot change. The received model the audit reads is OpenFL's arrays of
+the received weights, and a write into it fails the round."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 import src.runner.models
 import src.taskrunner as taskrunner_module
@@ -33,12 +35,20 @@ NOISE = {"task_runner": {"settings": {"per_collaborator": {"collaborator2": {
 @pytest.mark.parametrize("model", ["cnn", "batchnorm_cnn"])  # BatchNorm: running statistics and an int64 buffer
 def test_results_are_the_model_through_the_audit_and_a_copy_of_it_after(tmp_path, monkeypatch, model):
     monkeypatch.setitem(src.runner.models._CLASSES, "batchnorm_cnn", BatchNormNet)
-    during, returned = [], []
+    during, returned, retyped = [], [], set()
     real_after, real_task = PartyAudit.after_training, taskrunner_module.AuditedTaskRunner.train_task
 
     def after_training(self, trained, received, *args, **kwargs):
         model = {name: tensor.numpy() for name, tensor in self.model.state_dict().items()}
         during.append({name: np.shares_memory(array, model[name]) for name, array in trained.items()})
+        # the received model the audit reads is OpenFL's arrays of the received weights, not a copy (but where OpenFL
+        # sent another dtype: BatchNorm's int64 counter arrives as a float)
+        global_model = {name: tensor.numpy() for name, tensor in self._round.received_model.state_dict().items()}
+        assert set(global_model) == set(received)
+        during.append({name: np.shares_memory(array, global_model[name]) for name, array in received.items()
+                       if array.dtype == global_model[name].dtype})
+        assert all(np.array_equal(array, global_model[name]) for name, array in received.items())
+        retyped.update(name for name, array in received.items() if array.dtype != global_model[name].dtype)
         return real_after(self, trained, received, *args, **kwargs)
 
     def train_task(self, col_name, round_num, *args, **kwargs):
@@ -67,9 +77,38 @@ def test_results_are_the_model_through_the_audit_and_a_copy_of_it_after(tmp_path
     overrides = merged(FAST, merged(NOISE, {"task_runner": {"settings": {"model": model}}}))
     result = run_in_process(tmp_path, collaborators=2, rounds=2, overrides=overrides)
 
-    assert len(during) == 4 and all(during) and all(all(shared.values()) for shared in during), during
+    assert len(during) == 8 and all(during) and all(all(shared.values()) for shared in during), during
+    assert retyped == ({"features.bn1.num_batches_tracked", "classifier.bn2.num_batches_tracked"}
+                       if model == "batchnorm_cnn" else set()), retyped
     assert returned and not any(shared for shared, _equal, _name in returned), returned
     assert all(equal for _shared, equal, _name in returned), [name for _s, equal, name in returned if not equal]
     noised = [json.loads((result.report_dir / "collaborator2" / f"round_{r:04d}" / "audit.json").read_text())
               ["extra"]["mitigation"] for r in (0, 1)]
     assert all(m["method"] == "noise" and m["sent_update_norm"] != m["update_norm"] for m in noised), noised
+
+
+def test_a_write_into_the_received_model_fails_the_round(tmp_path, monkeypatch):
+    """What a withheld round sends is the received arrays the audit's received model is built on: an audit step that
+    writes into that model fails the round, naming the tensor, and nothing is sent."""
+    real_after = PartyAudit.after_training
+
+    def after_training(self, trained, received, *args, **kwargs):
+        outcome = real_after(self, trained, received, *args, **kwargs)
+        if self._round is None and writes:  # the round is done: write as a misbehaving step would have
+            with torch.no_grad():
+                writes.pop().add_(1.0)
+        return outcome
+
+    writes = []
+    real_before = PartyAudit.before_training
+
+    def before_training(self, *args, **kwargs):
+        plan = real_before(self, *args, **kwargs)
+        if self._round.received_model is not None and not writes:
+            writes.append(next(self._round.received_model.parameters()))
+        return plan
+
+    monkeypatch.setattr(PartyAudit, "after_training", after_training)
+    monkeypatch.setattr(PartyAudit, "before_training", before_training)
+    with pytest.raises(Exception, match=r"wrote into the received model \("):
+        run_in_process(tmp_path, collaborators=2, rounds=1, overrides=FAST)

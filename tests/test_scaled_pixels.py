@@ -131,16 +131,29 @@ def test_references_trained_on_a_pixel_pool_equal_the_float32_pool_s(pixels):
         assert torch.equal(value, trained[1].buffers[name]), name
 
 
-def test_a_sample_of_the_audit_sets_converts_only_the_sampled_rows(pixels):
+def test_a_sample_of_the_audit_sets_keeps_only_the_sampled_rows_pixels(pixels):
+    """A sample of sets held as pixels holds the sampled rows' pixels (uint8, not float32 values: a quarter of the
+    memory through the whole audit), and reads as the one-off conversion of those rows, bit for bit."""
     y = np.arange(300) % 3
     x = scaled(pixels, "cifar")
     sets = AuditSets(members=(x, y), nonmembers=(x.rows(slice(0, 100)), y[:100]), population=(x, y))
     sample = sets.sampled(50, seed=1)
     want = converted_once(pixels, "cifar")
-    members_x, members_y = sample.members
-    assert isinstance(members_x, np.ndarray) and len(members_x) == 50
-    rows = np.flatnonzero(np.isin(np.arange(300), np.flatnonzero((want.reshape(300, -1)[:, None]
-                                                                  == members_x.reshape(50, -1)[None]).all(-1).any(1))))
-    assert len(rows) == 50
-    np.testing.assert_array_equal(members_x, want[rows])
-    np.testing.assert_array_equal(members_y, y[rows])
+    for name, source in (("members", pixels), ("nonmembers", pixels[:100]), ("population", pixels)):
+        sample_x, sample_y = getattr(sample, name)
+        assert isinstance(sample_x, ScaledPixels) and sample_x.pixels.dtype == np.uint8, name
+        assert sample_x.shape == (50, 2, 3, 5) and sample_x.pixels.nbytes == 50 * 30, name
+        assert not np.shares_memory(sample_x.pixels, pixels), name  # its own rows: the source can go
+        rows = np.flatnonzero((source.reshape(len(source), -1)[:, None]
+                               == sample_x.pixels.reshape(50, -1)[None]).all(-1).any(1))
+        assert len(rows) == 50 and np.array_equal(sample_x.pixels, source[rows]), name
+        got = np.asarray(sample_x)
+        assert np.array_equal(got.view(np.uint32), want[rows].view(np.uint32)), name
+        np.testing.assert_array_equal(sample_y, y[rows])
+        xt, yt = sample.tensors(name)
+        assert xt.dtype == torch.float32 and torch.equal(xt, torch.from_numpy(want[rows])), name
+    # float32 sets give float32 samples of the same rows
+    plain = AuditSets(members=(want, y), nonmembers=(want[:100], y[:100]), population=(want, y)).sampled(50, seed=1)
+    for name in ("members", "nonmembers", "population"):
+        assert isinstance(getattr(plain, name)[0], np.ndarray)
+        np.testing.assert_array_equal(getattr(plain, name)[0], np.asarray(getattr(sample, name)[0]))
