@@ -241,7 +241,8 @@ class PartyAudit:
     def before_training(self, party: str, round_num: int, epochs: int, verdict: ReceivedVerdict,
                         received_model: Callable[[], torch.nn.Module]) -> RoundPlan:
         """Before the round's local training (`epochs`: the task's): the data mitigation (once per party), the round's
-        recipe, and, in a round the audit covers, a copy of the received model (`received_model()` gives it)."""
+        recipe, and, in a round the audit covers, the received model (`received_model()` gives it; the audit never
+        writes into it)."""
         col = self.collaborator_settings(party)
         epochs = col.epochs if col.epochs is not None else epochs
         learning_rate = col.learning_rate if col.learning_rate is not None else self.learning_rate
@@ -343,7 +344,7 @@ class PartyAudit:
             # skips sends none, even where a record was kept for a non-finite update or an alarm)
             scalars = sent_scalars(record, self.sent_metrics, self.sent_populations)
         scalars.update({**outcome.scalars(self.gate_watched, gate.limits), **verdict.metrics()})
-        self._round = None  # the received model's copy goes with the round
+        self._round = None  # the received model goes with the round
         return RoundOutcome(changed, loss_sent, scalars, record)
 
     def _complete_record(self, record: RoundRecord, outcome, gate, verdict: ReceivedVerdict, mitigation_record,

@@ -132,7 +132,8 @@ class LocalTraining:
 
 @dataclass(frozen=True)
 class AuditContext:
-    """Everything a step may use: the two models, the sets, the settings and the party's training."""
+    """Everything a step may use: the two models (read only: a step that trains or changes one works on a copy), the
+    sets, the settings and the party's training."""
 
     local_model: torch.nn.Module
     global_model: torch.nn.Module | None  # None when the round has no received model to compare with
