@@ -8,8 +8,8 @@ read gives bit for bit the values the float32 array held.
 
 Any code that takes an array of samples can take one: indexing (``x[rows]``, ``x[a:b]``) and ``np.asarray(x)`` give
 float32 ndarrays; ``shape``, ``dtype`` (float32), ``len`` are the float32 array's. ``rows(slice)`` is the one view
-(no copy), ``take(index)`` the rows picked by a sample (a copy of their pixels only). Code that reads a large set whole should read it in chunks (``read_in_chunks``) so that no float32 copy
-of the whole set is made.
+(no copy), ``take(index)`` the rows a sample picks (a copy of their pixels only). Code that reads a large set whole
+should read it in chunks (``read_in_chunks``) so that no float32 copy of the whole set is made.
 """
 
 from __future__ import annotations
