@@ -48,21 +48,19 @@ class SharedReceivedModel:
             array = np.asarray(received[name])
             if tensor.dim() == 0 and array.shape == (1,):  # OpenFL sends a 0-d tensor as (1,); load_state_dict takes it
                 array = array.reshape(())
-            if tensor.device.type == "cpu" and tuple(array.shape) == tuple(tensor.shape):
-                try:
-                    with warnings.catch_warnings():  # arrays decoded from a message are read-only; nothing writes them
-                        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-                        shared = torch.from_numpy(array)
-                except (TypeError, ValueError):  # a dtype torch lacks, negative strides: a copy below
-                    shared = None
-                if shared is not None and shared.dtype == tensor.dtype:
-                    self._shared[name] = (array, _checksum(array))
-                    return shared
-            value = torch.as_tensor(np.array(array))  # its own copy: any strides, 0-d kept
-            if tuple(value.shape) != tuple(tensor.shape):
-                raise ValueError(f"received model: {name} has shape {tuple(value.shape)}, the model's is "
+            try:
+                with warnings.catch_warnings():  # arrays decoded from a message are read-only; nothing writes them
+                    warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+                    host, own = torch.from_numpy(array), False
+            except (TypeError, ValueError):  # negative strides and the like: a copy of its own
+                host, own = torch.as_tensor(np.array(array)), True
+            if tuple(host.shape) != tuple(tensor.shape):
+                raise ValueError(f"received model: {name} has shape {tuple(host.shape)}, the model's is "
                                  f"{tuple(tensor.shape)}")
-            return value.to(device=tensor.device, dtype=tensor.dtype)
+            if not own and tensor.device.type == "cpu" and host.dtype == tensor.dtype:
+                self._shared[name] = (array, _checksum(array))
+                return host
+            return host.to(device=tensor.device, dtype=tensor.dtype, copy=not own)  # one copy, on the model's device
 
         self.model = model_with_tensors(model, received_tensor)
 
