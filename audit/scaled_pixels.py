@@ -77,15 +77,17 @@ class ScaledPixels:
         """Rows `key` (a slice) as ScaledPixels sharing these pixels: no copy."""
         if not isinstance(key, slice):
             raise TypeError(f"ScaledPixels.rows takes a slice, got {type(key).__name__}")
-        view = object.__new__(ScaledPixels)
-        view.pixels, view._steps = self.pixels[key], self._steps
-        return view
+        return self._holding(self.pixels[key])
 
     def take(self, index) -> "ScaledPixels":
         """Rows `index` (integer indices) as ScaledPixels holding a copy of only those rows' pixels."""
-        taken = object.__new__(ScaledPixels)
-        taken.pixels, taken._steps = self.pixels[np.asarray(index, dtype=np.intp)], self._steps
-        return taken
+        return self._holding(self.pixels[np.asarray(index, dtype=np.intp)])
+
+    def _holding(self, pixels: np.ndarray) -> "ScaledPixels":
+        """These steps on other pixels (already checked: rows of these)."""
+        other = object.__new__(ScaledPixels)
+        other.pixels, other._steps = pixels, self._steps
+        return other
 
 
 def take_rows(x, index) -> np.ndarray:
