@@ -1,6 +1,7 @@
 """src/server/model_file.py: the aggregator's model file written a tensor at a time is the file OpenFL's writer
 (`utils.dump_proto(utils.construct_model_proto(...))`) writes, byte for byte, OpenFL's loader reads it back, a failure
-mid-write leaves the previous file, and the write needs one tensor's bytes, not several copies of the model."""
+mid-write leaves the previous file, and the write needs at most one tensor's bytes (none for float32 tensors), not
+several copies of the model."""
 
 import os
 import subprocess
@@ -172,10 +173,10 @@ def test_byte_identical_on_protobufs_pure_python_runtime(tmp_path):
 
 @pytest.mark.federation  # child processes
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's /proc/self/clear_refs")
-def test_the_write_needs_one_tensor_not_copies_of_the_model(tmp_path):
-    """Peak RSS above the tensor dict while writing 8 tensors of 12.5 MB (benchmarks/bench_model_file.py's child
-    mode, each writer in a fresh process): OpenFL's writer holds several copies of the model, the streamed one
-    a single tensor's bytes."""
+def test_the_write_needs_no_copy_of_a_float32_tensor(tmp_path):
+    """Peak RSS above the tensor dict while writing 8 float32 tensors of 12.5 MB with OpenFL's no-compression
+    pipeline (benchmarks/bench_model_file.py's child mode, each writer in a fresh process): OpenFL's writer holds
+    several copies of the model, the streamed one writes each tensor from its own memory."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
         from bench_model_file import measure
@@ -184,5 +185,5 @@ def test_the_write_needs_one_tensor_not_copies_of_the_model(tmp_path):
     openfl = measure("openfl", str(tmp_path / "o.pbuf"), synthetic=(8, 12.5))
     streamed = measure("streamed", str(tmp_path / "s.pbuf"), synthetic=(8, 12.5))
     assert openfl["extra_mb"] > 2 * openfl["model_mb"]  # the measurement sees the copies it must see
-    assert streamed["extra_mb"] < 1.5 * streamed["largest_mb"]
+    assert streamed["extra_mb"] < 0.25 * streamed["largest_mb"]
     assert (tmp_path / "o.pbuf").read_bytes() == (tmp_path / "s.pbuf").read_bytes()

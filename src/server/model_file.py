@@ -6,7 +6,8 @@ the model above its tensors, benchmarks/bench_model_file.py). Protobuf has no st
 written here by hand: a ModelProto is the concatenation of its `tensors` fields (tag, varint length, serialised
 NamedTensor), and a NamedTensor is protobuf's serialisation of its fields but `data_bytes`, then data_bytes' tag,
 length and bytes (its highest field number: protobuf writes it last, checked below). So at most one tensor's bytes
-are held beyond the tensor dict; the file is byte-identical to OpenFL's (tests/test_model_file.py) and OpenFL's
+are held beyond the tensor dict, and none for a float32 tensor with OpenFL's no-compression pipeline (its bytes are
+the array's memory); the file is byte-identical to OpenFL's (tests/test_model_file.py) and OpenFL's
 loader (`utils.load_proto`) reads it.
 """
 
@@ -15,6 +16,9 @@ from __future__ import annotations
 import io
 import os
 
+import numpy as np
+from openfl.pipelines import NoCompressionPipeline
+from openfl.pipelines.pipeline import Float32NumpyArrayToBytes
 from openfl.protocols import base_pb2, utils
 from openfl.utilities import TensorKey
 
@@ -58,7 +62,7 @@ def _write_tensor(f, name: str, round_number: int, data: bytes, metadata, stream
         if data:  # proto3 writes no empty bytes field
             head += _length_delimited(_DATA_BYTES, len(data))
     else:
-        head, data = _as_in_model_proto(_named_tensor(name, round_number, data, metadata)), b""
+        head, data = _as_in_model_proto(_named_tensor(name, round_number, bytes(data), metadata)), b""
     f.write(_length_delimited(_TENSORS, len(head) + len(data)))
     f.write(head)
     f.write(data)
@@ -79,12 +83,23 @@ def _data_bytes_written_last() -> bool:
 STREAM_DATA_BYTES = _data_bytes_written_last()
 
 
+def _pipeline_forward(pipeline, array) -> tuple[bytes | memoryview, list]:
+    """`pipeline.forward(data=array)`: the tensor's bytes and the pipeline's metadata. For OpenFL's no-compression
+    pipeline and a C-ordered float32 array, whose bytes its forward copies out unchanged (`tobytes`), they are the
+    array's own memory: no copy of the model's largest tensor (the tutorial's fc2, 67 MB) while the file is written."""
+    if (type(pipeline) is NoCompressionPipeline and len(pipeline.transformers) == 1
+            and type(pipeline.transformers[0]) is Float32NumpyArrayToBytes
+            and isinstance(array, np.ndarray) and array.dtype == np.float32 and array.flags.c_contiguous):
+        return memoryview(array.reshape(-1)).cast("B"), [{"int_list": list(array.shape)}]
+    return pipeline.forward(data=array)
+
+
 def write_model_file(path: str | os.PathLike, tensor_dict: dict, round_number: int, pipeline) -> None:
     """Write the bytes `utils.dump_proto(utils.construct_model_proto(tensor_dict, round_number, pipeline), path)`
     writes, atomically (a failure leaves the previous file as it was)."""
     def write(f):
         for name, array in tensor_dict.items():
-            data, metadata = pipeline.forward(data=array)
+            data, metadata = _pipeline_forward(pipeline, array)
             _write_tensor(f, name, round_number, data, metadata, STREAM_DATA_BYTES)
             del data  # before the next tensor's bytes are made
 
