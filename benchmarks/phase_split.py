@@ -64,7 +64,9 @@ _PHASES = {
     "checkpoint": [("openfl.component.aggregator.aggregator", "Aggregator._save_model")],
     "end of round": [("openfl.component.aggregator.aggregator", "Aggregator._end_of_round_check")],
     "communication": [("openfl.component.collaborator.collaborator", "Collaborator.get_data_for_tensorkey"),
-                      ("openfl.component.collaborator.collaborator", "Collaborator.send_task_results")],
+                      ("openfl.component.collaborator.collaborator", "Collaborator.send_task_results"),
+                      # the plan's collaborator sends by its own method (a revision without it inherits the one above)
+                      ("src.collaborator", "AuditingCollaborator.send_task_results")],
     "task other": [("openfl.component.collaborator.collaborator", "Collaborator.do_task")],
 }
 

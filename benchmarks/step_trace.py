@@ -30,6 +30,7 @@ TARGETS = [
     ("openfl.component.collaborator.collaborator", "Collaborator.do_task"),
     ("openfl.component.collaborator.collaborator", "Collaborator.get_data_for_tensorkey"),
     ("openfl.component.collaborator.collaborator", "Collaborator.send_task_results"),
+    ("src.collaborator", "AuditingCollaborator.send_task_results"),
     ("openfl.component.aggregator.aggregator", "Aggregator._end_of_round_check"),
     ("openfl.federated.task.runner_pt", "PyTorchTaskRunner.train_task"),
     ("openfl.federated.task.runner_pt", "PyTorchTaskRunner.rebuild_model"),
@@ -133,7 +134,7 @@ def install(out_path: str) -> list[str]:
         for parent in parents:
             owner = getattr(owner, parent, None)
         fn = getattr(owner, name, None) if owner is not None else None
-        if fn is None:
+        if fn is None or isinstance(owner, type) and name not in vars(owner):  # inherited: traced where defined
             continue
         setattr(owner, name, _traced(f"{module_name.rsplit('.', 1)[-1]}.{path}", fn))
         wrapped.append(f"{module_name}:{path}")

@@ -1,7 +1,8 @@
 """OpenFL's Collaborator, whose per-round metrics go to TensorBoard under tags named by metric
 (src.process.metric_writer): the plan's collaborator template, so that `fx collaborator start` writes what the
 one-process demo writes. It also writes its phases between tasks as status events (src.process.party_events) for the
-tooling's status line, and lets go of each finished round's models (drop_finished_models)."""
+tooling's status line, lets go of each finished round's models (drop_finished_models), and makes the NamedTensors it
+sends as they are read (src.process.named_tensors)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from openfl.callbacks import Callback, MetricWriter
 from openfl.component import Collaborator
 
 from src.process.metric_writer import PartyMetricWriter
+from src.process.named_tensors import NamedTensorsOnRead
 from src.process.party_events import emit
 
 __all__ = ["AuditingCollaborator", "StatusEvents", "FinishedModels", "drop_finished_models"]
@@ -88,3 +90,20 @@ class AuditingCollaborator(Collaborator):
                 callback.collaborator = self
             if isinstance(callback, PartyMetricWriter) and callback.record_source is None:
                 callback.record_source = self.task_runner
+
+    def send_task_results(self, tensor_dict, round_number, task_name) -> dict:
+        """OpenFL 1.9's `Collaborator.send_task_results`, the same results sent and the same metrics returned, but
+        the NamedTensors are made as the client reads them (NamedTensorsOnRead), not all kept in a list through the
+        send: a model's size less at the aggregator's end of round in one process, and in a gRPC request."""
+        data_size = -1  # as OpenFL: a task that is neither training nor validation has no data size
+        if "train" in task_name:
+            data_size = self.task_runner.get_train_data_size()
+        if "valid" in task_name:
+            data_size = self.task_runner.get_valid_data_size()
+        metrics = {}
+        for (tensor_name, _origin, _round, report, _tags), value in tensor_dict.items():
+            if report:  # a scalar metric
+                metrics[f"{self.collaborator_name}/{task_name}/{tensor_name}"] = float(value)
+        self.client.send_local_task_results(round_number, task_name, data_size,
+                                            NamedTensorsOnRead(self.nparray_to_named_tensor, tensor_dict))
+        return metrics
