@@ -47,9 +47,27 @@ def summarise(records: list[dict], top: int) -> None:
     total = sum(cpu) or 1.0
     for name, seconds in by_file.most_common(top):
         print(f"{seconds:8.1f} {seconds / total:6.1%}  {name}")
+    timeline(records)
     print(f"\n{'CPU s':>8} {'child':>7} {'wall s':>7}  test")
     for r in sorted(records, key=lambda r: -(r["self"] + r["children"]))[:top]:
         print(f"{r['self'] + r['children']:8.1f} {r['children']:7.1f} {r['wall']:7.1f}  {r['id']}")
+
+
+def timeline(records: list[dict]) -> None:
+    """Each worker's first start, last end, and the seconds its tests took: where the run's wall time went between
+    the workers (a worker that ends early leaves a core idle)."""
+    timed = [r for r in records if "start" in r]
+    if not timed:
+        return
+    zero = min(r["start"] for r in timed)
+    end = max(r["start"] + r["wall"] for r in timed)
+    print(f"\n{'worker':>8} {'first s':>8} {'last s':>8} {'in tests s':>11} {'CPU s':>8} {'idle at end s':>14}")
+    for worker in sorted({r["worker"] for r in timed}):
+        mine = [r for r in timed if r["worker"] == worker]
+        last = max(r["start"] + r["wall"] for r in mine)
+        print(f"{worker:>8} {min(r['start'] for r in mine) - zero:8.1f} {last - zero:8.1f} "
+              f"{sum(r['wall'] for r in mine):11.1f} {sum(r['self'] + r['children'] for r in mine):8.1f} "
+              f"{end - last:14.1f}")
 
 
 def main(argv=None) -> int:
