@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from workspace.plan_file import WORKSPACE_ROOT, check_run_plan, collaborator_names, run_plan_config, write_run_plan
+from workspace.shared_global_model import shared_or_sent
 
 logger = logging.getLogger(__name__)
 
@@ -41,9 +42,10 @@ class DirectClient:
         return tasks or [], round_number, sleep_time, time_to_quit
 
     def get_aggregated_tensor(self, tensor_name, round_number, report, tags, require_lossless):
-        return self.aggregator.get_aggregated_tensor(
+        named_tensor = self.aggregator.get_aggregated_tensor(
             tensor_name, round_number, report, tuple(tags), require_lossless, self.collaborator_name
         )
+        return shared_or_sent(self.aggregator, named_tensor)  # the aggregator's own array where it can be
 
     def send_local_task_results(self, round_number, task_name, data_size, named_tensors):
         before, self.before_next_send = self.before_next_send, None
