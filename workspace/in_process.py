@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from workspace.plan_file import WORKSPACE_ROOT, check_run_plan, collaborator_names, run_plan_config, write_run_plan
-from workspace.shared_global_model import shared_or_sent
+from workspace.shared_global_model import shared_global_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +42,13 @@ class DirectClient:
         return tasks or [], round_number, sleep_time, time_to_quit
 
     def get_aggregated_tensor(self, tensor_name, round_number, report, tags, require_lossless):
-        named_tensor = self.aggregator.get_aggregated_tensor(
+        shared = shared_global_tensor(self.aggregator, self.collaborator_name, tensor_name, round_number, report,
+                                      tuple(tags), require_lossless)  # the aggregator's own array where it can be
+        if shared is not None:
+            return shared
+        return self.aggregator.get_aggregated_tensor(
             tensor_name, round_number, report, tuple(tags), require_lossless, self.collaborator_name
         )
-        return shared_or_sent(self.aggregator, named_tensor)  # the aggregator's own array where it can be
 
     def send_local_task_results(self, round_number, task_name, data_size, named_tensors):
         before, self.before_next_send = self.before_next_send, None

@@ -1,34 +1,45 @@
 """In one process, the global model's tensors a party fetches are the aggregator's own arrays, read-only, not copies.
 
-Over gRPC each party gets the global model a tensor at a time as a NamedTensor (the aggregator's bytes of the tensor)
-and keeps its own copy (`np.frombuffer` of them: a read-only array). In one process (`workspace.in_process`) that is
-one copy of the model per party, held through its round, and each tensor crosses as three copies at once (the
-aggregator's bytes, the NamedTensor's, the party's): the largest memory peak of the one-process run at full size
-(benchmarks/README.md, "Tensors written and sent from their own memory"). Where the NamedTensor holds exactly the
-array's bytes (OpenFL's lossless no-compression pipeline on a float32 array, no delta), the party reads the
-aggregator's array itself: its data is a read-only view of that array, which OpenFL's decompression turns into the
-same read-only float32 array, equal bit for bit, that the bytes would have given. Anything else crosses as before.
+Over gRPC each party gets the global model a tensor at a time: the aggregator copies the tensor's bytes out of its
+array into a NamedTensor, and the party copies them out again and keeps that copy (`np.frombuffer` of them: a
+read-only array). In one process (`workspace.in_process`) that is one copy of the model per party, held through its
+round, and the largest tensor crossed as three copies at once: the largest memory peak of the one-process run at full
+size (benchmarks/README.md, "Tensors written and sent from their own memory"). For the request every party makes
+at the start of a round, a tensor of the round's global model (`("model",)`, lossless), when the plan's pipeline is
+OpenFL's no-compression one and the aggregator holds the tensor as a C-ordered float32 array (whose NamedTensor bytes
+would be exactly that array's), the party gets a SharedNamedTensor on that array: OpenFL's decompression turns it
+into a read-only float32 array, equal bit for bit to what the bytes give, that is the aggregator's memory. Every other
+request is the aggregator's own answer.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-__all__ = ["SharedNamedTensor", "shared_or_sent"]
+__all__ = ["SharedNamedTensor", "shared_global_tensor"]
+
+
+@dataclass(frozen=True)
+class _Metadata:
+    """A transformer's metadata as a NamedTensor holds it (what `Collaborator.named_tensor_to_nparray` reads)."""
+
+    int_list: tuple = ()
+    int_to_float: tuple = ()
+    bool_list: tuple = ()
 
 
 class SharedNamedTensor:
-    """A NamedTensor whose `data_bytes` is a read-only view of the aggregator's array (its other fields the proto's):
-    what OpenFL's `Collaborator.named_tensor_to_nparray` reads."""
+    """The fields of the NamedTensor the aggregator would send for `array` (OpenFL's `construct_named_tensor` of its
+    lossless no-compression bytes), with `data_bytes` a read-only view of the array itself."""
 
-    def __init__(self, named_tensor, array: np.ndarray):
-        self._named_tensor = named_tensor
+    def __init__(self, name: str, round_number: int, tags: tuple, array: np.ndarray):
+        self.name, self.round_number, self.report, self.lossless, self.tags = name, round_number, False, True, tags
+        self.transformer_metadata = [_Metadata(int_list=tuple(array.shape))]
         view = array.reshape(-1).view()
         view.flags.writeable = False  # as the party's own copy would be (np.frombuffer of bytes)
         self.data_bytes = memoryview(view).cast("B")
-
-    def __getattr__(self, name):
-        return getattr(self._named_tensor, name)
 
 
 def _plain_float32_bytes(codec) -> bool:
@@ -40,19 +51,20 @@ def _plain_float32_bytes(codec) -> bool:
             and type(pipeline.transformers[0]) is Float32NumpyArrayToBytes)
 
 
-def shared_or_sent(aggregator, named_tensor):
-    """`named_tensor` as the aggregator answered a party's request, or a SharedNamedTensor on the array it was made
-    from when its bytes are exactly that array's."""
+def shared_global_tensor(aggregator, requested_by: str, tensor_name: str, round_number: int, report: bool,
+                         tags: tuple, require_lossless: bool) -> SharedNamedTensor | None:
+    """For `Aggregator.get_aggregated_tensor`'s arguments: a SharedNamedTensor on the aggregator's array where the
+    request is a party's fetch of a global model tensor the aggregator holds as plain float32 bytes; else None (the
+    aggregator answers)."""
     from openfl.utilities import TensorKey, change_tags  # OpenFL is imported by the run, not by this module
 
-    tags = tuple(named_tensor.tags)
-    if (not named_tensor.lossless or "compressed" not in tags or "delta" in tags or "lossy_compressed" in tags
-            or len(named_tensor.transformer_metadata) != 1 or not _plain_float32_bytes(aggregator.tensor_codec)):
-        return named_tensor
-    key = TensorKey(named_tensor.name, aggregator.uuid, named_tensor.round_number, named_tensor.report,
-                    change_tags(tags, remove_field="compressed"))
-    array = aggregator.tensor_db.get_tensor_from_cache(key)
-    if (not isinstance(array, np.ndarray) or array.dtype != np.float32 or not array.flags.c_contiguous
-            or list(array.shape) != list(named_tensor.transformer_metadata[0].int_list)):
-        return named_tensor  # (data_bytes is not read to compare: reading it copies the bytes out of the proto)
-    return SharedNamedTensor(named_tensor, array)
+    if (tuple(tags) != ("model",) or report or not require_lossless
+            or not _plain_float32_bytes(aggregator.tensor_codec)
+            or not aggregator._check_tags(tuple(tags), requested_by)):
+        return None
+    array = aggregator.tensor_db.get_tensor_from_cache(
+        TensorKey(tensor_name, aggregator.uuid, round_number, report, tuple(tags)))
+    if not isinstance(array, np.ndarray) or array.dtype != np.float32 or not array.flags.c_contiguous:
+        return None
+    # tagged as TensorCodec.compress tags a losslessly compressed tensor
+    return SharedNamedTensor(tensor_name, round_number, change_tags(tuple(tags), add_field="compressed"), array)
