@@ -72,6 +72,24 @@ def _float_values(rows: list, fl_round: int) -> int:
                and set(row["tags"]) == {"model"} and np.asarray(row["nparray"]).dtype.kind == "f")
 
 
+def _weighted_sum(terms: list) -> np.ndarray:
+    """sum(tensor * weight for ...) as Python's sum gives it, bit for bit (0 + the first term, then each next term
+    added in order), accumulated in place: one running array and one term at a time, not a new sum per term (for the
+    tutorial's fc2, two 67 MB arrays at the end of round instead of three)."""
+    averaged = None
+    for tensor, weight in terms:
+        term = tensor * weight
+        if averaged is None:
+            term += 0  # a new array of its own: a -0.0 becomes 0.0, as sum()'s 0 + term makes it
+            averaged = term
+        elif np.result_type(averaged, term) == averaged.dtype and averaged.shape == np.broadcast_shapes(
+                averaged.shape, term.shape):
+            averaged += term
+        else:
+            averaged = averaged + term
+    return averaged
+
+
 class GatedWeightedAverage(AggregationFunction):
     """Weighted average of the updates `audit.config.gate_contract.decide` keeps (and the canary clients, if set)."""
 
@@ -122,7 +140,7 @@ class GatedWeightedAverage(AggregationFunction):
                 )
             return np.array(start, copy=True)
         total = sum(lt.weight for lt in kept)
-        averaged = sum(lt.tensor * (lt.weight / total) for lt in kept)
+        averaged = _weighted_sum([(lt.tensor, lt.weight / total) for lt in kept])
         return averaged if clients is None else clients.add(fl_round, tensor_name, start, averaged)
 
     def _log(self, fl_round, excluded: dict) -> None:

@@ -391,6 +391,26 @@ def test_gated_average_equals_openfl_average_when_nobody_is_gated():
     np.testing.assert_allclose(_aggregate(db, "w", 0, weights, GatedWeightedAverage()), expected, rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtypes", [("float32",) * 3, ("float64",) * 2, ("float32", "float64", "float32")])
+def test_the_average_is_pythons_sum_of_the_weighted_terms_bit_for_bit(dtypes):
+    """The kept updates are summed in place (one running array, not a new one per term), with the bits, dtype and
+    shape of sum(tensor * weight for ...) in the same order: signed zeros included, float64 terms among float32."""
+    from src.aggregation import _weighted_sum
+
+    rng = np.random.default_rng(7)
+    for shape in [(), (5,), (3, 4), (2, 1, 6)]:
+        terms = []
+        for i, dtype in enumerate(dtypes):
+            tensor = rng.normal(size=shape).astype(dtype)
+            if i == 0:  # signed zeros: sum()'s 0 + term makes each -0.0 a 0.0
+                tensor = np.where(rng.random(shape) < 0.5, -0.0, tensor).astype(dtype)
+            terms.append((tensor, float(rng.random())))
+        expected = sum(tensor * weight for tensor, weight in terms)
+        got = _weighted_sum(terms)
+        assert np.asarray(got).dtype == np.asarray(expected).dtype and np.shape(got) == np.shape(expected)
+        assert np.asarray(got).tobytes() == np.asarray(expected).tobytes()
+
+
 def test_gated_average_keeps_the_starting_tensor_when_everybody_is_gated():
     rng = np.random.default_rng(2)
     db = TensorDB()
