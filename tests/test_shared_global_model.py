@@ -2,11 +2,9 @@
 arrays (read-only views, no copies): the same fields and values as the NamedTensor the aggregator would send, and the
 same metrics and models as when each party decodes its own copy; any other request is the aggregator's to answer."""
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
-from openfl.component import Collaborator
+from openfl.component import Aggregator, Collaborator
 from openfl.pipelines import NoCompressionPipeline, TensorCodec
 from openfl.pipelines.stc_pipeline import STCPipeline
 from openfl.utilities import TensorKey
@@ -84,8 +82,13 @@ def aggregator_with(array, pipeline=None, authorized=("collaborator1", "collabor
     def check_tags(tags, allowed):  # OpenFL's Aggregator._check_tags
         return not any(tag in authorized and tag != allowed for tag in tags)
 
-    return SimpleNamespace(uuid="agg-uuid", tensor_codec=TensorCodec(pipeline or NoCompressionPipeline()),
-                           tensor_db=Store(), _check_tags=check_tags)
+    class StandIn(Aggregator):  # OpenFL's answers (get_aggregated_tensor, _nparray_to_named_tensor), no set-up
+        pass
+
+    aggregator = object.__new__(StandIn)
+    aggregator.__dict__.update(uuid="agg-uuid", tensor_codec=TensorCodec(pipeline or NoCompressionPipeline()),
+                               tensor_db=Store(), _check_tags=check_tags)
+    return aggregator
 
 
 def test_the_shared_array_decodes_as_the_bytes_do_and_stays_the_aggregators():
@@ -102,7 +105,7 @@ def test_the_shared_array_decodes_as_the_bytes_do_and_stays_the_aggregators():
 
 
 @pytest.mark.parametrize("case", ["float64", "fortran", "lossy pipeline's own", "another request", "a metric",
-                                  "lossy allowed", "another party's tag", "not held"])
+                                  "lossy allowed", "another party's tag", "not held", "its own answer"])
 def test_any_other_request_is_left_to_the_aggregator(case):
     array = np.random.default_rng(1).normal(size=(4, 6)).astype(np.float32)
     args = {"requested_by": "collaborator1", "tensor_name": "w", "round_number": 4, "report": False,
@@ -125,6 +128,9 @@ def test_any_other_request_is_left_to_the_aggregator(case):
     if case == "not held":
         args["round_number"] = 5
     aggregator = aggregator_with(array, pipeline)
+    if case == "its own answer":  # a plan's aggregator that answers otherwise than OpenFL's (e.g. a dishonest one)
+        assert shared_global_tensor(aggregator, **args) is not None
+        aggregator.__class__ = type("OwnAnswer", (type(aggregator),), {"_nparray_to_named_tensor": lambda *a: None})
     if case == "lossy pipeline's own":
         assert shared_global_tensor(aggregator, **args) is not None  # plain float32 bytes: shared
         aggregator.tensor_codec.lossless_pipeline.transformers.append(object())

@@ -3,13 +3,13 @@
 Over gRPC each party gets the global model a tensor at a time: the aggregator copies the tensor's bytes out of its
 array into a NamedTensor, and the party copies them out again and keeps that copy (`np.frombuffer` of them: a
 read-only array). In one process (`workspace.in_process`) that is one copy of the model per party, held through its
-round, and the largest tensor crossed as three copies at once: the largest memory peak of the one-process run at full
-size (benchmarks/README.md, "Tensors written and sent from their own memory"). For the request every party makes
-at the start of a round, a tensor of the round's global model (`("model",)`, lossless), when the plan's pipeline is
-OpenFL's no-compression one and the aggregator holds the tensor as a C-ordered float32 array (whose NamedTensor bytes
-would be exactly that array's), the party gets a SharedNamedTensor on that array: OpenFL's decompression turns it
-into a read-only float32 array, equal bit for bit to what the bytes give, that is the aggregator's memory. Every other
-request is the aggregator's own answer.
+round, and the largest tensor crossed as three copies at once: the largest memory peak of the one-process run at
+full size (benchmarks/README.md, "Tensors written, sent and received from their own memory"). The request every
+party makes at the start of a round is a tensor of the round's global model (`("model",)`, lossless). Where the
+aggregator answers it as OpenFL's does, the plan's pipeline is OpenFL's no-compression one, and the aggregator holds
+the tensor as a C-ordered float32 array (whose NamedTensor bytes would be exactly that array's), the party gets a
+SharedNamedTensor on that array: OpenFL's decompression turns it into a read-only float32 array, equal bit for bit
+to what the bytes give, that is the aggregator's memory. Every other request is the aggregator's own answer.
 """
 
 from __future__ import annotations
@@ -56,8 +56,15 @@ def shared_global_tensor(aggregator, requested_by: str, tensor_name: str, round_
     """For `Aggregator.get_aggregated_tensor`'s arguments: a SharedNamedTensor on the aggregator's array where the
     request is a party's fetch of a global model tensor the aggregator holds as plain float32 bytes; else None (the
     aggregator answers)."""
+    from openfl.component import Aggregator
     from openfl.utilities import TensorKey, change_tags  # OpenFL is imported by the run, not by this module
 
+    # Only where the aggregator answers as OpenFL's does: a plan's aggregator (or a test's stand-in for a dishonest
+    # one) that answers otherwise is asked.
+    answers = getattr(type(aggregator), "get_aggregated_tensor", None), getattr(type(aggregator),
+                                                                                "_nparray_to_named_tensor", None)
+    if answers != (Aggregator.get_aggregated_tensor, Aggregator._nparray_to_named_tensor):
+        return None
     if (tuple(tags) != ("model",) or report or not require_lossless
             or not _plain_float32_bytes(aggregator.tensor_codec)
             or not aggregator._check_tags(tuple(tags), requested_by)):
