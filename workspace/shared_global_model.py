@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 __all__ = ["SharedNamedTensor", "shared_global_tensor"]
 
 
@@ -31,24 +29,13 @@ class _Metadata:
 
 
 class SharedNamedTensor:
-    """The fields of the NamedTensor the aggregator would send for `array` (OpenFL's `construct_named_tensor` of its
-    lossless no-compression bytes), with `data_bytes` a read-only view of the array itself."""
+    """The fields of the NamedTensor the aggregator would send for an array (OpenFL's `construct_named_tensor` of its
+    lossless no-compression bytes), with `data_bytes` a read-only view of the array itself (own_float32_bytes)."""
 
-    def __init__(self, name: str, round_number: int, tags: tuple, array: np.ndarray):
+    def __init__(self, name: str, round_number: int, tags: tuple, shape: tuple, data_bytes: memoryview):
         self.name, self.round_number, self.report, self.lossless, self.tags = name, round_number, False, True, tags
-        self.transformer_metadata = [_Metadata(int_list=tuple(array.shape))]
-        view = array.reshape(-1).view()
-        view.flags.writeable = False  # as the party's own copy would be (np.frombuffer of bytes)
-        self.data_bytes = memoryview(view).cast("B")
-
-
-def _plain_float32_bytes(codec) -> bool:
-    from openfl.pipelines import NoCompressionPipeline
-    from openfl.pipelines.pipeline import Float32NumpyArrayToBytes
-
-    pipeline = codec.lossless_pipeline
-    return (type(pipeline) is NoCompressionPipeline and len(pipeline.transformers) == 1
-            and type(pipeline.transformers[0]) is Float32NumpyArrayToBytes)
+        self.transformer_metadata = [_Metadata(int_list=tuple(shape))]
+        self.data_bytes = data_bytes  # read-only: decoded, it is read-only as the party's own copy would be
 
 
 def shared_global_tensor(aggregator, requested_by: str, tensor_name: str, round_number: int, report: bool,
@@ -59,6 +46,8 @@ def shared_global_tensor(aggregator, requested_by: str, tensor_name: str, round_
     from openfl.component import Aggregator
     from openfl.utilities import TensorKey, change_tags  # OpenFL is imported by the run, not by this module
 
+    from src.process.float32_bytes import own_float32_bytes
+
     # Only where the aggregator answers as OpenFL's does: a plan's aggregator (or a test's stand-in for a dishonest
     # one) that answers otherwise is asked.
     answers = getattr(type(aggregator), "get_aggregated_tensor", None), getattr(type(aggregator),
@@ -66,12 +55,13 @@ def shared_global_tensor(aggregator, requested_by: str, tensor_name: str, round_
     if answers != (Aggregator.get_aggregated_tensor, Aggregator._nparray_to_named_tensor):
         return None
     if (tuple(tags) != ("model",) or report or not require_lossless
-            or not _plain_float32_bytes(aggregator.tensor_codec)
             or not aggregator._check_tags(tuple(tags), requested_by)):
         return None
     array = aggregator.tensor_db.get_tensor_from_cache(
         TensorKey(tensor_name, aggregator.uuid, round_number, report, tuple(tags)))
-    if not isinstance(array, np.ndarray) or array.dtype != np.float32 or not array.flags.c_contiguous:
+    data_bytes = own_float32_bytes(aggregator.tensor_codec.lossless_pipeline, array)
+    if data_bytes is None:
         return None
     # tagged as TensorCodec.compress tags a losslessly compressed tensor
-    return SharedNamedTensor(tensor_name, round_number, change_tags(tuple(tags), add_field="compressed"), array)
+    return SharedNamedTensor(tensor_name, round_number, change_tags(tuple(tags), add_field="compressed"),
+                             array.shape, data_bytes)

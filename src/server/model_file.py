@@ -16,13 +16,11 @@ from __future__ import annotations
 import io
 import os
 
-import numpy as np
-from openfl.pipelines import NoCompressionPipeline
-from openfl.pipelines.pipeline import Float32NumpyArrayToBytes
 from openfl.protocols import base_pb2, utils
 from openfl.utilities import TensorKey
 
 from audit.reporting.atomic_io import atomic_write_stream
+from src.process.float32_bytes import own_float32_bytes
 
 _TENSORS = base_pb2.ModelProto.DESCRIPTOR.fields_by_name["tensors"]
 _DATA_BYTES = base_pb2.NamedTensor.DESCRIPTOR.fields_by_name["data_bytes"]
@@ -84,13 +82,12 @@ STREAM_DATA_BYTES = _data_bytes_written_last()
 
 
 def _pipeline_forward(pipeline, array) -> tuple[bytes | memoryview, list]:
-    """`pipeline.forward(data=array)`: the tensor's bytes and the pipeline's metadata. For OpenFL's no-compression
-    pipeline and a C-ordered float32 array, whose bytes its forward copies out unchanged (`tobytes`), they are the
-    array's own memory: no copy of the model's largest tensor (the tutorial's fc2, 67 MB) while the file is written."""
-    if (type(pipeline) is NoCompressionPipeline and len(pipeline.transformers) == 1
-            and type(pipeline.transformers[0]) is Float32NumpyArrayToBytes
-            and isinstance(array, np.ndarray) and array.dtype == np.float32 and array.flags.c_contiguous):
-        return memoryview(array.reshape(-1)).cast("B"), [{"int_list": list(array.shape)}]
+    """`pipeline.forward(data=array)`: the tensor's bytes and the pipeline's metadata, the bytes read from the array's
+    own memory where they are exactly that (own_float32_bytes): no copy of the model's largest tensor (the
+    tutorial's fc2, 67 MB) while the file is written."""
+    own = own_float32_bytes(pipeline, array)
+    if own is not None:
+        return own, [{"int_list": list(array.shape)}]
     return pipeline.forward(data=array)
 
 
