@@ -22,7 +22,7 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from sklearn.metrics import roc_auc_score, roc_curve  # noqa: E402
 
-from audit.reporting import atomic_io, plots  # noqa: E402
+from audit.reporting import atomic_io, figure_fit, plots  # noqa: E402
 from audit.membership.population_attack import population_attack  # noqa: E402
 from audit.membership.uncertainty import auc_interval  # noqa: E402
 from audit.reporting.party import ReportWriter, load_round_records, write_index  # noqa: E402
@@ -429,6 +429,7 @@ def saved_figures(monkeypatch):
         return save(fig, path, **kwargs)
 
     monkeypatch.setattr(plots, "atomic_savefig", keep)
+    monkeypatch.setattr(figure_fit, "atomic_savefig", keep)
     return figures
 
 

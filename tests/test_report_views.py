@@ -16,7 +16,7 @@ from matplotlib.colors import to_rgba
 
 from audit.membership.population_attack import population_attack
 from audit.membership.step import scalar_metrics
-from audit.reporting import overview_plots, plots
+from audit.reporting import figure_fit, overview_plots, plots
 from audit.reporting.headline import Headline, headline_of, strongest_per_family, worst_of
 from audit.reporting.party import ReportWriter
 from audit.reporting.plots import histogram_bins, log_axis_wanted
@@ -33,7 +33,7 @@ TOLERANCES = (0.001, 0.01, 0.5)
 def figures(monkeypatch):
     """The figures the report writers save, by file name (the files are still written)."""
     kept = {}
-    for module in (plots, overview_plots):
+    for module in (plots, overview_plots, figure_fit):
         save = module.atomic_savefig
 
         def keep(fig, path, _save=save, **kwargs):

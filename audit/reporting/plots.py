@@ -7,6 +7,7 @@ styles (models, signals, collaborators), the log-axis rules and the tolerance ma
 from __future__ import annotations
 
 import math
+import textwrap
 import zlib
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -17,6 +18,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocato
 
 from audit.config.fields import is_int
 from audit.reporting.atomic_io import atomic_savefig
+from audit.reporting.figure_fit import save_fitted
 from audit.reporting.readings import (auc_of, curve, exact_auc_of, float_or_nan, fmt, ordered_models, rates_at,
                                       series_keys)
 from audit.round_record import RoundRecord
@@ -117,6 +119,7 @@ def plot_roc(record: RoundRecord, path: Path, log_scale: bool) -> None:
     fig.subplots_adjust(left=0.65 / width, right=1 - 0.15 / width, bottom=0.7 / height, top=1 - 0.95 / height,
                         wspace=0.3)
     axes = fig.subplots(1, n, squeeze=False)[0]
+    sized_by_data = []  # the legends (signals' names), the title (the party's name) and the note
     for ax, model in zip(axes, models):
         per_signal = record.attacks_of(model)
         curves = {s: curve(per_signal[s]) for s in sorted(per_signal)}
@@ -157,18 +160,19 @@ def plot_roc(record: RoundRecord, path: Path, log_scale: bool) -> None:
         if is_int(first.get("n_members")) and is_int(first.get("n_nonmembers")):
             sizes = f"\n{first['n_members']} members / {first['n_nonmembers']} non-members"
         ax.set_title(_MODEL_TITLES.get(model, model) + sizes, fontsize=10)
-        ax.legend(loc="lower right", fontsize=8, framealpha=0.85)
+        sized_by_data.append(ax.legend(loc="lower right", fontsize=8, framealpha=0.85))
     if not models:
         ax = axes[0]
         ax.text(0.5, 0.5, "no attack results in this round", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel("False positive rate")
         ax.set_ylabel("True positive rate")
     scale = " (log-log)" if log_scale else ""
-    fig.text(0.5, 0.012, "dots: TPR and non-members' FPR at each FPR tolerance's threshold, bars: their "
-             "confidence intervals; hollow: the population cannot resolve that tolerance", ha="center", fontsize=7,
-             color="0.35")
-    fig.suptitle(f"{record.party} – round {record.round}: membership-inference ROC{scale}", fontsize=11)
-    atomic_savefig(fig, path, dpi=DPI, bbox_inches="tight")  # no label clipped, whatever the legend's length
+    sized_by_data.append(fig.text(
+        0.5, 0.012, "dots: TPR and non-members' FPR at each FPR tolerance's threshold, bars: their confidence "
+        "intervals; hollow: the population cannot resolve that tolerance", ha="center", fontsize=7, color="0.35"))
+    sized_by_data.append(fig.suptitle(f"{record.party} – round {record.round}: membership-inference ROC{scale}",
+                                      fontsize=11))
+    save_fitted(fig, path, dpi=DPI, sized_by_data=sized_by_data)  # no label cut, whatever the legends' length
 
 
 def log_axis_wanted(values: np.ndarray) -> bool:
@@ -209,8 +213,10 @@ def plot_per_round(
     marker on the axis floor with its count (`counts_of(result) -> (k, n)`, e.g. "0/90"), never joined into the line
     as if it were a small value."""
     rounds = np.array([r.round for r in records], dtype=float)
-    fig = Figure(figsize=(8.4, 4.4), dpi=DPI)
-    fig.subplots_adjust(left=0.08, right=0.75, bottom=0.12, top=0.91)
+    width, height = 8.6, 4.4
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    # Margins in inches: the y tick labels and label at the left, the legend and notes at the right (save_fitted).
+    fig.subplots_adjust(left=0.9 / width, right=1 - 2.1 / width, bottom=0.53 / height, top=1 - 0.4 / height)
     ax = fig.add_subplot()
     series = []
     for model, signal in series_keys(records):
@@ -260,7 +266,7 @@ def plot_per_round(
     ax.axhline(chance, label=chance_label, **_CHANCE_STYLE)
     if flag_below is not None and finite.size and float(finite.min()) < flag_below:
         ax.axhspan(0.0, flag_below, color="tab:red", alpha=0.07, linewidth=0,
-                   label=f"below {flag_below:g}: {INVERTED_NOTE}")
+                   label=textwrap.fill(f"below {flag_below:g}: {INVERTED_NOTE}", 26))  # the legend's width
     if log_y:
         ax.set_yscale("log")
         ax.set_ylim(floor, 1.05)
@@ -277,13 +283,16 @@ def plot_per_round(
     ax.set_xlabel("Round")
     ax.set_ylabel(ylabel)
     ax.set_title(f"{party}: {title}", fontsize=11)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="model / signal",
-              title_fontsize=8)
+    legend = ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, title="model / signal",
+                       title_fontsize=8)
     notes = (["bars: confidence interval\nof each value"] if drew_bars else []) + (
         ["open markers on the floor:\na zero (members flagged / members)"] if drew_zeros else [])
+    note = None
     if notes:
-        ax.text(1.01, 0.0, "\n".join(notes), transform=ax.transAxes, fontsize=7, color="0.35", va="bottom")
-    atomic_savefig(fig, path, dpi=DPI, bbox_inches="tight")
+        note = ax.text(1.01, 0.0, "\n".join(notes), transform=ax.transAxes, fontsize=7, color="0.35", va="bottom")
+    # The margins hold the tick labels (at most "0.0005" wide) and axis labels; the legend, the note and the title
+    # (the party's name) are as long as the data makes them.
+    save_fitted(fig, path, dpi=DPI, sized_by_data=[legend, note, ax.title])
 
 
 
