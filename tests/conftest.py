@@ -2,6 +2,7 @@
 thread per process, the fixtures several test files use, and the rule that keeps a shared fixture built once per
 test run when pytest-xdist spreads the tests over workers (tests/README.md: how to keep a new test cheap)."""
 
+import gc
 import inspect
 import os
 import socket
@@ -74,6 +75,14 @@ def _shared_fixtures(item) -> list[str]:
 
 def _is_heavy(item) -> bool:
     return item.get_closest_marker("federation") is not None or item.get_closest_marker("slow") is not None
+
+
+def pytest_collection_finish(session):
+    """What the collection loaded (the libraries, the test modules, the items) lives as long as the worker: kept out
+    of the collector's full passes (gc.freeze). Each pass walked those half a million objects, about 0.25 CPU-s, and a
+    worker ran some 75 of them (its own, the report worker's after each drawing batch, a run's at its end): about 40
+    CPU-s of the suite (benchmarks/README.md, "The test suite")."""
+    gc.freeze()
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which appends the group to the test's id
