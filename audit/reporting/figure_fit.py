@@ -36,12 +36,9 @@ def outside_of_figure(fig: Any, artists: Iterable[Any]) -> list[Any]:
     return out
 
 
-def save_fitted(fig: Any, path: str | os.PathLike, *, dpi: float, sized_by_data: Iterable[Any],
-                pad_inches: float = 0.1) -> Path:
-    """Save `fig` (at `dpi`, the figure's own) at its size when every artist of `sized_by_data` lies inside it, else
-    with a tight bounding box (the image grows to hold them)."""
-    if fig.dpi != dpi:  # the extents are measured at the figure's dpi
-        raise ValueError(f"figure at {fig.dpi} dpi saved at {dpi}: make it at the dpi it is saved with")
+def save_fitted(fig: Any, path: str | os.PathLike, *, sized_by_data: Iterable[Any]) -> Path:
+    """Save `fig` at its size and dpi (those the extents are measured at) when every artist of `sized_by_data` lies
+    inside it, else with a tight bounding box (the image grows to hold them)."""
     if outside_of_figure(fig, sized_by_data):
-        return atomic_savefig(fig, path, dpi=dpi, bbox_inches="tight", pad_inches=pad_inches)
-    return atomic_savefig(fig, path, dpi=dpi)
+        return atomic_savefig(fig, path, dpi=fig.dpi, bbox_inches="tight")
+    return atomic_savefig(fig, path, dpi=fig.dpi)

@@ -172,7 +172,7 @@ def plot_roc(record: RoundRecord, path: Path, log_scale: bool) -> None:
         "intervals; hollow: the population cannot resolve that tolerance", ha="center", fontsize=7, color="0.35"))
     sized_by_data.append(fig.suptitle(f"{record.party} – round {record.round}: membership-inference ROC{scale}",
                                       fontsize=11))
-    save_fitted(fig, path, dpi=DPI, sized_by_data=sized_by_data)  # no label cut, whatever the legends' length
+    save_fitted(fig, path, sized_by_data=sized_by_data)  # no label cut, whatever the legends' length
 
 
 def log_axis_wanted(values: np.ndarray) -> bool:
@@ -292,7 +292,7 @@ def plot_per_round(
         note = ax.text(1.01, 0.0, "\n".join(notes), transform=ax.transAxes, fontsize=7, color="0.35", va="bottom")
     # The margins hold the tick labels (at most "0.0005" wide) and axis labels; the legend, the note and the title
     # (the party's name) are as long as the data makes them.
-    save_fitted(fig, path, dpi=DPI, sized_by_data=[legend, note, ax.title])
+    save_fitted(fig, path, sized_by_data=[legend, note, ax.title])
 
 
 
