@@ -47,6 +47,26 @@ def no_network(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", refuse)
 
 
+@pytest.fixture
+def saved_figures(monkeypatch):
+    """The figures the report writers save, by file name (the files are still written). Every loaded module of
+    `audit` that holds atomic_io.atomic_savefig under that name is patched, so a new drawing module needs no list
+    here; a module first imported after the fixture ran keeps its figures out, and the test's lookup fails."""
+    from audit.reporting import atomic_io
+
+    original = atomic_io.atomic_savefig
+    kept = {}
+
+    def keep(fig, path, **kwargs):
+        kept[Path(path).name] = fig
+        return original(fig, path, **kwargs)
+
+    for name, module in list(sys.modules.items()):
+        if name.partition(".")[0] == "audit" and getattr(module, "atomic_savefig", None) is original:
+            monkeypatch.setattr(module, "atomic_savefig", keep)
+    return kept
+
+
 # ---------------------------------------------------------------------------------------------------------
 # pytest-xdist (`make test`: -n 2 --dist loadgroup): every test that uses a module- or session-scoped fixture of
 # this suite runs on the same worker as every other test using it, so each shared fixture (a federation, a demo

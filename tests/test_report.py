@@ -22,7 +22,7 @@ import pytest  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from sklearn.metrics import roc_auc_score, roc_curve  # noqa: E402
 
-from audit.reporting import atomic_io, figure_fit, plots  # noqa: E402
+from audit.reporting import atomic_io  # noqa: E402
 from audit.membership.population_attack import population_attack  # noqa: E402
 from audit.membership.uncertainty import auc_interval  # noqa: E402
 from audit.reporting.party import ReportWriter, load_round_records, write_index  # noqa: E402
@@ -416,21 +416,6 @@ def test_unsafe_party_name_in_record_is_refused(tmp_path):
     rec = make_record(0, party="../evil")
     with pytest.raises(ValueError, match="party"):
         ReportWriter(tmp_path, PARTY).write_round(rec)
-
-
-@pytest.fixture
-def saved_figures(monkeypatch):
-    """The figures the report writer saves, by file name (the files are still written)."""
-    figures = {}
-    save = plots.atomic_savefig
-
-    def keep(fig, path, **kwargs):
-        figures[Path(path).name] = fig
-        return save(fig, path, **kwargs)
-
-    monkeypatch.setattr(plots, "atomic_savefig", keep)
-    monkeypatch.setattr(figure_fit, "atomic_savefig", keep)
-    return figures
 
 
 @pytest.mark.slow

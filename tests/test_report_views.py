@@ -16,7 +16,7 @@ from matplotlib.colors import to_rgba
 
 from audit.membership.population_attack import population_attack
 from audit.membership.step import scalar_metrics
-from audit.reporting import figure_fit, overview_plots, plots
+from audit.reporting import overview_plots
 from audit.reporting.headline import Headline, headline_of, strongest_per_family, worst_of
 from audit.reporting.party import ReportWriter
 from audit.reporting.plots import histogram_bins, log_axis_wanted
@@ -27,21 +27,6 @@ from audit.aggregator_report.writer import AggregatorReportWriter
 from audit.aggregator_report.record import round_record, unresolvable
 
 TOLERANCES = (0.001, 0.01, 0.5)
-
-
-@pytest.fixture
-def figures(monkeypatch):
-    """The figures the report writers save, by file name (the files are still written)."""
-    kept = {}
-    for module in (plots, overview_plots, figure_fit):
-        save = module.atomic_savefig
-
-        def keep(fig, path, _save=save, **kwargs):
-            kept[Path(path).name] = fig
-            return _save(fig, path, **kwargs)
-
-        monkeypatch.setattr(module, "atomic_savefig", keep)
-    return kept
 
 
 def _attack(rng, shift, n_members=90, n_population=404):
@@ -95,7 +80,7 @@ def _visible_tick_labels(fig, axis="y"):
 # ----------------------------------------------------------------------------------------------- per-round plots
 
 @pytest.mark.slow
-def test_a_zero_on_a_log_axis_is_an_open_marker_on_the_floor_with_its_count_never_joined(tmp_path, figures):
+def test_a_zero_on_a_log_axis_is_an_open_marker_on_the_floor_with_its_count_never_joined(tmp_path, saved_figures):
     """TPR at FPR 0.01 of 0/90 members in rounds 1 and 3 (the demo's zig-zag): the line breaks there, and an open
     marker sits on the axis floor with "0/90" beside it."""
     rng = np.random.default_rng(1)
@@ -108,7 +93,7 @@ def test_a_zero_on_a_log_axis_is_an_open_marker_on_the_floor_with_its_count_neve
         rates = records[r].attack("local", "loss")["uncertainty"]["at_fpr"]["0.01"]
         records[r].attack("local", "loss")["tpr_at_fpr"]["0.01"] = rates["tpr"]["rate"] = 0.3
     _write(tmp_path, "p", records)
-    ax = figures["tpr_at_0.01.png"].axes[0]
+    ax = saved_figures["tpr_at_0.01.png"].axes[0]
     assert ax.get_yscale() == "log"
     (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "local / loss"]
     y = np.asarray(line.get_ydata(), dtype=float)
@@ -120,30 +105,30 @@ def test_a_zero_on_a_log_axis_is_an_open_marker_on_the_floor_with_its_count_neve
     assert np.allclose(zeros.get_ydata(), floor) and len(zeros.get_xdata()) == 2
     assert sorted(t.get_text() for t in ax.texts if "/" in t.get_text() and "members" not in t.get_text()) \
         == ["0/90", "0/90"]
-    assert len(_visible_tick_labels(figures["tpr_at_0.01.png"])) >= 3
+    assert len(_visible_tick_labels(saved_figures["tpr_at_0.01.png"])) >= 3
 
 
 @pytest.mark.slow
-def test_every_per_round_plot_has_at_least_three_tick_labels_and_a_log_axis_only_over_decades(tmp_path, figures):
+def test_every_per_round_plot_has_at_least_three_tick_labels_and_a_log_axis_only_over_decades(tmp_path, saved_figures):
     """TPR at FPR 0.5 spans 0.4-0.9: one power of ten on a log axis gave one label; it is now linear with several.
     AUC plots are linear too. A log axis is kept only where the values span more than a decade."""
     rng = np.random.default_rng(2)
     _write(tmp_path, "p", [_record(r, rng) for r in range(3)])
     assert not log_axis_wanted(np.array([0.45, 0.9])) and log_axis_wanted(np.array([0.002, 0.3]))
-    assert figures["tpr_at_0.5.png"].axes[0].get_yscale() == "linear"
+    assert saved_figures["tpr_at_0.5.png"].axes[0].get_yscale() == "linear"
     for name in ("auc.png", "all_auc.png", "tpr_at_0.5.png", "tpr_at_0.01.png", "all_tpr_at_0.01.png"):
-        labels = _visible_tick_labels(figures[name])
+        labels = _visible_tick_labels(saved_figures[name])
         assert len(labels) >= 3, (name, labels)
 
 
 @pytest.mark.slow
-def test_series_differ_by_colour_and_the_default_view_keeps_the_strongest_attack_per_family(tmp_path, figures):
+def test_series_differ_by_colour_and_the_default_view_keeps_the_strongest_attack_per_family(tmp_path, saved_figures):
     rng = np.random.default_rng(3)
     records = [_record(r, rng) for r in range(3)]
     _write(tmp_path, "p", records, log_scale=False)
 
     def series(name):
-        ax = figures[name].axes[0]
+        ax = saved_figures[name].axes[0]
         return [ln for ln in ax.get_lines() if " / " in str(ln.get_label())]
 
     every, default = series("all_auc.png"), series("auc.png")
@@ -177,14 +162,14 @@ def test_histograms_use_a_log_axis_where_values_span_decades():
 # -------------------------------------------------------------------------------------- headline and verdict grid
 
 @pytest.mark.slow
-def test_the_headline_chart_shows_epsilon_against_the_budget_or_the_figure_against_chance(tmp_path, figures):
+def test_the_headline_chart_shows_epsilon_against_the_budget_or_the_figure_against_chance(tmp_path, saved_figures):
     rng = np.random.default_rng(5)
     budget = {"verdict": "kept", "action": "withhold", "thresholds": {}, "epsilon_budget": 0.5, "retries": 0}
     withheld = {**budget, "verdict": "withheld"}
     records = [_record(0, rng, leak=_leak(False, epsilon=0.1), gate=budget),
                _record(1, rng, leak=_leak(True, epsilon=0.8, p=1e-6), gate=withheld)]
     overview_plots.plot_headline(records, [headline_of(r) for r in records], tmp_path / "h.png", party="p")
-    ax = figures["h.png"].axes[0]
+    ax = saved_figures["h.png"].axes[0]
     dots = ax.collections[0]
     assert np.allclose(dots.get_offsets()[:, 1], [0.1, 0.8])
     assert [to_rgba(c) for c in dots.get_facecolors()] == [to_rgba(overview_plots.STATE_COLORS[s])
@@ -196,7 +181,7 @@ def test_the_headline_chart_shows_epsilon_against_the_budget_or_the_figure_again
 
     plain = [_record(r, rng, leak=_leak(r == 1, estimate=0.6 + 0.05 * r)) for r in range(3)]
     overview_plots.plot_headline(plain, [headline_of(r) for r in plain], tmp_path / "f.png", party="p")
-    ax = figures["f.png"].axes[0]
+    ax = saved_figures["f.png"].axes[0]
     markers = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
     assert [ln.get_ydata()[0] for ln in markers] == pytest.approx([0.6, 0.65, 0.7])
     assert [to_rgba(ln.get_color()) for ln in markers][1] == to_rgba(overview_plots.STATE_COLORS[LEAK])
@@ -208,12 +193,12 @@ def test_the_headline_chart_shows_epsilon_against_the_budget_or_the_figure_again
 
 
 def test_the_grid_picture_colours_each_cell_by_its_verdict_marks_gated_updates_and_frames_the_worst(tmp_path,
-                                                                                                     figures):
+                                                                                                     saved_figures):
     grid = {"a": {0: Headline(NO_LEAK, "kept", estimate=0.55, statistic="exact_auc"),
                   1: Headline(LEAK, "withheld", estimate=0.7, statistic="exact_auc", p_adjusted=1e-8)},
             "b": {0: Headline(LEAK, "dp_retrained", estimate=0.6, statistic="exact_auc", p_adjusted=1e-3)}}
     assert overview_plots.plot_verdict_grid(grid, tmp_path / "g.png")
-    ax = figures["g.png"].axes[0]
+    ax = saved_figures["g.png"].axes[0]
     cells = {(int(p.get_x()), int(p.get_y())): p for p in ax.patches if p.get_width() == 1}
     assert cells[(0, 0)].get_facecolor()[:3] == pytest.approx(to_rgba(overview_plots.STATE_COLORS[NO_LEAK])[:3])
     assert cells[(1, 1)].get_facecolor()[:3] == pytest.approx(to_rgba(overview_plots.STATE_COLORS[NOT_AUDITED])[:3])
