@@ -99,9 +99,8 @@ def _is_heavy(item) -> bool:
 
 def pytest_collection_finish(session):
     """What the collection loaded (the libraries, the test modules, the items) lives as long as the worker: kept out
-    of the collector's full passes (gc.freeze). Each pass walked those half a million objects, about 0.25 CPU-s, and a
-    worker ran some 75 of them (its own, the report worker's after each drawing batch, a run's at its end): about 40
-    CPU-s of the suite (benchmarks/README.md, "The test suite")."""
+    of the collector's full passes (gc.freeze), which would otherwise walk it again at every pass the worker, its
+    report worker and its runs make (the cost measured: benchmarks/README.md, "The test suite")."""
     gc.freeze()
 
 
