@@ -36,8 +36,9 @@ from audit.config.audit_settings import AuditSettings  # noqa: E402  (torch-free
 from audit.config.fields import did_you_mean  # noqa: E402
 from audit.config.gate import BOUND_CHOICES  # noqa: E402
 from audit.config.rmia_settings import REFERENCE_KINDS, RMIASettings  # noqa: E402
-from audit.config.vocabulary import GATE_ACTIONS, SIGNALS, ModelChoices  # noqa: E402
+from audit.config.vocabulary import GATE_ACTIONS, SIGNALS  # noqa: E402
 from src.data.datasets import DATASETS  # noqa: E402  (numpy only)
+from src.runner.model_names import ModelChoices  # noqa: E402  (torch-free)
 from workspace.arguments import NEAREST, SuggestingParser  # noqa: E402
 
 PLAN = ROOT / "plan" / "plan.yaml"  # the plan every run starts from

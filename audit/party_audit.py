@@ -32,7 +32,7 @@ from audit.config.mitigation_settings import UPDATE_MITIGATIONS
 from audit.config.per_collaborator import CollaboratorSettings, check_gate_resolution, parse_per_collaborator
 from audit.config.steps import registered
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, rejected_before_training, run_gate
-from audit.membership.resolution import resolution_warning
+from audit.config.resolution import resolution_warning
 from audit.membership.signal_cache import SignalCache
 from audit.membership.signals import compute_signals
 from audit.membership.step import signal_names

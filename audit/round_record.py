@@ -5,8 +5,8 @@ stored as the round folder's ``audit.json`` and read back by the party's report,
 is known here only: `to_json` and `from_json` are the one place that names the JSON keys, and a record written under
 another schema (`SCHEMA_VERSION`) is refused with `RecordSchemaError`, never read with figures missing.
 
-Membership attacks are keyed by `AttackKey` (the model kind and the signal, or RMIA and its reference kind): their
-metric names, report names and population names are derived from the key through audit.config.vocabulary. The
+Membership attacks are keyed by `AttackKey` (audit.config.attack_key: the model kind and the signal, or RMIA and its
+reference kind), from which their metric names, report names and population names derive. The
 private part (`private`: the steps' writers of per-sample files for the party's own round folder) lives in memory only
 and is never part of the JSON.
 """
@@ -23,8 +23,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from audit.config.attack_key import AttackKey
 from audit.config.fields import is_int
-from audit.config.vocabulary import attack_metric, attack_name, population_name
 
 __all__ = ["SCHEMA_VERSION", "AttackKey", "attack_keys", "RoundRecord", "RecordSchemaError", "validate_structure",
            "validate_record", "validate_party_name", "check_jsonable", "is_finite_number"]
@@ -43,35 +43,6 @@ class RecordSchemaError(ValueError):
         said = "no schema version (written before versions)" if found is None else f"schema version {found!r}"
         super().__init__(f"{source}: round record has {said}, this code reads schema version {SCHEMA_VERSION} "
                          "(read it with the code that wrote it, or audit the round again)")
-
-
-@dataclass(frozen=True, order=True)
-class AttackKey:
-    """One membership attack of a round: its model kind ("local", "global", "update", or RMIA) and its signal (for
-    RMIA: its kind of reference models). Every name of the attack is derived from it (audit.config.vocabulary)."""
-
-    model: str
-    signal: str
-
-    def metric(self, statistic: str) -> str:
-        """The metric name of one of its statistics, e.g. mia_local_loss_exact_auc, rmia_global_auc."""
-        return attack_metric(self.model, self.signal, statistic)
-
-    @property
-    def name(self) -> str:
-        """What every one of its metric names starts with: mia_<model>_<signal> or rmia_<references>."""
-        return attack_name(self.model, self.signal)
-
-    @property
-    def population_metric(self) -> str:
-        """The name under which its population size is sent (population__<name>)."""
-        return population_name(self.name)
-
-    def label(self) -> str:
-        return f"{self.model} / {self.signal}"
-
-    def __iter__(self):  # model, signal = key
-        return iter((self.model, self.signal))
 
 
 def attack_keys(attacks: Mapping) -> dict[AttackKey, Any]:

@@ -8,7 +8,7 @@ from torch import nn
 
 
 import cifar10_PM
-from audit.config.vocabulary import MODELS
+from src.runner.model_names import MODELS
 from src.runner.models import PAPER_MODELS, AlexNet, build_model
 
 SHAPES = [(3, 32, 32), (1, 8, 8)]

@@ -1,5 +1,5 @@
 """Issue 15, "small audit sets are a warning, not a silent number": which FPR tolerances a party's sets can resolve
-(audit.membership.resolution), said at start per party, recorded per attack and marked in the party's page."""
+(audit.config.resolution), said at start per party, recorded per attack and marked in the party's page."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 from audit.config.vocabulary import mia_metric, tpr_statistic
 from audit.membership.population_attack import population_attack, update_attack
-from audit.membership.resolution import largest_count, resolution_warning, resolvable
+from audit.config.resolution import largest_count, resolution_warning, resolvable
 from audit.membership.step import scalar_metrics
 from audit.reporting.party import ReportWriter
 from audit.reporting.readings import resolvable_at, unresolvable_metrics

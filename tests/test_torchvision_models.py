@@ -16,7 +16,7 @@ import torchvision
 from torch import nn
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.vocabulary import MODELS, TORCHVISION_LEFT_OUT, WORKSPACE_MODELS
+from src.runner.model_names import MODELS, TORCHVISION_LEFT_OUT, WORKSPACE_MODELS
 from audit.deanon.representation import last_layer
 from audit.fidel.layers import find_first_dense_layer
 from audit.membership.gradient_norms import gradient_norms, gradient_parameter_names

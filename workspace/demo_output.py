@@ -146,7 +146,7 @@ def print_attack_summary(report_dir: Path, names) -> None:
                     continue
                 tpr = rates["tpr"]
                 mark = ""
-                if rates.get("resolvable") is False:  # below 1/t population samples (audit.membership.resolution)
+                if rates.get("resolvable") is False:  # below 1/t population samples (audit.config.resolution)
                     mark = "*"
                     unresolved[t] = rates.get("n_population")
                 cells.append(f"{fmt_interval(tpr['rate'], tpr['lower'], tpr['upper'], digits=3)} "

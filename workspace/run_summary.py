@@ -170,7 +170,7 @@ def round_lines(round_num: int, records: Mapping[str, RoundRecord | None], aggre
 
 def lowest_resolvable_tolerance(records: list[RoundRecord]) -> float | None:
     """The lowest FPR tolerance of the records that every attack of every record resolves (a reading below it is the
-    TPR at population FPR 0, audit.membership.resolution); the lowest tolerance if none is; None without any."""
+    TPR at population FPR 0, audit.config.resolution); the lowest tolerance if none is; None without any."""
     tolerances = sorted(tolerances_of(records)) if records else []
     results = [result for record in records for result in record.attacks.values()]
     for tol in tolerances:

@@ -32,7 +32,7 @@ from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, DP_VIOLATED_T
 from audit.config.steps import is_audit_metric
 from audit.config.vocabulary import (BOUNDS, LEAK_DETECTED, LEAK_EPSILON_CEILING, LEAK_EPSILON_LB, LEAK_P_VALUE,
                                      POPULATION_PREFIX, tpr_statistic)
-from audit.membership.resolution import resolvable
+from audit.config.resolution import resolvable
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from numbers import Integral
 from types import MappingProxyType
 
-import audit.config.builtin_steps  # noqa: F401  (registers the built-in steps and their sections)
 from audit.config.fields import (Mismatch, SettingsError, boolean, check_fields, choice, choices, custom, declared,
                                  integer, is_real, module_name, optional, parse, path, real, reject_unknown, setting,
                                  to_dict)

@@ -8,15 +8,15 @@ Each declaration names the step's plan section, its settings parser, the metrics
 
 from __future__ import annotations
 
+from audit.config.attack_key import AttackKey
 from audit.config.canary_settings import CANARY_METRIC_RANGES, CANARY_METRICS, canary_settings
 from audit.config.deanon_settings import deanon_settings
 from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
+from audit.config.received_model_settings import METRICS as RECEIVED_MODEL_METRICS, received_model_settings
 from audit.config.rmia_settings import rmia_settings
 from audit.config.steps import BEFORE_TRAINING, AuditStep, register
 from audit.config.vocabulary import (CANARY_FILE, FIDEL_GRID_FILE, MIA_PREFIX, RMIA, RMIA_SCORES_FILE, SIGNALS_FILE,
                                      attack_statistics)
-from audit.received_model.settings import METRICS as RECEIVED_MODEL_METRICS, received_model_settings
-from audit.round_record import AttackKey
 
 __all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "RECEIVED_MODEL", "CANARY", "membership_series"]
 

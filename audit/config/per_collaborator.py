@@ -22,7 +22,7 @@ from audit.config.audit_settings import AuditSettings
 from audit.config.fields import SettingsError, integer, mapping, optional, parse, real, section, setting
 from audit.config.gate import GATE_PREFIX, GatePolicy
 from audit.config.mitigation_settings import Mitigation
-from audit.membership.resolution import unresolvable_thresholds
+from audit.config.resolution import unresolvable_thresholds
 
 PREFIX = "task_runner.settings.per_collaborator"
 MITIGATION_PREFIX = "task_runner.settings.mitigation"

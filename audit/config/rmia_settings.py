@@ -25,10 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from audit.config.attack_key import AttackKey
 from audit.config.fields import (boolean, choices, either, integer, literal, optional, parse, real, setting,
                                  to_dict)
 from audit.config.vocabulary import RMIA, attack_statistics
-from audit.round_record import AttackKey
 
 __all__ = ["RMIASettings", "rmia_settings", "REFERENCE_KINDS", "TRAINED_KINDS", "GLOBAL", "FINE_TUNED", "INDEPENDENT",
            "TUNE", "GLOBAL_A"]

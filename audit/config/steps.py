@@ -143,21 +143,14 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def _with_builtins() -> dict[str, AuditStep]:
-    """The registry, with the built-in steps in it whoever asks first (they register on import of
-    audit.config.builtin_steps, which imports this module: imported here on first use, not at the top)."""
-    import audit.config.builtin_steps  # noqa: F401
-
-    return _REGISTRY
-
-
 def registered(phase: str | None = None) -> tuple[AuditStep, ...]:
-    """Every step (of `phase`, if given), in registration (= run) order: the built-in ones first."""
-    return tuple(s for s in _with_builtins().values() if phase is None or s.phase == phase)
+    """Every step (of `phase`, if given), in registration (= run) order: the built-in ones first (audit.config's
+    package registers them on its import, before anything can register a plug-in)."""
+    return tuple(s for s in _REGISTRY.values() if phase is None or s.phase == phase)
 
 
 def step(name: str) -> AuditStep:
-    return _with_builtins()[name]
+    return _REGISTRY[name]
 
 
 def metric_prefixes() -> tuple[str, ...]:

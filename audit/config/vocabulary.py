@@ -1,5 +1,4 @@
-"""The words the plan, the audit, the gate, the aggregator and the demo share: one definition each (torch-free, but
-for MODELS, read from torchvision's registry on first use).
+"""The words the plan, the audit, the gate, the aggregator and the demo share: one definition each (torch-free).
 
 Every module that needs one of these names imports it from here; nothing spells them again. Metric names are built
 by the functions below, so the gate's list of metrics, the reports and the aggregator read the same strings.
@@ -8,8 +7,7 @@ by the functions below, so the gate's list of metrics, the reports and the aggre
 from __future__ import annotations
 
 __all__ = [
-    "SIGNALS", "MEMBER_IF_LOWER", "THRESHOLD_FUNCTIONS", "LOSS_ONLY_FUNCTIONS", "OPTIMIZERS", "MODELS",
-    "WORKSPACE_MODELS", "TORCHVISION_LEFT_OUT", "in_models", "ModelChoices",
+    "SIGNALS", "MEMBER_IF_LOWER", "THRESHOLD_FUNCTIONS", "LOSS_ONLY_FUNCTIONS", "OPTIMIZERS",
     "GATE_ACTIONS", "MODEL_KINDS", "AUC", "EXACT_AUC", "EPSILON_LB", "ADVANTAGE", "LOWER", "UPPER", "BOUNDS",
     "tolerance_name", "tolerance_name_clash", "MIA_PREFIX", "mia_metric", "tpr_statistic", "bounded", "attack_statistics",
     "RMIA", "rmia_metric", "attack_metric", "LEAK_PREFIX", "LEAK_DETECTED", "LEAK_P_VALUE", "LEAK_EPSILON_LB",
@@ -30,58 +28,6 @@ LOSS_ONLY_FUNCTIONS = frozenset({"logit_rescale", "min_linear_logit"})
 
 # The local training recipe: optimisers the task runner, the DP retrain and the shadow trainings build alike.
 OPTIMIZERS = ("SGD", "Adam")
-
-# The models a plan can name (src.runner.models builds them): the workspace's own, then torchvision's classifiers.
-# MODELS is read from torchvision's own registry (torchvision.models.list_models) when it is first used, which
-# imports torch: the rest of this module stays torch-free.
-WORKSPACE_MODELS = ("cnn", "fcnn", "alexnet")
-# Families of torchvision's registry that are not offered, by the start of their names, and why.
-TORCHVISION_LEFT_OUT = {
-    "alexnet": "the name is the workspace's AlexNet, the OpenFL tutorial's net",
-    "googlenet": "its training output is a tuple with auxiliary heads, not logits",
-    "inception_v3": "its training output is a tuple with auxiliary heads, and it needs images of 75x75 or more",
-    "vit_": "built for one image size (224x224; its position embeddings)",
-    "maxvit_": "built for one image size (224x224)",
-}
-
-
-def _models() -> tuple[str, ...]:
-    import torchvision.models
-
-    registry = torchvision.models.list_models(module=torchvision.models)  # classification models only
-    return WORKSPACE_MODELS + tuple(name for name in registry if not name.startswith(tuple(TORCHVISION_LEFT_OUT)))
-
-
-def in_models(name) -> bool:
-    """Whether ``name`` is in MODELS. The workspace's own names are answered without reading torchvision's registry:
-    a process that builds one of them never imports torchvision (0.1-0.15 CPU-seconds and 14 MB on top of torch and
-    torch._dynamo, which torch.optim imports anyway)."""
-    return name in WORKSPACE_MODELS or name in _registry()
-
-
-class ModelChoices:
-    """MODELS as argparse's ``choices``: membership through in_models, the list read only when it is shown."""
-
-    def __contains__(self, name) -> bool:
-        return in_models(name)
-
-    def __iter__(self):
-        return iter(_registry())
-
-    def __len__(self) -> int:
-        return len(_registry())
-
-
-def _registry() -> tuple[str, ...]:
-    if "MODELS" not in globals():  # looked up once, on first use
-        globals()["MODELS"] = _models()
-    return globals()["MODELS"]
-
-
-def __getattr__(name: str):
-    if name == "MODELS":
-        return _registry()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # What the gate does with an update over its thresholds.
 GATE_ACTIONS = ("withhold", "dp_retrain", "report_only")
@@ -172,7 +118,7 @@ def attack_name(model: str, signal: str) -> str:
 
 # The population size each membership attack set its thresholds on, sent beside the audit metrics (a count, not an
 # audit figure: no step's metric) so that the aggregator can mark the TPR figures a party's population cannot resolve
-# (audit.membership.resolution), as the party's own report marks them: population__<attack_name>.
+# (audit.config.resolution), as the party's own report marks them: population__<attack_name>.
 POPULATION_PREFIX = "population__"
 
 

@@ -55,7 +55,7 @@ from sklearn.metrics import roc_auc_score
 from audit.config.audit_settings import FPR_TOLERANCES
 from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, THRESHOLD_FUNCTIONS as THRESHOLD_FUNCTION_NAMES
 from audit.config.vocabulary import tolerance_name
-from audit.membership.resolution import largest_count, resolvable
+from audit.config.resolution import largest_count, resolvable
 from audit.membership.attack_uncertainty import AttackUncertainty, attack_uncertainty
 from audit.membership.uncertainty import CONFIDENCE
 
@@ -93,7 +93,7 @@ class AttackResult:
     ROC AUC over every threshold (see the module docstring). ``tpr_at_fpr`` (members), ``fpr_at_fpr``
     (non-members), ``population_fpr_at_fpr`` (the population, at most the tolerance) and ``threshold_at_fpr``
     are keyed by tolerance (float); ``resolvable`` says at which tolerances the three sets are large enough for
-    these readings to mean anything (audit.membership.resolution).
+    these readings to mean anything (audit.config.resolution).
     """
 
     attack: str
@@ -135,14 +135,14 @@ class AttackResult:
             "n_members": int(self.n_members),
             "n_nonmembers": int(self.n_nonmembers),
             "n_population": int(self.n_population),
-            # per tolerance: whether every set has at least 1/t samples (audit.membership.resolution)
+            # per tolerance: whether every set has at least 1/t samples (audit.config.resolution)
             "resolvable": {tolerance_name(t): ok for t, ok in self.resolvable.items()},
             **({"uncertainty": self.uncertainty.to_dict()} if self.uncertainty is not None else {}),
         }
 
     @property
     def resolvable(self) -> dict[float, bool]:
-        """Tolerance -> whether the population has at least 1/t samples (audit.membership.resolution)."""
+        """Tolerance -> whether the population has at least 1/t samples (audit.config.resolution)."""
         return {t: resolvable(t, self.n_population) for t in self.tolerances}
 
 

@@ -34,7 +34,7 @@ import numpy as np
 from scipy.stats import beta, rankdata
 
 from audit.membership.auc_bounds import METHOD as AUC_METHOD, auc_bounds
-from audit.membership.resolution import largest_count, resolvable
+from audit.config.resolution import largest_count, resolvable
 
 __all__ = [
     "CONFIDENCE",
@@ -215,7 +215,7 @@ class RatesAtThreshold:
 
     @property
     def resolvable(self) -> bool | None:
-        """Whether the population has at least 1/t samples (audit.membership.resolution): below that the threshold
+        """Whether the population has at least 1/t samples (audit.config.resolution): below that the threshold
         flags none of it and "TPR at FPR t" is the TPR at population FPR 0, whatever t. None when the threshold did
         not come from a population."""
         if self.target_fpr is None or self.n_population is None:

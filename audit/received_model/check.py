@@ -26,7 +26,7 @@ from audit.before_training import ReceivedCheck, ReceivedContext
 from audit.received_model.architecture import check_architecture, plan_tensors
 from audit.received_model.history import HistoryState, change_norms, judge_changes
 from audit.received_model.probe import capture_linear_layers, clopper_pearson, mcnemar_greater, probe_captures
-from audit.received_model.settings import ARCHITECTURE, HISTORY, PROBE, REJECT, STRUCTURE, ReceivedModelSettings
+from audit.config.received_model_settings import ARCHITECTURE, HISTORY, PROBE, REJECT, STRUCTURE, ReceivedModelSettings
 from audit.received_model.structure import class_weight_ratio, parallel_rows, relu_support
 from audit.scaled_pixels import take_rows
 from audit.spill import load_model

@@ -56,7 +56,7 @@ _HIST_NOTE = ("Histograms: members' (blue) and non-members' (grey) per-sample va
               "the two differ, the better a threshold tells them apart (the exact AUC above each panel). Panels in "
               "red have an AUC below 0.5; a log axis where the values span decades (losses near 0).")
 
-# A figure read at an FPR tolerance the party's sets are too small for (audit.membership.resolution).
+# A figure read at an FPR tolerance the party's sets are too small for (audit.config.resolution).
 UNRESOLVED_MARK = '<sup title="unresolvable: fewer than 1/t population samples">*</sup>'
 _UNRESOLVED_NOTE = (
     "* Unresolvable: the population has fewer than 1/t samples, so the threshold at FPR t flags "

@@ -88,7 +88,7 @@ def tpr_at(result: Mapping, tol: float) -> float:
 
 def resolvable_at(result: Mapping, tol: float) -> bool:
     """Whether the attack's sets were large enough to resolve tolerance ``tol`` (its ``resolvable`` entry, see
-    audit.membership.resolution); True for an attack without the entry."""
+    audit.config.resolution); True for an attack without the entry."""
     table = result.get("resolvable")
     if isinstance(table, Mapping):
         for key, value in table.items():
@@ -139,7 +139,7 @@ def rates_at(result: Mapping, tol: float) -> Mapping | None:
 
 def unresolvable(records: list[RoundRecord], tol: float) -> int | None:
     """The population size when no attack of any record can resolve tolerance `tol` (every one's threshold flags
-    none of its population, audit.membership.resolution), else None (also for attacks without uncertainty)."""
+    none of its population, audit.config.resolution), else None (also for attacks without uncertainty)."""
     sizes = []
     for r in records:
         for result in r.attacks.values():

@@ -68,7 +68,7 @@ opacus and torch.func).  Outputs are logits (no softmax).
 
 torchvision's classifiers
 -------------------------
-Any other name of ``MODELS`` (audit.config.vocabulary: torchvision's own registry of classification models, less the
+Any other name of ``MODELS`` (src.runner.model_names: torchvision's own registry of classification models, less the
 families that cannot take a dataset's small images) is built by torchvision, its first convolution fitted to the
 dataset's input (src.runner.torchvision_models).
 """
@@ -83,8 +83,8 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-from audit.config import vocabulary
-from audit.config.vocabulary import WORKSPACE_MODELS, in_models
+from src.runner import model_names as names
+from src.runner.model_names import WORKSPACE_MODELS, in_models
 from src.runner.torchvision_models import torchvision_model
 
 __all__ = ["model_names", "is_model_name", "PAPER_MODELS", "ACTIVATIONS", "CNN", "FCNN", "AlexNet", "build_model",
@@ -265,12 +265,12 @@ assert tuple(_CLASSES) == WORKSPACE_MODELS
 
 def model_names() -> tuple[str, ...]:
     """Every name build_model accepts: MODELS, and any model class added to the workspace's own (_CLASSES)."""
-    return tuple(dict.fromkeys((*_CLASSES, *vocabulary.MODELS)))
+    return tuple(dict.fromkeys((*_CLASSES, *names.MODELS)))
 
 
 def is_model_name(name) -> bool:
     """Whether build_model accepts `name` (one of model_names()); the workspace's own models are answered without
-    reading torchvision's registry (audit.config.vocabulary.in_models)."""
+    reading torchvision's registry (src.runner.model_names.in_models)."""
     return name in _CLASSES or in_models(name)
 
 

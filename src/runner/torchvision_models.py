@@ -1,6 +1,6 @@
 """torchvision's classifiers fitted to a dataset's images (src.runner.models builds them by name).
 
-A name of ``MODELS`` other than the workspace's own (audit.config.vocabulary: torchvision's own registry of
+A name of ``MODELS`` other than the workspace's own (src.runner.model_names: torchvision's own registry of
 classification models, less the families that cannot take a dataset's small images) is built by torchvision
 (``torchvision.models.get_model(name, weights=None, num_classes=...)``: no pretrained weights, which would need a
 download) with two changes for the dataset's input (``_fit_input``), both on the first convolution, the one the
