@@ -22,7 +22,7 @@ from audit.config.steps import AFTER_TRAINING, BEFORE_TRAINING, registered
 from audit.received_model.architecture import check_architecture
 from audit.received_model.check import STORE_KEY
 from audit.received_model.history import HistoryState, change_norms, judge_changes
-from audit.received_model.probe import capture_linear_layers, clopper_pearson, mcnemar_greater, probe
+from audit.received_model.probe import capture_linear_layers, clopper_pearson, leakage_probe, mcnemar_greater
 from audit.received_model.structure import class_weight_ratio, parallel_rows, relu_support
 from audit.round_audit import AuditSets, audit_round
 from crafted_models import class_fishing, imprint, trap_weights
@@ -139,7 +139,7 @@ def test_the_probe_reads_back_exactly_the_samples_alone_in_an_imprint_bin(tabula
         counts = np.bincount(bin_of, minlength=bins + 1)
         alone = (counts[bin_of] == 1) & (bin_of > 0)
         tensors = {n: t.detach().clone() for n, t in model.state_dict().items()}
-        result = probe(model, tensors, batch_x, batch_y)
+        result = leakage_probe(model, tensors, batch_x, batch_y)
         assert result.first_layer == "0"
         np.testing.assert_array_equal(result.revealed, alone)
         assert result.count == alone.sum() > 0
@@ -167,7 +167,7 @@ def test_a_neuron_one_sample_alone_moves_gives_that_sample(tabular):
         expected[np.argmax(fires[:, i])] = True
     assert expected.sum() >= 5
     tensors = {n: t.detach().clone() for n, t in model.state_dict().items()}
-    np.testing.assert_array_equal(probe(model, tensors, batch_x, batch_y).revealed, expected)
+    np.testing.assert_array_equal(leakage_probe(model, tensors, batch_x, batch_y).revealed, expected)
 
 
 def test_the_probe_leaves_model_generator_and_received_tensors_as_they_were(tabular):
@@ -178,12 +178,12 @@ def test_the_probe_leaves_model_generator_and_received_tensors_as_they_were(tabu
     received = {n: t.detach().clone() for n, t in mlp(seed=4).state_dict().items()}
     received_copy = {n: t.clone() for n, t in received.items()}
     rng_before = torch.get_rng_state()
-    first = probe(model, received, x[:BATCH], y[:BATCH], all_layers=True)
+    first = leakage_probe(model, received, x[:BATCH], y[:BATCH], all_layers=True)
     assert torch.equal(torch.get_rng_state(), rng_before)  # Dropout off: nothing drawn
     assert all(torch.equal(model.state_dict()[n], before[n]) for n in before)
     assert model.training and model[2].training and not model[4].training
     assert all(torch.equal(received[n], received_copy[n]) for n in received)  # BatchNorm's statistics moved a copy
-    again = probe(model, received, x[:BATCH], y[:BATCH], all_layers=True)
+    again = leakage_probe(model, received, x[:BATCH], y[:BATCH], all_layers=True)
     assert first.layers == again.layers and np.array_equal(first.revealed, again.revealed)
     # with Dropout at 0.9 on, most neurons would look moved by few samples; off, the support is the ReLUs'
     tensors = {n: t.detach().clone() for n, t in mlp(seed=4).state_dict().items()}

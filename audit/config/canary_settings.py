@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 from audit.config.fields import boolean, choice, integer, parse, real, setting, to_dict
 
-__all__ = ["CanarySettings", "canary_settings", "CONSTRUCTIONS", "SCORES", "GRADIENT_KINDS", "CANARY_METRICS",
-           "CANARY_METRIC_RANGES", "CANARY_EPSILON_LB"]
+__all__ = ["CanarySettings", "canary_settings", "CONSTRUCTIONS", "SCORES", "GRADIENT_KINDS", "DIRAC", "RANDOM",
+           "CANARY_METRICS", "CANARY_METRIC_RANGES", "CANARY_EPSILON_LB"]
 
 MISLABELLED, NOISE, NATURAL = "mislabelled", "noise", "natural"
 CONSTRUCTIONS = (NOISE, MISLABELLED, NATURAL)

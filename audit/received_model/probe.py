@@ -38,7 +38,7 @@ from audit.fidel.layers import DEFAULT_MIN_REL_BIAS, reconstruct
 from audit.fidel.scoring import count_revealed, pearson_matrix
 from audit.model_io import model_input, module_mode
 
-__all__ = ["LayerCapture", "capture_linear_layers", "bin_reconstructions", "read_back", "ProbeResult", "probe",
+__all__ = ["LayerCapture", "capture_linear_layers", "bin_reconstructions", "read_back", "ProbeResult", "leakage_probe",
            "mcnemar_greater", "clopper_pearson"]
 
 # Candidate bins per sample kept (the pairs with the largest |db_i - db_j|: the least rounding noise).
@@ -204,7 +204,7 @@ class ProbeResult:
                 "revealed_fraction_interval_95": [low, high], "layers": list(self.layers)}
 
 
-def probe(template: nn.Module, tensors: dict[str, torch.Tensor], x, y, *,
+def leakage_probe(template: nn.Module, tensors: dict[str, torch.Tensor], x, y, *,
           threshold: float = DEFAULT_THRESHOLD, all_layers: bool = False) -> ProbeResult:
     """The probe of the module docstring on one batch (x, y); `tensors` are the received weights in the plan's
     dtypes (audit.received_model.architecture)."""
