@@ -32,11 +32,8 @@ if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by 
     sys.path.insert(0, str(ROOT))
 
 import src  # noqa: E402,F401  (first: on a machine without a GPU it keeps triton out, see src/__init__.py)
-from audit.config.audit_settings import AuditSettings  # noqa: E402  (torch-free)
-from audit.config.fields import did_you_mean  # noqa: E402
-from audit.config.gate import BOUND_CHOICES  # noqa: E402
-from audit.config.rmia_settings import REFERENCE_KINDS, RMIASettings  # noqa: E402
-from audit.config.vocabulary import GATE_ACTIONS, SIGNALS  # noqa: E402
+from audit import (BOUND_CHOICES, GATE_ACTIONS, REFERENCE_KINDS, SIGNALS, AuditSettings, RMIASettings,  # noqa: E402
+                   did_you_mean)  # torch-free
 from src.data.datasets import DATASETS  # noqa: E402  (numpy only)
 from src.runner.model_names import ModelChoices  # noqa: E402  (torch-free)
 from workspace.arguments import NEAREST, SuggestingParser  # noqa: E402
@@ -275,7 +272,7 @@ def check_audit_flags(args) -> None:
     --rmia_references, --reference_models, --confidence, --epsilon_delta checked as the plan's keys are, before any
     work; ValueError naming the flag."""
     _workspace_on_path()
-    from audit.config.audit_settings import AuditSettings
+    from audit import AuditSettings
 
     try:
         AuditSettings.from_mapping({"signals": list(args.signals), "fpr_tolerance": list(args.fpr_tolerance),
@@ -292,8 +289,7 @@ def gate_policy(args):
     """audit.config.gate.GatePolicy of --gate for the audit the other flags configure (on plan/plan.yaml's audit settings);
     ValueError naming --gate and the offending metric or value."""
     _workspace_on_path()
-    from audit.config.gate import GatePolicy, SettingsError
-    from audit.config.audit_settings import AuditSettings
+    from audit import AuditSettings, GatePolicy, SettingsError
     from workspace.plan_file import read_plan
 
     plan = read_plan(PLAN)
@@ -408,8 +404,7 @@ def check_deanon_sizes(args, config) -> None:
     then reuses (src.dataloader keeps it for the loaders)."""
     if not args.deanon:
         return
-    from audit.config.audit_settings import AuditSettings
-    from audit.deanon.self_audit import MIN_CROWD, audit_sizes
+    from audit import AuditSettings, MIN_CROWD, audit_sizes
     from src.dataloader import AuditDataLoader
 
     settings = AuditSettings.from_mapping(config["task_runner"]["settings"].get("audit"),

@@ -45,7 +45,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from audit.round_record import RoundRecord  # noqa: E402 (after the path)
+from audit import RoundRecord  # noqa: E402 (after the path)
 
 ATTACKS = (("population", "local", "loss"), ("update", "update", "loss_reduction"), ("rmia global", "rmia", "global"),
            ("rmia fine_tuned", "rmia", "fine_tuned"), ("rmia independent", "rmia", "independent"))
@@ -109,7 +109,7 @@ def mean_interval(values: list[float]) -> tuple[float, float]:
 
 
 def table(runs: list[dict], rounds=(0, 4, 9)) -> str:
-    from audit.membership.uncertainty import clopper_pearson
+    from audit import clopper_pearson
 
     lines = ["| model | round | attack | exact AUC | TPR @ 1% FPR | TPR @ 0.1% FPR | epsilon LB | audit s / train s "
              "| ref. training s / ref. / train s |",
@@ -169,7 +169,7 @@ def main() -> None:
         if not sep or not key:
             p.error(f"--rmia: expected KEY=VALUE, got {item!r}")
         rmia_extra[key] = yaml.safe_load(value)
-    from audit.config.audit_settings import AuditSettings
+    from audit import AuditSettings
 
     try:  # a misspelt key or a bad value: one line naming it, before any federation runs
         AuditSettings.from_mapping({"rmia": {"references": args.references, **rmia_extra}}, prefix="--rmia")

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from audit.round_record import RoundRecord  # noqa: E402 (after the path)
+from audit import RoundRecord  # noqa: E402 (after the path)
 
 
 def main():

@@ -81,8 +81,7 @@ def dataset(name: str, seed: int):
 
 
 def plain_train(model, x, y, recipe, seed: int):
-    from audit.canary.step import shadow_training
-    from audit.round_audit import LocalTraining
+    from audit import LocalTraining, shadow_training
 
     trained, _ = shadow_training(model, x, y, LocalTraining(recipe, len(y), None), seed=seed)
     return trained
@@ -98,7 +97,7 @@ def noise_for(target: float, sample_rate: float, steps: int) -> float:
 def ideal_bound(m: int, sigma: float, q: float, steps: int, seed: int) -> float:
     """The one-run bound of a perfect white-box auditor (see the module): exact per-step Gaussian observations of
     Poisson-sampled canaries, the likelihood-ratio score."""
-    from audit.canary.one_run import counts_from_scores
+    from audit import counts_from_scores
 
     rng = np.random.default_rng(seed)
     included = rng.random(m) < 0.5
@@ -117,13 +116,11 @@ def best_attack(record) -> tuple[float, str]:
 def run_seed(name: str, seed: int, args) -> list[dict]:
     import torch
 
-    from audit.canary.dp import audit_dp_training, dp_sgd_epsilon
-    from audit.config.audit_settings import AuditSettings
-    from audit.config.builtin_steps import CANARY, MEMBERSHIP, RMIA
-    from audit.config.canary_settings import CONSTRUCTIONS, DIRAC, GRADIENT_KINDS, RANDOM, SCORES, CanarySettings
-    from audit.round_audit import AuditSets, LocalTraining, audit_round
-    from audit.training import TrainingRecipe
-    from audit.dp_training import DPTraining
+    from audit import (AuditSets, AuditSettings, CanarySettings, DPTraining, LocalTraining, TrainingRecipe,
+                       audit_dp_training, audit_round, canary_vocabulary, dp_sgd_epsilon, step)
+
+    DIRAC = canary_vocabulary.DIRAC
+    CANARY, MEMBERSHIP, RMIA = step("canary"), step("membership"), step("rmia")
 
     x, y, classes, make, split = dataset(name, seed)
     sets = AuditSets(*((x[split[s]], y[split[s]]) for s in ("members", "nonmembers", "population")))
@@ -171,7 +168,7 @@ def run_seed(name: str, seed: int, args) -> list[dict]:
                               "claimed": (details.get("dp") or {}).get("claimed_epsilon"),
                               "seconds": details["training_s"], "training_set": details["training_set_size"]}
             if trainer is not None:
-                kinds = GRADIENT_KINDS if m == max(args.counts) else (DIRAC,)
+                kinds = canary_vocabulary.GRADIENT_KINDS if m == max(args.counts) else (DIRAC,)
                 for kind in kinds:
                     check = audit_dp_training(trainer, received, members, CanarySettings(gradient_count=m,
                                                                                          gradient_kind=kind),
@@ -182,8 +179,8 @@ def run_seed(name: str, seed: int, args) -> list[dict]:
             row["counts"][str(m)] = entry
         if trainer is None:  # the input canaries' constructions and scores, side by side (no DP)
             row["constructions"] = {}
-            for construction in CONSTRUCTIONS:
-                for score in SCORES:
+            for construction in canary_vocabulary.CONSTRUCTIONS:
+                for score in canary_vocabulary.SCORES:
                     settings = AuditSettings.from_mapping({"canary": {"enabled": True, "count": args.compare_count,
                                                                       "construction": construction, "score": score}})
                     rec = audit_round(real, received, sets, settings, party="p", round_num=1, seed=seed,
@@ -208,7 +205,9 @@ def _cell(values: list[float], digits: int = 2) -> str:
 
 
 def table(runs: list[dict], counts: list[int]) -> str:
-    from audit.config.canary_settings import DIRAC, RANDOM
+    from audit import canary_vocabulary
+
+    DIRAC, RANDOM = canary_vocabulary.DIRAC, canary_vocabulary.RANDOM
 
     lines = ["| data | DP | accountant ε | m | ceiling | input ε lb (shadow's accountant ε) | gradient ε lb | "
              "gradient/accountant | ideal | best attack ε lb | input / attack | cost: input | cost: gradient |",

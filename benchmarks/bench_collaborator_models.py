@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     from openfl.component import Collaborator
 
     import src.collaborator
-    from audit.reporting.background import render_queue
+    from audit import render_queue
     from workspace.in_process import run_in_process
 
     if args.openfl_clean_up_only:

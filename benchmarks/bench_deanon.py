@@ -32,8 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from audit.reporting.atomic_io import atomic_savefig, atomic_write_json  # noqa: E402
-from audit.deanon.attacks import match, reidentify  # noqa: E402
+from audit import atomic_savefig, atomic_write_json, match, reidentify  # noqa: E402
 from workspace.in_process import run_in_process  # noqa: E402
 from workspace.plan_file import collaborator_names  # noqa: E402
 

@@ -38,9 +38,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from audit.deanon.self_audit import SELF, deanon_self_audit  # noqa: E402
-from audit.config.deanon_settings import DeanonSettings  # noqa: E402
-from audit.training import TrainingRecipe  # noqa: E402
+from audit import DEANON_SELF, DeanonSettings, TrainingRecipe, deanon_self_audit  # noqa: E402
 from src.data.split import split_federation  # noqa: E402
 from src.data.datasets import load_dataset  # noqa: E402
 from src.runner.models import build_model  # noqa: E402
@@ -119,7 +117,7 @@ def audit_once(setting: Setting, data, alpha, seed: int, crowd_users: int) -> di
         found = details["attacks"][a]
         chance = found["chance_ap"]  # one anonymous update per user: every user's chance AP is the same
         out[f"own_{a}"] = m[f"deanon_{a}_own_ap_over_chance"]
-        out[f"crowd_{a}"] = float(np.mean([ap / chance for user, ap in found["per_user_ap"].items() if user != SELF]))
+        out[f"crowd_{a}"] = float(np.mean([ap / chance for user, ap in found["per_user_ap"].items() if user != DEANON_SELF]))
     return out
 
 

@@ -34,11 +34,8 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
-from audit.reporting.atomic_io import atomic_savefig, atomic_write_json  # noqa: E402
-from audit.config.fidel_settings import DEFAULT_THRESHOLD  # noqa: E402
-from audit.fidel.attack import fidel_audit  # noqa: E402
-from audit.fidel.grid import save_reveal_grid  # noqa: E402
-from audit.fidel.decoder import train_decoder  # noqa: E402
+from audit import (FIDEL_THRESHOLD, atomic_savefig, atomic_write_json, fidel_audit, save_reveal_grid,  # noqa: E402
+                   train_decoder)
 from src.data.datasets import load_dataset  # noqa: E402
 from src.runner.models import CNN, FCNN  # noqa: E402
 
@@ -146,7 +143,7 @@ def plot_variant(name, summary, path):
         ax.errorbar(ns, m, yerr=s, marker="o", ms=3, capsize=2, label=label)
     ax.set_xscale("log")
     ax.set_xlabel("local samples n (one epoch, SGD lr 0.01, batch 50)")
-    ax.set_ylabel(f"samples revealed (r >= {DEFAULT_THRESHOLD:g})")
+    ax.set_ylabel(f"samples revealed (r >= {FIDEL_THRESHOLD:g})")
     ax.set_title(f"Fidel on digits: {name}", fontsize=9)
     ax.legend(fontsize=7)
     atomic_savefig(fig, path, dpi=110)
@@ -163,7 +160,7 @@ def plot_summary(results, path):
         ax.plot(ns, m, marker="o", ms=3, ls="--" if "dropout" in name else "-", label=name)
     ax.set_xscale("log")
     ax.set_xlabel("local samples n")
-    ax.set_ylabel(f"fully revealed samples (plain, r >= {DEFAULT_THRESHOLD:g})")
+    ax.set_ylabel(f"fully revealed samples (plain, r >= {FIDEL_THRESHOLD:g})")
     ax.set_title("Fidel paper fig. 13 setting on 8x8 digits", fontsize=9)
     ax.legend(fontsize=7)
     atomic_savefig(fig, path, dpi=110)
@@ -175,7 +172,7 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help=f"5 updates, n in {QUICK_SIZES}")
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "fidel", help="folder for json and plots")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
+    p.add_argument("--threshold", type=float, default=FIDEL_THRESHOLD)
     p.add_argument("--dropout", type=float, default=0.2, help="Dropout rate of the dropout variants (default 0.2)")
     p.add_argument("--threads", type=int, default=1, help="torch and BLAS threads (default 1)")
     p.add_argument("--variants", default="all", help="comma list of: fcnn, cnn (default all)")

@@ -36,7 +36,7 @@ from scipy.stats import norm
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from audit.membership.auc_bounds import auc_bounds  # noqa: E402
+from audit import auc_bounds  # noqa: E402
 from tests.score_families import (FAMILIES, binned_statistics, raw_statistics,  # noqa: E402
                                   rounded_loss)
 

@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     import numpy as np
     import torch
 
-    from audit.received_model.probe import capture_linear_layers
+    from audit import capture_linear_layers
     from src.runner.models import build_model
 
     torch.set_num_threads(args.threads)

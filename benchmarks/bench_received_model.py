@@ -40,11 +40,8 @@ import torch.nn.functional as F
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from anywhere
 sys.path.insert(0, str(ROOT / "tests"))  # the constructions, shared with the tests
-from audit.before_training import check_received  # noqa: E402
-from audit.config.audit_settings import AuditSettings  # noqa: E402
-from audit.fidel.layers import reconstruct  # noqa: E402
-from audit.fidel.scoring import count_revealed, pearson_matrix  # noqa: E402
-from audit.received_model.probe import capture_linear_layers, probe  # noqa: E402
+from audit import (AuditSettings, capture_linear_layers, check_received, count_revealed, leakage_probe,  # noqa: E402
+                   pearson_matrix, reconstruct)
 from crafted_models import class_fishing, imprint, layer_inputs, pass_through_convolution, trap_weights  # noqa: E402
 from src.dataloader import AuditDataLoader  # noqa: E402
 from src.runner.models import build_model  # noqa: E402
@@ -210,7 +207,7 @@ def section_baseline(quick: bool) -> dict:
             tensors = {n: t.detach().clone() for n, t in model.state_dict().items()}
             for b in range(2 if quick else 5):
                 bx, by = attack_batch((x, y), seed=100 + b)
-                counts.append(probe(model, tensors, bx, by).count)
+                counts.append(leakage_probe(model, tensors, bx, by).count)
         out[name] = {"mean": float(np.mean(counts)), "min": int(min(counts)), "max": int(max(counts)),
                      "draws": len(counts), "batch": BATCH}
     return out

@@ -32,7 +32,7 @@ def child(code_root: Path, report: Path) -> dict:
     import time
 
     sys.path.insert(0, str(code_root))
-    from audit.reporting.party import ReportWriter
+    from audit import ReportWriter
 
     out = {"render_round": [], "rebuild_summary": []}
     with tempfile.TemporaryDirectory() as tmp:

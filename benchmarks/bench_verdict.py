@@ -29,8 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from audit.verdict.chance import (largest_certifiable_epsilon, smallest_detectable_auc,  # noqa: E402
-                                  smallest_detectable_tpr)
+from audit import largest_certifiable_epsilon, smallest_detectable_auc, smallest_detectable_tpr
 
 
 def counts_table(sizes, tests: int, attacks: int, confidence: float, delta: float) -> list[str]:
@@ -53,9 +52,7 @@ def trained_table(n: int, seeds: int, epochs_list, confidence: float) -> list[st
     import torch
     from torch import nn
 
-    from audit.config.audit_settings import AuditSettings
-    from audit.round_audit import AuditSets, LocalTraining, audit_round
-    from audit.training import TrainingRecipe
+    from audit import AuditSets, AuditSettings, LocalTraining, TrainingRecipe, audit_round
 
     torch.set_num_threads(1)
     settings = AuditSettings.from_mapping({"confidence": confidence, "fpr_tolerance": [0.01, 0.1, 0.5],

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 from openfl.interface.aggregation_functions import AggregationFunction
 
-from audit.config.gate_contract import GATE_KEPT, Decision, decide
+from audit import Decision, GATE_KEPT, decide
 
 logger = logging.getLogger(__name__)
 

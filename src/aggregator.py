@@ -46,9 +46,7 @@ from openfl.utilities import TensorKey
 from src.server import grpc_server as aggregator_server, model_file
 from src.process.cuda_pages import release_cuda_library_pages
 from src.aggregation import round_decisions
-from audit.aggregator_report.writer import AggregatorReportWriter
-from audit.aggregator_report.page import withheld_warning
-from audit.aggregator_report.record import metrics_from_tensor_db, round_record
+from audit import AggregatorReportWriter, aggregator_round, metrics_from_tensor_db, withheld_warning
 from src.server.settings import DEFAULT_POLL_INTERVAL_S, DEFAULT_REPORT_DIR, PREFIX, AggregatorSettings
 from src.server.tensordb import IndexedTensorDB
 from src.process.metric_writer import PartyMetricWriter
@@ -84,7 +82,7 @@ class AggregatorReportCallback(Callback):
         try:
             agg = self.aggregator
             frame = self.tensor_db.tensor_db
-            record = round_record(
+            record = aggregator_round(
                 round_num,
                 authorized=agg.authorized_cols,
                 stragglers=agg.stragglers,
@@ -105,9 +103,9 @@ class AggregatorReportCallback(Callback):
     def on_experiment_end(self, logs=None):
         # The summaries are drawn by the report worker (write_round_in_background): the last round's are on disk
         # before the collaborators get their quit signals.
-        from audit.reporting.background import flush
+        from audit import flush_reports
 
-        flush()
+        flush_reports()
         warning = withheld_warning(self.writer.load_rounds())
         if warning:
             logger.warning("Warning: %s", warning)
@@ -116,10 +114,7 @@ class AggregatorReportCallback(Callback):
 def _canary_clients(settings, plan):
     """audit.canary.clients.CanaryClients for the plan's dp_fedavg mitigation (one for every party: its clipping bound
     and noise multiplier are the canaries' and the accountant's), the audit's delta and confidence."""
-    from audit.canary.clients import CanaryClients
-    from audit.config.audit_settings import AuditSettings
-    from audit.config.fields import parse
-    from audit.config.mitigation_settings import Mitigation
+    from audit import AuditSettings, CanaryClients, Mitigation, parse
 
     key = f"{PREFIX}.canary_clients"
     if plan is None:

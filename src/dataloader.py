@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 from openfl.federated import PyTorchDataLoader
 
-from audit.config.fields import integer, parse
+from audit import integer, parse
 from src.data.split import COUNT, SPLIT_SETS, PartyData, split_indices, user_of_party
 from src.data.datasets import dataset_info, load_dataset
 from src.data.loader_settings import PREFIX, DataLoaderSettings

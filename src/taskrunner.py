@@ -20,9 +20,7 @@ import torch.nn.functional as F
 from openfl.federated import PyTorchTaskRunner
 from openfl.utilities import Metric, TensorKey
 
-from audit.config.fields import SettingsError, parse
-from audit.party_audit import PartyAudit
-from audit.round_record import RoundRecord
+from audit import PartyAudit, RoundRecord, SettingsError, parse
 from src.process.cuda_pages import release_cuda_library_pages
 from src.process.freed_memory import release_freed_memory
 from src.runner.models import build_model

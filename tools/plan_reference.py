@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from audit.config.reference import reference_rows
+from audit import reference_rows
 from src.server.settings import OPENFL_FILLED, OPENFL_KEYS, AggregatorSettings
 from src.data.loader_settings import DataLoaderSettings
 from src.plan.checks import TASK_FUNCTIONS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from audit.config.fields import did_you_mean
+from audit import did_you_mean
 
 __all__ = ["SuggestingParser", "NEAREST"]
 

@@ -110,7 +110,7 @@ def print_summary(result) -> None:
 def latest_record(report_dir: Path, name: str):
     """The party's newest readable round record (audit.round_record.RoundRecord, as
     audit.reporting.records.load_round_records reads it), or None."""
-    from audit.reporting.records import load_round_records
+    from audit import load_round_records
 
     records = load_round_records(Path(report_dir) / name)
     return records[-1] if records else None
@@ -119,8 +119,7 @@ def latest_record(report_dir: Path, name: str):
 def print_attack_summary(report_dir: Path, names) -> None:
     """Per collaborator, its latest audited round: every attack's exact AUC and TPR at each FPR tolerance with their
     intervals and counts, and the epsilon lower bound it proves (unresolvable tolerances marked)."""
-    from audit.reporting.readings import (epsilon_lb_of, exact_auc_band, exact_auc_of, fmt_interval, rates_at,
-                                          series_keys)
+    from audit import readings
 
     for name in names:
         record = latest_record(report_dir, name)
@@ -131,16 +130,16 @@ def print_attack_summary(report_dir: Path, names) -> None:
         level = settings.get("confidence", 0.95)
         print(f"\n{name}, round {record.round}: membership inference with {100 * level:g}% intervals; epsilon "
               f"lower bounds at delta {settings.get('epsilon_delta', 0):g}")
-        attacks = series_keys([record])
+        attacks = readings.series_keys([record])
         width = max(len(f"{model} / {signal}") for model, signal in attacks) + 2
         print(f"  {'attack':<{width}}{'exact AUC':<22}" + "".join(f"{f'TPR @ FPR {t:g}':<32}" for t in tols)
               + "eps >=")
         unresolved = {}
         for model, signal in attacks:
             res = record.attack(model, signal)
-            cells = [fmt_interval(exact_auc_of(res), *exact_auc_band(res), digits=3)]
+            cells = [readings.fmt_interval(readings.exact_auc_of(res), *readings.exact_auc_band(res), digits=3)]
             for t in tols:
-                rates = rates_at(res, t)
+                rates = readings.rates_at(res, t)
                 if rates is None:
                     cells.append("–")
                     continue
@@ -149,10 +148,10 @@ def print_attack_summary(report_dir: Path, names) -> None:
                 if rates.get("resolvable") is False:  # below 1/t population samples (audit.config.resolution)
                     mark = "*"
                     unresolved[t] = rates.get("n_population")
-                cells.append(f"{fmt_interval(tpr['rate'], tpr['lower'], tpr['upper'], digits=3)} "
+                cells.append(f"{readings.fmt_interval(tpr['rate'], tpr['lower'], tpr['upper'], digits=3)} "
                              f"{tpr['k']}/{tpr['n']}{mark}")
             print(f"  {model + ' / ' + signal:<{width}}{cells[0]:<22}" + "".join(f"{c:<32}" for c in cells[1:])
-                  + f"{epsilon_lb_of(res):.2f}")
+                  + f"{readings.epsilon_lb_of(res):.2f}")
         for t, n in sorted(unresolved.items()):
             print(f"  * FPR {t:g}: {n} population samples cannot resolve it (a threshold flags none of them below "
                   f"1/{n}); it needs {math.ceil(1 / t)}")

@@ -31,7 +31,7 @@ from typing import Callable
 
 import yaml
 
-from audit.reporting.html import write_index
+from audit import write_index
 from workspace.federation_state import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
 from workspace.processes import (ParticipantLauncher, ProcessRegistry, Started, describe_returncode, fx_environment,
                                  fx_executable, is_running, party_threads, snapshot)

@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from audit.reporting.atomic_io import atomic_write_json
+from audit import atomic_write_json
 from workspace.run_plan import AGG_ADDR
 
 AGGREGATOR = "aggregator"

@@ -134,7 +134,7 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     the caller did (`check=False`)."""
     from openfl.callbacks import LambdaCallback
 
-    from audit.reporting.background import flush as flush_reports
+    from audit import flush_reports
     from src.process.metric_writer import PartyMetricWriter
 
     tensorboard_enabled()  # fails here, not inside OpenFL's MetricWriter

@@ -102,8 +102,7 @@ def check_party_data(config: Mapping, collaborators: list[str]) -> None:
     loaders' cache for a run in this process (src.dataloader.clear_dataset_cache frees it)."""
     from openfl.federated import Plan
 
-    from audit.config.audit_settings import AuditSettings
-    from audit.config.per_collaborator import check_gate_resolution, parse_per_collaborator
+    from audit import AuditSettings, check_gate_resolution, parse_per_collaborator
     from src.plan.checks import DATA_LOADER_TEMPLATE, TASK_RUNNER_TEMPLATE
 
     loader_section, runner_section = config.get("data_loader") or {}, config.get("task_runner") or {}

@@ -39,7 +39,7 @@ from typing import Callable, Mapping
 
 import yaml
 
-from audit.reporting.atomic_io import atomic_write_text
+from audit import atomic_write_text
 from workspace.federation_state import AGGREGATOR, FederationLayout, SetupError
 from workspace.plan_file import WORKSPACE_ROOT, collaborator_names
 from workspace.fx_worker import RC_SUFFIX

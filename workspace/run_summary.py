@@ -16,12 +16,8 @@ import math
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from audit.config.gate_contract import GATE_WITHHELD
-from audit.config.steps import METRICS, registered
-from audit.reporting.readings import float_or_nan, resolvable_at, tolerances_of, tpr_at, tpr_band_at
-from audit.reporting.records import load_round_files, load_round_records, round_file_name
-from audit.reporting.verdicts import epsilon_status, leak_status, sent_leak_status
-from audit.round_record import RoundRecord
+from audit import (GATE_WITHHELD, METRICS, RoundRecord, epsilon_status, leak_status, load_round_files,
+                   load_round_records, readings, registered, round_file_name, sent_leak_status)
 
 __all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines",
            "lowest_resolvable_tolerance", "summary_lines", "print_run_summary"]
@@ -75,15 +71,15 @@ def tpr_reading(record: RoundRecord, tol: float) -> str | None:
     recorded, and which attack; None for a record without membership attacks."""
     best = None
     for (model, signal), result in record.attacks.items():
-        value = tpr_at(result, tol)
+        value = readings.tpr_at(result, tol)
         if not math.isnan(value) and (best is None or value > best[0]):
             best = (value, model, signal, result)
     if best is None:
         return None
     value, model, signal, result = best
-    lower, upper = tpr_band_at(result, tol)
+    lower, upper = readings.tpr_band_at(result, tol)
     band = f" [{lower:.3f}, {upper:.3f}]" if not (math.isnan(lower) or math.isnan(upper)) else ""
-    unresolved = "" if resolvable_at(result, tol) else ", below what its population resolves"
+    unresolved = "" if readings.resolvable_at(result, tol) else ", below what its population resolves"
     return f"TPR at FPR {tol:g} {value:.3f}{band} ({model} {signal}{unresolved})"
 
 
@@ -98,7 +94,7 @@ def _other_audits(record: RoundRecord) -> list[str]:
         elif audit_step.summary == METRICS:
             mine = sorted((k, v) for k, v in metrics.items() if k.startswith(audit_step.metric_prefix))
             if mine:
-                out.append(", ".join(f"{k} {float_or_nan(v):.3g}" for k, v in mine[:6])
+                out.append(", ".join(f"{k} {readings.float_or_nan(v):.3g}" for k, v in mine[:6])
                            + (f" (+{len(mine) - 6} more)" if len(mine) > 6 else ""))
     return [line for line in out if line]
 
@@ -111,7 +107,7 @@ def _server_deanon(aggregator_dir: Path | None, round_num: int) -> str | None:
     if not record or record.get("status") != "evaluated":
         return None
     results = ((record.get("closed_world") or {}).get("reidentification") or {}).items()
-    scores = [(float_or_nan(r.get("ap_over_chance")), name) for name, r in results if isinstance(r, Mapping)]
+    scores = [(readings.float_or_nan(r.get("ap_over_chance")), name) for name, r in results if isinstance(r, Mapping)]
     scores = [s for s in scores if not math.isnan(s[0])]
     if not scores:
         return None
@@ -171,10 +167,10 @@ def round_lines(round_num: int, records: Mapping[str, RoundRecord | None], aggre
 def lowest_resolvable_tolerance(records: list[RoundRecord]) -> float | None:
     """The lowest FPR tolerance of the records that every attack of every record resolves (a reading below it is the
     TPR at population FPR 0, audit.config.resolution); the lowest tolerance if none is; None without any."""
-    tolerances = sorted(tolerances_of(records)) if records else []
+    tolerances = sorted(readings.tolerances_of(records)) if records else []
     results = [result for record in records for result in record.attacks.values()]
     for tol in tolerances:
-        if all(resolvable_at(result, tol) for result in results):
+        if all(readings.resolvable_at(result, tol) for result in results):
             return tol
     return tolerances[0] if tolerances else None
 
@@ -206,7 +202,7 @@ def _withheld_warning(aggregator_dir: Path | None) -> str | None:
     """The aggregator report's warning when every update of a collaborator, or of all, was kept out of the average."""
     if aggregator_dir is None or not Path(aggregator_dir).is_dir():
         return None
-    from audit.aggregator_report.page import withheld_warning  # its one definition, beside the page that shows it too
+    from audit import withheld_warning  # its one definition, beside the page that shows it too
 
     return withheld_warning(load_round_files(Path(aggregator_dir), "aggregator round"))
 

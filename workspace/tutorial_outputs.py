@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from audit.reporting.atomic_io import atomic_write_bytes
+from audit import atomic_write_bytes
 
 __all__ = ["tutorial_names", "write_tutorial_outputs"]
 

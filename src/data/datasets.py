@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from audit.scaled_pixels import ScaledPixels
+from audit import ScaledPixels
 from src.data.torchvision_files import (CIFAR_LABELS, CorruptFile, DownloadFailed, download as download_files,
                                         expected_files, files_folder, files_source, missing_files, read_cifar,
                                         read_mnist)

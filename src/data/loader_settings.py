@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from audit.config.fields import boolean, choice, integer, optional, path, setting, to_dict
+from audit import boolean, choice, integer, optional, path, setting, to_dict
 from src.data.split import ALPHA, COUNT, RATIO, validate_split_settings
 from src.data.datasets import DATASETS
 

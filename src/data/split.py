@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from audit.config.fields import SettingsError, integer, optional, real
+from audit import SettingsError, integer, optional, real
 
 __all__ = [
     "PartyData",

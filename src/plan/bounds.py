@@ -19,7 +19,7 @@ import math
 import os
 from collections.abc import Mapping
 
-from audit.config.fields import SettingsError, is_int
+from audit import SettingsError, is_int
 
 __all__ = ["MAX_ROUNDS", "ASSIGNER_BYTES_PER_ENTRY", "ASSIGNER_MEMORY_SHARE", "PARTY_PROCESS_BYTES",
            "physical_memory", "max_rounds", "check_rounds", "max_collaborators_for_data", "check_collaborators",

@@ -24,9 +24,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from audit.config.fields import Mismatch, SettingsError, boolean, custom, did_you_mean, integer, to_dict
-from audit.config.plugins import check_plugins
-from audit.round_record import validate_party_name
+from audit import (Mismatch, SettingsError, boolean, check_plugins, custom, did_you_mean, integer, to_dict,
+                   validate_party_name)
 from src.plan import bounds as plan_bounds
 from src.plan.openfl_sections import check_included_files, check_openfl_sections
 

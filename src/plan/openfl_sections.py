@@ -25,8 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from audit.config.fields import (SettingsError, anything, boolean, choice, did_you_mean, either, integer, is_real,
-                                 literal, optional, real, text)
+from audit import (SettingsError, anything, boolean, choice, did_you_mean, either, integer, is_real, literal, optional,
+                   real, text)
 
 __all__ = ["NETWORK_KEYS", "NETWORK_FILLED", "COLLABORATOR_KEYS", "COLLABORATOR_FILLED", "STRAGGLER_POLICIES",
            "ASSIGNERS", "ASSIGNER_FILLED", "SECTIONS", "check_sections", "check_defaults", "check_included_files",

@@ -30,8 +30,7 @@ from typing import Any
 
 from openfl.callbacks import MetricWriter
 
-from audit.config.steps import is_audit_metric
-from audit.config.vocabulary import BOUNDS, POPULATION_PREFIX
+from audit import BOUNDS, POPULATION_PREFIX, is_audit_metric
 
 __all__ = ["PartyMetricWriter", "tensorboard_tag", "UNSMOOTHED_URL"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from audit.config.fields import SettingsError
+from audit import SettingsError
 
 __all__ = ["available_devices", "check_device"]
 

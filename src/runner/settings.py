@@ -10,13 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from audit.config.audit_settings import AuditSettings
-from audit.config.fields import (SettingsError, choice, custom, did_you_mean, integer, mapping, optional, real, section,
-                                 setting, subsection, to_dict)
-from audit.config.gate import GatePolicy
-from audit.config.mitigation_settings import Mitigation
-from audit.config.vocabulary import OPTIMIZERS
-from audit.config.per_collaborator import PER_COLLABORATOR
+from audit import (AuditSettings, GatePolicy, Mitigation, OPTIMIZERS, PER_COLLABORATOR, SettingsError, choice, custom,
+                   did_you_mean, integer, mapping, optional, real, section, setting, subsection, to_dict)
 
 __all__ = ["PREFIX", "RunnerSettings"]
 

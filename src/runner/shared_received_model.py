@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from audit.spill import model_with_tensors
+from audit import model_with_tensors
 
 __all__ = ["SharedReceivedModel"]
 

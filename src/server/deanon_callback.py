@@ -5,7 +5,7 @@ at the end of every round the callback reads from the aggregator's TensorDB the 
 started the round from and each collaborator's trained tensors of one layer, keeps the L2-normalised update
 vectors (audit.deanon.server.UpdateHistory), and from the round where `min_history_rounds` earlier rounds are
 stored trains the attacks on the earlier rounds and asks them to name the owners of this round's updates
-(audit.deanon.server.evaluate_round: closed and open world, AP over chance).
+(audit's evaluate_deanon_round: closed and open world, AP over chance).
 
 What the TensorDB holds at `on_round_end(r, logs)` (OpenFL 1.9, measured in an in-process run; the hook runs after
 aggregation and before the store is cleaned, `r` counting from 0):
@@ -45,9 +45,7 @@ from typing import Iterable
 import numpy as np
 from openfl.callbacks import Callback
 
-from audit.deanon.server import UpdateHistory, evaluate_round
-from audit.deanon.server_report import DeanonReportWriter
-from audit.config.fields import parse
+from audit import DeanonReportWriter, UpdateHistory, evaluate_deanon_round, parse
 from src.server.settings import DEANON_PREFIX, PREFIX, REPORT_DIR, DeanonServerSettings
 
 logger = logging.getLogger(__name__)
@@ -145,8 +143,8 @@ class DeanonymizationCallback(Callback):
         received, trained = self.read_round(round_num)
         for col in sorted(trained):
             self.history.add(round_num, col, received, trained[col], self.tensor_names)
-        record = evaluate_round(self.history, round_num, attacks=self.settings.attacks,
-                                min_history_rounds=self.settings.min_history_rounds, seed=self.settings.seed)
+        record = evaluate_deanon_round(self.history, round_num, attacks=self.settings.attacks,
+                                       min_history_rounds=self.settings.min_history_rounds, seed=self.settings.seed)
         record["layer"] = {"requested": self.settings.layer, "module": self.module, "tensors": self.tensor_names,
                            "rule": ("aggregator.settings.deanon.layer" if self.settings.layer else
                                     "module of the model's last tensor")}

@@ -19,7 +19,7 @@ import os
 from openfl.protocols import base_pb2, utils
 from openfl.utilities import TensorKey
 
-from audit.reporting.atomic_io import atomic_write_stream
+from audit import atomic_write_stream
 from src.process.float32_bytes import own_float32_bytes
 
 _TENSORS = base_pb2.ModelProto.DESCRIPTOR.fields_by_name["tensors"]

@@ -9,9 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from audit.config.deanon_settings import ATTACK_CHOICES, ATTACKS  # reading a plan imports neither torch nor sklearn
-from audit.config.fields import (boolean, integer, module_name, optional, parse, path, real, reject_unknown, setting,
-                                 subsection, to_dict)
+from audit import (DEANON_ATTACKS, DEANON_ATTACK_CHOICES, boolean, integer, module_name, optional, parse, path, real,
+                   reject_unknown, setting, subsection, to_dict)
 
 PREFIX = "aggregator.settings"
 DEANON_PREFIX = f"{PREFIX}.deanon"
@@ -27,8 +26,8 @@ class DeanonServerSettings:
     enabled: bool = setting(False, boolean(), "run the aggregator-side deanonymization audit on the real updates")
     layer: str | None = setting(None, optional(module_name("classifier.out"), "the model's last layer"),
                                 "the module whose update is attacked")
-    attacks: tuple[str, ...] = setting(ATTACKS, ATTACK_CHOICES, "re-identification (mlp, svm, knn) and matching "
-                                                                "(siamese) attacks")
+    attacks: tuple[str, ...] = setting(DEANON_ATTACKS, DEANON_ATTACK_CHOICES,
+                                       "re-identification (mlp, svm, knn) and matching (siamese) attacks")
     min_history_rounds: int = setting(2, integer(min=1, note="earlier rounds to train the attacks on"),
                                       "earlier rounds the attacks train on before a round is evaluated")
     seed: int = setting(0, integer(min=0), "seed of the attacks' training")
