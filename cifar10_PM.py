@@ -32,8 +32,8 @@ if str(ROOT) not in sys.path:  # run as a script from elsewhere, or imported by 
     sys.path.insert(0, str(ROOT))
 
 import src  # noqa: E402,F401  (first: on a machine without a GPU it keeps triton out, see src/__init__.py)
-from audit import (BOUND_CHOICES, GATE_ACTIONS, REFERENCE_KINDS, SIGNALS, AuditSettings, RMIASettings,  # noqa: E402
-                   did_you_mean)  # torch-free
+from audit import (AuditSettings, BOUND_CHOICES, GATE_ACTIONS, REFERENCE_KINDS, RMIASettings, SIGNALS,  # noqa: E402
+                   did_you_mean)
 from src.data.datasets import DATASETS  # noqa: E402  (numpy only)
 from src.runner.model_names import ModelChoices  # noqa: E402  (torch-free)
 from workspace.arguments import NEAREST, SuggestingParser  # noqa: E402
@@ -57,7 +57,7 @@ class GateArgument(argparse.Action):
     """`--gate ACTION METRIC=THRESHOLD ...` -> {"action": ..., "thresholds": {metric: float}}.
 
     Checks the syntax here; whether the metrics exist and the thresholds are in range depends on the audit
-    settings (--signals, --fpr_tolerance, --fidel), so `parse_args` checks that with audit.config.gate.GatePolicy.
+    settings (--signals, --fpr_tolerance, --fidel), so `parse_args` checks that with the auditor's GatePolicy.
     """
 
     def __call__(self, parser, namespace, values, option_string=None):
@@ -220,7 +220,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         validate_split_settings(args.train_dataset_ratio, args.test_dataset_ratio, args.audit_dataset_ratio,
                                 args.collaborators, args.dirichlet_alpha, prefix="--")
         check_count_flags(args)
-        check_audit_flags(args)
+        args.audit_settings = audit_settings(args)
         from src.runner.devices import check_device
 
         check_device("--device", args.device)
@@ -230,7 +230,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             raise ValueError(f"--gate {args.gate['action']}: give at least one METRIC=THRESHOLD (e.g. "
                              "mia_local_loss_exact_auc=0.6) or --epsilon_budget")
         if args.gate is not None or args.epsilon_budget is not None:
-            gate_policy(args)
+            gate_policy(args, args.audit_settings)
     except ValueError as err:
         parser.error(str(err))
     return args
@@ -267,16 +267,22 @@ def audit_flags(args) -> dict:
                      "reference_models": args.reference_models}}
 
 
-def check_audit_flags(args) -> None:
-    """--signals, --fpr_tolerance (known signals; each tolerance in (0, 1), no two giving one metric name),
-    --rmia_references, --reference_models, --confidence, --epsilon_delta checked as the plan's keys are, before any
-    work; ValueError naming the flag."""
+def audit_settings(args):
+    """The audit the flags configure, on plan/plan.yaml's audit settings, parsed once: --signals, --fpr_tolerance (known
+    signals; each tolerance in (0, 1), no two giving one metric name), --rmia_references, --reference_models,
+    --confidence, --epsilon_delta checked as the plan's keys are, before any work; ValueError naming the flag."""
     _workspace_on_path()
     from audit import AuditSettings
+    from workspace.plan_file import read_plan
 
+    audit = dict(read_plan(PLAN)["task_runner"]["settings"].get("audit") or {})
+    flags = audit_flags(args)  # the audit keys the flags set; the others keep the plan's values
+    audit.update(signals=list(args.signals), fpr_tolerance=list(args.fpr_tolerance),
+                 interval=args.auditing_interval, fidel={**(audit.get("fidel") or {}), "enabled": args.fidel},
+                 deanon={**(audit.get("deanon") or {}), "enabled": args.deanon},
+                 rmia={**(audit.get("rmia") or {}), **flags.pop("rmia")}, **flags)
     try:
-        AuditSettings.from_mapping({"signals": list(args.signals), "fpr_tolerance": list(args.fpr_tolerance),
-                                    **audit_flags(args)}, prefix="audit")
+        return AuditSettings.from_mapping(audit, prefix="audit")
     except ValueError as err:
         text = str(err)
         for key, flag in _AUDIT_FLAGS.items():
@@ -285,22 +291,12 @@ def check_audit_flags(args) -> None:
         raise
 
 
-def gate_policy(args):
-    """audit.config.gate.GatePolicy of --gate for the audit the other flags configure (on plan/plan.yaml's audit settings);
+def gate_policy(args, settings):
+    """The auditor's GatePolicy of --gate for the audit the other flags configure (`settings`, audit_settings(args));
     ValueError naming --gate and the offending metric or value."""
     _workspace_on_path()
-    from audit import AuditSettings, GatePolicy, SettingsError
-    from workspace.plan_file import read_plan
+    from audit import GatePolicy, SettingsError
 
-    plan = read_plan(PLAN)
-    audit = dict(plan["task_runner"]["settings"].get("audit") or {})
-    # The audit keys that decide which metrics exist; the others keep the plan's values.
-    flags = audit_flags(args)
-    audit.update(signals=list(args.signals), fpr_tolerance=list(args.fpr_tolerance),
-                 interval=args.auditing_interval, fidel={**(audit.get("fidel") or {}), "enabled": args.fidel},
-                 deanon={**(audit.get("deanon") or {}), "enabled": args.deanon},
-                 rmia={**(audit.get("rmia") or {}), **flags.pop("rmia")}, **flags)
-    settings = AuditSettings.from_mapping(audit, prefix="audit")
     try:
         return GatePolicy.from_mapping(gate_flags(args), audit_settings=settings, prefix="--gate")
     except SettingsError as err:
@@ -404,11 +400,10 @@ def check_deanon_sizes(args, config) -> None:
     then reuses (src.dataloader keeps it for the loaders)."""
     if not args.deanon:
         return
-    from audit import AuditSettings, MIN_CROWD, audit_sizes
+    from audit import MIN_CROWD, audit_sizes
     from src.dataloader import AuditDataLoader
 
-    settings = AuditSettings.from_mapping(config["task_runner"]["settings"].get("audit"),
-                                          prefix="task_runner.settings.audit").sections["deanon"]
+    settings = args.audit_settings.sections["deanon"]  # the plan's, with the flags (parse_args)
     if not settings.enabled:
         return
     loader_settings = config["data_loader"]["settings"]

@@ -27,10 +27,12 @@ _NAMES = {
     "RoundRecord": "audit.round_record", "RecordSchemaError": "audit.round_record",
     "validate_party_name": "audit.round_record",
     "AttackKey": "audit.config.attack_key",
+    "RecordSettings": "audit.record_parts", "GateEntry": "audit.record_parts",
     "load_round_records": "audit.reporting.records", "load_round_files": "audit.reporting.records",
     "round_file_name": "audit.reporting.records",
     # ------------------------------------------------------------ settings (torch-free)
-    "AuditSettings": "audit.config.audit_settings", "GatePolicy": "audit.config.gate",
+    "AuditSettings": "audit.config.audit_settings", "FprTolerances": "audit.config.tolerances",
+    "GatePolicy": "audit.config.gate",
     "GateVerdict": "audit.config.gate", "BOUND_CHOICES": "audit.config.gate",
     "Mitigation": "audit.config.mitigation_settings", "RMIASettings": "audit.config.rmia_settings",
     "REFERENCE_KINDS": "audit.config.rmia_settings", "FidelSettings": "audit.config.fidel_settings",
@@ -67,6 +69,7 @@ _NAMES = {
     "largest_certifiable_epsilon": "audit.verdict.chance",
     # ------------------------------------------------------------ reports
     "ReportWriter": "audit.reporting.party", "write_index": "audit.reporting.html",
+    "HistogramPanel": "audit.reporting.panels", "read_npz": "audit.reporting.panels",
     "flush_reports": "audit.reporting.background:flush", "render_queue": "audit.reporting.background",
     "atomic_write_json": "audit.reporting.atomic_io", "atomic_write_text": "audit.reporting.atomic_io",
     "atomic_write_bytes": "audit.reporting.atomic_io", "atomic_write_stream": "audit.reporting.atomic_io",

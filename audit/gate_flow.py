@@ -33,6 +33,7 @@ from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
 from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT,
                                         NON_FINITE_UPDATE, VERDICTS, WITHHELD, missing_name, threshold_name,
                                         tripped_name)
+from audit.record_parts import GateEntry
 from audit.round_record import RoundRecord
 
 __all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "DP_VIOLATED", "Retrained", "DPTry",
@@ -121,8 +122,9 @@ class GateOutcome:
         """SEND_TRAINED, SEND_RETRAINED (`retrained.state`) or SEND_RECEIVED (the received global weights)."""
         return {KEPT: SEND_TRAINED, DP_RETRAINED: SEND_RETRAINED, WITHHELD: SEND_RECEIVED}[self.verdict]
 
-    def record_entry(self, policy: GatePolicy) -> dict:
-        """The gate's part of the round record (`RoundRecord.extra["gate"]`)."""
+    def record_entry(self, policy: GatePolicy) -> GateEntry:
+        """The gate's part of the round record (`RoundRecord.extra["gate"]`): what it states, typed from the policy
+        and this outcome."""
         out = {
             "verdict": self.verdict,
             "action": policy.action,
@@ -142,7 +144,10 @@ class GateOutcome:
             out["non_finite_tensors"] = list(self.non_finite_tensors)
         if self.retrained is not None and math.isfinite(self.retrained.train_loss):
             out["dp_train_loss"] = self.retrained.train_loss
-        return out
+        return GateEntry(out, verdict=self.verdict, action=policy.action, reason=self.reason,
+                         thresholds=out["thresholds"], epsilon_budget=policy.epsilon_budget, tripped=out["tripped"],
+                         missing=tuple(out["missing"]), retries=self.retries, epsilon=self.epsilon,
+                         tries=tuple(out["tries"]))
 
     def scalars(self, watched: tuple[str, ...], thresholds: Mapping[str, float] | None = None) -> dict[str, float]:
         """The scalars the aggregator gets (names: the contract with src.aggregation and its report). `watched`:

@@ -17,6 +17,7 @@ from audit.config.audit_settings import AuditSettings
 from audit.config.gate import audit_metric_names
 from audit.config.gate_contract import sent_to_aggregator
 from audit.config.vocabulary import EXACT_AUC, population_name
+from audit.record_parts import RecordSettings
 from audit.reporting.readings import population_sizes
 from audit.round_record import RoundRecord
 
@@ -47,7 +48,8 @@ def sent_scalars(record: RoundRecord, metrics: tuple[str, ...], populations: tup
 
 def empty_record(party: str, round_num: int, seed, settings: AuditSettings, sizes: dict) -> RoundRecord:
     """The record of a round without an audit (the gate's, the received-model checks' entries still go in)."""
-    return RoundRecord(party=party, round=int(round_num), seed=seed, settings=settings.to_dict(), sizes=sizes)
+    return RoundRecord(party=party, round=int(round_num), seed=seed, settings=RecordSettings.of(settings),
+                       sizes=sizes)
 
 
 def complete_record(record: RoundRecord, *, outcome, gate, verdict, mitigation_record: dict | None = None,

@@ -23,6 +23,7 @@ import torch
 
 from audit.config.audit_settings import AuditSettings
 from audit.config.steps import AFTER_TRAINING, AuditStep, registered
+from audit.record_parts import RecordSettings
 from audit.round_record import AttackKey, RoundRecord
 from audit.scaled_pixels import select_rows
 from audit.spill import ModelSource
@@ -218,7 +219,7 @@ def audit_round(
         mia_sets = sets.sampled(settings.sample_size, sample_seed(seed, party))
     context = AuditContext(local_model, global_model, sets, settings, party, int(round_num), seed, training,
                            initial_model, {} if store is None else store, signal_cache, mia_sets)
-    record = RoundRecord(party=party, round=int(round_num), seed=seed, settings=settings.to_dict(),
+    record = RoundRecord(party=party, round=int(round_num), seed=seed, settings=RecordSettings.of(settings),
                          sizes=mia_sets.sizes(),  # what the membership audits used
                          sampling={"sample_size": settings.sample_size, "sets": mia_sets.sampling()})
     private = []

@@ -25,6 +25,7 @@ import numpy as np
 
 from audit.config.attack_key import AttackKey
 from audit.config.fields import is_int
+from audit.record_parts import GateEntry, RecordSettings
 
 __all__ = ["SCHEMA_VERSION", "AttackKey", "attack_keys", "RoundRecord", "RecordSchemaError", "validate_structure",
            "validate_record", "validate_party_name", "check_jsonable", "is_finite_number"]
@@ -67,7 +68,9 @@ class RoundRecord:
     party: str
     round: int
     seed: int | None = None
-    settings: dict = field(default_factory=dict)          # the audit's settings (AuditSettings.to_dict)
+    # The audit's settings as stated (AuditSettings.to_dict), their tolerances, confidence and delta typed
+    # (audit.record_parts); a mapping given is read into one.
+    settings: RecordSettings = field(default_factory=RecordSettings)
     timings: dict = field(default_factory=dict)           # seconds: <step>_s, audit_s, train_s, ...
     attacks: dict[AttackKey, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
@@ -77,6 +80,20 @@ class RoundRecord:
     leak: dict | None = None                              # the leak verdict (audit.verdict.leak); None: not audited
     # In memory only, never in the JSON: the steps' writers of the party's private files for its round folder.
     private: tuple[Callable, ...] = field(default=(), compare=False, repr=False)
+
+    def __post_init__(self):
+        self.settings = RecordSettings.from_mapping(self.settings)
+        if self.extra.get("gate") is not None:
+            self.extra["gate"] = GateEntry.from_mapping(self.extra["gate"])
+
+    @property
+    def gate(self) -> GateEntry | None:
+        """The gate's entry of the round (`extra["gate"]`, typed); None for a round the gate did not see. An entry
+        put in as a mapping is read into a GateEntry once, here."""
+        entry = self.extra.get("gate")
+        if entry is not None and not isinstance(entry, GateEntry):
+            entry = self.extra["gate"] = GateEntry.from_mapping(entry)
+        return entry
 
     # ------------------------------------------------------------------ attacks
     def models(self) -> list[str]:
@@ -100,9 +117,10 @@ class RoundRecord:
         nested: dict[str, dict] = {}
         for key, result in self.attacks.items():
             nested.setdefault(key.model, {})[key.signal] = result.to_dict() if hasattr(result, "to_dict") else result
+        extra = {name: entry.to_dict() if isinstance(entry, GateEntry) else entry for name, entry in self.extra.items()}
         out = {_VERSION_KEY: SCHEMA_VERSION, "party": self.party, "round": self.round, "seed": self.seed,
-               "settings": self.settings, "timings": self.timings, "attacks": nested, "metrics": self.metrics,
-               "sizes": self.sizes, "extra": self.extra}
+               "settings": self.settings.to_dict(), "timings": self.timings, "attacks": nested, "metrics": self.metrics,
+               "sizes": self.sizes, "extra": extra}
         if self.sampling is not None:
             out["sampling"] = self.sampling
         if self.leak is not None:
@@ -128,11 +146,14 @@ class RoundRecord:
         if unknown:
             raise ValueError(f"{source}: record.{unknown[0]} is not a field of a round record (fields: "
                              f"{', '.join(sorted(_KEYS - {_VERSION_KEY}))})")
-        return cls(party=data["party"], round=data["round"], seed=data.get("seed"),
-                   settings=dict(data.get("settings") or {}), timings=dict(data.get("timings") or {}),
-                   attacks=attack_keys(data["attacks"]), metrics=dict(data["metrics"]),
-                   sizes=dict(data.get("sizes") or {}), extra=dict(data.get("extra") or {}),
-                   sampling=data.get("sampling"), leak=data.get("leak"))
+        try:
+            return cls(party=data["party"], round=data["round"], seed=data.get("seed"),
+                       settings=dict(data.get("settings") or {}), timings=dict(data.get("timings") or {}),
+                       attacks=attack_keys(data["attacks"]), metrics=dict(data["metrics"]),
+                       sizes=dict(data.get("sizes") or {}), extra=dict(data.get("extra") or {}),
+                       sampling=data.get("sampling"), leak=data.get("leak"))
+        except ValueError as err:  # a typed part (the tolerances, the gate's entry) that is malformed
+            raise ValueError(f"{source}: {err}") from None
 
 
 _KEYS = frozenset({_VERSION_KEY, "party", "round", "seed", "settings", "timings", "attacks", "metrics", "sizes",

@@ -4,6 +4,7 @@ or not used, the audit-cost note's advice, and a warning when the global model s
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -105,8 +106,7 @@ def test_the_audit_cost_note_suggests_a_gradient_layer_only_when_none_is_set():
                                   "signals_s": {"local": {"gradient_norm": 3.0, "loss": 0.2}}})
     unset = audit_cost_note(record)
     assert "audit.gradient_layer (the norm over one layer; --is_features True)" in unset
-    record.settings["gradient_layer"] = "features.conv1"
-    layered = audit_cost_note(record)
+    layered = audit_cost_note(dataclasses.replace(record, settings={**record.settings, "gradient_layer": "features.conv1"}))
     assert "over audit.gradient_layer features.conv1): a layer with fewer parameters" in layered
     assert "audit.gradient_layer (the norm over one layer" not in layered
 

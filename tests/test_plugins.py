@@ -28,14 +28,9 @@ PLUGIN = textwrap.dedent('''
     import torch
     import torch.nn.functional as F
 
-    from audit.config.fields import SettingsError, boolean, optional, setting, text, to_dict
-    from audit.config.fields import parse as parse_settings
-    from audit.config.steps import AuditStep, register
-    from audit.membership.population_attack import population_attack
-    from audit.reporting.atomic_io import atomic_write_bytes
-    from audit.reporting.panels import HistogramPanel, read_npz
-    from audit.round_audit import StepResult
-    from audit.round_record import AttackKey
+    from audit import (AttackKey, AuditStep, HistogramPanel, SettingsError, StepResult, atomic_write_bytes, boolean,
+                       optional, population_attack, read_npz, register, setting, text, to_dict)
+    from audit import parse as parse_settings
 
     FILE = "lossgap.npz"
 

@@ -125,11 +125,12 @@ def print_attack_summary(report_dir: Path, names) -> None:
         record = latest_record(report_dir, name)
         if record is None or not record.attacks:
             continue
-        settings = record.settings
-        tols = sorted(float(t) for t in settings.get("fpr_tolerance", []))
-        level = settings.get("confidence", 0.95)
-        print(f"\n{name}, round {record.round}: membership inference with {100 * level:g}% intervals; epsilon "
-              f"lower bounds at delta {settings.get('epsilon_delta', 0):g}")
+        settings = record.settings  # as the audit stated them, typed (audit's RecordSettings)
+        tols = sorted(settings.fpr_tolerance)
+        level = "unstated" if settings.confidence is None else f"{100 * settings.confidence:g}%"
+        delta = "unstated" if settings.epsilon_delta is None else f"{settings.epsilon_delta:g}"
+        print(f"\n{name}, round {record.round}: membership inference with {level} intervals; epsilon "
+              f"lower bounds at delta {delta}")
         attacks = readings.series_keys([record])
         width = max(len(f"{model} / {signal}") for model, signal in attacks) + 2
         print(f"  {'attack':<{width}}{'exact AUC':<22}" + "".join(f"{f'TPR @ FPR {t:g}':<32}" for t in tols)

@@ -16,7 +16,7 @@ import math
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from audit import (GATE_WITHHELD, METRICS, RoundRecord, epsilon_status, leak_status, load_round_files,
+from audit import (GATE_WITHHELD, GateEntry, METRICS, RoundRecord, epsilon_status, leak_status, load_round_files,
                    load_round_records, readings, registered, round_file_name, sent_leak_status)
 
 __all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines",
@@ -36,20 +36,18 @@ def read_party_records(party_dir: Path) -> dict[int, RoundRecord]:
     return {record.round: record for record in load_round_records(party_dir)}
 
 
-def verdict_text(name: str, verdict: Mapping | None) -> str:
+def verdict_text(name: str, gate: GateEntry | None) -> str:
     """`<name> <verdict>` with what tripped the gate and any DP retrains; a round without a record was not audited."""
-    if verdict is None:
+    if gate is None:
         return f"{name} kept (not audited)"
-    text = f"{name} {verdict['verdict']}"
-    tripped = verdict.get("tripped") or {}
-    missing = set(verdict.get("missing") or ())
-    if tripped:
+    text = f"{name} {gate.verdict}"
+    if gate.tripped:
         text += " (" + ", ".join(
-            f"missing: {metric}" if metric in missing else
+            f"missing: {metric}" if metric in gate.missing else
             f"{metric} = {'nan' if t['value'] is None else format(t['value'], '.4f')} > {t['threshold']:g}"
-            for metric, t in tripped.items()) + ")"
-    if verdict.get("retries"):
-        text += f" after {verdict['retries']} DP retrain(s), epsilon {verdict['epsilon']:.3g}"
+            for metric, t in gate.tripped.items()) + ")"
+    if gate.retries:
+        text += f" after {gate.retries} DP retrain(s), epsilon {gate.epsilon:.3g}"
     return text
 
 
@@ -119,10 +117,10 @@ def _gate_header(records: Iterable[RoundRecord], parties: Iterable[str]) -> str 
     """The gate each party ran (from its records: per_collaborator gates may differ); None if none had thresholds."""
     gates: dict[str, list[str]] = {}
     for record in records:
-        gate = record.extra.get("gate") or {}
-        if gate.get("thresholds"):
-            limits = ", ".join(f"{name} > {value:g}" for name, value in gate["thresholds"].items())
-            owners = gates.setdefault(f"{gate.get('action')} if {limits}", [])
+        gate = record.gate
+        if gate is not None and gate.thresholds:
+            limits = ", ".join(f"{name} > {value:g}" for name, value in gate.thresholds.items())
+            owners = gates.setdefault(f"{gate.action} if {limits}", [])
             if record.party not in owners:
                 owners.append(record.party)
     if not gates:
@@ -139,7 +137,7 @@ def round_lines(round_num: int, records: Mapping[str, RoundRecord | None], aggre
                 tol: float | None) -> list[str]:
     """One round: the verdicts and what was averaged, then a line per audited collaborator."""
     line = f"round {round_num}: " + "; ".join(
-        verdict_text(name, None if record is None else record.extra.get("gate"))
+        verdict_text(name, None if record is None else record.gate)
         for name, record in records.items())
     agg = None if aggregator_dir is None else _read_json(Path(aggregator_dir) / round_file_name(round_num))
     if agg is not None:

@@ -9,20 +9,19 @@ Every error is a SettingsError whose message starts with the full dotted key of 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from numbers import Integral
 from types import MappingProxyType
 
-from audit.config.fields import (Mismatch, SettingsError, boolean, check_fields, choice, choices, custom, declared,
-                                 integer, is_real, module_name, optional, parse, path, real, reject_unknown, setting,
-                                 to_dict)
+from audit.config.fields import (SettingsError, boolean, check_fields, choice, choices, custom, declared, integer,
+                                 module_name, optional, parse, path, real, reject_unknown, setting, to_dict)
 from audit.config.plugins import check_plugins
 from audit.config.steps import registered
-from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, SIGNALS, THRESHOLD_FUNCTIONS, tolerance_name_clash
+from audit.config.tolerances import FPR_TOLERANCES, FprTolerances
+from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, SIGNALS, THRESHOLD_FUNCTIONS
 
-__all__ = ["AuditSettings", "DEFAULT_SAMPLE_SIZE", "FPR_TOLERANCES"]
+__all__ = ["AuditSettings", "DEFAULT_SAMPLE_SIZE"]
 
 # Samples per set the membership audits use by default: their cost stays a fraction of a local epoch however large
 # the sets (docs/membership.md, "Audit sampling"; benchmarks/README.md has the cost and the interval widths it gives).
@@ -32,29 +31,6 @@ DEFAULT_SAMPLE_SIZE = 1000
 _MOVED = {"fidel_layer": "fidel.layer", "fidel_threshold": "fidel.threshold", "fidel_decoder": "fidel.decoder"}
 
 
-def _fpr_tolerances(key: str, value) -> tuple[float, ...]:
-    items = [value] if is_real(value) else value
-    if not isinstance(items, (list, tuple)) or not items:
-        raise Mismatch
-    out = []
-    for i, item in enumerate(items):
-        if not is_real(item):
-            raise SettingsError(f"{key}: item {i} is not a number: {item!r}")
-        item = float(item)
-        if not (math.isfinite(item) and 0.0 < item < 1.0):
-            raise SettingsError(f"{key}: {item!r} is outside (0, 1) (FPR tolerances are fractions)")
-        out.append(item)
-    clash = tolerance_name_clash(out)
-    if clash:
-        raise SettingsError(f"{key}: {clash}")
-    return tuple(out)
-
-
-#: FPR tolerances: one number or a non-empty list of numbers in (0, 1), no two with one metric name.
-FPR_TOLERANCES = custom("a non-empty list of numbers in (0, 1) (or one number alone), no two with one metric name",
-                        _fpr_tolerances)
-
-
 @dataclass(frozen=True)
 class AuditSettings:
     """The membership audit's settings, and every registered audit step's section (`rmia`, `fidel`, `deanon`, ...)."""
@@ -62,7 +38,7 @@ class AuditSettings:
     enabled: bool = setting(True, boolean(), "audit at all")
     signals: tuple[str, ...] = setting(("loss", "logits", "gradient_norm"), choices(SIGNALS, "signal", one_ok=True),
                                        "per-sample membership signals")
-    fpr_tolerance: tuple[float, ...] = setting((0.001, 0.01, 0.1, 0.5), FPR_TOLERANCES,
+    fpr_tolerance: FprTolerances = setting(FprTolerances((0.001, 0.01, 0.1, 0.5)), FPR_TOLERANCES,
                                                "TPR is reported at each FPR tolerance")
     interval: int = setting(1, integer(min=1), "audit rounds where round % interval == 0")
     gradient_layer: str | None = setting(None, optional(module_name(), "all parameters"),

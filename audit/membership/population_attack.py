@@ -52,7 +52,7 @@ from privacy_meter.hypothesis_test import (
 from privacy_meter.metric_result import CombinedMetricResult
 from sklearn.metrics import roc_auc_score
 
-from audit.config.audit_settings import FPR_TOLERANCES
+from audit.config.tolerances import FPR_TOLERANCES
 from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, THRESHOLD_FUNCTIONS as THRESHOLD_FUNCTION_NAMES
 from audit.config.vocabulary import tolerance_name
 from audit.config.resolution import largest_count, resolvable
@@ -176,10 +176,6 @@ def _as_signal(values, name: str) -> np.ndarray:
     return arr
 
 
-def _as_tolerances(fpr_tolerance) -> tuple[float, ...]:
-    return FPR_TOLERANCES("fpr_tolerance", fpr_tolerance)
-
-
 def _as_alphas(alphas) -> np.ndarray:
     arr = np.asarray(alphas, dtype=np.float64)
     if arr.ndim != 1 or arr.size < 2:
@@ -248,8 +244,9 @@ def population_attack(
     Args:
         member_signal, nonmember_signal, population_signal: 1-D per-sample signal values of the audited
             model on its training samples, on held-out samples, and on the attacker's reference population.
-        fpr_tolerance: one tolerance or a sequence, each in (0, 1), no two with one `tolerance_name`; TPR is
-            also reported at each of them, with at most that share of the population flagged.
+        fpr_tolerance: the audit settings' `fpr_tolerance` (FprTolerances, taken as it is), or one tolerance or a
+            sequence, each in (0, 1), no two with one `tolerance_name` (parsed here, once); TPR is also reported at
+            each of them, with at most that share of the population flagged.
         signal: name of the signal, recorded in the result.
         member_if_lower: True when members have lower values (loss, gradient norm); False when they have
             higher values (e.g. the true-class logit): the signals are then negated before thresholding and
@@ -268,7 +265,7 @@ def population_attack(
     members = _as_signal(member_signal, "members")
     nonmembers = _as_signal(nonmember_signal, "non-members")
     population = _as_signal(population_signal, "population")
-    tolerances = _as_tolerances(fpr_tolerance)
+    tolerances = FPR_TOLERANCES("fpr_tolerance", fpr_tolerance)  # the settings' own value, as it is
     alpha_grid = _as_alphas(alphas)
 
     if threshold_function in LOSS_ONLY_FUNCTIONS:

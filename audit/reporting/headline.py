@@ -82,8 +82,8 @@ def statistic_label(statistic: str) -> str:
 
 def budget_of(record: RoundRecord) -> float:
     """The gate's epsilon budget in this round (NaN: none)."""
-    gate = record.extra.get("gate") or {}
-    return float_or_nan(gate.get("epsilon_budget")) if isinstance(gate, Mapping) else math.nan
+    gate = record.gate
+    return gate.epsilon_budget if gate is not None and gate.has_budget else math.nan
 
 
 def _pair(value) -> tuple[float, float]:
@@ -95,9 +95,9 @@ def _pair(value) -> tuple[float, float]:
 def headline_of(record: RoundRecord | None) -> Headline:
     if record is None:
         return Headline(NOT_AUDITED, None)
-    gate = record.extra.get("gate")
-    verdict = gate.get("verdict") if isinstance(gate, Mapping) else None
-    if verdict == KEPT and gate.get("tripped"):  # over a limit, sent as trained: the gate only reports
+    gate = record.gate
+    verdict = gate.verdict if gate is not None else None
+    if verdict == KEPT and gate.tripped:  # over a limit, sent as trained: the gate only reports
         verdict = OVER_SENT
     leak = record.leak if isinstance(record.leak, Mapping) else {}
     head = leak.get("headline") if isinstance(leak.get("headline"), Mapping) else {}

@@ -120,8 +120,7 @@ def verdict_grid(parties: Mapping[str, Mapping[int, RoundRecord]], labels: Mappi
 
 def _gate_set(record: RoundRecord) -> bool:
     """Whether the round's gate had anything to decide on: a threshold or an epsilon budget."""
-    gate = record.extra.get("gate") or {}
-    return isinstance(gate, Mapping) and bool(gate.get("thresholds") or gate.get("epsilon_budget") is not None)
+    return record.gate is not None and record.gate.decides
 
 
 def run_summary(records: Mapping[str, Mapping[int, RoundRecord]]) -> list[str]:

@@ -285,8 +285,7 @@ def _summary_line(records: list[RoundRecord]) -> str:
 
 
 def _budget_set(record: RoundRecord) -> bool:
-    gate = record.extra.get("gate") or {}
-    return isinstance(gate, Mapping) and gate.get("epsilon_budget") is not None
+    return record.gate is not None and record.gate.has_budget
 
 
 def _headline_caption(records: list[RoundRecord]) -> str:

@@ -178,33 +178,9 @@ def confidence_of(records: list[RoundRecord]) -> float:
     return math.nan
 
 
-def _as_tolerance_list(value: Any) -> list[float]:
-    if value is None:
-        return []
-    if isinstance(value, (list, tuple)):
-        items = value
-    else:
-        items = [value]
-    out = []
-    for v in items:
-        f = float_or_nan(v)
-        if 0.0 < f <= 1.0:
-            out.append(f)
-    return out
-
-
 def tolerances_of(records: list[RoundRecord]) -> list[float]:
-    """FPR tolerances from the records' settings ("fpr_tolerance"); else from the attack results."""
-    tols: set[float] = set()
-    for r in records:
-        tols.update(_as_tolerance_list(r.settings.get("fpr_tolerance")))
-    if not tols:
-        for r in records:
-            for result in r.attacks.values():
-                tols.update(_as_tolerance_list(result.get("tolerances")))
-    # collapse float noise so 0.1 and 0.1000000001 give one file
-    by_name = {f"{t:g}": t for t in sorted(tols)}
-    return sorted(by_name.values())
+    """Every FPR tolerance the records were audited at (their typed settings, audit.record_parts), each once."""
+    return sorted({t for r in records for t in r.settings.fpr_tolerance})
 
 
 def series_keys(records: list[RoundRecord]) -> list[AttackKey]:

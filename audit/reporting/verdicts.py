@@ -16,6 +16,7 @@ from audit.config.gate import MISSING
 from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, DP_VIOLATED_TEXT, KEPT, NON_FINITE_UPDATE,
                                         RECEIVED_MODEL_REJECTED_REASON, WITHHELD)
 from audit.config.vocabulary import LOWER, UPPER, bounded
+from audit.record_parts import GateEntry
 from audit.reporting.readings import (exact_auc_band, exact_auc_of, float_or_nan, fmt, fmt_interval, rates_at,
                                       resolvable_at, series_keys, tolerances_of)
 from audit.round_record import RoundRecord
@@ -85,12 +86,12 @@ def _bound_of(metric: str, compared: str) -> str:
     return "point"
 
 
-def _checks(gate: Mapping, metrics: Mapping) -> list[Check]:
-    tripped = gate.get("tripped") or {}
+def _checks(gate: GateEntry, metrics: Mapping) -> list[Check]:
+    tripped = gate.tripped
     compared = gate.get("compared") or {}
-    missing = set(gate.get("missing") or ())
+    missing = set(gate.missing)
     out = []
-    for metric, threshold in sorted((gate.get("thresholds") or {}).items()):
+    for metric, threshold in sorted(gate.thresholds.items()):
         name = compared.get(metric, metric)
         if metric in tripped:
             value = float_or_nan((tripped[metric] or {}).get("value"))
@@ -113,18 +114,16 @@ def _canary(dp_audit: Mapping | None) -> str:
             f"{fmt(float_or_nan(dp_audit.get('claimed_epsilon')), 3)} for that training")
 
 
-def _epsilon(gate: Mapping, mitigation: Mapping | None = None) -> str:
+def _epsilon(gate: GateEntry, mitigation: Mapping | None = None) -> str:
     """The accountant's epsilon when this round trained with DP (a retry ran, or the update was sent with dp_fedavg),
     with its canary check beside it, else "no DP": a round without DP spends no privacy budget it could account for,
     which 0.0 would wrongly claim."""
-    retries = float_or_nan(gate.get("retries"))
-    epsilon = float_or_nan(gate.get("epsilon"))
-    if retries > 0 and not math.isnan(epsilon):
+    if gate.retries > 0 and not math.isnan(gate.epsilon):
         delta = float_or_nan(gate.get("delta"))
         at = f" at δ = {delta:g}" if not math.isnan(delta) else ""
-        last = (gate.get("tries") or [{}])[-1]
-        return (f"ε = {fmt(epsilon, 3)}{at}" + ("" if gate.get("verdict") == DP_RETRAINED else " (spent on DP tries)")
-                + _canary(last.get("dp_audit") if isinstance(last, Mapping) else None))
+        last = gate.tries[-1] if gate.tries else {}
+        return (f"ε = {fmt(gate.epsilon, 3)}{at}" + ("" if gate.verdict == DP_RETRAINED else " (spent on DP tries)")
+                + _canary(last.get("dp_audit")))
     if isinstance(mitigation, Mapping) and mitigation.get("method") == "dp_fedavg" and "epsilon" in mitigation:
         return (f"dp_fedavg ε = {fmt(float_or_nan(mitigation.get('epsilon')), 3)} this round, "
                 f"{fmt(float_or_nan(mitigation.get('epsilon_composed')), 3)} over {mitigation.get('releases')} "
@@ -219,8 +218,8 @@ def epsilon_status(record: RoundRecord | None) -> str:
     epsilon = leak.get("epsilon") or {}
     if epsilon.get("value") is None:
         return "no ε lower bound"
-    gate = record.extra.get("gate") or {}
-    budget = gate.get("epsilon_budget")
+    gate = record.gate
+    budget = gate.epsilon_budget if gate is not None else None
     source = f", {epsilon['attack']}" if epsilon.get("attack") else ""
     text = (f"ε ≥ {fmt(epsilon['value'], 3)} at δ = {fmt(epsilon.get('delta'))} ({fmt(100 * float_or_nan(epsilon.get('confidence')), 3)}%, "
             f"corrected for {fmt(epsilon.get('sources'))} attacks{source}; these counts prove at most "
@@ -231,11 +230,10 @@ def epsilon_status(record: RoundRecord | None) -> str:
 def sent_leak_status(record: RoundRecord) -> str | None:
     """For a round whose gate sent a DP retrain: that update's leak verdict and proven epsilon beside the accountant's
     epsilon (the round's own verdict is the trained update's, which was not sent); None otherwise."""
-    gate = record.extra.get("gate") or {}
-    tries = gate.get("tries") or []
-    if gate.get("verdict") != DP_RETRAINED or not tries or not isinstance(tries[-1], Mapping):
+    gate = record.gate
+    if gate is None or gate.verdict != DP_RETRAINED or not gate.tries:
         return None
-    sent = tries[-1]
+    sent = gate.tries[-1]
     leak = sent.get("leak")
     said = _leak_text(leak) if isinstance(leak, Mapping) else "no leak verdict"
     proven = (sent.get("empirical_epsilon") or {}).get("value")
@@ -244,30 +242,30 @@ def sent_leak_status(record: RoundRecord) -> str | None:
 
 
 def round_verdict(record: RoundRecord) -> RoundVerdict:
-    gate = record.extra.get("gate")
+    gate = record.gate
     leak = dict(leak=leak_state(record), leak_text=leak_status(record), proven=epsilon_status(record),
                 sent=sent_leak_status(record))
-    if not isinstance(gate, Mapping):
+    if gate is None:
         return RoundVerdict(None, None, status=leak["leak_text"], **leak)
-    verdict, action = gate.get("verdict"), gate.get("action")
+    verdict, action = gate.verdict, gate.action
     checks = _checks(gate, record.metrics)
     epsilon = _epsilon(gate, record.extra.get("mitigation"))
     tripped = [c for c in checks if c.tripped]
-    reason = str(gate.get("reason") or "")
-    if NON_FINITE_UPDATE in (gate.get("tripped") or {}) or reason == NON_FINITE_UPDATE:
+    reason = gate.reason or ""
+    if NON_FINITE_UPDATE in gate.tripped or reason == NON_FINITE_UPDATE:
         status = "withheld: the trained update holds NaN/Inf"
     elif reason.startswith(MISSING):
         status = f"{verdict}: {reason} (fail closed: what the round did not measure cannot pass)"
     elif reason.startswith(RECEIVED_MODEL_REJECTED_REASON):
-        status = f"{gate['reason']}; not trained on, nothing new sent"
+        status = f"{gate.reason}; not trained on, nothing new sent"
     elif reason == DP_VIOLATED:
-        proof = (gate.get("tripped") or {}).get(DP_VIOLATED) or {}
+        proof = gate.tripped.get(DP_VIOLATED) or {}
         status = (f"withheld: {DP_VIOLATED_TEXT} (canary ε ≥ {fmt(float_or_nan(proof.get('value')), 3)} > the "
                   f"accountant's {fmt(float_or_nan(proof.get('threshold')), 3)})")
     elif not checks:
         status = "no gate set: sent as trained"
     elif verdict == WITHHELD:
-        tried = " after DP retraining did not bring it below" if float_or_nan(gate.get("retries")) > 0 else ""
+        tried = " after DP retraining did not bring it below" if gate.retries > 0 else ""
         status = "above threshold: withheld" + tried
     elif verdict == DP_RETRAINED:
         status = "above threshold: retrained with DP, the retrained update is below every threshold"
