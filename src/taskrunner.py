@@ -4,8 +4,8 @@
 knows nothing of OpenFL) before it returns: OpenFL sends a task's results as soon as the task returns, so the audit's
 gate decides here what is sent: the local update, a DP-SGD retrain of it, or the received global weights (withheld).
 Only scalar metrics leave the collaborator; the round record stays in its own report folder. This module keeps
-OpenFL's plumbing: the task signatures, TensorKeys, tensor names (src/runner/received_model_task.py) and rebuilding the
-model from OpenFL's tensor dicts.
+OpenFL's plumbing: the task signatures, TensorKeys, tensor names (src/runner/received_model_task.py), the task's
+results (src/runner/sent_tensors.py) and rebuilding the model from OpenFL's tensor dicts.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from src.process.party_events import emit as status_event
 from src.plan.checks import check_built_plan, plan_being_built
 from src.runner.received_model_task import model_names, rejected_validation, runner_names, untrained_results
 from src.runner.shared_received_model import SharedReceivedModel
+from src.runner.sent_tensors import replace_with_sent, results_as_views
 from src.runner.settings import PREFIX as SETTINGS_PREFIX, RunnerSettings
 
 # What OpenFL itself passes a task runner besides the plan's task_runner.settings (Plan.get_task_runner, TaskRunner).
@@ -156,9 +157,7 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         global_out, local_out = super().train_task(col_name, round_num, input_tensor_dict, epochs=plan.epochs,
                                                    **_tqdm_on_terminal_only(kwargs))
         train_seconds = time.perf_counter() - start
-        # OpenFL's results hold a copy of the trained weights (a model's size) from here to the send, through the
-        # audit, which reads the model itself: until the audit is done, the results read the model's own tensors.
-        viewed = _results_as_views(self.state_dict(), global_out, local_out)
+        viewed = results_as_views(self.state_dict(), global_out, local_out)  # until the audit is done
         # The last batch's gradients (a model's size) would stay until the next round's first step sets them to None,
         # and under RESET the optimizer state (another model's size with momentum, two with Adam) until the reset.
         self.optimizer.zero_grad(set_to_none=True)
@@ -172,45 +171,14 @@ class AuditedTaskRunner(PyTorchTaskRunner):
             model.check_unchanged()
         shared.clear()
         release_freed_memory()  # and what the audit freed
-        # What is sent (and what OpenFL keeps of it) is a copy of the model as the audit left it: never the model's
-        # own tensors, which the next round's training overwrites.
-        self._send_model(global_out, local_out, names=None if outcome.weights_changed else viewed)
+        replace_with_sent(self.get_tensor_dict(with_opt_vars=False), global_out, local_out,
+                          names=None if outcome.weights_changed else viewed)
         for key in global_out:
             if outcome.train_loss is not None and key.tensor_name == cross_entropy.__name__ and "metric" in key.tags:
                 global_out[key] = np.array(outcome.train_loss)
         for name, value in outcome.scalars.items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out
-
-    def _send_model(self, global_out: dict, local_out: dict, names: set | None = None) -> None:
-        """Replace this round's trained tensors (those in `names`; None: all) with copies of what the model now holds
-        (what the audit decided to send)."""
-        sent = self.get_tensor_dict(with_opt_vars=False)
-        for out in (global_out, local_out):
-            for key in list(out):
-                if "metric" in key.tags or (names is not None and key.tensor_name not in names):
-                    continue
-                if key.tensor_name not in sent:
-                    raise RuntimeError(f"gate: no value to send for trained tensor {key.tensor_name!r}")
-                out[key] = sent[key.tensor_name]
-
-
-def _results_as_views(state: dict, *outputs: dict) -> set:
-    """Each trained tensor of `outputs` (TensorKey -> array) that the model holds on the CPU replaced by a view of the
-    model's own tensor (`state`: its state dict, which shares their memory); returns the names replaced."""
-    viewed = set()
-    for out in outputs:
-        for key in list(out):
-            tensor = state.get(key.tensor_name)
-            if "metric" in key.tags or tensor is None or tensor.device.type != "cpu":
-                continue
-            try:
-                view = tensor.numpy()
-            except TypeError:  # a dtype numpy lacks (bfloat16): OpenFL's copy stays
-                continue
-            out[key] = view  # OpenFL's array was made from this tensor: the same shape and dtype
-            viewed.add(key.tensor_name)
-    return viewed
 
 
 def _tqdm_on_terminal_only(kwargs: dict) -> dict:
