@@ -364,7 +364,7 @@ def overrides_from_args(args) -> dict:
         }},
         # One process holds every party's TensorDB: keep one round of tensors in each (OpenFL's default) instead of
         # the plan's 2. Nothing here reads an older round (the aggregator's report and callbacks read the round that
-        # ends, before OpenFL cleans up); for the tutorial's AlexNet the second round costs ~0.85 GB.
+        # ends, before OpenFL cleans up); a round of the tutorial's AlexNet is several copies of its 93 MB.
         # The aggregator's report beside the collaborators': the run index (--log_dir/index.html) links them all.
         "aggregator": {"settings": {"deanon": {"enabled": args.deanon}, "db_store_rounds": 1,
                                     "report_dir": str(args.report_dir / "aggregator")}},

@@ -17,7 +17,7 @@ def exports(package: dict, names: Mapping[str, str], modules: Mapping[str, str] 
             ) -> tuple[list[str], Callable[[str], Any], Callable[[], list]]:
     """(`__all__`, `__getattr__`, `__dir__`) for the package whose globals are `package`: `names` maps each public name
     to the module that defines it ("module:name" where the module calls it otherwise), `modules` each public name that
-    is a module itself (a namespace such as `audit.vocabulary`) to that module. A name read once is kept in the
+    is a module itself (a namespace such as `audit.readings`) to that module. A name read once is kept in the
     package's globals."""
     modules = dict(modules or {})
     clash = set(names) & set(modules)

@@ -44,7 +44,7 @@ class RoundAccountant:
     """One privacy engine per round: every DP retrain of the round adds to its epsilon."""
 
     def __init__(self, members: tuple[np.ndarray, np.ndarray]):
-        # Imported here, on the first DP retrain: opacus adds ~0.11 GB to every collaborator process otherwise.
+        # Imported here, on the first DP retrain: otherwise opacus' memory would be in every collaborator process.
         from opacus import PrivacyEngine
 
         with warnings.catch_warnings():

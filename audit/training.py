@@ -11,7 +11,7 @@ momentum=None) trains the copies one at a time instead, with a warning.
 
 `train_copies` returns each copy's update (trained minus start) of chosen parameters; `train_references` keeps the
 trained copies' parameters and buffers stacked (`TrainedCopies`), and `TrainedCopies.logits(x)` runs every copy on
-the same samples in eval mode under vmap, for membership inference against reference models (audit/rmia.py).
+the same samples in eval mode under vmap, for membership inference against reference models (audit/membership/rmia.py).
 """
 
 from __future__ import annotations
@@ -175,9 +175,8 @@ def _train_in_chunks(model: torch.nn.Module, x, y, recipe: TrainingRecipe, *, se
     buffers = {n: b.detach() for n, b in model.named_buffers()}
     chunk = chunk or copies_per_chunk(model)
     generator = torch.Generator().manual_seed(seed)
-    # One copy per chunk (a large model, or a single copy): plain autograd, not vmap over one copy, which is slower
-    # (AlexNet, 1 thread: 30 against 39-54 ms per sample) for the same training (same draws; 7e-9 apart in the
-    # trained weights).
+    # One copy per chunk (a large model, or a single copy): plain autograd, not vmap over one copy, which trains the
+    # same (the same draws, weights equal to rounding) with vmap's batching rules as overhead and nothing to batch.
     batched = min(chunk, copies) > 1
     # Train mode for every submodule, as the local training runs (model.train()); each one's flag comes back after.
     # Dropout draws from the generator of the device the model is on: that one is seeded here and given back after.

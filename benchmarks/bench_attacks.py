@@ -1,6 +1,6 @@
 """Benchmark: the membership attacks of the per-round audit, side by side, on leaky configurations.
 
-Real in-process federations (workspace/in_process.run_in_process: OpenFL's Aggregator and Collaborators, the plan's
+Real in-process federations (workspace.in_process.run_in_process: OpenFL's Aggregator and Collaborators, the plan's
 train task and audit): digits, 2 collaborators with few members each (train ratio 0.1: 90 members, 404 non-members
 and 404 population samples per party), many local epochs (default 20, Adam 0.003, batch 32), the workspace's CNN and
 FCNN, 10 rounds, several seeds. At the 1st, 5th and 10th round (OpenFL rounds 0, 4, 9) it reads every party's round

@@ -14,7 +14,7 @@ aggregated_model_validation), normalised to 1.0 for the run without mitigation. 
 devices only: the shadow devices are the adversary's. Takes roughly a minute per federation on 2 cores.
 
 This is the server's attack on real updates: the collaborators' self-audit, and with it its synthetic crowd
-(audit/deanon_crowd.py), is off here. benchmarks/bench_deanon_self_audit.py measures the self-audit.
+(audit/deanon/crowd.py), is off here. benchmarks/bench_deanon_self_audit.py measures the self-audit.
 """
 
 from __future__ import annotations

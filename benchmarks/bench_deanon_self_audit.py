@@ -1,4 +1,4 @@
-"""Calibration of the deanonymization self-audit (audit/deanon_audit.py): is it at chance where it should be?
+"""Calibration of the deanonymization self-audit (audit/deanon/self_audit.py): is it at chance where it should be?
 
 In an IID federation no user is distinguishable, so every re-identification ratio must sit near 1x: the headline
 `deanon_ap_over_chance`, the collaborator's own AP over chance and the crowd users' alike. With strongly skewed

@@ -7,7 +7,7 @@ Runs pytest as `make test` does, with a plugin (benchmarks/suite_cpu_plugin.py) 
 totals, the files and the tests that cost most.
 
     .venv/bin/python benchmarks/bench_suite.py                      # the whole suite, as make test runs it
-    .venv/bin/python benchmarks/bench_suite.py -- tests/test_x.py   # pytest arguments after --
+    .venv/bin/python benchmarks/bench_suite.py -- tests/test_docs.py   # pytest arguments after --
     .venv/bin/python benchmarks/bench_suite.py --read FILE          # print an earlier run's records again
 """
 

@@ -10,9 +10,9 @@ entry point reaches it through a `src.*` template, which runs this file first. W
 
 On a machine without an NVIDIA driver, importing this package keeps triton out of the process: torch._dynamo,
 which torchvision imports and torch.optim imports on first use, imports triton (a compiler of GPU kernels that
-torch's CUDA build brings along) when it is installed: 70 MB of library pages in every process, and nothing without
-a GPU can run what it compiles. A None in sys.modules makes that import fail as for a missing package, which torch
-handles. A process that loaded triton already keeps it (src.process.cuda_pages.keep_triton_out).
+torch's CUDA build brings along) when it is installed: its library pages in every process (benchmarks/README.md,
+"torch builds"), and nothing without a GPU can run what it compiles. A None in sys.modules makes that import fail as
+for a missing package, which torch handles. A process that loaded triton already keeps it (src.process.cuda_pages.keep_triton_out).
 """
 
 import sys

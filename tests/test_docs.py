@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+from dataclasses import fields as dataclasses_fields
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,90 @@ def test_the_code_points_at_docs_that_exist():
             if (ROOT / file).is_file() and not any(section in h for h in _headings(ROOT / file)):
                 wrong.append(f'{name}: {file}, "{section}" is no section of {file}')
     assert not wrong, "\n".join(wrong)
+
+
+# A dotted name in a comment or a string of the code that names a module of the project (audit.config.gate,
+# src.runner.models.build_model, "audit.membership.step:run"), and a path of the repository (audit/reporting/party.py).
+_DOTTED = re.compile(r"(?<![\w./-])((?:audit|src|workspace|tools)(?:[.:][A-Za-z_]\w*)+)")
+_REPO_PATH = re.compile(r"(?<![\w./-])((?:audit|src|workspace|tools|benchmarks|tests|docs)/[\w./-]*\w)")
+_FILE_WORDS = (".py", ".md", ".json", ".csv", ".png", ".yaml", ".txt", ".html", ".npz", ".pbuf")
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in [ROOT / "cifar10_PM.py", *(p for d in (*CODE_DIRS, "benchmarks") for p in (ROOT / d).rglob("*.py"))]:
+        if "shipped" in path.parts:
+            continue
+        name = str(path.relative_to(ROOT))[:-3].replace("/", ".")
+        out[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
+    return out
+
+
+def _names_defined(path: Path) -> dict[str, set[str] | None]:
+    """A module's top-level names (definitions, assignments, imports; a lazily exported name of a package's
+    __init__), each class with the names its body defines."""
+    import ast
+
+    tree = ast.parse(_text(path))
+    names: dict[str, set[str] | None] = {k: None for k in re.findall(r'"(\w+)":\s*"audit\.', _text(path))}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and node in tree.body:
+            names[node.name] = {n.name for n in node.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))} | {
+                t.id for n in node.body if isinstance(n, (ast.Assign, ast.AnnAssign))
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.setdefault(node.name, None)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
+                names.update({n.id: names.get(n.id) for n in ast.walk(target) if isinstance(n, ast.Name)})
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update({(a.asname or a.name).split(".")[0]: None for a in node.names})
+    return names
+
+
+@pytest.mark.slow  # tokenizes every file of the code
+def test_the_code_points_at_modules_and_files_that_exist():
+    """Every module, name or file of the project a comment or string of the code names exists (a moved module leaves
+    no pointer behind). A plan key written like a module (`audit.sample_size`, `audit.rmia.references`) is not one."""
+    import io
+    import tokenize
+
+    from audit.config.audit_settings import AuditSettings
+
+    modules, defined = _modules(), {}
+    plan_keys = {f.name for f in dataclasses_fields(AuditSettings)} | set(AuditSettings.plan_sections())
+    wrong = []
+
+    def resolves(dotted: str) -> bool:
+        parts = dotted.replace(":", ".").split(".")
+        for i in range(len(parts), 0, -1):
+            module = ".".join(parts[:i])
+            if module in modules:
+                rest = parts[i:]
+                if not rest:
+                    return True
+                names = defined.setdefault(module, _names_defined(modules[module]))
+                inner = names.get(rest[0], ...) if rest[0] in names else ...
+                return inner is not ... and (len(rest) == 1 or inner is None or rest[1] in inner)
+        return False
+
+    for path in [*_code_files(), *(ROOT / "benchmarks").glob("*.py")]:
+        name = str(path.relative_to(ROOT))
+        for token in tokenize.generate_tokens(io.StringIO(_text(path)).readline):
+            if token.type not in (tokenize.COMMENT, tokenize.STRING):
+                continue
+            for dotted in _DOTTED.findall(token.string):
+                parts = dotted.replace(":", ".").split(".")
+                if dotted.endswith(_FILE_WORDS) or resolves(dotted):
+                    continue
+                plan_key = parts[0] == "audit" and parts[1] in plan_keys  # task_runner.settings.audit.<key>
+                variable = parts[0] == "src" and not any(m.startswith(f"src.{parts[1]}") for m in modules)
+                if not (plan_key or variable):
+                    wrong.append(f"{name}:{token.start[0]}: {dotted}")
+            for ref in _REPO_PATH.findall(token.string):
+                # a path: a file name with its extension, or a folder and what is in it ("audit/train" is a ratio)
+                if PLACEHOLDER.search(ref) or ("." not in ref.rsplit("/", 1)[-1] and ref.count("/") < 2):
+                    continue
+                if not any((ROOT / candidate).exists() for candidate in (ref, ref + ".py")):
+                    wrong.append(f"{name}:{token.start[0]}: {ref}")
+    assert not wrong, "pointers to nothing:\n" + "\n".join(wrong)

@@ -274,8 +274,8 @@ def main(argv=None, *, exiting: bool = False) -> int:
 if __name__ == "__main__":
     code = main(exiting=True)
     # Everything is stopped, written and recorded: a late signal must not kill the exit with another code, and the
-    # interpreter's teardown of what the checks imported (torch, OpenFL, pandas: 6.5 s on a loaded 2-core machine)
-    # is skipped, so that an interrupted command ends as soon as its clean-up is done.
+    # interpreter's teardown of what the checks imported (torch, OpenFL, pandas: seconds of freeing objects) is
+    # skipped, so that an interrupted command ends as soon as its clean-up is done.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     sys.stdout.flush()

@@ -1,8 +1,8 @@
 """OpenFL's `fx` commands, each in a process forked from one that has imported what OpenFL imports.
 
-An `fx` start imports OpenFL's libraries (torch, pandas, gRPC, cryptography, ...: about 2 CPU-seconds; a participant's
-also torch._dynamo, scikit-learn, scipy, matplotlib: about 4) before a set-up command that takes a fraction of that,
-or a participant that trains for a few seconds. This process imports those libraries once, and nothing of OpenFL or of
+An `fx` start imports OpenFL's libraries (torch, pandas, gRPC, cryptography, ...; a participant's also torch._dynamo,
+scikit-learn, scipy, matplotlib) before a set-up command that takes a fraction of that time, or a participant that
+trains for a few seconds (benchmarks/README.md, "Preparing a federation"). This process imports those libraries once, and nothing of OpenFL or of
 the workspace: each command runs in a fork of it, which imports OpenFL's own modules and the workspace's code (`src`,
 `audit`) in the command's folder and runs OpenFL's entry point (`openfl.interface.cli.entry`, what the `fx` script
 calls), as a new `fx` process would. OpenFL's modules are imported in the fork, not here, because they read the

@@ -57,8 +57,8 @@ THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 def party_threads(collaborators: int, cores: int | None = None) -> int:
     """Intra-op threads for each collaborator process: the machine's cores shared by the collaborators, which train
     and audit at the same time (the aggregator waits meanwhile). torch would start one thread per core in every
-    process: with several processes per core, OpenMP threads spin waiting for cores the others hold (measured on 2
-    cores, digits, 1 epoch: a round took 6.6 s with 4 collaborators at torch's default, 2.7 s at one thread each)."""
+    process: with several processes per core, OpenMP threads spin waiting for cores the others hold, and a round
+    takes longer than with one thread each."""
     cores = cores or os.cpu_count() or 1
     return max(1, cores // max(1, collaborators))
 

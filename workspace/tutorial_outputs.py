@@ -2,7 +2,7 @@
 
 Why these names exist: users of OpenFL's tutorial (cifar10_PM.py) look in --log_dir for
 ``<col>_roc_at_<round>.png``, ``<col>_auc.png`` and ``<col>_tpr_at_<fpr>.png`` (and scripts of theirs may
-read them). This project's report writer (audit/report.py) already draws those plots, with labelled axes,
+read them). This project's report writer (audit/reporting/party.py) already draws those plots, with labelled axes,
 as ``<col>/round_NNNN/roc.png``, ``<col>/auc.png`` and ``<col>/tpr_at_<fpr>.png``; here they are only
 copied (atomically, with audit.reporting.atomic_io) under the tutorial's names, so no plotting code is duplicated.
 ``<round>`` is the round number of the report's ``round_NNNN`` folder (0-based, as in the tutorial).

@@ -37,7 +37,7 @@ class AggregatorReportWriter(RoundReportWriter):
     def write_round_in_background(self, record: Mapping) -> Path:
         """Store the round's record now and rebuild the summaries (CSVs, plots, page) on the process's report worker
         (audit.reporting.background): the aggregator writes its report inside OpenFL's end of round, which every
-        collaborator waits for, and drawing the plots was 0.25-0.45 s of it per round (digits, 2 collaborators).
+        collaborator waits for, and drawing the plots is most of the report's cost.
         Until drawn, the page shows the earlier rounds; the worker's flush() (at the experiment's end, at exit)
         waits for it."""
         record = self.prepare(record)

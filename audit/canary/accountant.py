@@ -17,11 +17,11 @@ def dp_sgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delt
     return _dp_sgd_epsilon(float(noise_multiplier), float(sample_rate), int(steps), float(delta))
 
 
-@lru_cache(maxsize=256)  # opacus' fractional orders take about 2 s of pure Python per call
+@lru_cache(maxsize=256)  # opacus' fractional orders are seconds of pure Python per call
 def _dp_sgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
     if steps == 0:
         return 0.0
-    from opacus.accountants import RDPAccountant  # opacus only where DP is audited (~0.1 GB per process)
+    from opacus.accountants import RDPAccountant  # opacus only where DP is audited: its memory stays out elsewhere
 
     accountant = RDPAccountant()
     accountant.history = [(noise_multiplier, sample_rate, steps)]

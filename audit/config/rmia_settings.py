@@ -48,10 +48,9 @@ class RMIASettings:
 
     enabled: bool = setting(True, boolean(), "run RMIA on the local model")
     interval: int = setting(1, integer(min=1), "RMIA in audited rounds where round % interval == 0")
-    # The strongest attack at its cost (benchmarks/bench_attacks.py, docs/membership.md, "RMIA"): the free global reference and one
-    # that never saw the party's data, one local training a round; fine_tuned answers a narrower question. K = 1 held
-    # K = 4's TPR at 1% FPR (within its interval or above, both models, rounds 1, 5, 10) at a third of the audit's
-    # seconds, for 0.02-0.05 less AUC (benchmarks/README.md, "RMIA's reference cost").
+    # The strongest attack at its cost (docs/membership.md, "RMIA"): the free global reference and one that never saw
+    # the party's data, one local training a round; fine_tuned answers a narrower question. One reference model holds
+    # the TPR at a low FPR of four at a fraction of the audit's cost (benchmarks/README.md, "RMIA's reference cost").
     references: tuple[str, ...] = setting((GLOBAL, INDEPENDENT), choices(REFERENCE_KINDS, "kind of reference"),
                                           "one attack per kind of reference model")
     reference_models: int = setting(1, integer(min=1), "K reference models per trained kind (fine_tuned, "

@@ -50,7 +50,7 @@ class AuditStep:
         aggregator and the readers, which do not know each party's settings, tell its metrics from others.
     run: `run(context, step_settings) -> StepResult`, or "module:function" to import on first use (keeps torch out of
         plan reading).
-    metric_ranges: allowed gate thresholds for names its suffix does not imply (see audit.gate.metric_range).
+    metric_ranges: allowed gate thresholds for names its suffix does not imply (see audit.config.gate.metric_range).
     needs_global: runs only in rounds where the received global model is known (it audits an update).
     check_model: `check_model(model, feature_shape, step_settings, key)` raises SettingsError naming `key` (its plan
         section's dotted key) when the plan's model cannot be audited under these settings; run once at start.

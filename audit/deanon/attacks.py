@@ -40,8 +40,7 @@ def single_threaded():
     """BLAS, OpenMP and torch limited to one thread for the duration (restored afterwards).
 
     The attacks train on a few dozen vectors: thread start-up and, on a busy machine (the aggregator's host, or
-    an in-process federation), threads waiting for each other cost far more than they save. Measured on a loaded
-    2-CPU machine: the MLP on 24 updates 1.5 s -> 0.05 s, one Siamese training 0.5-2.6 s -> 0.14 s.
+    an in-process federation), threads waiting for each other cost far more than they save.
     """
     import torch
     from threadpoolctl import threadpool_limits

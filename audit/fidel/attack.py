@@ -25,9 +25,9 @@ Exactness: dW_i / db_i is exact for one plain-SGD step (momentum keeps it, being
 several steps a reconstruction mixes the inputs as each step saw them (for a CNN the activations drift as the conv
 weights move), and weight decay adds a lambda * W term that is no sample at all.
 
-Cost per update (2 CPU threads, digits): one forward pass of the round's samples up to the layer, one (k x d) by
-(d x n) product, a linear assignment of at most k x n, and FastICA - about 30 ms for the FCNN and 0.1-0.5 s for
-the CNN (its 512-value activation maps); a decoder fit adds ~0.2 s per round.
+Cost per update: one forward pass of the round's samples up to the layer, one (k x d) by (d x n) product, a linear
+assignment of at most k x n, and FastICA (more for the CNN, whose activation maps hold 512 values); a decoder fit
+adds one ridge regression per round (benchmarks/bench_fidel.py times them).
 
 Knows nothing about OpenFL: weights come in as ``nn.Module`` or state dicts (tensors or numpy arrays).
 """

@@ -2,11 +2,11 @@
 
 The Fidel paper trains a small generative network on auxiliary data (activation map under the attacked model ->
 image) and runs it on the partial reconstructions dW_i / db_i.  Here the decoder is a ridge regression
-(sklearn ``RidgeCV``, penalty chosen by efficient leave-one-out): for the project's CNN on 8x8 digits, a linear map
-from the 512 ReLU/max-pooled activations back to the 64 pixels decodes held-out samples with mean r ~ 0.99
-(~90% at r >= 0.98 from 600 population samples), better than a two-layer MLP trained for 300 epochs (r ~ 0.97),
-in ~0.2 s instead of seconds.  Being linear, it also maps a mixture of activation maps to the same mixture of
-decoded images, so it adds no artefacts of its own to a partial reconstruction.
+(sklearn ``RidgeCV``, penalty chosen by efficient leave-one-out): a linear map from the CNN's ReLU/max-pooled
+activations back to the pixels, fitted in closed form on the party's population where a generative network trains
+for hundreds of epochs (benchmarks/bench_fidel.py reports what it reveals).  Being linear, it also maps a mixture of
+activation maps to the same mixture of decoded images, so it adds no artefacts of its own to a partial
+reconstruction.
 
 Train it on population data under the round's *received global* model (the activations the reconstructions are
 made of), then pass it to :func:`audit.fidel.attack.fidel_audit` as ``decoder=``.

@@ -75,8 +75,7 @@ def _conv_patches(inp: torch.Tensor, kernel_size, stride, padding, dilation) -> 
     """F.unfold(inp, ...).transpose(1, 2), (B, positions, C * kh * kw), the same values in the same order.
 
     Built from strided views (F.pad, Tensor.unfold) and one copy: F.unfold's im2col opens a parallel region per
-    sample, which dominated the audit's CPU time on a busy machine (measured: 62% of it under load; the views took
-    a half of its time there, as long when idle)."""
+    sample, whose start-up cost grows with the machine's load, where the views do the same work without one."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel_size, stride, padding, dilation
     x = F.pad(inp, (pw, pw, ph, ph)) if ph or pw else inp
     # A window of the dilated kernel's extent at every output position: (B, C, oh, ow, extent_h, extent_w).

@@ -6,8 +6,8 @@ non-member set, and the audit computes both models' signals on it again; a withh
 received model. A forward pass on the same weights and samples gives the same outputs, so the cache keeps the signals,
 the model's outputs, the predicted classes and the seconds they took under an explicit key:
 
-- the model: a SHA-256 of every parameter's and buffer's name, shape, dtype and bytes (`state_fingerprint`; 0.1 s for
-  the tutorial's 23M-parameter net). The task runner loads weights into one module in place, so the module object says
+- the model: a SHA-256 of every parameter's and buffer's name, shape, dtype and bytes (`state_fingerprint`, one pass
+  over the weights, far less than computing a signal). The task runner loads weights into one module in place, so the module object says
   nothing of its weights; the fingerprint changes with any of them.
 - the set: the `label` of the AuditSets it belongs to and its name in them (members, non-members, population). A
   label names the samples (AuditSets: the owner gives one label to one content; a sample drawn from a labelled set

@@ -74,10 +74,10 @@ class RenderQueue:
                 # A drawn figure is a web of reference cycles (figure, axes, artists, transforms) holding its data
                 # and the renderer's buffers: freed only by a collection of the oldest generation, which a process
                 # holding a model's millions of objects runs seldom. Each round's figures are then still held while
-                # the next round trains and audits (up to 0.5 GB for the tutorial's AlexNet: benchmarks/README.md,
-                # "Memory across rounds"). One full collection after each batch, here where the garbage is made
-                # (0.3-0.7 s: it walks every object of the process). What its finalizers let go of (a batch's ROC
-                # figure) goes with the next batch's.
+                # the next round trains and audits (benchmarks/README.md, "Memory across rounds"). One full
+                # collection after each batch, here where the garbage is made, off the round's critical path (it
+                # walks every object of the process). What its finalizers let go of (a batch's ROC figure) goes with
+                # the next batch's.
                 gc.collect()
             finally:
                 with self._cond:

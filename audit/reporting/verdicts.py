@@ -1,7 +1,7 @@
 """What a party's round came to, in plain words: the leak verdict (does any attack beat chance, family-wise; what
 these counts could have detected when none does), the epsilon the audit proves against the budget, the gate's
 verdict, the metric and threshold that decided it, and the epsilon DP spent; read off the round record (its `leak`,
-audit.verdict.leak, and `extra.gate`, audit.gate_flow.record_entry).
+audit.verdict.leak, and `extra.gate`, audit.gate_flow.GateOutcome.record_entry, typed as audit.record_parts.GateEntry).
 
 The pages and the end-of-run summary lead with this; nothing here is computed anew.
 """

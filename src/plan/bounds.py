@@ -1,8 +1,8 @@
 """The most of each count a plan may ask for, from what the data and the machine allow, checked before any work.
 
 - Rounds: OpenFL's task assigner (RandomGroupedAssigner, StaticGroupedAssigner) builds, when the aggregator starts,
-  a list per round for every task and every collaborator: `--rounds 1000000000` filled 19.3 GB of the machine's 23 GB
-  before round 0 (and no round ran). A run may ask for at most MAX_ROUNDS rounds, and for no more than fit in
+  a list per round for every task and every collaborator, all of it before round 0: a billion rounds fill a machine's
+  memory before any round runs. A run may ask for at most MAX_ROUNDS rounds, and for no more than fit in
   ASSIGNER_MEMORY_SHARE of the machine's memory at ASSIGNER_BYTES_PER_ENTRY per round, task and collaborator.
 - Collaborators: every collaborator's member, non-member and population sets need at least one sample of the
   dataset (src.data.split); a local federation runs a process per collaborator, each holding the libraries it
@@ -26,11 +26,12 @@ __all__ = ["MAX_ROUNDS", "ASSIGNER_BYTES_PER_ENTRY", "ASSIGNER_MEMORY_SHARE", "P
            "max_local_collaborators", "check_local_collaborators", "check_sample_size"]
 
 MAX_ROUNDS = 100_000
-# What OpenFL 1.9's assigners hold per round for each task and each collaborator: 92-144 bytes measured
-# (`.venv/bin/python benchmarks/bench_assigner_memory.py`, retained and peak under tracemalloc), rounded up.
+# What OpenFL 1.9's assigners hold per round for each task and each collaborator, rounded up from what
+# benchmarks/bench_assigner_memory.py measures (retained and peak under tracemalloc; benchmarks/README.md).
 ASSIGNER_BYTES_PER_ENTRY = 160
 ASSIGNER_MEMORY_SHARE = 1 / 8
-# The libraries a party's process imports (torch, OpenFL, pandas, ...): 0.44 GB RSS (benchmarks/README.md, "Memory").
+# The libraries a party's process imports (torch, OpenFL, pandas, ...), as resident memory (benchmarks/README.md,
+# "Memory").
 PARTY_PROCESS_BYTES = 440 * 2**20
 
 

@@ -1,8 +1,8 @@
 """Drop the pages of torch's CUDA libraries from a process on a machine that has no GPU to run them.
 
 torchvision's wheels work with PyPI's torch, a CUDA build, whose CUDA libraries (cuBLAS, cuBLASLt, NVRTC, nvJitLink,
-libtorch_cuda, ...) are loaded by `import torch` with or without a GPU, and their loading leaves about 0.17 GB of
-their code and read-only data resident in every process (benchmarks/README.md, "torch builds"). Without an NVIDIA
+libtorch_cuda, ...) are loaded by `import torch` with or without a GPU, and their loading leaves their code and
+read-only data resident in every process (benchmarks/README.md, "torch builds", has the figures). Without an NVIDIA
 driver nothing runs that code. Those pages are the files' own: a mapping that cannot be written and holds no
 anonymous (copy-on-write) page is byte for byte the file, so madvise(MADV_DONTNEED) drops it from the process and
 any later access reads it back from the file (on Linux, for private file mappings). Mappings that were written

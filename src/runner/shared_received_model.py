@@ -78,5 +78,5 @@ class SharedReceivedModel:
 
 
 def _checksum(array: np.ndarray) -> int:
-    # zlib's CRC-32 over the bytes (stdlib; 0.02-0.05 s for a 93 MB model here): a write of any value changes it.
+    # zlib's CRC-32 over the bytes (stdlib, one pass over the model): a write of any value changes it.
     return zlib.crc32(np.ascontiguousarray(array))  # (a 0-d array reads as one element: the same bytes)

@@ -3,9 +3,8 @@
 OpenFL 1.9's `TensorDB` keeps every tensor in a pandas DataFrame: each `cache_tensor` is a `pd.concat` of the whole
 frame, each lookup five boolean masks over every row, and each aggregation by a function that reads the history
 (`src.aggregation.GatedWeightedAverage`, OpenFL's adaptive aggregations) an `iterrows` over the whole frame. Its
-`clean_up` keeps every reported (metric) row of every round, so all of this grows with the rounds. Profiled on a
-digits federation (2 collaborators, ~90 metrics each, 4 rounds, cProfile of the aggregator's request handlers):
-these frame operations were most of the aggregator's end of round (0.9-1.6 s of a 2.7 s round; compute 0.6 s).
+`clean_up` keeps every reported (metric) row of every round, so all of this grows with the rounds, and these frame
+operations become most of the aggregator's end of round.
 
 `IndexedTensorDB` keeps the same rows in a list, in insertion order, with a dict from a row's key to its first row
 (OpenFL's lookups take the first match), and answers every OpenFL method from them. The DataFrame
