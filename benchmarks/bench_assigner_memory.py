@@ -7,8 +7,7 @@ every task and every collaborator. Each is built here with the plan's three task
 and round counts, under tracemalloc (they are pure Python: every byte goes through Python's allocator), and the
 retained and peak bytes are printed per round x (tasks + collaborators).
 
-Measured (2026-11-25, this 2-core machine, Python 3.11, OpenFL 1.9): RandomGroupedAssigner 92-138 bytes retained,
-117-144 peak; the bound uses 160.
+The figures, and the bound they give: benchmarks/README.md, "OpenFL's task assigners".
 """
 
 from __future__ import annotations

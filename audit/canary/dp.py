@@ -3,8 +3,8 @@
 Wherever a party trains with DP, a white-box canary audit of the same mechanism gives an epsilon lower bound; the
 accountant's epsilon is an upper bound on the same quantity, so a lower bound above it proves the DP training (or its
 accounting) broken: the update is withheld ("DP guarantee violated by the audit"). A correct DP training trips it
-with probability at most 1 - confidence per check (the bound's own error level); measured 0 in
-tests/test_canary_soundness.py.
+with probability at most 1 - confidence per check (the bound's own error level; tests/test_canary_soundness.py checks
+it on correct DP trainings).
 
 - DP-SGD (the gate's dp_retrain): `audit_dp_training` runs the party's own DP training (a `DPTrainer`, the same code
   that trains the update: audit/dp_training.py) once more from the same start on the same members, with gradient

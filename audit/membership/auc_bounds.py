@@ -3,10 +3,9 @@
 The AUC estimate is the mean of the members' placements (each member's share of non-members ranked below it, ties
 half) and equally the mean of the non-members' placements (each one's share of members ranked above it). DeLong's
 interval, estimate +- z * SE, leaves the truth below its lower bound far more often than (1 - c) / 2 near AUC 1 at
-small sizes (at AUC 0.99 with 20 members and 20 non-members: 38% of draws on Gaussian scores, up to 81% on others;
-benchmarks/README.md): the placements are skewed, and a sample that missed the few badly ranked members both
-overestimates the AUC and underestimates its variance. No estimate of the variance from such a sample can see what
-it missed. A rank-based interval cannot tell a perfectly separated sample of well-behaved scores from one drawn where
+small sizes (benchmarks/README.md, "AUC interval coverage", has its miss rates): the placements are skewed, and a
+sample that missed the few badly ranked members both overestimates the AUC and underestimates its variance. No
+estimate of the variance from such a sample can see what it missed. A rank-based interval cannot tell a perfectly separated sample of well-behaved scores from one drawn where
 a share 1 - AUC of the smaller class (k = min(m, n) samples) ranks beyond every sample of the other class, where
 perfect separation has probability AUC^k: so no lower bound that holds for every score distribution exceeds
 ((1 - c) / 2)^(1/k) at perfect separation (0.832 at 20 a class, 95%).
