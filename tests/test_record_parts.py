@@ -103,3 +103,17 @@ def test_a_malformed_typed_part_is_refused_naming_its_file_and_key(where, bad, k
         data["extra"] = {"gate": bad}
     with pytest.raises(ValueError, match=rf"^round_0000/audit.json: {key}"):
         RoundRecord.from_json(data, "round_0000/audit.json")
+
+
+def test_the_pages_settings_block_is_the_records_json():
+    from audit.reporting.party_page import round_section
+
+    settings = AuditSettings.from_mapping(SETTINGS)
+    policy = GatePolicy.from_mapping({"action": "withhold", "epsilon_budget": 2.0}, audit_settings=settings)
+    entry = GateOutcome("kept", GateVerdict(passed=True), None).record_entry(policy)
+    record = RoundRecord.from_json(RoundRecord("p", 3, settings=RecordSettings.of(settings),
+                                               extra={"gate": entry}).to_json())
+    html = "\n".join(round_section(record, [0.1], set()))
+    block = html[html.index("<pre>") + 5:html.index("</pre>")].replace("&quot;", '"')
+    shown = json.loads(block)
+    assert shown["settings"] == settings.to_dict() and shown["extra"]["gate"]["epsilon_budget"] == 2.0

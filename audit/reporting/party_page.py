@@ -200,8 +200,8 @@ def round_section(record: RoundRecord, tols: list[float], files: set[str] | None
         out.append(f'<p><a href="{href(d, "roc.png")}"><img src="{href(d, "roc.png")}" '
                    f'alt="{escape(f"ROC curves, round {rnd}")}" loading="lazy"></a></p>')
     out += _private_views(record, d, files or set())
-    details = {name: value for name, value in
-               (("settings", record.settings), ("timings", record.timings), ("extra", record.extra)) if value}
+    stored = record.to_json()  # as audit.json holds them
+    details = {name: stored[name] for name in ("settings", "timings", "extra") if stored[name]}
     if details:
         text = json.dumps(details, sort_keys=True, indent=2, default=str)
         out.append(f"<details><summary>settings, timings, extra</summary><pre>{escape(text)}</pre></details>")
