@@ -64,7 +64,8 @@ _NAMES = {
     # ------------------------------------------------------------ the gate's contract with the aggregator
     "Decision": "audit.config.gate_contract", "decide": "audit.config.gate_contract",
     "GATE_KEPT": "audit.config.gate_contract", "GATE_WITHHELD": "audit.config.gate_contract",
-    # ------------------------------------------------------------ the verdict: what counts can detect
+    # ------------------------------------------------------------ the verdict: against chance; what counts detect
+    "leak_verdict": "audit.verdict.leak", "LeakVerdict": "audit.verdict.leak", "Evidence": "audit.verdict.leak",
     "smallest_detectable_auc": "audit.verdict.chance", "smallest_detectable_tpr": "audit.verdict.chance",
     "largest_certifiable_epsilon": "audit.verdict.chance",
     # ------------------------------------------------------------ reports
