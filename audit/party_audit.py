@@ -31,7 +31,7 @@ from audit.config.audit_settings import AuditSettings
 from audit.config.mitigation_settings import UPDATE_MITIGATIONS
 from audit.config.per_collaborator import CollaboratorSettings, check_gate_resolution, parse_per_collaborator
 from audit.config.steps import registered
-from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, rejected_before_training, run_gate
+from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, WITHHELD, rejected_before_training, run_gate
 from audit.config.resolution import resolution_warning
 from audit.membership.signal_cache import SignalCache
 from audit.membership.signals import compute_signals
@@ -41,7 +41,7 @@ from audit.party_record import (complete_record, empty_record, gate_watched, rou
                                 sent_scalars)
 from audit.reporting.party import ReportWriter
 from audit.model_io import load_weights, weights_fingerprint
-from audit.round_audit import AuditSets, LocalTraining, audit_round, round_seed, sample_seed
+from audit.round_audit import AuditSets, LocalTraining, SentUpdate, audit_round, round_seed, sample_seed
 from audit.round_record import RoundRecord
 from audit.spill import SpilledModel
 from audit.training import TrainingRecipe
@@ -230,6 +230,7 @@ class PartyAudit:
         self.last_record = record
         ReportWriter(self.settings.report_dir, party, log_scale=self.settings.log_scale).write_round_in_background(
             record)
+        self._after_sending(party, round_num, None, averaged=False)
         logger.warning("%s round %d: %s; not trained, sending back the %s", party, round_num, verdict.reason,
                        "plan's initial model" if verdict.previous is None
                        else f"global model of round {verdict.previous.round_num}")
@@ -331,6 +332,7 @@ class PartyAudit:
         elif outcome.sends == SEND_RETRAINED:
             load_weights(self.model, outcome.retrained.state)
             changed, loss_sent = True, outcome.retrained.train_loss  # the loss of the training whose result is sent
+        self._after_sending(party, round_num, self.model, averaged=outcome.verdict != WITHHELD)
         if outcome.non_finite_tensors:
             logger.warning("%s round %d: update has NaN/Inf in %s; withheld", party, round_num,
                            list(outcome.non_finite_tensors))
@@ -365,6 +367,16 @@ class PartyAudit:
             logger.warning(note)
             self.status(r.party, note=note)
         logger.info(round_line(record, outcome, train_seconds))
+
+    def _after_sending(self, party: str, round_num: int, model, *, averaged: bool) -> None:
+        """The steps that follow the party's updates across rounds learn what it sent (AuditStep.after_sending)."""
+        if not self.settings.enabled:
+            return
+        sent = SentUpdate(party, round_num, model, averaged, self.data, (self.default_settings, self.per_collaborator))
+        for audit_step in registered():
+            hook = audit_step.load("after_sending")
+            if hook is not None and audit_step.enabled(self.settings):
+                hook(self._audit_store.setdefault(party, {}), sent, audit_step.settings_of(self.settings))
 
     def _audit(self, model, global_model, party: str, round_num: int,
                what: str = "the trained model") -> RoundRecord:

@@ -30,8 +30,8 @@ from audit.spill import ModelSource
 from audit.training import TrainingRecipe
 from audit.verdict.leak import Evidence, attack_evidence, leak_verdict
 
-__all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "audit_round", "attacks_evidence",
-           "sample_seed", "round_seed"]
+__all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "SentUpdate", "audit_round",
+           "attacks_evidence", "sample_seed", "round_seed"]
 
 SETS = ("members", "nonmembers", "population")
 
@@ -179,6 +179,22 @@ class StepResult:
     # Tests against chance and epsilon bounds for the round's leak verdict beyond those of `attacks` (which are
     # tested from their scores whatever step returns them).
     evidence: Evidence | None = None
+
+
+@dataclass(frozen=True)
+class SentUpdate:
+    """What a party sent at the end of a round, for the steps that follow its updates across rounds (a step's
+    `after_sending`, audit.config.steps): the model holding the sent weights (read only; None when nothing new was
+    sent), whether the aggregator's average takes it (False: withheld, or the received model was rejected), the
+    party's data (its training-set size, the plan's data split) and the plan's collaborator settings (the plan-wide
+    ones and the per-collaborator ones by name: every party's gate and mitigation)."""
+
+    party: str
+    round_num: int
+    model: torch.nn.Module | None
+    averaged: bool
+    data: object = None
+    collaborators: tuple | None = None
 
 
 def _runs(audit_step: AuditStep, context: AuditContext) -> bool:

@@ -123,7 +123,8 @@ class AuditDataLoader(PyTorchDataLoader):
 
     Attributes after construction with a shard: ``X_train``/``y_train`` (members),
     ``X_valid``/``y_valid`` (non-members), ``X_population``/``y_population``;
-    ``shard`` (1-based, None in init mode), ``dataset``, ``info`` (DatasetInfo),
+    ``shard`` (1-based, None in init mode), ``train_sizes`` (every shard's member count),
+    ``dataset``, ``info`` (DatasetInfo),
     ``dirichlet_alpha`` (None = IID), ``devices_per_user``, ``user`` / ``device`` (0-based
     user of the shard and its device number within that user; None in init mode).
     """
@@ -149,6 +150,7 @@ class AuditDataLoader(PyTorchDataLoader):
         self.num_classes = self.info.num_classes
         self.X_population = None
         self.y_population = None
+        self.train_sizes = None
         self.shard = None
         self.user = None
         self.device = None
@@ -171,6 +173,9 @@ class AuditDataLoader(PyTorchDataLoader):
         # pool indices are kept; the samples are copied out when asked for.
         self.background_index = np.sort(np.concatenate([p["population"] for p in parts]))
         self.population_index = parts[self.shard - 1]["population"]
+        # Every party's training-set size (shard order): the weights of the aggregator's average, which every party
+        # can compute from the same split (audit.cross_round derives the other parties' combined update from them).
+        self.train_sizes = tuple(len(p["train"]) for p in parts)
         # Views of the process's one arranged array (the other parties' sets are its other rows).
         x, y, block = self._arranged.x, self._arranged.y, self._arranged.blocks[self.shard - 1]
         self.X_train, self.y_train = x.rows(block["train"]), y[block["train"]]

@@ -66,6 +66,9 @@ class AuditStep:
     Each callable may be given as "module:function", imported on first use (keeps torch out of plan reading).
     phase: AFTER_TRAINING (audits the trained update, its metrics can be gated) or BEFORE_TRAINING (checks the received
         model before training; see audit.before_training).
+    after_sending: `after_sending(store, sent, step_settings)`, called by the party once a round's update has gone
+        out (`sent`: audit.round_audit.SentUpdate; `store`: the party's audit store, the step's entries under its
+        name), in every round while the step is enabled: for a step that follows the party's updates across rounds.
     """
 
     name: str
@@ -82,13 +85,14 @@ class AuditStep:
     metric_ranges: Mapping[str, tuple[float, float]] = field(default_factory=dict)
     needs_global: bool = True
     phase: str = AFTER_TRAINING
+    after_sending: str | Callable | None = None
 
     def load_run(self) -> Callable:
         return _load(self.run)
 
     def load(self, name: str) -> Callable | None:
-        """One of its optional callables (check_model, histograms, page_section, summary), imported if given by
-        name; None when it declares none (and for summary's METRICS default)."""
+        """One of its optional callables (check_model, histograms, page_section, summary, after_sending), imported if
+        given by name; None when it declares none (and for summary's METRICS default)."""
         found = getattr(self, name)
         return None if found is None or found == METRICS else _load(found)
 
