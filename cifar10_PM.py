@@ -187,6 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "the aggregator's attack on the real updates (its report's deanon/ folder)")
     p.add_argument("--dirichlet_alpha", type=float, default=None,
                    help="label skew of the collaborators' data (Dirichlet alpha > 0; none: IID, as the tutorial)")
+    p.add_argument("--cross_round", type=str2bool, nargs="?", const=True, default=False,
+                   help="also run the cross-round attack: every update a collaborator sent, against the other "
+                        "collaborators' combined update, over the rounds so far (FedMIA), and source inference "
+                        "(metrics cross_round_*; task_runner.settings.audit.cross_round)")
     p.add_argument("--fidel", type=str2bool, nargs="?", const=True, default=False,
                    help="also run the Fidel reconstruction audit of each update")
     p.add_argument("--gate", nargs="+", action=GateArgument, default=None, metavar=("ACTION", "METRIC=THRESHOLD"),
@@ -280,6 +284,7 @@ def audit_settings(args):
     audit.update(signals=list(args.signals), fpr_tolerance=list(args.fpr_tolerance),
                  interval=args.auditing_interval, fidel={**(audit.get("fidel") or {}), "enabled": args.fidel},
                  deanon={**(audit.get("deanon") or {}), "enabled": args.deanon},
+                 cross_round={**(audit.get("cross_round") or {}), "enabled": args.cross_round},
                  rmia={**(audit.get("rmia") or {}), **flags.pop("rmia")}, **flags)
     try:
         return AuditSettings.from_mapping(audit, prefix="audit")
@@ -384,6 +389,7 @@ def overrides_from_args(args) -> dict:
                 "report_dir": str(args.report_dir),
                 "fidel": {"enabled": args.fidel},
                 "deanon": {"enabled": args.deanon},
+                "cross_round": {"enabled": args.cross_round},
                 **audit_flags(args),
             },
         }},

@@ -1,6 +1,7 @@
 """The built-in audit steps, declared in run order: membership inference (population and update attacks), RMIA with
 the federation's reference models, Fidel reconstruction, deanonymization, the canary audit (one-run epsilon
-bound); and, before training, the check of the received global model (phase BEFORE_TRAINING).
+bound), the cross-round attack (every update the party sent against the other parties' combined one); and, before
+training, the check of the received global model (phase BEFORE_TRAINING).
 
 Each declaration names the step's plan section, its settings parser, the metrics it reports and where its run lives
 (imported on first use, so reading a plan needs no torch). See audit.config.steps for how to add one.
@@ -10,15 +11,16 @@ from __future__ import annotations
 
 from audit.config.attack_key import AttackKey
 from audit.config.canary_settings import CANARY_METRIC_RANGES, CANARY_METRICS, canary_settings
+from audit.cross_round.settings import cross_round_settings
 from audit.config.deanon_settings import deanon_settings
 from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
 from audit.config.received_model_settings import METRICS as RECEIVED_MODEL_METRICS, received_model_settings
 from audit.config.rmia_settings import rmia_settings
 from audit.config.steps import BEFORE_TRAINING, AuditStep, register
-from audit.config.vocabulary import (CANARY_FILE, FIDEL_GRID_FILE, MIA_PREFIX, RMIA, RMIA_SCORES_FILE, SIGNALS_FILE,
-                                     attack_statistics)
+from audit.config.vocabulary import (CANARY_FILE, CROSS_ROUND, CROSS_ROUND_FILE, FIDEL_GRID_FILE, MIA_PREFIX, RMIA,
+                                     RMIA_SCORES_FILE, SIGNALS_FILE, attack_statistics)
 
-__all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "RECEIVED_MODEL", "CANARY", "membership_series"]
+__all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "RECEIVED_MODEL", "CANARY", "CROSS_ROUND_STEP", "membership_series"]
 
 
 def membership_series(settings) -> list[AttackKey]:
@@ -70,4 +72,11 @@ CANARY = register(AuditStep(
     name="canary", section="canary", parse=canary_settings, metric_names=lambda settings, _: list(CANARY_METRICS),
     run="audit.canary.step:run", metric_ranges=CANARY_METRIC_RANGES, metric_prefix="canary_",
     private_files=(CANARY_FILE,),
+))
+CROSS_ROUND_STEP = register(AuditStep(
+    name=CROSS_ROUND, section=CROSS_ROUND, parse=cross_round_settings,
+    metric_names=lambda settings, audit_settings: settings.metric_names(audit_settings.fpr_tolerance),
+    run="audit.cross_round.step:run", metric_prefix=CROSS_ROUND + "_", private_files=(CROSS_ROUND_FILE,),
+    summary="audit.cross_round.views:summary", page_section="audit.cross_round.views:page_section",
+    after_sending="audit.cross_round.step:after_sending",
 ))

@@ -10,8 +10,9 @@ __all__ = [
     "SIGNALS", "MEMBER_IF_LOWER", "THRESHOLD_FUNCTIONS", "LOSS_ONLY_FUNCTIONS", "OPTIMIZERS",
     "GATE_ACTIONS", "MODEL_KINDS", "AUC", "EXACT_AUC", "EPSILON_LB", "ADVANTAGE", "LOWER", "UPPER", "BOUNDS",
     "tolerance_name", "tolerance_name_clash", "MIA_PREFIX", "mia_metric", "tpr_statistic", "bounded", "attack_statistics",
-    "RMIA", "rmia_metric", "attack_metric", "LEAK_PREFIX", "LEAK_DETECTED", "LEAK_P_VALUE", "LEAK_EPSILON_LB",
+    "RMIA", "rmia_metric", "CROSS_ROUND", "attack_metric", "LEAK_PREFIX", "LEAK_DETECTED", "LEAK_P_VALUE", "LEAK_EPSILON_LB",
     "LEAK_EPSILON_CEILING", "LEAK_METRICS", "SIGNALS_FILE", "RMIA_SCORES_FILE", "FIDEL_GRID_FILE", "CANARY_FILE",
+    "CROSS_ROUND_FILE",
     "attack_name", "POPULATION_PREFIX", "population_name",
 ]
 
@@ -105,15 +106,24 @@ def rmia_metric(references: str, statistic: str) -> str:
     return f"{RMIA}_{references}_{statistic}"
 
 
+# The cross-round attack (audit.cross_round): the party's sent updates of every round against the other parties'
+# combined update, named cross_round_<signal>_<statistic> (the step's own prefix).
+CROSS_ROUND = "cross_round"
+# Model kinds whose attacks are named by the kind itself (<model>_<signal>_<statistic>), under their step's prefix.
+_SELF_NAMED = (RMIA, CROSS_ROUND)
+
+
 def attack_metric(model: str, signal: str, statistic: str) -> str:
     """The metric name of one membership attack's statistic as the round record keys its attacks (model kind ->
-    signal): rmia_<references>_<statistic> for RMIA (model kind RMIA), mia_<model>_<signal>_<statistic> otherwise."""
-    return rmia_metric(signal, statistic) if model == RMIA else mia_metric(model, signal, statistic)
+    signal): rmia_<references>_<statistic> for RMIA (model kind RMIA), cross_round_<signal>_<statistic> for the
+    cross-round attack, mia_<model>_<signal>_<statistic> otherwise."""
+    return f"{attack_name(model, signal)}_{statistic}"
 
 
 def attack_name(model: str, signal: str) -> str:
-    """What every metric of one membership attack starts with: mia_<model>_<signal>, or rmia_<references>."""
-    return f"{RMIA}_{signal}" if model == RMIA else f"{MIA_PREFIX}{model}_{signal}"
+    """What every metric of one membership attack starts with: mia_<model>_<signal>, rmia_<references> or
+    cross_round_<signal>."""
+    return f"{model}_{signal}" if model in _SELF_NAMED else f"{MIA_PREFIX}{model}_{signal}"
 
 
 # The population size each membership attack set its thresholds on, sent beside the audit metrics (a count, not an
@@ -132,6 +142,7 @@ SIGNALS_FILE = "signals.npz"          # per-sample signals, `<model>_<signal>_<s
 RMIA_SCORES_FILE = "rmia_scores.npz"  # per-sample RMIA scores, `<reference kind>_<set>`
 FIDEL_GRID_FILE = "fidel_grid.png"    # Fidel's reconstructions beside the members they reveal
 CANARY_FILE = "canary.npz"            # the canaries' labels, inclusion and scores (audit.canary.step)
+CROSS_ROUND_FILE = "cross_round.npz"  # the cross-round attack's per-sample signals and scores (audit.cross_round.step)
 
 # The round's leak verdict (audit.verdict.leak), computed from every step's evidence in every audited round:
 LEAK_PREFIX = "leak_"

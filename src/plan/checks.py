@@ -30,7 +30,7 @@ from src.plan import bounds as plan_bounds
 from src.plan.openfl_sections import check_included_files, check_openfl_sections
 
 __all__ = ["TASK_RUNNER_TEMPLATE", "DATA_LOADER_TEMPLATE", "TASK_FUNCTIONS", "task_names", "split_settings",
-           "split_ratios", "check_tasks",
+           "split_ratios", "check_tasks", "check_cross_round", "WEIGHTED_AVERAGES",
            "check_collaborator_names", "check_name", "check_names", "check_plan_bounds", "check_plan",
            "PlanBeingBuilt", "plan_being_built", "check_built_plan", "insecure_transport", "INSECURE_ENV",
            "check_transport"]
@@ -102,6 +102,34 @@ def check_tasks(tasks, prefix: str = "tasks") -> None:
         for key in REQUIRED_KWARGS.get(function, ()):
             if key not in kwargs:
                 raise SettingsError(f"{where}.kwargs.{key}: missing; {function} needs it")
+
+
+# The aggregation functions that average the trained models with weights (the identity the cross-round attack's
+# derivation rests on, audit.cross_round.others); a task without aggregation_type gets OpenFL's WeightedAverage.
+WEIGHTED_AVERAGES = ("src.aggregation.GatedWeightedAverage", "openfl.interface.aggregation_functions.WeightedAverage",
+                     "openfl.interface.aggregation_functions.weighted_average.WeightedAverage")
+
+
+def check_cross_round(config: Mapping) -> None:
+    """audit.cross_round with `aggregation: weighted_average` (its default) derives the other parties' update from the
+    global models, which only a weighted average allows: a train task aggregated otherwise is refused, naming both
+    keys (set `aggregation: other` and every round is skipped, saying why)."""
+    settings = (config.get("task_runner") or {}).get("settings")
+    audit = settings.get("audit") if isinstance(settings, Mapping) else None
+    section = audit.get("cross_round") if isinstance(audit, Mapping) else None
+    if not isinstance(section, Mapping) or section.get("enabled") is not True \
+            or section.get("aggregation", "weighted_average") != "weighted_average":
+        return
+    for name, task in (config.get("tasks") or {}).items():
+        if name in NOT_TASKS or not isinstance(task, Mapping) or task.get("function") != "train_task":
+            continue
+        kind = task.get("aggregation_type")
+        template = kind.get("template") if isinstance(kind, Mapping) else kind
+        if template is not None and template not in WEIGHTED_AVERAGES:
+            raise SettingsError(f"task_runner.settings.audit.cross_round.aggregation: weighted_average, but "
+                                f"tasks.{name}.aggregation_type is {template}: set cross_round.aggregation: other (the "
+                                f"others' update cannot be derived; every round is skipped) or aggregate with one of "
+                                f"{', '.join(WEIGHTED_AVERAGES[:2])}")
 
 
 def check_collaborator_names(per_collaborator, collaborators: Sequence[str],
@@ -190,6 +218,7 @@ def check_plan(config: Mapping, collaborators: Sequence[str] | None = None) -> N
     if not isinstance(runner, Mapping) or runner.get("template") != TASK_RUNNER_TEMPLATE:
         return
     check_tasks(config.get("tasks") or {})
+    check_cross_round(config)
     settings = runner.get("settings")
     audit = settings.get("audit") if isinstance(settings, Mapping) else None
     if isinstance(audit, Mapping):  # the plug-in steps register before anyone reads their sections or metrics
