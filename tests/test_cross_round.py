@@ -275,7 +275,7 @@ def test_through_the_real_audit_a_party_that_trains_on_its_members_every_round_i
     assert line.startswith("over 3 rounds (0-2), the aggregator could tell a's members with TPR ")
     assert "at FPR 0.05" in line and "chance 0.33" in line
     page = "".join(page_section(record, "round_0003", set()))
-    assert "Across rounds: every update sent" in page and "exact with two parties" not in page
+    assert "Across rounds: every update sent" in page and "with 3 parties the party compares" in page
     assert page.count("<tr><td>") == 3 and "attacked: weight 0.333 of 3 parties" in page
 
 
@@ -440,4 +440,10 @@ def test_a_plan_whose_train_task_does_not_average_with_weights_is_refused_unless
     check_cross_round(plan(robust, aggregation="other"))  # said: every round is skipped, with the reason
     check_cross_round(plan("src.aggregation.GatedWeightedAverage"))
     check_cross_round({**plan(robust), "tasks": {"learn": {"function": "train_task"}}})  # OpenFL's default average
+    built = plan(robust)  # a plan OpenFL has built holds the function object itself
+    built["tasks"]["learn"]["aggregation_type"] = GatedWeightedAverage()
+    check_cross_round(built)
+    built["tasks"]["learn"]["aggregation_type"] = object()
+    with pytest.raises(ValueError, match=r"aggregation_type is builtins\.object"):
+        check_cross_round(built)
     check_cross_round(plan(robust, enabled=False))

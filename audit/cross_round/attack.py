@@ -13,9 +13,10 @@ parties' updates give (no other party trained on the party's samples), one-sided
 The others' update sets each sample's own baseline (its difficulty, the round's general learning); FedMIA takes the
 spread of the non-members' measurements per sample from the K - 1 other parties' updates one by one, which the party
 does not see: it sees their combined update only. So mu_r and sigma_r come from the party's population (samples no
-party trained on, a_r's null distribution), fitted robustly (median, 1.4826 x the median absolute deviation: the
-loss has a heavy tail) as LiRA's fixed-variance variant does with few references. The population's own scores use
-the same fit, symmetric in members and non-members, so the round's leak verdict's tests stay valid.
+party trained on, a_r's null distribution), per class where it has enough samples of the class, fitted robustly
+(median, 1.4826 x the median absolute deviation: the loss has a heavy tail) as LiRA's fixed-variance variant does
+with few references. Members and non-members are scored alike, so the round's leak verdict's tests stay valid; the
+population's own scores, on which the thresholds are set, are cross-fitted.
 
 Source inference (Hu et al., ICDM 2021): the aggregator names as a record's source the party whose update has the
 lowest loss on it; over rounds with the posterior proportional to exp(-loss) per round, the party whose summed loss
@@ -43,6 +44,7 @@ _MAD_TO_SD = 1.4826
 # A class's own fit needs this many population samples of it (its median and MAD then move by about a tenth of the
 # null's spread between draws); fewer share the pooled fit.
 MIN_CLASS = 20
+FOLDS = 5  # the population's cross-fitting (round_evidence)
 
 
 def round_statistic(own: np.ndarray, others: np.ndarray, signal: str) -> np.ndarray:
@@ -62,26 +64,44 @@ def _robust_fit(population: np.ndarray) -> tuple[float, float]:
     return mu, sigma if sigma > 0 else 1.0
 
 
+def _fitted(labels: np.ndarray | None, fit: np.ndarray, fit_labels: np.ndarray | None, size: int
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """mu and sigma for each of `size` samples (of class `labels`) from the null sample `fit`: per class where it has
+    at least MIN_CLASS values of it, pooled otherwise (and without labels)."""
+    pooled = _robust_fit(fit)
+    mu, sigma = np.full(size, pooled[0]), np.full(size, pooled[1])
+    if labels is not None and fit_labels is not None:
+        for label in np.unique(fit_labels):
+            in_class = fit_labels == label
+            here = labels == label
+            if in_class.sum() >= MIN_CLASS and here.any():
+                mu[here], sigma[here] = _robust_fit(fit[in_class])
+    return mu, sigma
+
+
 def round_evidence(statistic: dict[str, np.ndarray], labels: dict[str, np.ndarray] | None = None
                    ) -> dict[str, np.ndarray]:
     """c_r per set: Phi((a_r - mu_r) / sigma_r), mu_r and sigma_r fitted on the population's a_r; with `labels` (set
     -> class labels) per class, for every class with at least MIN_CLASS population samples (the pooled fit for the
-    rest): a class's samples share much of their difficulty, the nearest the party gets to FedMIA's per-sample fit."""
-    pooled = _robust_fit(statistic["population"])
+    rest): a class's samples share much of their difficulty, the nearest the party gets to FedMIA's per-sample fit.
+    The population's own values are cross-fitted (each of FOLDS folds scored by the fit on the others), so that the
+    thresholds set on them are not drawn in by their own fit (as RMIA's population scores are leave-one-out)."""
+    population = np.asarray(statistic["population"], dtype=np.float64)
+    fit_labels = None if labels is None else np.asarray(labels["population"])
     out = {}
-    for name, values in statistic.items():
-        mu = np.full(values.shape, pooled[0])
-        sigma = np.full(values.shape, pooled[1])
-        if labels is not None:
-            population_labels = labels["population"]
-            for label in np.unique(population_labels):
-                in_class = population_labels == label
-                if in_class.sum() < MIN_CLASS:
-                    continue
-                fit = _robust_fit(statistic["population"][in_class])
-                here = labels[name] == label
-                mu[here], sigma[here] = fit
+    for name in ("members", "nonmembers"):
+        values = np.asarray(statistic[name], dtype=np.float64)
+        mu, sigma = _fitted(None if labels is None else np.asarray(labels[name]), population, fit_labels, values.size)
         out[name] = norm.cdf((values - mu) / sigma)
+    folds = np.arange(population.size) % FOLDS
+    scores = np.empty(population.size)
+    for fold in range(FOLDS):
+        held = folds == fold
+        rest = ~held if (~held).any() else held  # a population of one sample is its own fit
+        mu, sigma = _fitted(None if fit_labels is None else fit_labels[held], population[rest],
+                            None if fit_labels is None else fit_labels[rest], int(held.sum()))
+        scores[held] = norm.cdf((population[held] - mu) / sigma)
+    out["population"] = scores
     return out
 
 

@@ -7,7 +7,8 @@ import math
 from typing import Mapping
 
 from audit.config.vocabulary import CROSS_ROUND, tolerance_name
-from audit.reporting.readings import exact_auc_of, float_or_nan, fmt, resolvable_at, tpr_at, tpr_band_at
+from audit.reporting.readings import (exact_auc_of, float_or_nan, fmt, fmt_interval, resolvable_at, tpr_at,
+                                      tpr_band_at)
 from audit.round_record import RoundRecord
 
 __all__ = ["summary", "page_section"]
@@ -80,12 +81,14 @@ def page_section(record: RoundRecord, round_dir: str, files: set[str]) -> list[s
     note = ""
     if isinstance(source, Mapping):
         interval = source.get("interval") or [math.nan, math.nan]
+        how = ("with two parties this is the aggregator's rule exactly" if source.get("exact") else
+               f"with {source.get('parties')} parties the party compares its update with the others' combined one, "
+               "an upper estimate of the aggregator's rate")
         note = (f"<p>Source inference: the aggregator would name this party as the source of "
-                f"{escape(source.get('members_own'))} of {escape(source.get('members'))} members "
-                f"({escape(fmt(source.get('rate'), 3))}, {escape(fmt(interval[0], 3))}-{escape(fmt(interval[1], 3))}) "
-                f"against chance {escape(fmt(source.get('chance'), 3))} and "
-                f"{escape(fmt(source.get('nonmember_rate'), 3))} of the non-members "
-                f"({'exact with two parties' if source.get('exact') else 'an upper estimate with more parties'}).</p>")
+                f"{escape(source.get('members_own'))} of {escape(source.get('members'))} members, "
+                f"{escape(fmt_interval(source.get('rate'), interval[0], interval[1], 3))}, against chance "
+                f"{escape(fmt(source.get('chance'), 3))} (1 / {escape(source.get('parties'))} parties); the same rule "
+                f"names it for {escape(fmt(source.get('nonmember_rate'), 3))} of the non-members ({escape(how)}).</p>")
     line = summary(record)
     return [f'<h4 id="{escape(round_dir)}-cross-round">Across rounds: every update sent</h4>'
             f"<p>{escape(line or 'no round attacked yet')}. The attack sees the others' combined update, where the "

@@ -124,7 +124,12 @@ def check_cross_round(config: Mapping) -> None:
         if name in NOT_TASKS or not isinstance(task, Mapping) or task.get("function") != "train_task":
             continue
         kind = task.get("aggregation_type")
-        template = kind.get("template") if isinstance(kind, Mapping) else kind
+        if isinstance(kind, Mapping):
+            template = kind.get("template")
+        elif kind is None or isinstance(kind, str):
+            template = kind
+        else:  # a plan OpenFL has built holds the function itself
+            template = f"{type(kind).__module__}.{type(kind).__name__}"
         if template is not None and template not in WEIGHTED_AVERAGES:
             raise SettingsError(f"task_runner.settings.audit.cross_round.aggregation: weighted_average, but "
                                 f"tasks.{name}.aggregation_type is {template}: set cross_round.aggregation: other (the "
