@@ -254,7 +254,7 @@ class _Federation:
 def _settings(confidence=0.95, **cross_round):
     return AuditSettings.from_mapping({
         "confidence": confidence, "fpr_tolerance": [0.05, 0.25], "signals": ["loss"],
-        "cross_round": {"enabled": True, "weights": {"a": 1, "b": 1, "c": 1}, **cross_round}})
+        "cross_round": {"enabled": True, "signal": "loss", "weights": {"a": 1, "b": 1, "c": 1}, **cross_round}})
 
 
 @pytest.mark.slow
@@ -321,7 +321,7 @@ def test_each_round_it_cannot_attack_says_why_and_reports_no_figure():
 def test_the_private_state_is_bounded_by_the_rounds_kept_and_written_0600(tmp_path):
     federation = _Federation(5, memorise=True, settings=_settings(rounds_kept=2), epochs=3, n=20)
     sizes = federation.sets.sizes()
-    per_round = 2 * 1 * sum(sizes.values()) * 4  # own and others' loss, float32
+    per_round = sum(sizes.values()) * (2 * 1 * 4 + 8)  # own and others' loss (float32), the evidence (float64)
     seen = []
     for round_num in range(6):
         record = federation.round(round_num)
@@ -418,7 +418,7 @@ def test_the_partys_audit_hands_the_step_what_it_sent_and_the_next_round_attacks
     assert records[1].extra[CROSS_ROUND]["rounds"] == [0]
     assert records[1].extra[CROSS_ROUND]["log"] == [{"round": 0, "status": "attacked", "weight": 30 / 75,
                                                      "parties": 2}]
-    assert 0.0 <= records[1].metrics["cross_round_loss_exact_auc"] <= 1.0
+    assert 0.0 <= records[1].metrics["cross_round_logits_exact_auc"] <= 1.0  # the default signal, the margin
     withheld = rounds(party_audit({"action": "withhold", "bound": "point", "thresholds": {"mia_local_loss_auc": 0.0}}))
     said = withheld[1].extra[CROSS_ROUND]["log"][-1]
     assert said["status"] == "skipped" and "not averaged" in said["reason"]

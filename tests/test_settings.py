@@ -42,7 +42,7 @@ DEFAULTS = {
                        "probe_alpha": 0.01},
     "canary": {"enabled": False, "interval": 1, "count": 500, "construction": "noise", "score": "loss",
                "dp_check": True, "gradient_count": 1000, "gradient_kind": "dirac", "gradient_norm": 10.0},
-    "cross_round": {"enabled": False, "signal": "loss", "rounds_kept": 20, "aggregation": "weighted_average",
+    "cross_round": {"enabled": False, "signal": "logits", "rounds_kept": 20, "aggregation": "weighted_average",
                     "weights": {}},
 }
 DEFAULTS_SIGNALS = tuple(DEFAULTS["signals"])

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import norm
 
-__all__ = ["SETS", "MEMBER_IF_LOWER", "round_statistic", "round_evidence", "combined_scores", "SourceInference",
-           "source_inference"]
+__all__ = ["SETS", "MEMBER_IF_LOWER", "round_statistic", "round_evidence", "mean_evidence", "combined_scores",
+           "SourceInference", "source_inference"]
 
 SETS = ("members", "nonmembers", "population")
 # Which way members lie on each signal the step compares (audit.config.vocabulary.MEMBER_IF_LOWER's).
@@ -105,14 +105,18 @@ def round_evidence(statistic: dict[str, np.ndarray], labels: dict[str, np.ndarra
     return out
 
 
+def mean_evidence(evidence: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """FedMIA's score per set: the mean over rounds of each round's evidence c_r (`round_evidence`)."""
+    if not evidence:
+        raise ValueError("mean_evidence: no round to combine")
+    return {name: np.mean([e[name] for e in evidence], axis=0) for name in SETS}
+
+
 def combined_scores(rounds: list[dict[str, np.ndarray]], labels: dict[str, np.ndarray] | None = None
                     ) -> dict[str, np.ndarray]:
-    """FedMIA's score per set: the mean over rounds of each round's evidence (`rounds`: one {set: a_r} per round;
-    `labels`: see round_evidence)."""
-    if not rounds:
-        raise ValueError("combined_scores: no round to combine")
-    evidence = [round_evidence(r, labels) for r in rounds]
-    return {name: np.mean([e[name] for e in evidence], axis=0) for name in SETS}
+    """`mean_evidence` of the rounds' statistics (`rounds`: one {set: a_r} per round; `labels`: see
+    round_evidence)."""
+    return mean_evidence([round_evidence(r, labels) for r in rounds])
 
 
 @dataclass(frozen=True)

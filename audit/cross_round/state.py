@@ -5,9 +5,10 @@ What is kept, and its bound:
   model (which averages it) arrives. One model, on disk in a private temporary folder (audit.spill.SpilledModel),
   replaced every round: the others' update cannot be derived from scores, it needs the sent weights once.
 - `History`: per attacked round, the per-sample signals of the audit's samples (members, non-members, population) under
-  the party's own update and under the others' combined update, float32, for the `rounds_kept` most recent rounds. Its
-  size is at most rounds_kept x 2 models x signals x (members + non-members + population) x 4 bytes (`bound_bytes`),
-  whatever the number of rounds. float32 because the signals are computed in float32 by the model's forward pass
+  the party's own update and under the others' combined update, float32, and the round's evidence per sample computed
+  once from them (float64), for the `rounds_kept` most recent rounds. Its size is at most rounds_kept x (members +
+  non-members + population) x (2 models x signals x 4 + 8) bytes (`bound_bytes`), whatever the number of rounds.
+  The signals in float32 because the signals are computed in float32 by the model's forward pass
   (each carries rounding errors of many float32 operations): storing them in float32 adds at most half a unit in the
   last place, below what they already carry; float16 (11 significant bits, 5e-4 relative) would add more than the
   computation's own error and tie distinct values, which moves the ranks the AUC and the thresholds are read from.
@@ -45,17 +46,21 @@ class Pending:
 @dataclass
 class RoundSignals:
     """One attacked round: per set, the signals (rows, in `History.signals` order) of every audited sample under the
-    party's own update and under the others' combined update."""
+    party's own update and under the others' combined update; and, computed once from them, the round's evidence
+    c_r per sample (float64: a strong member's is within 1e-10 of 1, where float32 would tie it with the rest;
+    audit.cross_round.attack.round_evidence) and that round's exact AUC alone."""
 
     round_num: int
     weight: float
     parties: int
     own: dict[str, np.ndarray]
     others: dict[str, np.ndarray]
+    evidence: dict[str, np.ndarray] = field(default_factory=dict)
+    exact_auc: float = float("nan")
 
     @property
     def nbytes(self) -> int:
-        return sum(a.nbytes for part in (self.own, self.others) for a in part.values())
+        return sum(a.nbytes for part in (self.own, self.others, self.evidence) for a in part.values())
 
 
 class History:
@@ -72,6 +77,8 @@ class History:
                     raise ValueError(f"round {entry.round_num}: {name} signals of shape {part[name].shape} and dtype "
                                      f"{part[name].dtype}; the history holds {len(self.signals)} x {self.sizes[name]} "
                                      f"{np.dtype(DTYPE).name}")
+            if entry.evidence and any(entry.evidence[n].shape != (self.sizes[n],) for n in SETS):
+                raise ValueError(f"round {entry.round_num}: evidence of another shape than the sets'")
         self.rounds.append(entry)
 
     def signal(self, which: str, name: str, signal: str) -> np.ndarray:
@@ -84,9 +91,9 @@ class History:
         return sum(entry.nbytes for entry in self.rounds)
 
     def bound_bytes(self) -> int:
-        """The most the history can hold: rounds_kept x 2 x signals x samples x itemsize."""
-        per_round = 2 * len(self.signals) * sum(self.sizes.values()) * np.dtype(DTYPE).itemsize
-        return self.rounds.maxlen * per_round
+        """The most the history can hold: rounds_kept x samples x (2 x signals x 4 + 8) bytes."""
+        per_sample = 2 * len(self.signals) * np.dtype(DTYPE).itemsize + np.dtype(np.float64).itemsize
+        return self.rounds.maxlen * per_sample * sum(self.sizes.values())
 
 
 @dataclass

@@ -28,7 +28,7 @@ import numpy as np
 from sklearn.metrics import roc_auc_score
 
 from audit.config.vocabulary import CROSS_ROUND, CROSS_ROUND_FILE
-from audit.cross_round.attack import (SETS, SourceInference, combined_scores, round_evidence, round_statistic,
+from audit.cross_round.attack import (SETS, SourceInference, mean_evidence, round_evidence, round_statistic,
                                       source_inference)
 from audit.cross_round.others import average_weight, left_out_alone, others_model
 from audit.cross_round.settings import ROUNDS_METRIC, SOURCE_METRICS, CrossRoundSettings
@@ -132,6 +132,11 @@ def _take(state: CrossRoundState, context: AuditContext, settings: CrossRoundSet
     if bad:
         state.note(target, SKIPPED, reason=f"non-finite signals under the {', '.join(bad)} update")
         return None
+    row = names.index(settings.signal)
+    statistic = {n: round_statistic(entry.own[n][row], entry.others[n][row], settings.signal) for n in SETS}
+    entry.evidence = round_evidence(statistic, _labels(sets))
+    entry.exact_auc = float(roc_auc_score(np.r_[np.ones(sets.sizes()["members"]), np.zeros(sets.sizes()["nonmembers"])],
+                                          np.r_[entry.evidence["members"], entry.evidence["nonmembers"]]))
     state.history.add(entry)
     state.note(target, ATTACKED, weight=pending.weight, parties=pending.parties)
     return entry
@@ -165,12 +170,7 @@ def _report(state: CrossRoundState, context: AuditContext, settings: CrossRoundS
     timings = {"cross_round_signals_s": seconds}
     if not history.rounds:
         return StepResult(metrics={ROUNDS_METRIC: 0.0}, details=details, timings=timings)
-    labels = _labels(context.mia_sets)
-    own = {n: history.signal("own", n, settings.signal) for n in SETS}
-    others = {n: history.signal("others", n, settings.signal) for n in SETS}
-    statistic = [{n: round_statistic(own[n][i], others[n][i], settings.signal) for n in SETS}
-                 for i in range(len(history.rounds))]
-    scores = combined_scores(statistic, labels)
+    scores = mean_evidence([entry.evidence for entry in history.rounds])
     key = AttackKey(CROSS_ROUND, settings.signal)
     result = population_attack(scores["members"], scores["nonmembers"], scores["population"], audit.fpr_tolerance,
                                signal=settings.signal, member_if_lower=False, attack=CROSS_ROUND,
@@ -184,12 +184,7 @@ def _report(state: CrossRoundState, context: AuditContext, settings: CrossRoundS
                                               source.nonmember_rate))))
     metrics[ROUNDS_METRIC] = float(len(history.rounds))
     test = _source_test(source, audit.confidence)
-    per_round = {}
-    for entry, values in zip(history.rounds, statistic):  # each round alone, for the page: how the evidence grew
-        alone = round_evidence(values, labels)
-        per_round[str(entry.round_num)] = float(roc_auc_score(
-            np.r_[np.ones(alone["members"].size), np.zeros(alone["nonmembers"].size)],
-            np.r_[alone["members"], alone["nonmembers"]]))
+    per_round = {str(entry.round_num): entry.exact_auc for entry in history.rounds}  # each round alone, for the page
     details.update({
         "parties": parties, "weights": {str(e.round_num): e.weight for e in history.rounds},
         "combination": "mean over the rounds kept of Phi((a - mu) / sigma), mu and sigma the population's median and "
