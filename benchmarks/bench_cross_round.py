@@ -76,8 +76,8 @@ def _recomputed(party_dir: Path, rounds: int, signal: str, tolerances, labels: d
             key = f"round_{r - 1}_{{}}_{signal}_{{}}"
             if key.format("own", "members") not in saved.files:
                 continue
-            rounds_found.append({name: round_statistic(saved[key.format("own", name)], saved[key.format("others", name)],
-                                                       signal) for name in SETS})
+            rounds_found.append({name: round_statistic(saved[key.format("own", name)],
+                                                       saved[key.format("others", name)], signal) for name in SETS})
     scores = combined_scores(rounds_found, labels)
     return _at(population_attack(scores["members"], scores["nonmembers"], scores["population"], tolerances,
                                  member_if_lower=False).to_dict())
