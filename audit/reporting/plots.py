@@ -31,7 +31,8 @@ INVERTED_NOTE = "signal direction wrong, not a safer model"
 
 DPI = 100
 _MODEL_TITLES = {"local": "local model", "global": "global model", "update": "model update",
-                 "rmia": "RMIA (local model, by references)"}
+                 "rmia": "RMIA (local model, by references)",
+                 "cross_round": "every update sent, against the others' (cross-round)"}
 _MODEL_STYLES = {"local": ("-", "o"), "global": ("--", "s"), "update": (":", "^"), "rmia": ("-", "v")}
 _OTHER_MODEL_STYLE = ("-.", "D")
 _SIGNAL_COLORS = {

@@ -23,7 +23,7 @@ __all__ = ["MODEL_ORDER", "ordered_models", "float_or_nan", "curve", "auc_of", "
            "advantage_of", "confidence_of", "unresolvable", "tolerances_of", "series_keys", "fmt", "fmt_interval",
            "csv_cell", "population_sizes"]
 
-MODEL_ORDER = ("local", "global", "update", "rmia")
+MODEL_ORDER = ("local", "global", "update", "rmia", "cross_round")
 
 
 def ordered_models(models: Iterable[str]) -> list[str]:
