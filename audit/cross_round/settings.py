@@ -57,8 +57,8 @@ class CrossRoundSettings:
                                "the aggregator's rule: weighted_average (FedAvg; src.aggregation.GatedWeightedAverage, "
                                "OpenFL's WeightedAverage) or other (nothing is derived: every round is skipped)")
     weights: dict = setting({}, mapping(real(gt=0), key_name="<collaborator>"),
-                            "each party's weight in the average (its training-set size); {}: every party's size from "
-                            "the plan's data split")
+                            "every party's weight in the average (its training-set size), each party of the "
+                            "federation named; {}: every party's size from the plan's data split")
 
     def to_dict(self) -> dict:
         return to_dict(self)
