@@ -19,7 +19,7 @@ _NAMES = {
     "PartyAudit": "audit.party_audit", "RoundPlan": "audit.party_audit", "RoundOutcome": "audit.party_audit",
     # ------------------------------------------------------------ one round's audit
     "audit_round": "audit.round_audit", "AuditSets": "audit.round_audit", "AuditContext": "audit.round_audit",
-    "LocalTraining": "audit.round_audit", "StepResult": "audit.round_audit",
+    "LocalTraining": "audit.round_audit", "StepResult": "audit.round_audit", "SentUpdate": "audit.round_audit",
     "TrainingRecipe": "audit.training", "DPTraining": "audit.dp_training",
     "check_received": "audit.before_training",
     "population_attack": "audit.membership.population_attack",
@@ -105,6 +105,7 @@ _NAMES = {
 _MODULES = {
     "readings": "audit.reporting.readings",               # figures read off a round record's attacks
     "canary_vocabulary": "audit.config.canary_settings",  # the canaries' constructions, scores, gradient kinds
+    "cross_round_attack": "audit.cross_round.attack",      # FedMIA's test over rounds on per-sample signals
 }
 
 __all__, __getattr__, __dir__ = exports(globals(), _NAMES, _MODULES)

@@ -4,7 +4,7 @@ false-positive rate under the null, its cost per round and its private state ove
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_cross_round.py [--seeds 3] [--rounds 10] [--parts A B C]
         [--null-runs 60] [--out reports/cross_round_benchmark]
 
-A. Real in-process federations (workspace/in_process.run_in_process: OpenFL's Aggregator and Collaborators, the
+A. Real in-process federations (workspace.in_process.run_in_process: OpenFL's Aggregator and Collaborators, the
    plan's GatedWeightedAverage and the party's own audit): digits, the workspace's CNN, 2 collaborators (90 members,
    404 non-members, 404 population each), the demo's training (5 local epochs, Adam 0.003, batch 32), IID and
    Dirichlet alpha 0.3, `--rounds` rounds (one more is run: its audit attacks the last update), seeds 0..N-1, the
@@ -67,8 +67,7 @@ def _recomputed(party_dir: Path, rounds: int, signal: str, tolerances, labels: d
     """The cross-round attack on `signal` over every update, recomputed from the party's private files (each round's
     cross_round.npz holds the signals of the round it attacked: the loss always, and the step's own signal) by the
     step's own functions: the other signal's variant on the same run."""
-    from audit.cross_round.attack import SETS, combined_scores, round_statistic
-    from audit.membership.population_attack import population_attack
+    from audit import cross_round_attack, population_attack
 
     rounds_found = []
     for r in range(1, rounds + 1):
@@ -76,9 +75,10 @@ def _recomputed(party_dir: Path, rounds: int, signal: str, tolerances, labels: d
             key = f"round_{r - 1}_{{}}_{signal}_{{}}"
             if key.format("own", "members") not in saved.files:
                 continue
-            rounds_found.append({name: round_statistic(saved[key.format("own", name)],
-                                                       saved[key.format("others", name)], signal) for name in SETS})
-    scores = combined_scores(rounds_found, labels)
+            rounds_found.append({name: cross_round_attack.round_statistic(
+                saved[key.format("own", name)], saved[key.format("others", name)], signal)
+                for name in cross_round_attack.SETS})
+    scores = cross_round_attack.combined_scores(rounds_found, labels)
     return _at(population_attack(scores["members"], scores["nonmembers"], scores["population"], tolerances,
                                  member_if_lower=False).to_dict())
 
@@ -102,7 +102,7 @@ def _overrides(seed: int, alpha, rounds_kept: int, signal: str = "loss") -> dict
 def _no_drawing():
     """The report worker takes no jobs (the records and private files are still written): the drawing of each round's
     images would be most of a small federation's CPU, and nothing here reads them."""
-    from audit.reporting.background import render_queue
+    from audit import render_queue
 
     submit = render_queue.submit
     render_queue.submit = lambda writer, round_num: None
@@ -114,7 +114,7 @@ def _no_drawing():
 
 def part_a(seeds: int, rounds: int) -> list[dict]:
     """Federations; per party the figures of every round's record."""
-    from audit.round_record import RoundRecord
+    from audit import RoundRecord
     from workspace.in_process import run_in_process
     from workspace.plan_file import collaborator_names
 
@@ -164,7 +164,7 @@ def part_a(seeds: int, rounds: int) -> list[dict]:
 
 
 def _pooled(entries: list[dict]) -> str:
-    from audit.membership.uncertainty import clopper_pearson
+    from audit import clopper_pearson
 
     k, n = sum(e["k"] for e in entries), sum(e["n"] for e in entries)
     ci = clopper_pearson(k, n)
@@ -219,7 +219,7 @@ def part_d(rounds: int, rounds_kept: int = 4) -> dict:
     aside)."""
     import tracemalloc
 
-    from audit.config.steps import step
+    from audit import step
 
     federation = _ByHand(2, 0, steps=(step("cross_round"),), rounds_kept=rounds_kept)
     series, heap, mine = [], [], []
@@ -279,10 +279,7 @@ class _ByHand:
                  signal=STEP_SIGNAL):
         import torch
 
-        from audit.config.audit_settings import AuditSettings
-        from audit.config.per_collaborator import parse_per_collaborator
-        from audit.round_audit import AuditSets, LocalTraining
-        from audit.training import TrainingRecipe
+        from audit import AuditSets, AuditSettings, LocalTraining, TrainingRecipe, parse_per_collaborator
         from src.data.datasets import load_dataset
         from src.data.split import split_federation
         from src.runner.models import build_model
@@ -336,14 +333,14 @@ class _ByHand:
         import torch
         from openfl.utilities import LocalTensor
 
-        from audit.cross_round.step import after_sending
-        from audit.round_audit import SentUpdate, audit_round
+        from audit import SentUpdate, audit_round, step
         from src.aggregation import GatedWeightedAverage
 
         updates = [self._local(k) for k in range(len(self.parts))]
         record = audit_round(updates[0], self.model, self.sets, self.settings, party="p0", round_num=round_num,
                              seed=self.seed, training=self.training, initial_model=self.initial, store=self.store,
                              steps=self.steps)
+        after_sending = step("cross_round").load("after_sending")  # as the party's audit calls it
         after_sending(self.store, SentUpdate("p0", round_num, updates[0], True, self.data, self.collaborators),
                       self.settings.cross_round)
         total, function = sum(self.sizes), GatedWeightedAverage()
@@ -357,7 +354,7 @@ class _ByHand:
 
 
 def part_b(runs: int, rounds: int = 4) -> dict:
-    from audit.config.steps import step
+    from audit import step
 
     detected, headline = 0, []
     for seed in range(runs):
@@ -366,7 +363,7 @@ def part_b(runs: int, rounds: int = 4) -> dict:
             record, _ = federation.round(round_num)
         detected += bool(record.leak["detected"])
         headline.append(record.leak["headline"]["p_adjusted"])
-    from audit.membership.uncertainty import clopper_pearson
+    from audit import clopper_pearson
 
     ci = clopper_pearson(detected, runs)
     print(f"B null: {detected}/{runs} detected", flush=True)
@@ -378,34 +375,29 @@ def part_c(seeds: int, rounds: int) -> list[dict]:
     """FedMIA at the aggregator (per-sample fit over the other 4 parties' updates) beside the party's own."""
     from scipy.stats import norm
 
-    from audit.membership.population_attack import population_attack
-    from audit.membership.signals import compute_signals
+    from audit import loss_signal, population_attack
 
     out = []
     for seed in range(seeds):
         start = time.perf_counter()
         federation = _ByHand(5, seed, signal=STEP_SIGNAL)
         per_round = []
-        for round_num in range(rounds + 1):
-            record, updates = federation.round(round_num)
-            if round_num < rounds:  # the aggregator's view of this round: each party's loss on party 0's samples
-                signals = {name: np.stack([compute_signals(m, *federation.sets.tensors(name), ["loss"])["loss"]
-                                           for m in updates]) for name in ("members", "nonmembers", "population")}
-                per_round.append(signals)
-            if round_num == rounds - 1:
-                last = {label: _at(record.attack(model, signal).to_dict()) for label, model, signal in SINGLE
-                        if record.attack(model, signal) is not None}
-        cross = _at(record.attack("cross_round", STEP_SIGNAL).to_dict())
-        from audit.cross_round.attack import SETS, combined_scores, round_statistic
-        from audit.cross_round.state import STORE_KEY
-
-        history = federation.store[STORE_KEY].history  # the loss variant, on the same signals the step kept
-        own, others = ({n: history.signal(w, n, "loss") for n in SETS} for w in ("own", "others"))
-        labels = {n: np.asarray(getattr(federation.sets, n)[1]) for n in SETS}
-        loss_scores = combined_scores([{n: round_statistic(own[n][i], others[n][i], "loss") for n in SETS}
-                                       for i in range(len(history.rounds))], labels)
-        cross_loss = _at(population_attack(loss_scores["members"], loss_scores["nonmembers"],
-                                           loss_scores["population"], [0.01, 0.1], member_if_lower=False).to_dict())
+        with tempfile.TemporaryDirectory() as private:  # the party's private files, as its round folders hold them
+            for round_num in range(rounds + 1):
+                record, updates = federation.round(round_num)
+                folder = Path(private) / f"round_{round_num:04d}"
+                folder.mkdir()
+                for write in record.private:
+                    write(folder)
+                if round_num < rounds:  # the aggregator's view of this round: each party's loss on party 0's samples
+                    per_round.append({name: np.stack([loss_signal(m, *federation.sets.tensors(name)) for m in updates])
+                                      for name in ("members", "nonmembers", "population")})
+                if round_num == rounds - 1:
+                    last = {label: _at(record.attack(model, signal).to_dict()) for label, model, signal in SINGLE
+                            if record.attack(model, signal) is not None}
+            cross = _at(record.attack("cross_round", STEP_SIGNAL).to_dict())
+            labels = {n: np.asarray(getattr(federation.sets, n)[1]) for n in ("members", "nonmembers", "population")}
+            cross_loss = _recomputed(Path(private), rounds, "loss", [0.01, 0.1], labels)  # the same signals, the loss
         scores = {}
         for name in ("members", "nonmembers", "population"):  # FedMIA-I: measurement -loss, per sample over others
             cdfs = []

@@ -26,7 +26,7 @@ from audit.config.steps import registered, step
 from audit.config.vocabulary import CROSS_ROUND, CROSS_ROUND_FILE
 from audit.cross_round.attack import combined_scores, round_statistic, source_inference
 from audit.cross_round.others import average_weight, left_out_alone, others_model, others_state
-from audit.cross_round.settings import CrossRoundSettings, cross_round_settings
+from audit.config.cross_round_settings import CrossRoundSettings, cross_round_settings
 from audit.cross_round.state import STORE_KEY
 from audit.cross_round.step import after_sending
 from audit.cross_round.views import page_section, summary

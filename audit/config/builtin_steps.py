@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from audit.config.attack_key import AttackKey
 from audit.config.canary_settings import CANARY_METRIC_RANGES, CANARY_METRICS, canary_settings
-from audit.cross_round.settings import cross_round_settings
+from audit.config.cross_round_settings import cross_round_settings
 from audit.config.deanon_settings import deanon_settings
 from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
 from audit.config.received_model_settings import METRICS as RECEIVED_MODEL_METRICS, received_model_settings

@@ -40,7 +40,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from audit.cross_round.settings import OTHER, CrossRoundSettings
+from audit.config.cross_round_settings import OTHER, CrossRoundSettings
 from audit.spill import model_with_tensors
 
 __all__ = ["Weight", "average_weight", "others_state", "others_model", "left_out_alone", "SIZE_CHANGING_MITIGATIONS",

@@ -31,7 +31,7 @@ from audit.config.vocabulary import CROSS_ROUND, CROSS_ROUND_FILE
 from audit.cross_round.attack import (SETS, SourceInference, mean_evidence, round_evidence, round_statistic,
                                       source_inference)
 from audit.cross_round.others import average_weight, left_out_alone, others_model
-from audit.cross_round.settings import ROUNDS_METRIC, SOURCE_METRICS, CrossRoundSettings
+from audit.config.cross_round_settings import ROUNDS_METRIC, SOURCE_METRICS, CrossRoundSettings
 from audit.cross_round.state import DTYPE, STORE_KEY, CrossRoundState, History, Pending, RoundSignals
 from audit.membership.attack_uncertainty import attack_metrics
 from audit.membership.population_attack import population_attack
