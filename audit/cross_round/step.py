@@ -40,7 +40,7 @@ from audit.membership.uncertainty import clopper_pearson
 from audit.model_io import model_device
 from audit.reporting.atomic_io import atomic_write_bytes
 from audit.round_audit import AuditContext, StepResult
-from audit.round_record import AttackKey
+from audit.config.attack_key import AttackKey
 from audit.spill import SpilledModel
 from audit.verdict.chance import tpr_p_value
 from audit.verdict.leak import ChanceTest, Evidence
