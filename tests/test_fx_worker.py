@@ -123,6 +123,8 @@ def test_participants_are_forks_in_their_own_sessions_folders_and_environments(t
               for folder in (first, second)]
         failed = _start_probe(registry, launcher, failing, "fail")
         asleep = _start_probe(registry, launcher, sleeping, "sleep")
+        # its group exists once its pid is reported, so a caller can signal it at once (the fork's setsid came first)
+        assert os.getpgid(asleep.pid) == asleep.pid
         for started in (*ok, failed):
             started.popen.wait(timeout=60)
         assert [s.popen.returncode for s in ok] == [0, 0], [(f / "console.log").read_text() for f in (first, second)]

@@ -276,13 +276,20 @@ def serve_participants() -> int:
                 command = json.loads(line)
                 sys.stdout.flush()
                 sys.stderr.flush()
+                # The PID is reported only once the fork leads its own group: a caller may signal the group at once.
+                group_made, group_made_w = os.pipe()
                 pid = os.fork()
                 if pid == 0:
                     os.close(commands)
                     os.close(replies)
+                    os.close(group_made)
                     os.setsid()  # its own session: its process group is its PID, as for a participant started by Popen
+                    os.close(group_made_w)
                     die_with(launcher)
                     raise _Child(command)
+                os.close(group_made_w)
+                os.read(group_made, 1)  # end of file once the fork has closed its end, after setsid (or died)
+                os.close(group_made)
                 running.add(pid)
                 reply({"pid": pid})
     finally:
