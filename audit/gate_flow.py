@@ -18,6 +18,14 @@ run_gate) after step 1, a DP retrain (`Retrained.dp_audit`) in step 4. More nois
 A watched metric the audit did not produce trips the gate like a value above its limit (audit.config.gate: fail
 closed); the reason is then "missing: <metric>".
 
+A run budget (`gate.run_epsilon_budget`, audit.run_account.RunBudget) is checked before each release, from the
+release's parameters alone: the trained update (a dp_fedavg update's mechanism; a plain update has no bound, which
+no budget admits) is gated when sending it would take the party's composed DP epsilon over the budget, whatever the
+action (reason RUN_BUDGET); `dp_retrain` then retrains it with DP, and a try that would cross the budget is not run:
+the round is withheld. The update that would cross the budget is exactly the one withheld. `GateOutcome.releases`
+are the DP mechanisms of the round that compose (audit.run_account: every try run, and the trained update's
+mechanism unless the budget refused it before the gate looked at it).
+
 Each DP try reports, beside the accountant's epsilon, the empirical epsilon lower bound its audit proves (the leak
 verdict's family-wise bound, audit.verdict.leak): an accountant's epsilon below it would be a bug in the DP training
 or its accounting (tests/test_epsilon_soundness.py checks it never is).
@@ -31,13 +39,14 @@ from typing import Any, Callable, Mapping
 
 from audit.config.gate import GatePolicy, GateVerdict, non_finite_tensors
 from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, GATE_EPSILON, GATE_KEPT, GATE_RETRIES, KEPT,
-                                        NON_FINITE_UPDATE, VERDICTS, WITHHELD, missing_name, threshold_name,
-                                        tripped_name)
+                                        NON_FINITE_UPDATE, RUN_BUDGET, VERDICTS, WITHHELD, missing_name,
+                                        threshold_name, tripped_name)
 from audit.record_parts import GateEntry
 from audit.round_record import RoundRecord
+from audit.run_account import BudgetCheck, Mechanism, RunBudget
 
-__all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "DP_VIOLATED", "Retrained", "DPTry",
-           "GateOutcome", "run_gate", "rejected_before_training", "empirical_epsilon", "dp_violation"]
+__all__ = ["KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "OVER_THRESHOLD", "DP_VIOLATED", "RUN_BUDGET", "Retrained",
+           "DPTry", "GateOutcome", "run_gate", "rejected_before_training", "empirical_epsilon", "dp_violation"]
 
 OVER_THRESHOLD = "over_threshold"
 
@@ -56,6 +65,11 @@ class Retrained:
     epsilon: float            # the accountant's epsilon after this try: composed over the round's tries
     non_finite: bool          # the retrained weights hold NaN/Inf
     dp_audit: Mapping | None = None  # the canary audit of this DP training (audit.canary.dp.DPAudit.to_dict())
+    sample_rate: float = 0.0  # its Poisson sampling rate (what its accountant is told)
+
+    def mechanism(self, attempt: int) -> Mechanism:
+        """This DP training as the run's account composes it (audit.run_account)."""
+        return Mechanism(self.noise_multiplier, self.sample_rate, self.steps, f"dp_retrain try {attempt}")
 
 
 def dp_violation(dp_audit: Mapping | None, verdict: GateVerdict) -> GateVerdict | None:
@@ -94,7 +108,8 @@ class DPTry:
     def to_dict(self) -> dict:
         loss = self.retrained.train_loss
         return {"attempt": self.attempt, "noise_multiplier": self.retrained.noise_multiplier,
-                "steps": self.retrained.steps, "train_loss": loss if math.isfinite(loss) else None,
+                "steps": self.retrained.steps, "sample_rate": self.retrained.sample_rate,
+                "train_loss": loss if math.isfinite(loss) else None,
                 "epsilon": self.retrained.epsilon, "empirical_epsilon": self.empirical_epsilon,
                 "dp_audit": None if self.retrained.dp_audit is None else dict(self.retrained.dp_audit),
                 **self.verdict.to_dict(), "metrics": dict(self.metrics), "leak": self.leak}
@@ -112,6 +127,8 @@ class GateOutcome:
     epsilon: float = 0.0                 # the round's DP epsilon over every try (0.0 without a DP retrain)
     non_finite_tensors: tuple[str, ...] = ()
     retrained: Retrained | None = None   # the try that passed (verdict DP_RETRAINED)
+    releases: tuple[Mechanism, ...] = ()  # the round's DP mechanisms that compose (module docstring)
+    budget: BudgetCheck | None = None    # the run budget's check that gated the round, if one did
 
     @property
     def retries(self) -> int:
@@ -144,6 +161,13 @@ class GateOutcome:
             out["non_finite_tensors"] = list(self.non_finite_tensors)
         if self.retrained is not None and math.isfinite(self.retrained.train_loss):
             out["dp_train_loss"] = self.retrained.train_loss
+        if policy.run_epsilon_budget is not None:
+            out["run_epsilon_budget"] = policy.run_epsilon_budget
+        if self.budget is not None:
+            out["run_budget"] = {"allowed": self.budget.allowed, "total": _finite_or_none(self.budget.total),
+                                 "spent": self.budget.spent, "budget": self.budget.budget,
+                                 "text": self.budget.reason()}
+        out["releases"] = [m.to_json() for m in self.releases]
         return GateEntry(out, verdict=self.verdict, action=policy.action, reason=self.reason,
                          thresholds=out["thresholds"], epsilon_budget=policy.epsilon_budget, tripped=out["tripped"],
                          missing=tuple(out["missing"]), retries=self.retries, epsilon=self.epsilon,
@@ -181,6 +205,9 @@ def run_gate(
     retrain: Callable[[int, float], Retrained],
     audit_retrained: Callable[[Retrained], RoundRecord],
     dp_audit: Mapping | None = None,
+    budget: RunBudget | None = None,
+    update_release: Mechanism | None = None,
+    plan_try: Callable[[int, float], Mechanism] | None = None,
 ) -> GateOutcome:
     """Run the flow of the module docstring for one round's update.
 
@@ -189,33 +216,60 @@ def run_gate(
     of the received weights, of a DP retrain. empty_record: the record of a round withheld without an audit.
     retrain(attempt, noise_multiplier): one DP-SGD retrain from the received weights (attempt is 1-based).
     dp_audit: the canary audit of the DP mitigation that made `trained` (None: no DP mitigation, or not audited).
+    budget: the party's run budget (None: none); update_release: the DP mechanism that made `trained` (None: it was
+    trained without one); plan_try(attempt, noise_multiplier): a DP retrain try's mechanism before it runs (needed
+    with a budget and dp_retrain).
     """
+    update = (update_release,) if update_release is not None else ()
     bad = non_finite_tensors(trained)
     if bad:
         record = audit_received() if audited else empty_record()
         return GateOutcome(WITHHELD, GateVerdict.non_finite(), record, reason=NON_FINITE_UPDATE,
-                           non_finite_tensors=tuple(bad))
+                           non_finite_tensors=tuple(bad), releases=update)
     if dp_violation(dp_audit, GateVerdict(passed=True)) is not None:
         record = audit_trained() if audited else empty_record()
         verdict = policy.decide(record.metrics) if audited else GateVerdict(passed=True)
-        return GateOutcome(WITHHELD, dp_violation(dp_audit, verdict), record, reason=DP_VIOLATED)
+        return GateOutcome(WITHHELD, dp_violation(dp_audit, verdict), record, reason=DP_VIOLATED, releases=update)
+    # The run budget reads the release's parameters only, before anything looks at the update's output.
+    refused = None
+    if budget is not None:
+        check = budget.check(update if update_release is not None else None)
+        refused = None if check.allowed else check
+    if refused is not None:
+        update = ()  # refused before the gate looked at it: its output decides nothing
     if not audited:
-        return GateOutcome(KEPT, GateVerdict(passed=True), None)
+        if refused is not None:
+            return GateOutcome(WITHHELD, _budget_verdict(GateVerdict(passed=True), refused), empty_record(),
+                               reason=RUN_BUDGET, budget=refused)
+        return GateOutcome(KEPT, GateVerdict(passed=True), None, releases=update)
 
     record = audit_trained()
     verdict = policy.decide(record.metrics)
-    reason = None if verdict.passed else verdict.reason or OVER_THRESHOLD
-    if verdict.passed or policy.action == "report_only":
-        return GateOutcome(KEPT, verdict, record, reason=reason)
+    if refused is not None:
+        verdict = _budget_verdict(verdict, refused)
+    reason = None if verdict.passed else verdict.reason or (RUN_BUDGET if refused is not None and len(
+        verdict.tripped) == 1 else OVER_THRESHOLD)
+    if verdict.passed or (policy.action == "report_only" and refused is None):
+        return GateOutcome(KEPT, verdict, record, reason=reason, releases=update)
     tries: list[DPTry] = []
     if policy.action == "dp_retrain":
         for attempt in range(1, policy.dp.max_retries + 1):
-            result = retrain(attempt, policy.dp.noise_for_try(attempt))
+            noise = policy.dp.noise_for_try(attempt)
+            ran = (*update, *(t.retrained.mechanism(t.attempt) for t in tries))
+            if budget is not None:
+                if plan_try is None:
+                    raise ValueError("run_gate: a run budget with dp_retrain needs plan_try (a try's mechanism)")
+                check = budget.check((*ran, plan_try(attempt, noise)))
+                if not check.allowed:  # this try would cross the budget: not run, the round is withheld
+                    return GateOutcome(WITHHELD, _budget_verdict(verdict, check), record, reason=RUN_BUDGET,
+                                       tries=tuple(tries), epsilon=tries[-1].retrained.epsilon if tries else 0.0,
+                                       releases=ran, budget=check)
+            result = retrain(attempt, noise)
             violated = dp_violation(result.dp_audit, verdict)
             if violated is not None:  # the try's own verdict: its DP training alone (it is not audited)
                 tries.append(DPTry(attempt, result, dp_violation(result.dp_audit, GateVerdict(passed=False)), {}))
                 return GateOutcome(WITHHELD, violated, record, reason=DP_VIOLATED, tries=tuple(tries),
-                                   epsilon=result.epsilon)
+                                   epsilon=result.epsilon, releases=(*ran, result.mechanism(attempt)))
             if result.non_finite:
                 try_verdict, metrics, proven, leak = GateVerdict.non_finite(), {}, None, None
             else:
@@ -225,9 +279,22 @@ def run_gate(
             tries.append(DPTry(attempt, result, try_verdict, metrics, proven, leak))
             if try_verdict.passed:
                 return GateOutcome(DP_RETRAINED, verdict, record, reason=reason, tries=tuple(tries),
-                                   epsilon=result.epsilon, retrained=result)
+                                   epsilon=result.epsilon, retrained=result,
+                                   releases=(*ran, result.mechanism(attempt)))
     epsilon = tries[-1].retrained.epsilon if tries else 0.0
-    return GateOutcome(WITHHELD, verdict, record, reason=reason, tries=tuple(tries), epsilon=epsilon)
+    return GateOutcome(WITHHELD, verdict, record, reason=reason, tries=tuple(tries), epsilon=epsilon,
+                       releases=(*update, *(t.retrained.mechanism(t.attempt) for t in tries)),
+                       budget=refused)
+
+
+def _budget_verdict(verdict: GateVerdict, check: BudgetCheck) -> GateVerdict:
+    """`verdict` gated by the run budget too: the total the release would make against the budget."""
+    return GateVerdict(passed=False, tripped={**verdict.tripped, RUN_BUDGET: (check.total, check.budget)},
+                       missing=verdict.missing, bound=verdict.bound, compared=verdict.compared)
+
+
+def _finite_or_none(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 def rejected_before_training(reason: str, record: RoundRecord) -> GateOutcome:

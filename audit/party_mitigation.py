@@ -117,6 +117,7 @@ class PartyMitigation:
                 logger.info("%s round %d: DP retrain %d: %s", party, round_num, attempt, dp_audit["summary"])
             non_finite = bool(non_finite_tensors({k: v.cpu().numpy() for k, v in result.state_dict.items()}))
             return Retrained(state=result.state_dict, train_loss=result.loss, noise_multiplier=result.noise_multiplier,
-                             steps=result.steps, epsilon=epsilon, non_finite=non_finite, dp_audit=dp_audit)
+                             steps=result.steps, epsilon=epsilon, non_finite=non_finite, dp_audit=dp_audit,
+                             sample_rate=result.sample_rate)
 
         return retrain

@@ -262,6 +262,12 @@ class GatePolicy:
     epsilon_budget: float | None = setting(None, optional(real(ge=0, note="epsilon at the audit's epsilon_delta")),
                                            "gate when the audit proves a family-wise epsilon above this")
     dp: DPSettings = subsection(DPSettings, "DP-SGD retraining for action: dp_retrain")
+    run_epsilon_budget: float | None = setting(
+        None, optional(real(gt=0, note="epsilon at dp.delta")),
+        "the most DP epsilon the party's releases may compose to over the run (opacus' RDP accountant at dp.delta): "
+        "an update whose release would take the total over it is withheld, whatever the action (dp_retrain retrains "
+        "it with DP first, within the budget); a plainly trained update has no bound and is never sent under a run "
+        "budget")
 
     def __post_init__(self):
         check_fields(self, GATE_PREFIX)

@@ -32,7 +32,7 @@ from audit.config.vocabulary import LOWER, UPPER
 
 __all__ = [
     "GATE_KEPT", "GATE_RETRIES", "GATE_EPSILON", "GATE_TRIPPED_PREFIX", "GATE_THRESHOLD_PREFIX",
-    "GATE_MISSING_PREFIX", "NON_FINITE_UPDATE", "missing_name", "DP_VIOLATED", "DP_VIOLATED_TEXT",
+    "GATE_MISSING_PREFIX", "NON_FINITE_UPDATE", "missing_name", "DP_VIOLATED", "DP_VIOLATED_TEXT", "RUN_BUDGET",
     "KEPT", "DP_RETRAINED", "WITHHELD", "VERDICTS", "LEFT_OUT_NON_FINITE", "STRAGGLER", "STATUSES",
     "PASSED", "NO_GATE_METRIC", "GATE_WITHHELD", "GATE_KEPT_NOT_FINITE", "NON_FINITE_TENSORS",
     "Decision", "decide", "tripped_name", "threshold_name", "sent_to_aggregator",
@@ -56,6 +56,9 @@ RECEIVED_MODEL_REJECTED_REASON = "received model rejected"
 # accountant says (audit.canary.dp): withheld whatever the thresholds.
 DP_VIOLATED = "dp_guarantee_violated"
 DP_VIOLATED_TEXT = "DP guarantee violated by the audit"
+# The gate's reason, and the tripped name, for an update whose release would take the party's composed DP epsilon over
+# the run budget (gate.run_epsilon_budget, audit.gate_flow): withheld, or retrained with DP within the budget.
+RUN_BUDGET = "run_epsilon_budget"
 
 # A collaborator's gate verdict on its own update (audit.gate_flow): sent as trained, sent after a DP retrain, or
 # withheld (the received weights are sent back).

@@ -87,7 +87,25 @@ def parse_per_collaborator(
             col_mitigation = parse(Mitigation, entry.mitigation, f"{PREFIX}.{name}.mitigation")
         out[name] = CollaboratorSettings(gate=col_gate, epochs=entry.epochs, learning_rate=entry.learning_rate,
                                          mitigation=col_mitigation)
+        check_run_budget(out[name], audit_settings, f"{PREFIX}.{name}")
+    check_run_budget(default, audit_settings, "task_runner.settings")
     return default, out
+
+
+def check_run_budget(settings: CollaboratorSettings, audit_settings: AuditSettings, where: str) -> None:
+    """A run budget (gate.run_epsilon_budget) sends only DP releases: a party that can make none (no dp_retrain of an
+    audited round, no dp_fedavg update with noise) would withhold every update. Refused, naming the keys."""
+    gate, mitigation = settings.gate, settings.mitigation
+    if gate.run_epsilon_budget is None:
+        return
+    dp_fedavg = mitigation.method == "dp_fedavg" and mitigation.active and mitigation.sigma > 0
+    retrains = gate.action == "dp_retrain" and audit_settings.enabled
+    if not (dp_fedavg or retrains):
+        raise SettingsError(
+            f"{where}.gate.run_epsilon_budget: under a run budget only DP releases are sent, and this party makes none "
+            f"(gate.action is {gate.action!r}{'' if audit_settings.enabled else ' and the audit is off'}, mitigation "
+            f"{mitigation.method!r}): every update would be withheld; set gate.action: dp_retrain (with the audit on) "
+            "or mitigation.method: dp_fedavg with sigma > 0")
 
 
 def check_gate_resolution(party: str, default: CollaboratorSettings, per_collaborator: Mapping[str, CollaboratorSettings],

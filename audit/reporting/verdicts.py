@@ -14,7 +14,7 @@ from typing import Mapping
 
 from audit.config.gate import MISSING
 from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, DP_VIOLATED_TEXT, KEPT, NON_FINITE_UPDATE,
-                                        RECEIVED_MODEL_REJECTED_REASON, WITHHELD)
+                                        RECEIVED_MODEL_REJECTED_REASON, RUN_BUDGET, WITHHELD)
 from audit.config.vocabulary import LOWER, UPPER, bounded
 from audit.record_parts import GateEntry
 from audit.reporting.readings import (exact_auc_band, exact_auc_of, float_or_nan, fmt, fmt_interval, rates_at,
@@ -22,6 +22,7 @@ from audit.reporting.readings import (exact_auc_band, exact_auc_of, float_or_nan
 from audit.round_record import RoundRecord
 
 __all__ = ["Check", "RoundVerdict", "round_verdict", "inverted_attacks", "strongest_tpr", "NO_DP", "leak_status",
+           "leak_text", "headline_figure",
            "sent_leak_status",
            "leak_state", "epsilon_status", "floor_text", "LEAK", "NO_LEAK", "NOT_AUDITED"]
 
@@ -173,6 +174,14 @@ def _figure(finding: Mapping) -> str:
             f" (corrected: [{fmt(clo, 2)}, {fmt(chi, 2)}]), chance {fmt(finding.get('chance'), 3)}")
 
 
+def headline_figure(finding: Mapping) -> str:
+    """A verdict's headline figure in short: "rmia / independent TPR at FPR 0.01 0.0449 [0.012, 0.11]"."""
+    lo, hi = finding.get("interval") or (None, None)
+    statistic = str(finding.get("statistic", "")).replace("_", " ").replace("tpr at fpr ", "TPR at FPR ")
+    statistic = statistic.replace("exact auc", "exact AUC")
+    return f"{finding.get('attack')} {statistic} {fmt_interval(finding.get('estimate'), lo, hi, 3)}"
+
+
 def floor_text(leak: Mapping) -> str:
     """What the round's counts could have detected: "AUC >= 0.66, TPR >= 0.11 at FPR 0.01, ...; eps >= 4.2 at most"."""
     floor = leak.get("floor") or {}
@@ -193,6 +202,11 @@ def leak_status(record: RoundRecord | None) -> str:
     if record is None:
         return "not audited"
     return _leak_text(record.leak)
+
+
+def leak_text(leak: Mapping | None) -> str:
+    """A leak verdict (a record's `leak`, audit.verdict.leak) in one sentence; see leak_status."""
+    return _leak_text(leak)
 
 
 def _leak_text(leak: Mapping | None) -> str:
@@ -258,6 +272,11 @@ def round_verdict(record: RoundRecord) -> RoundVerdict:
         status = f"{verdict}: {reason} (fail closed: what the round did not measure cannot pass)"
     elif reason.startswith(RECEIVED_MODEL_REJECTED_REASON):
         status = f"{gate.reason}; not trained on, nothing new sent"
+    elif reason == RUN_BUDGET:
+        said = ((gate.get("run_budget") or {}).get("text") or
+                f"its release would take the run's DP ε over the run budget {fmt(gate.get('run_epsilon_budget'))}")
+        status = (f"{verdict}: {said}" if verdict == WITHHELD else
+                  f"{verdict}: only a DP release fits the run budget ({said})")
     elif reason == DP_VIOLATED:
         proof = gate.tripped.get(DP_VIOLATED) or {}
         status = (f"withheld: {DP_VIOLATED_TEXT} (canary ε ≥ {fmt(float_or_nan(proof.get('value')), 3)} > the "

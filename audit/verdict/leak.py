@@ -212,12 +212,18 @@ def _floor(tests: Iterable[ChanceTest], alpha: float) -> dict:
             "tpr_at_fpr": {tolerance_name(t): smallest_detectable_tpr(n_pos, n_neg, t, level) for t in tolerances}}
 
 
-def leak_verdict(evidence: Evidence, *, confidence: float, delta: float) -> LeakVerdict:
+def leak_verdict(evidence: Evidence, *, confidence: float, delta: float, run_rounds: int | None = None) -> LeakVerdict:
     """The verdict of the module docstring at the audit's `confidence` (the family-wise level is 1 - confidence)
-    and the epsilon bounds' `delta`."""
+    and the epsilon bounds' `delta`. `run_rounds`: the rounds of the run, when known: the epsilon bound is then also
+    given at 1 - (1 - confidence) / run_rounds (`epsilon.run`), so that the largest of the run's rounds is a bound at
+    `confidence` for the run (audit.party_account's empirical summary)."""
     alpha = 1.0 - confidence
     tests = list(evidence.tests)
     epsilon = _family_epsilon(evidence.epsilons, alpha, delta)
+    if epsilon and run_rounds:
+        run = _family_epsilon(evidence.epsilons, alpha / run_rounds, delta)
+        epsilon["run"] = {"value": run["value"], "attack": run["attack"], "rounds": int(run_rounds),
+                          "confidence_each": run["confidence_each"]}
     if not tests:
         return LeakVerdict(None, confidence, 0, (), None, {}, epsilon)
     k = len(tests)
