@@ -30,20 +30,25 @@ from audit.chance_accuracy import CHECK_ROUND, near_chance_note
 from audit.config.audit_settings import AuditSettings
 from audit.config.mitigation_settings import UPDATE_MITIGATIONS
 from audit.config.per_collaborator import CollaboratorSettings, check_gate_resolution, parse_per_collaborator
-from audit.config.steps import registered
+from audit.config.steps import AFTER_TRAINING, registered
+from audit.config.vocabulary import FINAL_MODEL_ACCURACY, FINAL_MODEL_PREFIX, LEAK_METRICS
 from audit.gate_flow import SEND_RECEIVED, SEND_RETRAINED, WITHHELD, rejected_before_training, run_gate
 from audit.config.resolution import resolution_warning
 from audit.membership.signal_cache import SignalCache
 from audit.membership.signals import compute_signals
 from audit.membership.step import signal_names
+from audit.party_account import PartyAccount, update_release
 from audit.party_mitigation import PartyMitigation
 from audit.party_record import (complete_record, empty_record, gate_watched, round_line, sent_metric_names,
                                 sent_scalars)
 from audit.reporting.party import ReportWriter
 from audit.model_io import load_weights, weights_fingerprint
-from audit.round_audit import AuditSets, LocalTraining, SentUpdate, audit_round, round_seed, sample_seed
+from audit.round_audit import (AuditSets, LocalTraining, SentUpdate, audit_final_model, audit_round, round_seed,
+                               sample_seed)
 from audit.round_record import RoundRecord
 from audit.spill import SpilledModel
+from audit.run_account import ACCOUNTANT, dp_sgd_mechanism
+from audit.run_record import library_versions
 from audit.training import TrainingRecipe
 
 logger = logging.getLogger(__name__)
@@ -88,10 +93,13 @@ class PartyAudit:
 
     `data`: the party's data (the task runner's data loader: X_train, y_train, X_valid, y_valid, batch_size,
     dirichlet_alpha, get_audit_sets(); for a data mitigation get_background(), background_index, population_index).
-    `optimizer`: the plan's (name, learning rate, momentum)."""
+    `optimizer`: the plan's (name, learning rate, momentum). `rounds`: the run's training rounds, when known (the
+    run's empirical summary corrects its largest epsilon bound for them); `versions`: the framework's versions, for
+    the party's account (audit.party_account)."""
 
     def __init__(self, *, audit: Mapping | None, gate: Mapping | None, per_collaborator, mitigation, prefix: str,
-                 seed: int, data, optimizer: tuple[str, float, float], party: str | None = None):
+                 seed: int, data, optimizer: tuple[str, float, float], party: str | None = None,
+                 rounds: int | None = None, versions: Mapping[str, str] | None = None):
         self.settings = AuditSettings.from_mapping(audit, prefix=f"{prefix}.audit")
         self.default_settings, self.per_collaborator = parse_per_collaborator(
             per_collaborator, gate=gate, audit_settings=self.settings, mitigation=mitigation)
@@ -106,6 +114,9 @@ class PartyAudit:
             check_gate_resolution(party or "this collaborator", self.default_settings, self.per_collaborator,
                                   self.settings, len(population) if sample is None else min(sample, len(population)))
         self.prefix, self.seed, self.data = prefix, seed, data
+        self.rounds = rounds
+        self._versions = dict(versions or {})
+        self.accounts: dict[str, PartyAccount] = {}  # per party: its account of the run (audit.party_account)
         self.optimizer_name, self.learning_rate, self.momentum = optimizer
         self.model: torch.nn.Module | None = None
         self._plan_model: Callable[[], torch.nn.Module] | None = None
@@ -228,6 +239,9 @@ class PartyAudit:
         outcome = rejected_before_training(verdict.reason, record)
         complete_record(record, outcome=outcome, gate=gate, verdict=verdict)
         self.last_record = record
+        account = self.account(party)
+        account.add_rejected_round(round_num, verdict.reason)
+        account.write(self.settings.report_dir)
         ReportWriter(self.settings.report_dir, party, log_scale=self.settings.log_scale).write_round_in_background(
             record)
         self._after_sending(party, round_num, None, averaged=False)
@@ -310,7 +324,12 @@ class PartyAudit:
         report; the model ends up holding what is sent."""
         r = self._round
         party, round_num, col, verdict, global_model = r.party, r.round_num, r.settings, r.verdict, r.received_model
-        mitigation_record, changed = self.mitigation.update(col.mitigation, trained, received, party, round_num)
+        account = self.account(party)
+        release = update_release(col.mitigation)
+        # A DP update the run budget refuses is not made: nothing of it can then decide anything (gate_flow).
+        refused = account.budget is not None and release is not None and not account.budget.check([release]).allowed
+        mitigation_record, changed = (None, False) if refused else self.mitigation.update(
+            col.mitigation, trained, received, party, round_num)
         verdict.remember(trained)  # this party's own update: the checks' honest reference from now on
         gate = col.gate
         outcome = run_gate(
@@ -324,6 +343,9 @@ class PartyAudit:
             audit_retrained=lambda retrained: self._audit(
                 _with_state(global_model, retrained.state), global_model, party, round_num, what="the DP retrain"),
             dp_audit=(mitigation_record or {}).get("dp_audit"),
+            budget=account.budget, update_release=release,
+            plan_try=lambda attempt, noise: dp_sgd_mechanism(noise, len(self.data.y_train), self.data.batch_size,
+                                                             r.epochs, f"dp_retrain try {attempt}"),
         )
         loss_sent = None
         if outcome.sends == SEND_RECEIVED:
@@ -346,6 +368,9 @@ class PartyAudit:
             # skips sends none, even where a record was kept for a non-finite update or an alarm)
             scalars = sent_scalars(record, self.sent_metrics, self.sent_populations)
         scalars.update({**outcome.scalars(self.gate_watched, gate.limits), **verdict.metrics()})
+        account.add_round(round_num, outcome=outcome, record=record, audited=global_model is not None,
+                          mitigation=col.mitigation)
+        account.write(self.settings.report_dir)
         self._round = None  # the received model goes with the round
         return RoundOutcome(changed, loss_sent, scalars, record)
 
@@ -395,7 +420,59 @@ class PartyAudit:
             model, global_model, self.audit_sets(), self.settings, party=party, round_num=round_num,
             seed=self.seed, training=self._training, initial_model=initial,
             store=self._audit_store.setdefault(party, {}), signal_cache=self.signal_cache, mia_sets=mia_sets,
+            run_rounds=self.rounds,
         )
+
+    # ------------------------------------------------------------------ the run
+    def account(self, party: str) -> PartyAccount:
+        """The party's account of the run (audit.party_account), made on first use with its settings."""
+        if party not in self.accounts:
+            col = self.collaborator_settings(party)
+            settings = self.settings
+            recorded = {"gate": col.gate.to_dict(), "mitigation": col.mitigation.to_dict(),
+                        "audit": {key: settings.to_dict().get(key) for key in (
+                            "enabled", "signals", "fpr_tolerance", "interval", "sample_size", "confidence",
+                            "epsilon_delta", "audit_global", "update_attack")},
+                        "steps": [s.name for s in registered(AFTER_TRAINING) if s.enabled(settings)],
+                        "rounds": self.rounds, "seed": self.seed,
+                        "dp_account": {"accountant": ACCOUNTANT, "delta": col.gate.dp.delta}}
+            self.accounts[party] = PartyAccount(party, delta=col.gate.dp.delta, budget=col.gate.run_epsilon_budget,
+                                                settings=recorded, versions=library_versions(self._versions))
+        return self.accounts[party]
+
+    def final_model(self, party: str, round_num: int, received: Mapping) -> dict[str, float]:
+        """After the last round: the final global model (`received`, model names; `round_num`: the round after the
+        last) audited against the party's own members (audit.round_audit.audit_final_model), its record written to
+        the party's report (final_model/audit.json) and its account. Returns the scalars that may leave the party:
+        the verdict's (FINAL_MODEL_PREFIX + the leak verdict's names) and the final model's accuracy on its
+        non-members."""
+        account = self.account(party)
+        settings = self.settings
+        model = copy.deepcopy(self.model)  # the party's own model keeps what it last sent
+        load_weights(model, received)
+        accuracy = self.validation_accuracy(party, round_num, None, model)
+        scalars = {FINAL_MODEL_ACCURACY: accuracy}
+        if not settings.enabled:
+            account.add_final(None, policy=None, accuracy=accuracy, round_num=round_num,
+                              why="the audit is off (audit.enabled: false)")
+            account.write(settings.report_dir)
+            return scalars
+        self.status(party, "auditing", round_num)
+        logger.info("%s: auditing the final model (after round %d) against its members ...", party, round_num - 1)
+        self.signal_cache.start_round(round_num)
+        record = audit_final_model(
+            model, self.audit_sets(), settings, party=party, round_num=round_num, seed=self.seed,
+            training=self._training, initial_model=self.initial_model, store=self._audit_store.setdefault(party, {}),
+            signal_cache=self.signal_cache, mia_sets=self.membership_sets(party))
+        record.metrics[FINAL_MODEL_ACCURACY] = accuracy
+        final = account.add_final(record, policy=self.collaborator_settings(party).gate, accuracy=accuracy,
+                                  round_num=round_num)
+        account.write(settings.report_dir)  # before the pages and run.json are drawn from it
+        ReportWriter(settings.report_dir, party, log_scale=settings.log_scale).write_final_model(record)
+        logger.info("%s: %s", party, final.headline())
+        scalars.update({FINAL_MODEL_PREFIX + name: value for name, value in record.metrics.items()
+                        if name in LEAK_METRICS})
+        return scalars
 
     def status(self, party: str, phase: str | None = None, round_num: int | None = None, **fields) -> None:
         if self.on_status is not None:

@@ -23,6 +23,7 @@ import torch
 
 from audit.config.audit_settings import AuditSettings
 from audit.config.steps import AFTER_TRAINING, AuditStep, registered
+from audit.config.vocabulary import FINAL
 from audit.record_parts import RecordSettings
 from audit.round_record import AttackKey, RoundRecord
 from audit.scaled_pixels import select_rows
@@ -31,7 +32,7 @@ from audit.training import TrainingRecipe
 from audit.verdict.leak import Evidence, attack_evidence, leak_verdict
 
 __all__ = ["SETS", "AuditSets", "LocalTraining", "AuditContext", "StepResult", "SentUpdate", "audit_round",
-           "attacks_evidence", "sample_seed", "round_seed"]
+           "audit_final_model", "attacks_evidence", "sample_seed", "round_seed", "FINAL"]
 
 SETS = ("members", "nonmembers", "population")
 
@@ -158,6 +159,9 @@ class AuditContext:
     # sample_size (AuditSets.sampled). Audits that need every sample (Fidel's matching of reconstructions to the
     # members, the deanonymization crowd) use `sets`. None: `sets`.
     mia_sets: AuditSets | None = None
+    # Which model `local_model` is: the party's trained model ("local"), or the final global model after the last
+    # round ("final", audited against the party's members with no received model beside it: audit_final_model).
+    model_kind: str = "local"
 
     def __post_init__(self):
         if self.mia_sets is None:
@@ -198,6 +202,8 @@ class SentUpdate:
 
 
 def _runs(audit_step: AuditStep, context: AuditContext) -> bool:
+    if context.model_kind == FINAL:  # the steps that audit a model, not an update, whatever their schedule
+        return audit_step.phase == AFTER_TRAINING and audit_step.final_model and audit_step.enabled(context.settings)
     if audit_step.phase != AFTER_TRAINING:  # a check of the received model ran before training (audit.before_training)
         return False
     if audit_step.needs_global and context.global_model is None:
@@ -220,6 +226,8 @@ def audit_round(
     store: dict | None = None,
     signal_cache=None,
     mia_sets: AuditSets | None = None,
+    run_rounds: int | None = None,
+    model_kind: str = "local",
 ) -> RoundRecord:
     """Audit one round with every enabled step (default: all registered ones); returns the round record
     (audit.round_record.RoundRecord), whose attacks hold AttackResult objects and whose `private` holds the steps'
@@ -229,12 +237,14 @@ def audit_round(
     the party's state kept across rounds (the same dict every round); `signal_cache`: the party's SignalCache
     (audit.membership.signal_cache), whose signals are reused on the same weights and set labels; `mia_sets`: the
     membership audits' sample of `sets` (default: `sets.sampled(settings.sample_size, sample_seed(seed, party))`,
-    labelled by `sets`' label, size and seed)."""
+    labelled by `sets`' label, size and seed); `run_rounds`: the run's rounds, when known (the leak verdict then also
+    gives the epsilon bound corrected for them, audit.verdict.leak); `model_kind`: "local" (the trained model, beside
+    the received `global_model`) or FINAL (the final global model alone: audit_final_model)."""
     start = time.perf_counter()
     if mia_sets is None:
         mia_sets = sets.sampled(settings.sample_size, sample_seed(seed, party))
     context = AuditContext(local_model, global_model, sets, settings, party, int(round_num), seed, training,
-                           initial_model, {} if store is None else store, signal_cache, mia_sets)
+                           initial_model, {} if store is None else store, signal_cache, mia_sets, model_kind)
     record = RoundRecord(party=party, round=int(round_num), seed=seed, settings=RecordSettings.of(settings),
                          sizes=mia_sets.sizes(),  # what the membership audits used
                          sampling={"sample_size": settings.sample_size, "sets": mia_sets.sampling()})
@@ -257,7 +267,7 @@ def audit_round(
         if result.evidence is not None:
             evidence += result.evidence
     verdict = leak_verdict(evidence + attacks_evidence(record.attacks), confidence=settings.confidence,
-                           delta=settings.epsilon_delta)
+                           delta=settings.epsilon_delta, run_rounds=run_rounds)
     record.metrics.update(verdict.metrics)
     record.leak = verdict.to_dict()
     record.private = tuple(private)  # in memory only: never in the record's JSON
@@ -271,3 +281,13 @@ def attacks_evidence(attacks: Mapping[AttackKey, object]) -> Evidence:
     for key, result in attacks.items():
         found += attack_evidence(key.label(), key.metric, result.uncertainty)
     return found
+
+
+def audit_final_model(model: torch.nn.Module, sets: AuditSets, settings: AuditSettings, *, party: str,
+                      round_num: int, **kwargs) -> RoundRecord:
+    """The final global model after the last round, audited against the party's members: every enabled step that
+    audits a model rather than an update (AuditStep.final_model: the population attacks on each signal, RMIA with the
+    references of the party's last audited round), whatever their schedule, then their leak verdict. The attacks are
+    keyed by the model kind FINAL (mia_final_<signal>_*; RMIA's keep their reference kind). `round_num`: the round
+    after the last (the number of training rounds). The other keywords are audit_round's."""
+    return audit_round(model, None, sets, settings, party=party, round_num=round_num, model_kind=FINAL, **kwargs)

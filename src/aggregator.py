@@ -22,6 +22,10 @@ OpenFL's `Aggregator` plus what this workspace needs on the server side:
 - `aggregator.settings.canary_clients` (default `enabled: false`): Andrew et al.'s canary clients for parties that
   send dp_fedavg updates (audit/canary/clients.py): a user-level epsilon estimate of the global model per round, on
   the aggregator's page beside the accountant's.
+- `aggregator.settings.final_model_audit` (default true): one round after `rounds_to_train` whose only task is the
+  plan's `final_model_audit`: every collaborator audits the final global model against its own members
+  (src/server/final_round.py). That round trains nothing; the aggregator's report and callbacks leave it out, and
+  its model file (`last_state_path`) is the final model.
 
 Bad values fail when the aggregator is built (`fx aggregator start`), naming the key: its own settings, an
 `aggregator.settings` key OpenFL's Aggregator does not take, the plan's `tasks`, `per_collaborator` names that are
@@ -44,6 +48,7 @@ from openfl.protocols import utils
 from openfl.utilities import TensorKey
 
 from src.server import grpc_server as aggregator_server, model_file
+from src.server.final_round import FinalRound
 from src.process.cuda_pages import release_cuda_library_pages
 from src.aggregation import round_decisions
 from audit import AggregatorReportWriter, aggregator_round, metrics_from_tensor_db, withheld_warning
@@ -79,6 +84,9 @@ class AggregatorReportCallback(Callback):
         # on_round_end runs inside Aggregator._end_of_round_check, after the round is marked done and before the
         # round number moves on: an exception here would leave the whole federation stuck in this round. A report
         # that cannot be written is logged loudly (and kept in self.errors); the training goes on.
+        if is_final_round(self.aggregator, round_num):  # no update was sent: the parties' reports hold the audit
+            logger.info("The final model was audited by every collaborator: %s", logs)
+            return
         try:
             agg = self.aggregator
             frame = self.tensor_db.tensor_db
@@ -109,6 +117,11 @@ class AggregatorReportCallback(Callback):
         warning = withheld_warning(self.writer.load_rounds())
         if warning:
             logger.warning("Warning: %s", warning)
+
+
+def is_final_round(aggregator, round_num: int) -> bool:
+    """Whether `round_num` is the round after the last, in which the collaborators audit the final model."""
+    return getattr(aggregator, "final_round", None) == round_num
 
 
 def _canary_clients(settings, plan):
@@ -175,7 +188,7 @@ class AuditingAggregator(Aggregator):
 
     def __init__(self, *, poll_interval_s: int = DEFAULT_POLL_INTERVAL_S, report_dir: str = DEFAULT_REPORT_DIR,
                  deanon: dict | None = None, callbacks: Iterable | None = None, save_every_round: bool = False,
-                 canary_clients: dict | None = None, **kwargs):
+                 canary_clients: dict | None = None, final_model_audit: bool = True, **kwargs):
         # OpenFL has loaded torch: without a GPU its CUDA libraries' pages are dead weight (before the initial model
         # and the TensorDB are loaded, the process's peak otherwise).
         release_cuda_library_pages()
@@ -184,7 +197,8 @@ class AuditingAggregator(Aggregator):
         settings = AggregatorSettings.from_mapping({**kwargs, "poll_interval_s": poll_interval_s,
                                                     "report_dir": report_dir, "deanon": deanon,
                                                     "save_every_round": save_every_round,
-                                                    "canary_clients": canary_clients})
+                                                    "canary_clients": canary_clients,
+                                                    "final_model_audit": final_model_audit})
         # The plan's tasks reach the collaborators' task functions only in round 0: check them before anyone connects.
         if getattr(kwargs.get("assigner"), "tasks", None) is not None:
             check_tasks(kwargs["assigner"].tasks)
@@ -203,6 +217,14 @@ class AuditingAggregator(Aggregator):
             self.insecure = check_transport(built.config)
         clients = (_canary_clients(settings.canary_clients, None if built is None else built.config)
                    if settings.canary_clients.enabled else None)
+        # The round after the last (src/server/final_round.py): counted in from the start, so that OpenFL's per-round
+        # bookkeeping holds it. Not in OpenFL's evaluation mode (one round, no training: no final model).
+        assigner = kwargs.get("assigner")
+        self.final_round = None
+        if settings.final_model_audit and assigner is not None and not assigner.is_task_group_evaluation():
+            kwargs["assigner"] = FinalRound(assigner)
+            self.final_round = kwargs["assigner"].final_round
+            kwargs["rounds_to_train"] = self.final_round + 1
         self.poll_interval_s = settings.poll_interval_s
         self.save_every_round = settings.save_every_round
         self._best_round: int | None = None  # the round of the best model so far (its file: best_state_path)

@@ -10,6 +10,7 @@ results (src/runner/sent_tensors.py) and rebuilding the model from OpenFL's tens
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 import time
 import warnings
@@ -25,7 +26,8 @@ from src.process.cuda_pages import release_cuda_library_pages
 from src.process.freed_memory import release_freed_memory
 from src.runner.models import build_model
 from src.process.party_events import emit as status_event
-from src.plan.checks import check_built_plan, plan_being_built
+from src.plan.checks import check_built_plan, plan_being_built, planned_rounds
+from src.runner.final_model_task import add_final_task_tensors, final_model_results
 from src.runner.received_model_task import model_names, rejected_validation, runner_names, untrained_results
 from src.runner.shared_received_model import SharedReceivedModel
 from src.runner.sent_tensors import replace_with_sent, results_as_views
@@ -57,7 +59,8 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         self.audit = PartyAudit(audit=settings.audit, gate=settings.gate, per_collaborator=settings.per_collaborator,
                                 mitigation=settings.mitigation, prefix=SETTINGS_PREFIX, seed=settings.seed,
                                 data=loader, optimizer=(settings.optimizer, settings.learning_rate, settings.momentum),
-                                party=getattr(built, "collaborator", None))
+                                party=getattr(built, "collaborator", None), rounds=planned_rounds(built),
+                                versions={"openfl": importlib.metadata.version("openfl")})
         self.seed = settings.seed
         feature_shape = tuple(loader.get_feature_shape())
         self._model_spec = (settings.model, feature_shape, loader.get_num_classes(), dict(settings.model_settings))
@@ -179,6 +182,14 @@ class AuditedTaskRunner(PyTorchTaskRunner):
         for name, value in outcome.scalars.items():
             global_out[TensorKey(name, col_name, round_num, True, ("metric",))] = np.array(value)
         return global_out, local_out
+
+    def initialize_tensorkeys_for_functions(self, with_opt_vars=False):
+        super().initialize_tensorkeys_for_functions(with_opt_vars)
+        add_final_task_tensors(self.required_tensorkeys_for_function)
+
+    def final_model_audit_task(self, col_name, round_num, input_tensor_dict, **kwargs):
+        """The round after the last: the final global model audited by the party (src/runner/final_model_task.py)."""
+        return final_model_results(self, col_name, round_num, input_tensor_dict)
 
 
 def _tqdm_on_terminal_only(kwargs: dict) -> dict:

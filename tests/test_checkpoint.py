@@ -41,8 +41,9 @@ def test_the_last_model_s_file_at_the_end_unless_asked_and_the_same_files(tmp_pa
     asked, asked_writes = _run(tmp_path / "every", monkeypatch, True)
     plain, plain_writes = _run(tmp_path / "end", monkeypatch, False)
     save = {name: tmp_path / name / "save" for name in ("every", "end")}
-    # OpenFL's way: last_state_path every round (and best_state_path whenever the validation improved).
-    assert sum(p.endswith("last.pbuf") for p in asked_writes) == ROUNDS
+    # OpenFL's way: last_state_path every round, the final model's audit's round too (and best_state_path whenever
+    # the validation improved).
+    assert sum(p.endswith("last.pbuf") for p in asked_writes) == ROUNDS + 1
     # Here: the last model's file once, at the last round; the best model's whenever it improved, as OpenFL's.
     assert [p.rsplit("/", 1)[1] for p in plain_writes].count("last.pbuf") == 1
     assert [p for p in plain_writes if p.endswith("best.pbuf")] != []
@@ -78,11 +79,13 @@ def test_collaborators_with_delta_updates_get_every_copy_they_read(tmp_path):
 
 def test_a_best_model_of_an_earlier_round_waits_on_disk(tmp_path):
     """best_state_path improves in round 0 only: its file is written then, from round 0's tensors, and holds them at
-    the end; last_state_path's only at the last round."""
-    plan = parse_plan(write_run_plan(tmp_path, collaborators=1, rounds=2))
+    the end; last_state_path's only at the last round: the round after the last training round (the final model's
+    audit), whose model is the final one."""
+    plan = parse_plan(write_run_plan(tmp_path, collaborators=1, rounds=1))
     initial = {"w": np.arange(3, dtype=np.float32)}
     agg = plan.get_aggregator(tensor_dict=initial)
     assert isinstance(agg, AuditingAggregator) and not agg.save_every_round
+    assert (agg.final_round, agg.rounds_to_train) == (1, 2)
     assert agg.model is None  # the initial model's protobuf is not kept: its tensors are in the store
     agg._save_model(0, agg.best_state_path)
     agg._save_model(0, agg.last_state_path)
@@ -104,7 +107,7 @@ def test_no_round_s_model_outlives_its_rows_in_the_store(tmp_path):
     """Once the tensor store's clean-up drops a round, nothing of the aggregator holds its model: OpenFL's
     last_tensor_dict and best_tensor_dict kept it (a whole model each through every later round). The best one is
     read back from its file, the same values."""
-    plan = parse_plan(write_run_plan(tmp_path, collaborators=1, rounds=3))
+    plan = parse_plan(write_run_plan(tmp_path, collaborators=1, rounds=2))  # round 2: the final model's audit
     agg = plan.get_aggregator(tensor_dict={"w": np.arange(3, dtype=np.float32)})
     model = np.full(3, 7, dtype=np.float32)
     agg.tensor_db.cache_tensor({TensorKey("w", agg.uuid, 1, False, ("model",)): model})

@@ -11,6 +11,7 @@ import torch
 
 from audit.membership.population_attack import population_attack
 from audit.membership.signals import loss_signal
+from audit.run_record import FINISHED, RUN_FILE, RunRecord
 from report_drawing import without_report_drawing  # noqa: F401  (a fixture)
 from workspace.in_process import initial_tensor_dict, parse_plan, run_in_process
 from workspace.plan_file import collaborator_names
@@ -97,6 +98,39 @@ def test_round_zero_audits_the_model_the_parties_start_from(federation):
 
 
 @pytest.mark.federation
+def test_every_party_audits_the_final_model_the_aggregator_saves(federation):
+    """After the last round each party audits the final global model (the aggregator's last model, which no training
+    round receives) against its own members; run.json carries each verdict."""
+    run = RunRecord.read(federation.report_dir / RUN_FILE)
+    assert run.state == FINISHED and run.rounds == ROUNDS and set(run.parties) == set(collaborator_names(2))
+    final_weights = federation.aggregator.last_tensor_dict  # the model file's: the final aggregate
+    for name in collaborator_names(2):
+        final = run.parties[name].final_model
+        assert final.audited and final.round == ROUNDS and final.leak is not None and final.leak.detected is not None
+        record = json.loads((federation.report_dir / name / "final_model" / "audit.json").read_text())
+        assert record["round"] == ROUNDS and set(record["attacks"]) == {"final", "rmia"}
+        assert set(record["attacks"]["final"]) == {"loss", "logits", "gradient_norm"}
+        # RMIA: the last round's independent references (as many trainings as the final model had), none trained anew;
+        # the received model is no reference for the model it is
+        assert set(record["attacks"]["rmia"]) == {"independent"}
+        assert record["extra"]["rmia"]["independent"]["local_trainings"] == ROUNDS
+        assert record["extra"]["rmia"]["global"] == {"skipped": "the final model is the global model: no received "
+                                                                "model to compare it with"}
+        sent = federation.final_metrics
+        assert sent[f"{name}/final_model_audit/final_model_leak_detected"] == float(final.leak.detected)
+        assert sent[f"{name}/final_model_audit/final_model_accuracy"] == pytest.approx(final.accuracy, abs=1e-12)
+        # the audit scored the final model: its loss attack from the aggregator's final weights, recomputed
+        runner = federation.runner(name)
+        model = copy.deepcopy(runner.model)
+        model.load_state_dict({k.removeprefix("model."): torch.as_tensor(v) for k, v in final_weights.items()})
+        sets = runner.audit.membership_sets(name)
+        losses = [loss_signal(model, torch.as_tensor(np.asarray(x)), torch.as_tensor(y))
+                  for x, y in (sets.members, sets.nonmembers, sets.population)]
+        direct = population_attack(*losses, (0.05, 0.1))
+        assert record["attacks"]["final"]["loss"]["auc"] == pytest.approx(direct.auc, abs=1e-12)
+
+
+@pytest.mark.federation
 @pytest.mark.usefixtures("without_report_drawing")  # the second run's metrics are compared, not its pages
 def test_same_plan_and_seed_give_the_same_metrics(federation, tmp_path):
     again = run_in_process(tmp_path, collaborators=2, rounds=ROUNDS, overrides=OVERRIDES)
@@ -111,7 +145,8 @@ def test_collaborators_keep_no_model_tensors_of_finished_rounds(federation):
         frame = col.tensor_db.tensor_db
         tags = frame["tags"].map(lambda t: bool({"model", "trained"} & set(t)))
         assert not tags.any(), frame[tags][["tensor_name", "round", "tags"]]
-        assert frame["round"].astype(int).max() == ROUNDS - 1  # metrics of the last round are still there
+        # metrics of the last round, and of the round after it (the final model's audit), are still there
+        assert frame["round"].astype(int).max() == ROUNDS
 
 
 @pytest.mark.federation
@@ -193,11 +228,12 @@ def test_the_round_ends_at_the_aggregator_without_the_collaborators_models(tmp_p
     overrides = {**OVERRIDES, "task_runner": {"settings": {"seed": 3, "audit": {"enabled": False}}}}
     monkeypatch.setattr(Aggregator, "_end_of_round_check", spy)
     dropped = run_in_process(tmp_path / "dropped", collaborators=2, rounds=2, overrides=overrides)
-    assert len(seen) == 2 and all(s == {"collaborator1": 0, "collaborator2": 0} for s in seen)  # one per round
+    # one per round, and one for the round after the last (the final model's audit: the audit is off, nothing runs)
+    assert len(seen) == 3 and all(s == {"collaborator1": 0, "collaborator2": 0} for s in seen)
     seen.clear()
     monkeypatch.setattr(src.collaborator, "drop_finished_models", lambda col, round_num: 0)
     kept = run_in_process(tmp_path / "kept", collaborators=2, rounds=2, overrides=overrides)
     # OpenFL's clean-up alone: at the round's end the last collaborator still holds the round's received and
     # trained models (and the first one its own, db_store_rounds = 2)
-    assert len(seen) == 2 and all(s["collaborator2"] > 0 and s["collaborator1"] > 0 for s in seen)
+    assert len(seen) == 3 and all(s["collaborator2"] > 0 and s["collaborator1"] > 0 for s in seen[:2])
     assert dropped.round_logs == kept.round_logs and dropped.collaborator_metrics == kept.collaborator_metrics

@@ -20,6 +20,7 @@ import psutil
 import pytest
 import yaml
 
+from audit.run_record import FINISHED, RUN_FILE, RunRecord
 from shared_runs import PREPARED_COLLABORATORS, PREPARED_ROUNDS, workspace_here
 from workspace.processes import ParticipantLauncher, ProcessRegistry, fx_environment
 
@@ -252,10 +253,31 @@ def test_the_tool_shows_each_partys_phase_an_eta_and_a_summary_without_bars(fede
         expected = [("waiting", None)]  # it asks for tasks before round 0
         for r in range(ROUNDS):
             expected += [("validating", r), ("training", r), ("auditing", r), ("validating", r), ("waiting", r)]
+        # the round after the last: the final model's accuracy and audit
+        expected += [("validating", ROUNDS), ("auditing", ROUNDS), ("waiting", ROUNDS)]
         assert [s for s in seen if s[0] != "done"] == expected and seen[-1][0] == "done", seen
     expected_summary = summary_lines({n: federation.run_dir / n / "reports" / n for n in COLLABORATORS},
                                      federation.run_dir / "aggregator" / "reports" / "aggregator", ROUNDS)
     assert "\n".join(expected_summary[1:]) in federation.output
+
+
+@pytest.mark.federation
+def test_every_collaborator_audits_the_final_model_and_the_run_json_says_so(federation):
+    """`python -m workspace run`: after the last round each collaborator audits the final model in its own process;
+    the run folder's run.json (and each participant's report root's) holds every party's verdict, and the tool prints
+    it."""
+    assert federation.returncode == 0, federation.output[-4000:]
+    roots = [federation.run_dir, *(federation.run_dir / name / "reports" for name in ["aggregator", *COLLABORATORS])]
+    for root in roots:
+        run = RunRecord.read(root / RUN_FILE)
+        assert run.state == FINISHED and run.rounds == ROUNDS and set(run.parties) == set(COLLABORATORS), root
+        for name in COLLABORATORS:
+            final = run.parties[name].final_model
+            assert final.audited and final.round == ROUNDS and final.leak is not None, (root, name)
+            assert set(final.attacks) == {"final / loss", "final / logits"}  # RMIA is off in this plan
+    for name in COLLABORATORS:
+        assert (federation.run_dir / name / "reports" / name / "final_model" / "audit.json").is_file()
+        assert f"  {RunRecord.read(federation.run_dir / RUN_FILE).parties[name].line()}" in federation.output
 
 
 @pytest.mark.federation
@@ -419,16 +441,18 @@ def test_tensorboard_event_files_hold_each_partys_metrics_as_the_one_process_run
     for party in parties:
         logs = federation.run_dir / party / "logs"
         lines = read_metric_lines(logs / f"{party}_metrics.txt")
+        assert len(lines) == ROUNDS + 1  # the training rounds, then the final model's audit (its own tags)
         events[party] = read_events(logs / f"{party}_tensorboard")
-        tags = {tensorboard_tag(key, party): key for key in lines[0] if tensorboard_tag(key, party)}
+        tags = {tensorboard_tag(key, party): key for line in lines for key in line if tensorboard_tag(key, party)}
         bounds = {t for t in events[party] if t.endswith(("_lower", "_upper"))}
         assert set(events[party]) == set(tags) | bounds and "privacy/mia_local_loss_auc" in events[party]
         assert bool(bounds) == (party != "aggregator")  # a party's own bounds; no mean of bounds
+        assert any(tag.endswith("final_model_audit/final_model_leak_detected") for tag in tags)
         for tag, points in events[party].items():
-            assert [step for step, _ in points] == list(range(ROUNDS)), (party, tag)
+            rounds = [r for r, line in enumerate(lines) if tags.get(tag) in line] if tag in tags else range(ROUNDS)
+            assert [step for step, _ in points] == list(rounds), (party, tag)
             if tag in tags:
-                assert all(same_float32(value, line[tags[tag]]) for (_step, value), line in zip(points, lines)), (
-                    party, tag)
+                assert all(same_float32(value, lines[step][tags[tag]]) for step, value in points), (party, tag)
     monkeypatch.setenv("TENSORBOARD", "1")
     run_in_process(tmp_path / "one_process", collaborators=len(COLLABORATORS), rounds=ROUNDS,
                    plan_path=federation.run_dir / "aggregator" / "plan" / "plan.yaml")

@@ -287,7 +287,7 @@ def cli(*args, timeout=120):
      "selected_task_group; did you mean task_groups?"),
     (["--set", "assigner.settings.task_groups=[{name: learning, percentage: 1.0, tasks: [train, validate]}]"],
      "error: assigner.settings.task_groups[0].tasks: 'validate' is not a task of the plan; its tasks: "
-     "aggregated_model_validation, train, locally_tuned_model_validation"),
+     "aggregated_model_validation, train, locally_tuned_model_validation, final_model_audit"),
     (["--set", "assigner.settings.task_groups=[{name: a, percentage: 0.5, tasks: [train]}, "
                "{name: b, percentage: 0.5, tasks: [train]}]"],
      "error: assigner.settings.task_groups: the percentages give 2 of the 3 collaborators a group"),

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from audit.run_record import FINISHED, RUN_FILE, RunRecord
 from shared_runs import PREPARED_COLLABORATORS, workspace_here
 from workspace.plan_file import deep_merge
 from workspace.run_plan import merge_overrides
@@ -164,6 +165,14 @@ def test_the_readme_fx_sequence_runs_a_federation_across_fresh_folders(tmp_path,
     assert set(json.loads(report.read_text())["attacks"]["rmia"]) == {"global", "independent"}
     assert not list(agg.rglob("audit.json"))
     assert (agg / "reports" / "aggregator" / "round_0000.json").is_file()
+    # After the last round the collaborator audited the final model in its own folder (the round after the last:
+    # the aggregator's report has no file of it), and its report root's run.json says so.
+    run = RunRecord.read(col / "reports" / RUN_FILE)
+    assert run.state == FINISHED and list(run.parties) == [COLLABORATOR], outputs[COLLABORATOR]
+    final = run.parties[COLLABORATOR].final_model
+    assert final.audited and final.round == 1 and final.leak is not None
+    assert (col / "reports" / COLLABORATOR / "final_model" / "audit.json").is_file()
+    assert not (agg / "reports" / "aggregator" / "round_0001.json").exists()
 
 
 def test_the_tool_prepares_what_the_manual_path_does_with_owner_only_keys(prepared_federation):

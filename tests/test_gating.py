@@ -18,6 +18,7 @@ from openfl.interface.aggregation_functions import WeightedAverage
 from openfl.utilities import LocalTensor, TensorKey, change_tags
 from opacus.accountants import RDPAccountant
 
+from audit.run_record import ACCOUNT_FILE, PartyRun
 from report_drawing import no_report_drawing, pages_drawn_at_the_end
 from src.aggregation import GatedWeightedAverage
 from workspace.in_process import initial_tensor_dict, parse_plan, run_in_process
@@ -280,6 +281,29 @@ def test_update_still_leaky_after_the_retries_is_withheld(retrained):
     assert metric(retrained, "collaborator2", "gate_retries") == 2.0
     assert metric(retrained, "collaborator2", "gate_epsilon") == pytest.approx(gate["epsilon"])
     assert_same(sent(retrained, "collaborator2", 0), global_model(retrained, 0), exact=True)
+
+
+@pytest.mark.federation
+def test_each_partys_run_account_composes_what_it_released(retrained):
+    """Each party's account (account.json): its round's own epsilon is the round's accountant's (every try run, sent
+    or not); a party that sent its plain update has no bound; every party audited the final model."""
+    for name, bounded in (("collaborator1", False), ("collaborator2", True), ("collaborator3", True)):
+        account = PartyRun.read(retrained.report_dir / name / ACCOUNT_FILE)
+        gate = record(retrained, name)["extra"]["gate"]
+        (entry,) = account.rounds
+        assert entry.verdict == gate["verdict"] and account.dp.bounded is bounded, name
+        assert len(entry.release.mechanisms) == gate["retries"]
+        if bounded:
+            assert entry.epsilon == account.dp.epsilon == pytest.approx(gate["epsilon"], rel=1e-12)
+            assert [m.noise_multiplier for m in entry.release.mechanisms] == [t["noise_multiplier"]
+                                                                           for t in gate["tries"]]
+        else:
+            assert account.dp.epsilon is None and list(account.dp.unbounded) == [0]
+        assert account.final_model.audited and account.final_model.round == 1
+    sent_by = {name: PartyRun.read(retrained.report_dir / name / ACCOUNT_FILE).rounds[0].sent
+               for name in ("collaborator2", "collaborator3")}
+    assert sent_by == {"collaborator2": "the received global weights (nothing of the party's data)",
+                       "collaborator3": "DP retrain try 1"}
 
 
 # ---------------------------------------------------------------------------------------------- non-finite

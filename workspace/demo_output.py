@@ -19,6 +19,7 @@ PHASE_NAMES = {
     "train": "train",
     "audit": "audit",
     "locally_tuned_model_validation": "validate local model",
+    "final_model_audit": "audit the final model",
 }
 
 
@@ -64,8 +65,10 @@ class Progress:
             self.end_round()
             self.round = round_num
             audits = self.collaborators if round_num % self.interval == 0 else 0
+            final = round_num >= self.rounds  # the round after the last: each party audits the final model
             self.phase_bar = self._tqdm(
-                total=3 * self.collaborators + audits, desc=f"round {round_num + 1}/{self.rounds}", unit="phase",
+                total=self.collaborators if final else 3 * self.collaborators + audits,
+                desc="final model" if final else f"round {round_num + 1}/{self.rounds}", unit="phase",
                 position=1, leave=False, file=self.stream, disable=not self.enabled, dynamic_ncols=True)
         elif self.pending:
             self._count()
@@ -84,6 +87,11 @@ class Progress:
             self._count()
         self.phase_bar.close()
         self.phase_bar, self.pending = None, False
+        if self.round is not None and self.round >= self.rounds:  # the final model's audit: no training round
+            if self.lines:
+                self.stream.write(f"final model audited in {time.monotonic() - self._round_began:.1f} s\n")
+                self.stream.flush()
+            return
         self.rounds_bar.update(1)
         now = time.monotonic()
         self.round_seconds.append(now - self._round_began)

@@ -107,6 +107,10 @@ class FederationResult:
     collaborators: dict
     round_logs: list[dict] = field(default_factory=list)      # aggregator's averaged metrics per round
     collaborator_metrics: list[dict] = field(default_factory=list)  # per round: {"col/task/metric": value}
+    # The round after the last, when the plan has it (src/server/final_round.py): every collaborator's audit of the
+    # final model. The aggregator's averages and each collaborator's scalars of it; None: no such round.
+    final_logs: dict | None = None
+    final_metrics: dict | None = None
 
     def runner(self, name: str):
         return self.collaborators[name].task_runner
@@ -134,7 +138,7 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     the caller did (`check=False`)."""
     from openfl.callbacks import LambdaCallback
 
-    from audit import flush_reports
+    from audit import FINISHED, INTERRUPTED, RUNNING, flush_reports, redraw_index, write_run_file
     from src.process.metric_writer import PartyMetricWriter
 
     tensorboard_enabled()  # fails here, not inside OpenFL's MetricWriter
@@ -147,8 +151,12 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     report_dir = Path(agg_plan.config["task_runner"]["settings"]["audit"]["report_dir"])
 
     round_logs: list[dict] = []
+    final_logs: list[dict] = []
 
     def record_round(round_num, logs=None):
+        if round_num == getattr(aggregator, "final_round", None):  # the final model's audit: no training round
+            final_logs.append(dict(logs or {}))
+            return
         round_logs.append(dict(logs or {}))
         if on_round_end is not None:
             on_round_end(round_num, dict(logs or {}))
@@ -180,16 +188,40 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
         cols[name].callbacks.on_experiment_begin()  # as Collaborator.run() does
 
     collaborator_metrics: list[dict] = []
+    info = run_info(plan_dir, collaborator_names(collaborators), rounds, aggregator)
+    write_run_file(report_dir, info=info(RUNNING))
+    state = INTERRUPTED
     try:
         _run_rounds(aggregator, cols, clients, on_task, collaborator_metrics)
+        state = FINISHED
     finally:
         # The collaborators' plots and pages are drawn by the process's report worker: all there when this returns.
         flush_reports()
+        # The run's record with how it ended (an exception, Ctrl-C: interrupted), and the run index that shows it.
+        write_run_file(report_dir, info=info(state))
+        redraw_index(report_dir)
+        flush_reports()
+    final = getattr(aggregator, "final_round", None)
+    final_metrics = collaborator_metrics.pop() if final is not None and len(collaborator_metrics) > final else None
 
     return FederationResult(plan_dir=plan_dir, report_dir=report_dir,
                             aggregator_report_dir=getattr(aggregator, "report_dir", None),
                             aggregator=aggregator, collaborators=cols,
-                            round_logs=round_logs, collaborator_metrics=collaborator_metrics)
+                            round_logs=round_logs, collaborator_metrics=collaborator_metrics,
+                            final_logs=final_logs[0] if final_logs else None, final_metrics=final_metrics)
+
+
+def run_info(plan_dir: Path, names: list[str], rounds: int, aggregator) -> Callable[[str], object]:
+    """The run's record's run-level part (audit.reporting.run_file.RunInfo) for a state: the planned rounds, the
+    collaborators, the plan file and whether the final model is audited, and the versions."""
+    import importlib.metadata
+
+    from audit import RunInfo, library_versions
+
+    settings = {"rounds": rounds, "collaborators": list(names), "plan": str(Path(plan_dir) / "plan.yaml"),
+                "final_model_audit": getattr(aggregator, "final_round", None) is not None}
+    versions = library_versions({"openfl": importlib.metadata.version("openfl")})
+    return lambda state: RunInfo(state, rounds, settings, versions)
 
 
 def _run_rounds(aggregator, cols: dict, clients: dict, on_task, collaborator_metrics: list[dict]) -> None:

@@ -43,13 +43,14 @@ MEMBERSHIP = register(AuditStep(
     name="membership", section=None, parse=None, metric_names=_membership_metric_names,
     run="audit.membership.step:run", needs_global=False, metric_prefix=MIA_PREFIX,
     check_model="audit.membership.views:check_gradient_layer", histograms="audit.membership.views:membership_histograms",
-    private_files=(SIGNALS_FILE,), summary=None,
+    private_files=(SIGNALS_FILE,), summary=None, final_model=True,
 ))
 RMIA = register(AuditStep(
     name="rmia", section="rmia", parse=rmia_settings,
     metric_names=lambda settings, audit_settings: settings.metric_names(audit_settings.fpr_tolerance),
     run="audit.membership.rmia_step:run", metric_prefix=RMIA + "_",
     histograms="audit.membership.views:rmia_histograms", private_files=(RMIA_SCORES_FILE,), summary=None,
+    final_model=True,
 ))
 FIDEL = register(AuditStep(
     name="fidel", section="fidel", parse=fidel_settings, metric_names=lambda settings, _: list(FIDEL_METRICS),

@@ -20,7 +20,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from audit.config.vocabulary import LEAK_PREFIX, POPULATION_PREFIX
+from audit.config.vocabulary import FINAL_MODEL_PREFIX, LEAK_PREFIX, POPULATION_PREFIX
 
 # When a step runs in a round: on the update after local training, or on the received global model before it.
 AFTER_TRAINING = "after_training"
@@ -31,9 +31,9 @@ __all__ = ["AuditStep", "AFTER_TRAINING", "BEFORE_TRAINING", "PHASES", "register
            "step", "metric_prefixes", "is_audit_metric", "producer_of", "private_file_names"]
 
 # Scalar names that are not a step's: the round's leak verdict's (audit.verdict.leak), the gate's contract with
-# the aggregator (audit.config.gate_contract) and the attacks' population sizes (audit.config.vocabulary). No step's
-# prefix may overlap them.
-RESERVED_PREFIXES = (LEAK_PREFIX, "gate_", POPULATION_PREFIX)
+# the aggregator (audit.config.gate_contract), the attacks' population sizes and the final model's verdict
+# (audit.config.vocabulary). No step's prefix may overlap them.
+RESERVED_PREFIXES = (LEAK_PREFIX, "gate_", POPULATION_PREFIX, FINAL_MODEL_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,8 @@ class AuditStep:
     after_sending: `after_sending(store, sent, step_settings)`, called by the party once a round's update has gone
         out (`sent`: audit.round_audit.SentUpdate; `store`: the party's audit store, the step's entries under its
         name), in every round while the step is enabled: for a step that follows the party's updates across rounds.
+    final_model: it audits a model, not an update, and also runs on the final global model after the last round
+        (audit.round_audit.audit_final_model; its context's `model_kind` is then FINAL and `global_model` None).
     """
 
     name: str
@@ -86,6 +88,7 @@ class AuditStep:
     needs_global: bool = True
     phase: str = AFTER_TRAINING
     after_sending: str | Callable | None = None
+    final_model: bool = False
 
     def load_run(self) -> Callable:
         return _load(self.run)

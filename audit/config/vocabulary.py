@@ -8,11 +8,11 @@ from __future__ import annotations
 
 __all__ = [
     "SIGNALS", "MEMBER_IF_LOWER", "THRESHOLD_FUNCTIONS", "LOSS_ONLY_FUNCTIONS", "OPTIMIZERS",
-    "GATE_ACTIONS", "MODEL_KINDS", "AUC", "EXACT_AUC", "EPSILON_LB", "ADVANTAGE", "LOWER", "UPPER", "BOUNDS",
+    "GATE_ACTIONS", "MODEL_KINDS", "FINAL", "AUC", "EXACT_AUC", "EPSILON_LB", "ADVANTAGE", "LOWER", "UPPER", "BOUNDS",
     "tolerance_name", "tolerance_name_clash", "MIA_PREFIX", "mia_metric", "tpr_statistic", "bounded", "attack_statistics",
-    "RMIA", "rmia_metric", "CROSS_ROUND", "attack_metric", "LEAK_PREFIX", "LEAK_DETECTED", "LEAK_P_VALUE", "LEAK_EPSILON_LB",
-    "LEAK_EPSILON_CEILING", "LEAK_METRICS", "SIGNALS_FILE", "RMIA_SCORES_FILE", "FIDEL_GRID_FILE", "CANARY_FILE",
-    "CROSS_ROUND_FILE",
+    "RMIA", "rmia_metric", "CROSS_ROUND", "attack_metric", "LEAK_PREFIX", "LEAK_DETECTED", "LEAK_P_VALUE",
+    "LEAK_EPSILON_LB", "LEAK_EPSILON_CEILING", "LEAK_METRICS", "FINAL_MODEL_PREFIX", "FINAL_MODEL_ACCURACY",
+    "SIGNALS_FILE", "RMIA_SCORES_FILE", "FIDEL_GRID_FILE", "CANARY_FILE", "CROSS_ROUND_FILE",
     "attack_name", "POPULATION_PREFIX", "population_name",
 ]
 
@@ -33,8 +33,10 @@ OPTIMIZERS = ("SGD", "Adam")
 # What the gate does with an update over its thresholds.
 GATE_ACTIONS = ("withhold", "dp_retrain", "report_only")
 
-# The membership audit's models: the locally trained one, the received global one, and the update between them.
-MODEL_KINDS = ("local", "global", "update")
+# The membership audit's models: the locally trained one, the received global one, and the update between them; and
+# the final global model after the last round (audited once, against the party's members: audit.round_audit).
+FINAL = "final"
+MODEL_KINDS = ("local", "global", "update", FINAL)
 
 
 def tolerance_name(tolerance: float) -> str:
@@ -151,3 +153,7 @@ LEAK_P_VALUE = "leak_p_value"                  # the headline figure's Holm-adju
 LEAK_EPSILON_LB = "leak_epsilon_lb"            # the family-wise epsilon lower bound (what an epsilon budget meets)
 LEAK_EPSILON_CEILING = "leak_epsilon_ceiling"  # the largest epsilon lower bound this round's counts could prove
 LEAK_METRICS = (LEAK_DETECTED, LEAK_P_VALUE, LEAK_EPSILON_LB, LEAK_EPSILON_CEILING)
+# What a party sends after auditing the final global model (audit.party_audit.final_model): the leak verdict's scalars
+# under this prefix (final_model_leak_detected, ...), and the final model's accuracy on its non-members.
+FINAL_MODEL_PREFIX = "final_model_"
+FINAL_MODEL_ACCURACY = FINAL_MODEL_PREFIX + "accuracy"

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from audit.config.rmia_settings import FINE_TUNED, GLOBAL, GLOBAL_A, INDEPENDENT, TUNE, RMIASettings
-from audit.config.vocabulary import RMIA
+from audit.config.vocabulary import FINAL, RMIA
 from audit.membership.population_attack import population_attack
 from audit.membership.references import (References, fine_tuned_references, independent_references,
                                          reference_seed)
@@ -96,21 +96,55 @@ def _references(kind: str, context: AuditContext, settings: RMIASettings, round_
     return refs
 
 
+def _final_references(kind: str, context: AuditContext, settings: RMIASettings) -> References | str:
+    """The references of the final global model (audit.round_audit.audit_final_model, `round_num` the number of
+    training rounds): those the party's last audited round trained, never on its data. Independent ones are brought to
+    as many local trainings as the final model has had (one a round: the last round's already are); fine-tuned ones
+    start from the model a round received, so only the last round's can serve. A string: why there are none."""
+    state = context.store.setdefault("rmia", {})
+    last = context.round_num - 1
+    if kind == FINE_TUNED:
+        if state.get("round") != last or kind not in state.get("trained", {}):
+            return (f"no fine-tuned references of the last round ({last}): they start from the model that round "
+                    "received, and were not trained then (its audit or RMIA's interval skipped it)")
+        refs = state["trained"][kind]
+        return References(refs.kind, refs.copies, refs.population_in, refs.trainings, 0.0)
+    training = context.training
+    if training is None:
+        return "no local training of the party to train the references like (no round was trained)"
+    if context.initial_model is None:
+        return "no initial model to start the independent references from"
+    population, k = context.mia_sets.population, settings.reference_models
+    return independent_references(state.setdefault(INDEPENDENT, {}), context.initial_model, population,
+                                  training.recipe, k=k, size=settings.reference_size(training.member_count),
+                                  trainings=context.round_num,
+                                  seed=reference_seed(context.seed, context.party, 0, kind))
+
+
 def run(context: AuditContext, settings: RMIASettings) -> StepResult:
     audit = context.settings
     sets, batch = context.mia_sets, audit.batch_size
     target = _probabilities(context.local_model, sets, settings, batch, context.signal_cache)
     attacks, metrics, details, seconds, scores = {}, {}, {}, {}, {}
+    final = context.model_kind == FINAL
     for kind in settings.references:
         start = time.perf_counter()
-        if kind == GLOBAL:
+        refs = None
+        if final:
+            refs = (_final_references(kind, context, settings) if kind != GLOBAL else
+                    "the final model is the global model: no received model to compare it with")
+            if isinstance(refs, str):
+                details[kind] = {"skipped": refs}
+                seconds[kind] = time.perf_counter() - start
+                continue
+        if kind == GLOBAL and not final:
             received = _probabilities(context.global_model, sets, settings, batch, context.signal_cache)
             signals = {name: Signals(target[name], global_model=received[name]) for name in SETS}
             a = GLOBAL_A if settings.offline_a == TUNE else settings.offline_a
             info = {"reference_models": 0, "offline_a": a, "a_tuning": {"tuned": False, "why": "no reference with a "
                     "known training set" if settings.offline_a == TUNE else "fixed by the plan"}}
         else:
-            refs = _references(kind, context, settings, context.round_num)
+            refs = refs if refs is not None else _references(kind, context, settings, context.round_num)
             logits = {name: refs.copies.logits(getattr(sets, name)[0], batch_size=batch) for name in SETS}
             # A reference whose training diverged (the party's own recipe can: its update is then withheld as
             # non-finite) has no probabilities: left out. With none left there is no RMIA of this kind this round: its

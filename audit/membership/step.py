@@ -79,8 +79,9 @@ def run(context: AuditContext, settings) -> StepResult:
     local_names, global_names = signal_names(settings)
 
     local_values, local_seconds = _signals_per_set(context.local_model, sets, local_names, settings, context.signal_cache)
-    attacks = {"local": _population_attacks({k: local_values[k] for k in wanted}, settings)}
-    signal_seconds = {"local": local_seconds}
+    kind = context.model_kind  # "local", or "final" for the final global model (audit.round_audit.audit_final_model)
+    attacks = {kind: _population_attacks({k: local_values[k] for k in wanted}, settings)}
+    signal_seconds = {kind: local_seconds}
 
     if global_model is not None and global_names:
         global_values, global_seconds = _signals_per_set(global_model, sets, global_names, settings, context.signal_cache)
@@ -93,7 +94,7 @@ def run(context: AuditContext, settings) -> StepResult:
                 g["members"], lo["members"], g["nonmembers"], lo["nonmembers"], g["population"], lo["population"],
                 settings.fpr_tolerance, confidence=settings.confidence, delta=settings.epsilon_delta,
             )}
-    scores = {f"local_{name}_{set_name}": values for name in wanted for set_name, values in local_values[name].items()}
+    scores = {f"{kind}_{name}_{set_name}": values for name in wanted for set_name, values in local_values[name].items()}
     if "global" in attacks:
         scores.update({f"global_{name}_{set_name}": values
                        for name in wanted for set_name, values in global_values[name].items()})

@@ -53,6 +53,10 @@ from audit.reporting.readings import (csv_cell, exact_auc_band, exact_auc_of, ra
                                       tpr_band_at, unresolvable)
 from audit.reporting.records import HISTOGRAMS_FILE, load_cached_round_records, load_round_records, round_dir_name
 from audit.reporting.writer import RoundReportWriter
+
+# The final model's audit, in the party's report: its folder, and its drawing job on the report worker (no round).
+FINAL_MODEL_DIR = "final_model"
+FINAL_MODEL_JOB = -1
 from audit.round_record import RoundRecord, validate_party_name, validate_record
 
 __all__ = [
@@ -182,8 +186,52 @@ class ReportWriter(RoundReportWriter):
         """Jobs of writers with the same key are coalesced (one party's folder)."""
         return str(self.party_dir.resolve())
 
+    def _account(self):
+        """The party's account of the run (account.json; None: none yet, or unreadable: logged)."""
+        from audit.run_record import ACCOUNT_FILE, PartyRun
+
+        path = self.party_dir / ACCOUNT_FILE
+        if not path.is_file():
+            return None
+        try:
+            return PartyRun.read(path)
+        except (OSError, ValueError) as err:
+            logger.warning("%s: %s", self.party, err)
+            return None
+
+    def final_model_dir(self) -> Path:
+        return self.party_dir / FINAL_MODEL_DIR
+
+    def write_final_model(self, record: RoundRecord) -> Path:
+        """The final model's audit (audit.round_audit.audit_final_model): its private files and audit.json in the
+        party's final_model/ folder, now; its ROC and the pages on the report worker. Returns the folder."""
+        stored, data = self._stored(record)
+        folder = self.final_model_dir()
+        folder.mkdir(parents=True, exist_ok=True)
+        write_private_files(folder, _private_of(record, None))
+        atomic_write_json(folder / "audit.json", data)
+        render_queue.submit(self, FINAL_MODEL_JOB)
+        return folder
+
+    def load_final_model(self) -> RoundRecord | None:
+        """The final model's record (None: none written, or unreadable: logged)."""
+        path = self.final_model_dir() / "audit.json"
+        if not path.is_file():
+            return None
+        try:
+            return RoundRecord.read(path)
+        except (OSError, ValueError) as err:
+            logger.warning("%s: %s", self.party, err)
+            return None
+
     def render_round(self, round_num: int) -> None:
-        """Draw a stored round's images (roc.png, the histograms) from its audit.json and private files on disk."""
+        """Draw a stored round's images (roc.png, the histograms) from its audit.json and private files on disk (the
+        final model's, for FINAL_MODEL_JOB)."""
+        if round_num == FINAL_MODEL_JOB:
+            record = self.load_final_model()
+            if record is not None:
+                plot_roc(record, self.final_model_dir() / "roc.png", self.log_scale)
+            return
         path = self.record_path(round_num)
         record = next((r for r in self.load_rounds() if r.round == round_num), None)
         if record is None:
@@ -217,10 +265,13 @@ class ReportWriter(RoundReportWriter):
         for p in stale:
             if _TPR_PLOT_RE.match(p.name.removeprefix(ALL_SERIES)) or p.name in SUMMARY_PLOTS:
                 p.unlink(missing_ok=True)
+        final_roc = self.final_model_dir() / "roc.png"
         atomic_write_text(
             self.party_dir / "index.html",
             party_page(self.party, records, tols, tpr_files, self.log_scale, unplotted,
-                       {r.round: _file_names(self.round_dir(r.round)) for r in records}, refused=refused)
+                       {r.round: _file_names(self.round_dir(r.round)) for r in records}, refused=refused,
+                       account=self._account(),
+                       final_roc=f"{FINAL_MODEL_DIR}/roc.png" if final_roc.is_file() else None)
         )
         write_index(self.root)
 

@@ -305,16 +305,34 @@ def _headline_caption(records: list[RoundRecord]) -> str:
             "dash: chance." + hatched)
 
 
+def _run_account(account, final_roc: str | None) -> list[str]:
+    """The party's run in three lines (its account.json): the final model's verdict, the DP total, the rounds'."""
+    final = account.final_model
+    flagged = final is not None and (final.over_limits or (final.leak is not None and bool(final.leak.detected)))
+    css = "leak" if flagged else "no_leak" if final is not None and final.audited else "muted"
+    head = final.headline() if final is not None else "the final model: not audited yet (after the last round)"
+    accuracy = (f" Its accuracy on this party's non-members: {fmt(final.accuracy, 3)}."
+                if final is not None and final.accuracy is not None else "")
+    roc = f' <a href="{href(*final_roc.split("/"))}">ROC</a>' if final_roc else ""
+    dp = account.dp.text() if account.dp is not None else "DP: no round yet"
+    return [f'<p class="{css}"><strong>{escape(head[0].upper() + head[1:])}</strong>.{escape(accuracy)}{roc}</p>',
+            f"<p>{escape(dp)}; {escape(account.empirical.text())} (account.json).</p>"]
+
+
 def party_page(party: str, records: list[RoundRecord], tols: list[float], tpr_files: list[str], log_scale: bool,
                unplotted: Mapping[float, int] | None = None, round_files: Mapping[int, set[str]] | None = None,
                *, headline: str | None = "headline.png", all_prefix: str = "all_",
-               refused: Sequence[str] = ()) -> str:
+               refused: Sequence[str] = (), account=None, final_roc: str | None = None) -> str:
     """The party's page; `unplotted`: tolerances without a TPR plot (no record's population resolves them) ->
     population size; `round_files`: round -> the file names in its folder (the private views it links);
     `headline`: the headline chart's file (None: none drawn); `all_prefix`: the every-attack plots' prefix;
-    `refused`: a line per round record left out for its schema version (audit.round_record.RecordSchemaError)."""
+    `refused`: a line per round record left out for its schema version (audit.round_record.RecordSchemaError);
+    `account`: the party's account of the run (audit.run_record.PartyRun; None: none yet), shown first;
+    `final_roc`: the final model's ROC image, relative to the page."""
     body = ['<p><a href="../index.html">&larr; run index</a></p>', f"<h1>Privacy audit: {escape(party)}</h1>"]
     body += [f'<p class="flag">Not shown: {escape(line)}</p>' for line in refused]
+    if account is not None:
+        body += _run_account(account, final_roc)
     if not records:
         body.append('<p>No audited rounds yet.</p>')
         return page(f"Privacy audit: {party}", body)

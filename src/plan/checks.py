@@ -29,7 +29,8 @@ from audit import (Mismatch, SettingsError, boolean, check_plugins, custom, did_
 from src.plan import bounds as plan_bounds
 from src.plan.openfl_sections import check_included_files, check_openfl_sections
 
-__all__ = ["TASK_RUNNER_TEMPLATE", "DATA_LOADER_TEMPLATE", "TASK_FUNCTIONS", "task_names", "split_settings",
+__all__ = ["TASK_RUNNER_TEMPLATE", "DATA_LOADER_TEMPLATE", "TASK_FUNCTIONS", "FINAL_AUDIT_TASK", "FINAL_AUDIT_FUNCTION",
+           "final_round", "check_final_round", "planned_rounds", "task_names", "split_settings",
            "split_ratios", "check_tasks", "check_cross_round", "WEIGHTED_AVERAGES",
            "check_collaborator_names", "check_name", "check_names", "check_plan_bounds", "check_plan",
            "PlanBeingBuilt", "plan_being_built", "check_built_plan", "insecure_transport", "INSECURE_ENV",
@@ -66,7 +67,13 @@ _APPLY = custom("local (the locally trained model) or global (the received one)"
 TASK_FUNCTIONS: Mapping[str, Mapping] = {
     "train_task": {"epochs": integer(min=1), "use_tqdm": boolean(), "metrics": _METRICS},
     "validate_task": {"apply": _APPLY, "use_tqdm": boolean(), "metrics": _METRICS},
+    "final_model_audit_task": {"metrics": _METRICS},
 }
+# The task of the round after the last (aggregator.settings.final_model_audit: src.aggregator): every collaborator
+# audits the final global model against its own members. Named so in the plan's `tasks`, in no task group.
+FINAL_AUDIT_TASK = "final_model_audit"
+FINAL_AUDIT_FUNCTION = "final_model_audit_task"
+AGGREGATOR_TEMPLATE = "src.aggregator.AuditingAggregator"
 REQUIRED_KWARGS = {"validate_task": ("apply",)}  # PyTorchTaskRunner.validate_task reads kwargs["apply"]
 
 
@@ -135,6 +142,42 @@ def check_cross_round(config: Mapping) -> None:
                                 f"tasks.{name}.aggregation_type is {template}: set cross_round.aggregation: other (the "
                                 f"others' update cannot be derived; every round is skipped) or aggregate with one of "
                                 f"{', '.join(WEIGHTED_AVERAGES[:2])}")
+
+
+def final_round(config: Mapping) -> bool:
+    """Whether the plan's aggregator adds the final model's audit after the last round (this workspace's aggregator
+    with aggregator.settings.final_model_audit, true by default)."""
+    aggregator = config.get("aggregator")
+    if not isinstance(aggregator, Mapping) or aggregator.get("template") != AGGREGATOR_TEMPLATE:
+        return False
+    settings = aggregator.get("settings")
+    return bool((settings if isinstance(settings, Mapping) else {}).get("final_model_audit", True))
+
+
+def check_final_round(config: Mapping) -> None:
+    """With the final model's audit, the plan's `tasks` name its task (FINAL_AUDIT_TASK, function
+    FINAL_AUDIT_FUNCTION), which no task group lists (it runs once, after the last round)."""
+    if not final_round(config):
+        return
+    key = "aggregator.settings.final_model_audit"
+    task = (config.get("tasks") or {}).get(FINAL_AUDIT_TASK) if isinstance(config.get("tasks"), Mapping) else None
+    if not isinstance(task, Mapping) or task.get("function") != FINAL_AUDIT_FUNCTION:
+        raise SettingsError(f"{key}: true (the default) needs the task tasks.{FINAL_AUDIT_TASK}: {{function: "
+                            f"{FINAL_AUDIT_FUNCTION}, kwargs: {{}}}}, which the collaborators run after the last round; "
+                            f"add it to the plan, or set {key}: false (the final model is then audited by no one)")
+    assigner = config.get("assigner")
+    groups = ((assigner.get("settings") or {}).get("task_groups") or []) if isinstance(assigner, Mapping) else []
+    for i, group in enumerate(groups if isinstance(groups, Sequence) else []):
+        if isinstance(group, Mapping) and FINAL_AUDIT_TASK in (group.get("tasks") or ()):
+            raise SettingsError(f"assigner.settings.task_groups[{i}].tasks: {FINAL_AUDIT_TASK} runs once, after the "
+                                f"last round ({key}); take it out of the task group")
+
+
+def planned_rounds(built) -> int | None:
+    """The training rounds of the plan OpenFL is building from (PlanBeingBuilt; None: unknown)."""
+    settings = ((getattr(built, "config", None) or {}).get("aggregator") or {}).get("settings") or {}
+    rounds = settings.get("rounds_to_train")
+    return int(rounds) if isinstance(rounds, int) and not isinstance(rounds, bool) and rounds > 0 else None
 
 
 def check_collaborator_names(per_collaborator, collaborators: Sequence[str],
@@ -224,6 +267,7 @@ def check_plan(config: Mapping, collaborators: Sequence[str] | None = None) -> N
         return
     check_tasks(config.get("tasks") or {})
     check_cross_round(config)
+    check_final_round(config)
     settings = runner.get("settings")
     audit = settings.get("audit") if isinstance(settings, Mapping) else None
     if isinstance(audit, Mapping):  # the plug-in steps register before anyone reads their sections or metrics

@@ -119,8 +119,8 @@ class DeanonymizationCallback(Callback):
         self.aggregator = aggregator
 
     def on_round_end(self, round_num: int, logs=None):
-        if not self.settings.enabled:
-            return
+        if not self.settings.enabled or getattr(self.aggregator, "final_round", None) == round_num:
+            return  # the round after the last trains nothing: no update to attack
         # See the module docstring: never raise from here.
         try:
             record = self.audit_round(round_num)

@@ -66,7 +66,8 @@ OPENFL_KEYS = ("init_state_path", "best_state_path", "last_state_path", "use_del
 OPENFL_FILLED = ("aggregator_uuid", "federation_uuid", "authorized_cols", "assigner", "connector",
                  "straggler_handling_policy", "compression_pipeline", "initial_tensor_dict")
 # This workspace's own keys (src.aggregator.AuditingAggregator); `callbacks` is checked where they are built.
-OWN_KEYS = ("poll_interval_s", "report_dir", "deanon", "callbacks", "save_every_round", "canary_clients")
+OWN_KEYS = ("poll_interval_s", "report_dir", "deanon", "callbacks", "save_every_round", "canary_clients",
+            "final_model_audit")
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,9 @@ class AggregatorSettings:
                                                        "(best_state_path is written whenever it improves)")
     canary_clients: CanaryClientSettings = subsection(CanaryClientSettings, "Andrew et al.'s canary clients for a "
                                                       "dp_fedavg federation (audit.canary.clients)")
+    final_model_audit: bool = setting(True, boolean(), "one more round after rounds_to_train whose only task, "
+                                      "tasks.final_model_audit, has every collaborator audit the final global model "
+                                      "against its own members (src/server/final_round.py)")
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, Any] | None) -> "AggregatorSettings":
