@@ -202,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gate an update when the family-wise epsilon lower bound its audit proves (at --epsilon_delta) "
                         "exceeds this budget (task_runner.settings.gate.epsilon_budget); the action is --gate's, "
                         "else the plan's"),
+    p.add_argument("--run_epsilon_budget", type=float, default=None, metavar="EPSILON",
+                   help="the most DP epsilon each party's releases may compose to over the run (opacus' RDP accountant "
+                        "at the gate's dp.delta; task_runner.settings.gate.run_epsilon_budget): a release that would "
+                        "cross it is withheld, and only DP releases are sent (with --gate dp_retrain)")
     p.add_argument("--gate_bound", choices=BOUND_CHOICES, default=None,
                    help="which value of a metric --gate compares with its threshold: upper (the plan's default: the "
                         "update passes only if its leakage is significantly below), lower (gated only if significantly "
@@ -233,7 +237,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if args.gate is not None and not args.gate["thresholds"] and args.epsilon_budget is None:
             raise ValueError(f"--gate {args.gate['action']}: give at least one METRIC=THRESHOLD (e.g. "
                              "mia_local_loss_exact_auc=0.6) or --epsilon_budget")
-        if args.gate is not None or args.epsilon_budget is not None:
+        if args.gate is not None or args.epsilon_budget is not None or args.run_epsilon_budget is not None:
             gate_policy(args, args.audit_settings)
     except ValueError as err:
         parser.error(str(err))
@@ -307,7 +311,8 @@ def gate_policy(args, settings):
     except SettingsError as err:
         # "--gate.thresholds.<metric>: ..." -> "--gate: <metric>: ..."; the other keys in the words of their flags
         text = str(err).replace("--gate.thresholds.", "--gate: ", 1).replace("--gate.bound: ", "--gate_bound ")
-        raise ValueError(text.replace("--gate.epsilon_budget", "--epsilon_budget")) from None
+        raise ValueError(text.replace("--gate.epsilon_budget", "--epsilon_budget").replace(
+            "--gate.run_epsilon_budget", "--run_epsilon_budget")) from None
 
 
 def gate_flags(args) -> dict:
@@ -318,6 +323,8 @@ def gate_flags(args) -> dict:
         gate["bound"] = args.gate_bound
     if args.epsilon_budget is not None:
         gate["epsilon_budget"] = args.epsilon_budget
+    if args.run_epsilon_budget is not None:
+        gate["run_epsilon_budget"] = args.run_epsilon_budget
     return gate
 
 
@@ -394,7 +401,8 @@ def overrides_from_args(args) -> dict:
             },
         }},
     }
-    if args.gate is not None or args.epsilon_budget is not None:  # merged into the plan's gate: its dp settings stay
+    if args.gate is not None or args.epsilon_budget is not None or args.run_epsilon_budget is not None:
+        # merged into the plan's gate: its dp settings stay
         overrides["task_runner"]["settings"]["gate"] = gate_flags(args)
     return overrides
 
@@ -531,7 +539,7 @@ def main(argv=None) -> int:
     from workspace.demo_output import Progress, print_attack_summary, print_summary
     from workspace.in_process import run_in_process, tensorboard_enabled
     from workspace.plan_file import check_run_plan, collaborator_names, run_plan_config
-    from workspace.run_summary import print_run_summary
+    from workspace.run_summary import print_run_summary, run_account_lines
     from workspace.tutorial_outputs import write_tutorial_outputs
 
     start = time.perf_counter()
@@ -550,7 +558,7 @@ def main(argv=None) -> int:
         check_deanon_sizes(args, config)
         make_log_dir(args.report_dir)
     except (DatasetUnavailableError, ValueError) as err:  # the message names the flag, the key or the file
-        text = str(err)
+        text = str(err).replace("task_runner.settings.gate.run_epsilon_budget", "--run_epsilon_budget")
         gate_key = "task_runner.settings.gate.thresholds."  # set by --gate: named so
         print(f"error: {'--gate: ' + text[len(gate_key):] if text.startswith(gate_key) else text}", file=sys.stderr)
         return 2
@@ -592,6 +600,8 @@ def main(argv=None) -> int:
     print_attack_summary(result.report_dir, names)
     print_run_summary({name: result.report_dir / name for name in names}, result.aggregator_report_dir,
                       args.comm_round)
+    for line in run_account_lines(result.report_dir):
+        print(line)
     print(f"\nfinished {args.comm_round} rounds in {time.perf_counter() - start:.1f}s")
     print(f"reports: {result.report_dir}  (open {result.report_dir / 'index.html'})")
     if result.aggregator_report_dir is not None:

@@ -30,6 +30,15 @@ _NAMES = {
     "RecordSettings": "audit.record_parts", "GateEntry": "audit.record_parts",
     "load_round_records": "audit.reporting.records", "load_round_files": "audit.reporting.records",
     "round_file_name": "audit.reporting.records",
+    # ------------------------------------------------------------ the run's account and record (run.json)
+    "audit_final_model": "audit.round_audit",
+    "RunRecord": "audit.run_record", "PartyRun": "audit.run_record", "RunRecordSchemaError": "audit.run_record",
+    "RUN_FILE": "audit.run_record", "ACCOUNT_FILE": "audit.run_record", "RUNNING": "audit.run_record",
+    "FINISHED": "audit.run_record", "INTERRUPTED": "audit.run_record", "library_versions": "audit.run_record",
+    "Mechanism": "audit.run_account", "compose": "audit.run_account", "dp_account": "audit.run_account",
+    "RunBudget": "audit.run_account",
+    "RunInfo": "audit.reporting.run_file", "write_run_file": "audit.reporting.run_file",
+    "read_run_file": "audit.reporting.run_file", "redraw_index": "audit.reporting.html",
     # ------------------------------------------------------------ settings (torch-free)
     "AuditSettings": "audit.config.audit_settings", "FprTolerances": "audit.config.tolerances",
     "GatePolicy": "audit.config.gate",
@@ -64,6 +73,7 @@ _NAMES = {
     # ------------------------------------------------------------ the gate's contract with the aggregator
     "Decision": "audit.config.gate_contract", "decide": "audit.config.gate_contract",
     "GATE_KEPT": "audit.config.gate_contract", "GATE_WITHHELD": "audit.config.gate_contract",
+    "RUN_BUDGET": "audit.config.gate_contract",
     # ------------------------------------------------------------ the verdict: against chance; what counts detect
     "leak_verdict": "audit.verdict.leak", "LeakVerdict": "audit.verdict.leak", "Evidence": "audit.verdict.leak",
     "smallest_detectable_auc": "audit.verdict.chance", "smallest_detectable_tpr": "audit.verdict.chance",

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import cifar10_PM
+from audit.run_record import FINISHED, RUN_FILE, RunRecord
 from report_drawing import no_report_drawing
 from shared_runs import run_demo_here
 
@@ -99,6 +100,31 @@ def test_project_reports(digits_run):
     plan = yaml.safe_load((log_dir / "_run" / "plan" / "plan.yaml").read_text())
     assert plan["aggregator"]["settings"]["db_store_rounds"] == 1
     assert plan["collaborator"]["settings"]["db_store_rounds"] == 1
+
+
+@pytest.mark.federation
+def test_the_run_json_and_the_last_lines_say_what_the_run_cost_each_party(digits_run):
+    """The demo's run.json: every party's final model audited, its DP total ("not bounded": every update was sent
+    as trained) and the rounds; the demo's last lines, the run index and the verdict command read it."""
+    proc, log_dir = digits_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = RunRecord.read(log_dir / RUN_FILE)
+    assert run.state == FINISHED and run.rounds == 2 and set(run.parties) == set(COLLABORATORS)
+    assert run.versions["openfl"] and run.versions["torch"]
+    index = (log_dir / "index.html").read_text()
+    lines = proc.stdout[proc.stdout.index("the run's account ("):].splitlines()
+    for col in COLLABORATORS:
+        party = run.parties[col]
+        assert party.final_model.audited and party.final_model.round == 2
+        assert {"final / loss", "final / logits", "final / gradient_norm", "rmia / independent"} == set(
+            party.final_model.attacks)
+        assert not party.dp.bounded and sorted(party.dp.unbounded) == [0, 1]
+        assert [(e.round, e.verdict, e.audited) for e in party.rounds] == [(0, "kept", True), (1, "kept", True)]
+        assert f"  {party.line()}" in lines and party.line().startswith(f"{col}: the final model: ")
+        assert party.final_model.headline() in index
+        assert (log_dir / col / "final_model" / "roc.png").is_file()
+        assert party.final_model.headline()[1:] in (log_dir / col / "index.html").read_text()
+    assert "sent weights computed from the data without DP" in index
 
 
 def test_parser_booleans():

@@ -3,9 +3,11 @@
     python -m workspace run --collaborators 3 --rounds 3      # prepare + start
     python -m workspace prepare --dir runs/x ...              # workspaces and certificates only
     python -m workspace start --dir runs/x                    # start a prepared folder (once)
+    python -m workspace verdict runs/x                        # the run's record (run.json), one line per party
 
 Exit codes: 0 finished, 1 the federation failed (a participant died, timeout), 2 bad options or set-up
-failure, 130 interrupted (Ctrl-C) / 143 terminated; every process started is stopped in all cases. The first
+failure, 130 interrupted (Ctrl-C) / 143 terminated; every process started is stopped in all cases. `verdict` has
+its own (workspace/run_verdict.py: 0 within the plan's limits, 1 beyond them, 2 no run record, 3 incomplete). The first
 Ctrl-C (or SIGTERM) stops all queued work at once and the interrupted step cleans up what it made (`prepare`
 removes its folder; `start` stops every participant and records how the run ended in federation.json); further
 signals only hasten that (every participant killed at once). One command at a time per folder (run_lock).
@@ -37,7 +39,7 @@ from workspace.processes import FxNotFoundError, ProcessRegistry  # noqa: E402
 from workspace.run_lock import FolderBusyError, FolderLock  # noqa: E402
 from workspace.progress import DEFAULT_LIVENESS_S, MIN_LIVENESS_S, ProgressLine  # noqa: E402
 from workspace.run_plan import merge_overrides  # noqa: E402
-from workspace.run_summary import print_run_summary  # noqa: E402
+from workspace.run_summary import print_run_summary, run_account_lines  # noqa: E402
 
 
 class Interrupted(KeyboardInterrupt):
@@ -179,6 +181,12 @@ def build_parser() -> argparse.ArgumentParser:
     setup_options(sub.add_parser("prepare", help="make the workspaces and certificates only"))
     start_options(st := sub.add_parser("start", help="start a prepared federation folder (once)"))
     st.add_argument("--dir", type=Path, required=True, help="a folder made by `prepare`")
+    verdict = sub.add_parser("verdict", help="print a run's record (run.json) per party; exit 1 if a party is "
+                                             "beyond the plan's limits (usable as a CI step)")
+    verdict.add_argument("run_dir", type=Path, metavar="RUN_DIR",
+                         help="the run's report folder: the demo's --log_dir, a run's folder, an fx reports/")
+    verdict.add_argument("--fail-on-leak", action="store_true",
+                         help="also exit 1 when a party's final model has a leak detected (without a limit set)")
     return parser
 
 
@@ -206,6 +214,10 @@ def main(argv=None, *, exiting: bool = False) -> int:
     late signal then only hastens the exit, instead of killing it with the default action and another exit code);
     otherwise the caller's handlers come back."""
     args = build_parser().parse_args(argv)
+    if args.command == "verdict":  # reads a file: no process to start or stop
+        from workspace.run_verdict import verdict
+
+        return verdict(args.run_dir, fail_on_leak=args.fail_on_leak, err=lambda line: print(line, file=sys.stderr))
     registry = ProcessRegistry()
     lock = None
     previous = {s: signal.signal(s, interrupt_handler(registry)) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -244,6 +256,8 @@ def main(argv=None, *, exiting: bool = False) -> int:
         # The rounds the aggregator finished: a failed run's unfinished rounds are not "kept (not audited)".
         print_run_summary({name: path for name, path in outcome.reports.items() if name != AGGREGATOR},
                           outcome.reports.get(AGGREGATOR), min(outcome.rounds_done, outcome.rounds))
+        for line in run_account_lines(layout.root):
+            print(line)
         print_reports(outcome)
         print(f"run index (every party's page and the aggregator's): {outcome.run_index}")
         return 0 if outcome.ok else 1

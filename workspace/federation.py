@@ -21,6 +21,7 @@ command on the folder reports the stale state that federation.json was left in (
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import re
@@ -31,7 +32,7 @@ from typing import Callable
 
 import yaml
 
-from audit import write_index
+from audit import FINISHED, INTERRUPTED, RUNNING, RunInfo, library_versions, write_index
 from workspace.federation_state import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
 from workspace.processes import (ParticipantLauncher, ProcessRegistry, Started, describe_returncode, fx_environment,
                                  fx_executable, is_running, party_threads, snapshot)
@@ -70,18 +71,21 @@ def report_locations(layout: FederationLayout) -> dict[str, Path]:
     return reports
 
 
-def write_run_index(layout: FederationLayout) -> Path:
-    """Write the run index (audit.reporting.html.write_index: every participant's page, its latest verdict) into the
-    federation folder, and the same index into each participant's report root. Every page links back to
-    "../index.html", its report root's index: writing the full run index there (its links relative to where it
-    lies) makes that back link reach the whole run with no participant told where the federation folder is.
-    Returns <federation folder>/index.html."""
+def write_run_index(layout: FederationLayout, state: str = RUNNING) -> Path:
+    """Write the run index (audit.reporting.html.write_index: every participant's page, its latest verdict) and the
+    run's record (run.json, with the run's `state`) into the federation folder, and the same into each participant's
+    report root. Every page links back to "../index.html", its report root's index: writing the full run index there
+    (its links relative to where it lies) makes that back link reach the whole run with no participant told where the
+    federation folder is. Returns <federation folder>/index.html."""
     reports = report_locations(layout)
     aggregators = {AGGREGATOR: reports[AGGREGATOR]}
     parties = {name: path for name, path in reports.items() if name != AGGREGATOR}
+    settings = {"rounds": layout.rounds, "collaborators": list(layout.collaborators),
+                "plan": str(layout.workspace(AGGREGATOR) / "plan" / "plan.yaml")}
+    info = RunInfo(state, layout.rounds, settings, library_versions({"openfl": importlib.metadata.version("openfl")}))
     for root in dict.fromkeys([layout.root, *(path.parent for path in reports.values())]):
         root.mkdir(parents=True, exist_ok=True)
-        write_index(root, aggregators=aggregators, parties=parties)
+        write_index(root, aggregators=aggregators, parties=parties, info=info)
     return layout.root / "index.html"
 
 
@@ -256,8 +260,9 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         if progress is not None:
             progress.finish()
         outcome.seconds = time.monotonic() - begin
-        outcome.rounds_done = rounds_done(metrics_file(layout))
-        outcome.round_seconds = round_seconds(layout)
+        # The round after the last (the final model's audit) is no training round.
+        outcome.rounds_done = min(rounds_done(metrics_file(layout)), total)
+        outcome.round_seconds = round_seconds(layout)[:total]
         # A participant ran if the registry holds one, or the launcher forked one that an interrupt kept from it.
         ran = (any(s.name != ParticipantLauncher.NAME for s in registry.started)
                or (launcher is not None and launcher.forked > 0))
@@ -269,7 +274,7 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         layout.extra["stopped_by_tooling"] = still_running
         layout.extra["problems"] = outcome.problems
         layout.save()
-        outcome.run_index = write_run_index(layout)
+        outcome.run_index = write_run_index(layout, FINISHED if outcome.ok else INTERRUPTED)
     return outcome
 
 

@@ -16,11 +16,12 @@ import math
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from audit import (GATE_WITHHELD, GateEntry, METRICS, RoundRecord, epsilon_status, leak_status, load_round_files,
-                   load_round_records, readings, registered, round_file_name, sent_leak_status)
+from audit import (GATE_WITHHELD, RUN_BUDGET, GateEntry, METRICS, RoundRecord, epsilon_status, leak_status,
+                   load_round_files, load_round_records, read_run_file, readings, registered, round_file_name,
+                   sent_leak_status)
 
 __all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines",
-           "lowest_resolvable_tolerance", "summary_lines", "print_run_summary"]
+           "lowest_resolvable_tolerance", "summary_lines", "print_run_summary", "run_account_lines"]
 
 
 def _read_json(path: Path) -> dict | None:
@@ -44,6 +45,8 @@ def verdict_text(name: str, gate: GateEntry | None) -> str:
     if gate.tripped:
         text += " (" + ", ".join(
             f"missing: {metric}" if metric in gate.missing else
+            f"run ε budget {t['threshold']:g}: sending it would make the run's DP ε "
+            + ("not bounded" if t["value"] is None else format(t["value"], ".4g")) if metric == RUN_BUDGET else
             f"{metric} = {'nan' if t['value'] is None else format(t['value'], '.4f')} > {t['threshold']:g}"
             for metric, t in gate.tripped.items()) + ")"
     if gate.retries:
@@ -209,3 +212,17 @@ def print_run_summary(parties: Mapping[str, Path], aggregator_dir: Path | None, 
                       say: Callable[[str], None] = print) -> None:
     for line in summary_lines(parties, aggregator_dir, rounds):
         say(line)
+
+
+def run_account_lines(root: Path) -> list[str]:
+    """The run's account from its record (root/run.json, audit.run_record): per party, its final model's verdict
+    (the run's headline for it), its DP total, what it sent and what the rounds' audits measured."""
+    try:
+        record = read_run_file(root)
+    except (OSError, ValueError) as err:
+        return [f"the run's account: {err}"]
+    if record is None or not record.parties:
+        return []
+    return [f"the run's account ({Path(root) / 'run.json'}, {record.state}; "
+            "python -m workspace verdict prints it and exits non-zero beyond the plan's limits):",
+            *(f"  {line}" for line in record.lines())]

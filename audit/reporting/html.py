@@ -19,10 +19,12 @@ from audit.reporting.party_page import party_page, sampling_note, verdict_cell
 from audit.reporting.readings import fmt
 from audit.reporting.records import load_cached_round_records
 from audit.reporting.verdicts import LEAK, NO_LEAK, round_verdict
+from audit.reporting.run_file import RunInfo, write_run_file
 from audit.round_record import RoundRecord
+from audit.run_record import FINISHED, INTERRUPTED, RUN_FILE, RUNNING, RunRecord
 
-__all__ = ["page", "party_page", "write_index", "escape", "href", "now", "verdict_cell", "verdict_grid", "grid_cell",
-           "sampling_note", "AGGREGATOR_MARKER", "GRID_IMAGE"]
+__all__ = ["page", "party_page", "write_index", "redraw_index", "run_account_section", "escape", "href", "now",
+           "verdict_cell", "verdict_grid", "grid_cell", "sampling_note", "AGGREGATOR_MARKER", "GRID_IMAGE"]
 
 # A folder of the run's report root holding this file is the aggregator's report (audit.aggregator_report.writer), not a party's.
 AGGREGATOR_MARKER = "decisions.csv"
@@ -163,24 +165,49 @@ def run_summary(records: Mapping[str, Mapping[int, RoundRecord]]) -> list[str]:
     return out
 
 
+def run_account_section(run: RunRecord) -> list[str]:
+    """The run index's first lines (from run.json): per party, the final model's verdict (the run's headline for
+    it), its DP total and what the rounds' audits measured; the run's state."""
+    if not run.parties:
+        return []
+    state = {RUNNING: "running: the figures cover the rounds written so far", FINISHED: "finished",
+             INTERRUPTED: "interrupted: the run ended early; the figures cover the rounds written"}[run.state]
+    out = ["<h2>What the run cost each party</h2>",
+           f'<p class="muted">Run {escape(state)}; {escape(RUN_FILE)} holds all of it (python -m workspace verdict '
+           "prints it).</p>", "<ul>"]
+    for name, party in run.parties.items():
+        final = party.final_model
+        flagged = final is not None and (final.over_limits or (final.leak is not None and bool(final.leak.detected)))
+        css = "leak" if flagged else "no_leak" if final is not None and final.audited else "muted"
+        head = final.headline() if final is not None else "the final model: not audited yet"
+        out.append(f'<li><strong>{escape(name)}</strong>: <span class="{css}">{escape(head)}</span>.<br>'
+                   f"{escape(party.dp.text() if party.dp is not None else 'DP: no round yet')}.<br>"
+                   f'<span class="muted">{escape(party.empirical.text())}.</span></li>')
+    out.append("</ul>")
+    return out
+
+
 def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | None = None,
-                parties: Mapping[str, Path] | None = None) -> Path:
-    """Write ``root/index.html``, the run index: the aggregator's report and every party report, each with its latest
-    verdict, linked relatively. By default the reports are root's folders with a page (an aggregator's holds
-    AGGREGATOR_MARKER); `aggregators` / `parties` (name -> report folder, anywhere) name them instead, as for a
-    multi-process run whose participants each write in their own folder (a folder without a page yet is listed
-    unlinked)."""
+                parties: Mapping[str, Path] | None = None, info: RunInfo | None = None) -> Path:
+    """Write ``root/run.json`` (audit.reporting.run_file: the parties' accounts; `info`: the run's state and settings
+    from its driver, else what an earlier write said) and ``root/index.html``, the run index: each party's final model
+    and DP total from run.json, the aggregator's report and every party report, each with its latest verdict, linked
+    relatively. By default the reports are root's folders with a page (an aggregator's holds AGGREGATOR_MARKER);
+    `aggregators` / `parties` (name -> report folder, anywhere) name them instead, as for a multi-process run whose
+    participants each write in their own folder (a folder without a page yet is listed unlinked)."""
     root = Path(root)
-    if aggregators is None and parties is None:
+    scanned = aggregators is None and parties is None
+    if scanned:
         aggregators, parties = _scan_reports(root)
     aggregators, parties = dict(aggregators or {}), dict(parties or {})
+    run = write_run_file(root, parties=None if scanned else parties, info=info)
 
     def name_cell(name: str, folder: Path) -> str:
         if (Path(folder) / "index.html").is_file():
             return f'<td><a href="{_page_link(root, Path(folder))}">{escape(name)}</a></td>'
         return f'<td>{escape(name)} <span class="muted">(no report written)</span></td>'
 
-    body = ["<h1>Privacy audit: run index</h1>"]
+    body = ["<h1>Privacy audit: run index</h1>", *run_account_section(run)]
     records = {name: _party_records(Path(folder)) for name, folder in parties.items()}
     if plot_verdict_grid({name: {r: headline_of(rec) for r, rec in by_round.items()}
                           for name, by_round in records.items()}, root / GRID_IMAGE):
@@ -209,3 +236,28 @@ def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | No
                         f'<td>{escape(latest.get("round", "–"))}</td><td class="text">{escape(counts or "–")}</td></tr>')
         body.append("</table></div>")
     return atomic_write_text(root / "index.html", page("Privacy audit: run index", body))
+
+
+class _RunIndex:
+    """The run index as a job of the report worker (audit.reporting.background): drawn with the reports' pages."""
+
+    party = "run index"
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def render_key(self) -> str:
+        return f"{self.root.resolve()}#index"
+
+    def render_round(self, round_num: int) -> None:
+        """Nothing per round."""
+
+    def rebuild_summary(self) -> None:
+        write_index(self.root)
+
+
+def redraw_index(root: str | os.PathLike) -> None:
+    """Queue the run index of `root` (and its run.json, keeping the run's state) on the report worker."""
+    from audit.reporting.background import render_queue
+
+    render_queue.submit(_RunIndex(Path(root)), 0)
