@@ -158,7 +158,7 @@ class DPAccount:
             return (f"DP: not bounded (round{'s' if len(rounds) > 1 else ''} {', '.join(map(str, rounds))} sent "
                     f"weights computed from the data without DP)")
         if not self.mechanisms:
-            return "DP ε = 0: no weights computed from the data were sent"
+            return "DP: no release to account (no weights computed from the data were sent)"
         budget = "" if self.budget is None else f", run budget {self.budget:g}"
         return (f"DP ε = {self.epsilon:.3g} composed over {self.mechanisms} DP release"
                 f"{'s' if self.mechanisms != 1 else ''} at δ = {self.delta:g} ({self.accountant.upper()}{budget})")
