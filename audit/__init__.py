@@ -33,12 +33,13 @@ _NAMES = {
     # ------------------------------------------------------------ the run's account and record (run.json)
     "audit_final_model": "audit.round_audit",
     "RunRecord": "audit.run_record", "PartyRun": "audit.run_record", "RunRecordSchemaError": "audit.run_record",
-    "RUN_FILE": "audit.run_record", "ACCOUNT_FILE": "audit.run_record", "RUNNING": "audit.run_record",
-    "FINISHED": "audit.run_record", "INTERRUPTED": "audit.run_record", "library_versions": "audit.run_record",
+    "RUN_FILE": "audit.run_record", "ACCOUNT_FILE": "audit.run_record", "library_versions": "audit.run_record",
     "Mechanism": "audit.run_account", "compose": "audit.run_account", "dp_account": "audit.run_account",
     "RunBudget": "audit.run_account",
     "RunInfo": "audit.reporting.run_file", "write_run_file": "audit.reporting.run_file",
     "read_run_file": "audit.reporting.run_file", "redraw_index": "audit.reporting.html",
+    "RUNNING": "audit.run_states", "FINISHED": "audit.run_states", "INTERRUPTED": "audit.run_states",
+    "RUN_STATES": "audit.run_states",
     # ------------------------------------------------------------ settings (torch-free)
     "AuditSettings": "audit.config.audit_settings", "FprTolerances": "audit.config.tolerances",
     "GatePolicy": "audit.config.gate",

@@ -8,8 +8,8 @@ is known here only: `to_json` and `from_json` name its keys, and a file written 
 Per party: each round's verdict and what was sent (kept, withheld, dp_retrained, with the reasons), the DP account
 (audit.run_account), the empirical summary, the final model's audit (its verdict is the party's headline), each
 registered audit step's scalars of its last round (`steps`: a step's cross-round result lands there, under its
-name, with no change to this file), the party's settings and library versions. For the run: its state (running,
-finished, interrupted), the planned rounds, the run's settings and versions.
+name, with no change to this file), the party's settings and library versions. For the run: its state
+(audit.run_states), the planned rounds, the run's settings and versions.
 """
 
 from __future__ import annotations
@@ -23,21 +23,16 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from audit.run_account import DPAccount, RoundRelease, Mechanism
+from audit.run_states import RUN_STATES
 
-__all__ = ["SCHEMA_VERSION", "RUN_FILE", "ACCOUNT_FILE", "RUNNING", "FINISHED", "INTERRUPTED", "RUN_STATES",
-           "RunRecordSchemaError", "library_versions", "LeakSummary", "RoundEntry", "FinalModel", "Empirical",
-           "PartyRun", "RunRecord"]
+__all__ = ["SCHEMA_VERSION", "RUN_FILE", "ACCOUNT_FILE", "RunRecordSchemaError", "library_versions", "LeakSummary",
+           "RoundEntry", "FinalModel", "Empirical", "PartyRun", "RunRecord"]
 
 # The version of run.json's and account.json's layout: raised whenever a field is added, removed or changes meaning.
 SCHEMA_VERSION = 1
 _VERSION_KEY = "schema_version"
 RUN_FILE = "run.json"          # in the run's report folder (the demo's --log_dir, a federation's folder)
 ACCOUNT_FILE = "account.json"  # in each party's own report folder
-
-# The run's state: running (written each round), finished (every round and the final audit done), interrupted (the
-# run ended before that: its figures cover the rounds written).
-RUNNING, FINISHED, INTERRUPTED = "running", "finished", "interrupted"
-RUN_STATES = (RUNNING, FINISHED, INTERRUPTED)
 
 
 class RunRecordSchemaError(ValueError):

@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 import cifar10_PM
-from audit.run_record import FINISHED, RUN_FILE, RunRecord
+from audit.run_record import RUN_FILE, RunRecord
+from audit.run_states import FINISHED
 from report_drawing import no_report_drawing
 from shared_runs import run_demo_here
 

@@ -11,7 +11,8 @@ import torch
 
 from audit.membership.population_attack import population_attack
 from audit.membership.signals import loss_signal
-from audit.run_record import FINISHED, RUN_FILE, RunRecord
+from audit.run_record import RUN_FILE, RunRecord
+from audit.run_states import FINISHED
 from report_drawing import without_report_drawing  # noqa: F401  (a fixture)
 from workspace.in_process import initial_tensor_dict, parse_plan, run_in_process
 from workspace.plan_file import collaborator_names

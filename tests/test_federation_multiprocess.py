@@ -20,7 +20,8 @@ import psutil
 import pytest
 import yaml
 
-from audit.run_record import FINISHED, RUN_FILE, RunRecord
+from audit.run_record import RUN_FILE, RunRecord
+from audit.run_states import FINISHED
 from shared_runs import PREPARED_COLLABORATORS, PREPARED_ROUNDS, workspace_here
 from workspace.processes import ParticipantLauncher, ProcessRegistry, fx_environment
 

@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from audit.run_record import FINISHED, RUN_FILE, RunRecord
+from audit.run_record import RUN_FILE, RunRecord
+from audit.run_states import FINISHED
 from shared_runs import PREPARED_COLLABORATORS, workspace_here
 from workspace.plan_file import deep_merge
 from workspace.run_plan import merge_overrides

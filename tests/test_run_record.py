@@ -15,8 +15,8 @@ from audit.party_account import PartyAccount
 from audit.reporting.run_file import RunInfo, write_run_file
 from audit.round_record import RoundRecord
 from audit.run_account import dp_sgd_mechanism
-from audit.run_record import (ACCOUNT_FILE, FINISHED, INTERRUPTED, RUN_FILE, RUNNING, PartyRun, RunRecord,
-                              RunRecordSchemaError)
+from audit.run_record import ACCOUNT_FILE, RUN_FILE, PartyRun, RunRecord, RunRecordSchemaError
+from audit.run_states import FINISHED, INTERRUPTED, RUNNING
 from shared_runs import workspace_here
 
 # Every account is made through the gate's flow and composed with opacus' accountant (its import; 0.07 CPU-seconds a

@@ -21,7 +21,8 @@ from audit.reporting.records import load_cached_round_records
 from audit.reporting.verdicts import LEAK, NO_LEAK, round_verdict
 from audit.reporting.run_file import RunInfo, write_run_file
 from audit.round_record import RoundRecord
-from audit.run_record import FINISHED, INTERRUPTED, RUN_FILE, RUNNING, RunRecord
+from audit.run_record import RUN_FILE, RunRecord
+from audit.run_states import FINISHED, INTERRUPTED, RUNNING
 
 __all__ = ["page", "party_page", "write_index", "redraw_index", "run_account_section", "escape", "href", "now",
            "verdict_cell", "verdict_grid", "grid_cell", "sampling_note", "AGGREGATOR_MARKER", "GRID_IMAGE"]

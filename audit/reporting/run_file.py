@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Mapping
 
 from audit.reporting.atomic_io import atomic_write_json
-from audit.run_record import ACCOUNT_FILE, FINISHED, RUN_FILE, RUNNING, PartyRun, RunRecord
+from audit.run_record import ACCOUNT_FILE, RUN_FILE, PartyRun, RunRecord
+from audit.run_states import FINISHED, RUNNING
 
 __all__ = ["RunInfo", "write_run_file", "read_run_file", "party_accounts"]
 
