@@ -18,6 +18,7 @@ from torch import nn
 import audit.training as shadow_training
 from audit.training import TrainedCopies, TrainingRecipe, train_copies, train_references
 from audit.model_io import module_mode
+from rounding import assert_same_float64
 
 SIZE = 36
 
@@ -123,7 +124,8 @@ def assert_unchanged(model, before):
 
 
 def check_against_separate(model, x, y, p, recipe, seed, chunk, probe, copies_trained=None):
-    """train_references == separate trainings: parameters, buffers and eval-mode logits on `probe` (1e-4)."""
+    """train_references == separate trainings: parameters, buffers and eval-mode logits on `probe`, for a float64
+    model, where the two paths differ by rounding alone (tests/rounding.py)."""
     refs = copies_trained or train_references(model, x[p], y[p], recipe, seed=seed, chunk=chunk)
     assert isinstance(refs, TrainedCopies) and len(refs) == len(p)
     logits = refs.logits(probe, batch_size=50)
@@ -131,20 +133,19 @@ def check_against_separate(model, x, y, p, recipe, seed, chunk, probe, copies_tr
     for c, orders in enumerate(chunked_orders(seed, recipe, len(p), chunk or len(p))):
         local = train_one(model, x[p[c]], y[p[c]], recipe, orders)
         for name, value in local.named_parameters():
-            np.testing.assert_allclose(refs.params[name][c].numpy(), value.detach().numpy(), rtol=1e-4, atol=1e-5,
-                                       err_msg=name)
+            assert_same_float64(refs.params[name][c], value.detach(), err_msg=name)
         for name, value in local.named_buffers():
-            np.testing.assert_allclose(refs.buffers[name][c].double().numpy(), value.double().numpy(), rtol=1e-4,
-                                       atol=1e-5, err_msg=name)
+            assert_same_float64(refs.buffers[name][c], value, err_msg=name)
         with torch.no_grad():
             expected = local(torch.as_tensor(probe)).double().numpy()
-        np.testing.assert_allclose(logits[c], expected, rtol=1e-4, atol=1e-4)
+        assert_same_float64(logits[c], expected)
     return refs, logits
 
 
+@pytest.mark.numerics
 def test_conv_batchnorm_references_equal_separate_trainings():
     x, y = images()
-    model = conv_bn_net()
+    x, model = x.astype(np.float64), conv_bn_net().double()
     before = snapshot(model)
     p = picks(len(y), 3)
     recipe = TrainingRecipe("SGD", 0.05, 0.9, epochs=2, batch_size=10)  # 10, 10, 10, 6: four batches per epoch
@@ -152,15 +153,17 @@ def test_conv_batchnorm_references_equal_separate_trainings():
     assert_unchanged(model, before)
     assert not np.allclose(logits[0], logits[1])  # each copy its own training
     # Eval mode uses each copy's own running statistics, not the batch's: one sample alone gives the same logits.
-    np.testing.assert_allclose(refs.logits(x[200:201])[:, 0], logits[:, 0], rtol=1e-5, atol=1e-6)
+    assert_same_float64(refs.logits(x[200:201])[:, 0], logits[:, 0])
     assert not torch.equal(refs.buffers["1.running_mean"][0], refs.buffers["1.running_mean"][1])
 
 
+@pytest.mark.numerics
 def test_references_continue_each_from_its_own_weights_with_a_fresh_optimiser():
     """`start`: copy c continues from start's copy c (parameters and BatchNorm statistics), as a separate training of
-    that copy with a new optimiser would; the copies handed in are left as they were."""
+    that copy with a new optimiser would; the copies handed in are left as they were. In float64, where the two paths
+    differ by rounding alone (tests/rounding.py)."""
     x, y = images(seed=2)
-    model = conv_bn_net(seed=2)
+    x, model = x.astype(np.float64), conv_bn_net(seed=2).double()
     p = picks(len(y), 3, seed=2)
     # SGD: Adam turns the conv biases' round-off gradients (BatchNorm cancels them) into full steps of either sign
     recipe = TrainingRecipe("SGD", 0.05, 0.9, epochs=1, batch_size=12)
@@ -177,9 +180,9 @@ def test_references_continue_each_from_its_own_weights_with_a_fresh_optimiser():
         local = train_one(start, x[q[c]], y[q[c]], recipe, orders)
         for name, value in local.state_dict().items():
             got = (second.params if name in second.params else second.buffers)[name][c]
-            np.testing.assert_allclose(got.double().numpy(), value.double().numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
+            assert_same_float64(got, value, err_msg=name)
         with torch.no_grad():
-            np.testing.assert_allclose(logits[c], local(torch.as_tensor(probe)).double().numpy(), rtol=1e-4, atol=1e-4)
+            assert_same_float64(logits[c], local(torch.as_tensor(probe)))
     with pytest.raises(ValueError, match="start holds 3 copies, the data 2"):
         train_references(model, x[q[:2]], y[q[:2]], recipe, start=first)
 
@@ -197,9 +200,10 @@ def test_references_update_exactly_what_train_copies_returns():
     np.testing.assert_array_equal(kept, train_copies(model, x[p], y[p], recipe, names=names, seed=9))
 
 
+@pytest.mark.numerics
 def test_dropout_references_one_per_chunk_equal_separate_trainings_and_logits_have_no_dropout():
     x, y = tabular()
-    model = tabular_net(dropout=0.4)
+    x, model = x.astype(np.float64), tabular_net(dropout=0.4).double()  # float64: tests/rounding.py
     p = picks(len(y), 3, seed=2)
     recipe = TrainingRecipe("SGD", 0.1, 0.9, epochs=2, batch_size=8)
     refs = train_references(model, x[p], y[p], recipe, seed=3, chunk=1)
@@ -208,27 +212,28 @@ def test_dropout_references_one_per_chunk_equal_separate_trainings_and_logits_ha
     for c, orders in enumerate(chunked_orders(3, recipe, 3, 1)):
         local = train_one(model, x[p[c]], y[p[c]], recipe, orders)
         with torch.no_grad():
-            np.testing.assert_allclose(refs.logits(x[250:])[c], local(torch.as_tensor(x[250:])).double().numpy(),
-                                       rtol=1e-4, atol=1e-4)
+            assert_same_float64(refs.logits(x[250:])[c], local(torch.as_tensor(x[250:])))
     np.testing.assert_array_equal(refs.logits(x[250:]), refs.logits(x[250:]))  # eval mode: deterministic
 
 
+@pytest.mark.numerics
 def test_token_references_keep_integer_inputs():
     vocab = 25
     tokens = torch.randint(0, vocab, (200, 4), generator=torch.Generator().manual_seed(0)).numpy()
     labels = tokens[:, 0] % 3
-    model = TokenBag(vocab)
+    model = TokenBag(vocab).double()  # float64: tests/rounding.py
     p = picks(len(labels), 3, seed=3)
     recipe = TrainingRecipe("SGD", 0.2, 0.9, epochs=2, batch_size=12)
     refs, logits = check_against_separate(model, tokens, labels, p, recipe, seed=6, chunk=None, probe=tokens[150:])
     np.testing.assert_array_equal(refs.logits(tokens[150:].astype(np.int32)), logits)
 
 
+@pytest.mark.numerics
 def test_cumulative_batchnorm_trains_one_at_a_time_and_evaluates_under_vmap():
     """BatchNorm(momentum=None) cannot be vmapped in training (one copy at a time, with a warning); in eval mode it
     does not read num_batches_tracked, so the logits still come from one vmap'd call, without a warning."""
     x, y = tabular()
-    model = tabular_net(momentum=None)
+    x, model = x.astype(np.float64), tabular_net(momentum=None).double()  # float64: tests/rounding.py
     p = picks(len(y), 3, seed=4)
     recipe = TrainingRecipe("SGD", 0.05, 0.0, epochs=1, batch_size=9)
     with pytest.warns(RuntimeWarning, match="train_references: .*one at a time"):
@@ -238,9 +243,10 @@ def test_cumulative_batchnorm_trains_one_at_a_time_and_evaluates_under_vmap():
         check_against_separate(model, x, y, p, recipe, seed=2, chunk=None, probe=x[260:], copies_trained=refs)
 
 
+@pytest.mark.numerics
 def test_a_forward_vmap_cannot_batch_is_evaluated_one_copy_at_a_time():
     x, y = tabular()
-    model = Branchy()
+    x, model = x.astype(np.float64), Branchy().double()  # float64: tests/rounding.py
     p = picks(len(y), 2, seed=5)
     recipe = TrainingRecipe("SGD", 0.05, 0.9, epochs=1, batch_size=12)
     with pytest.warns(RuntimeWarning, match="one at a time"):
@@ -249,12 +255,14 @@ def test_a_forward_vmap_cannot_batch_is_evaluated_one_copy_at_a_time():
         check_against_separate(model, x, y, p, recipe, seed=1, chunk=None, probe=x[280:], copies_trained=refs)
 
 
+@pytest.mark.numerics
 def test_memory_is_bounded_by_chunks_of_copies_and_batches(monkeypatch):
     """With the chunk budget shrunk to two copies of the net, training and evaluation never stack more than two
     copies, evaluation never runs more than batch_size samples at once, and the result is still K separate
-    trainings; the kept result is K copies' parameters and buffers, 4 bytes per float32 value."""
+    trainings; the kept result is K copies' parameters and buffers, as many bytes per value as the model's (float64
+    here: tests/rounding.py)."""
     x, y = images(seed=2)
-    model = conv_bn_net(seed=2)
+    x, model = x.astype(np.float64), conv_bn_net(seed=2).double()
     n_params = sum(t.numel() for t in model.parameters())
     monkeypatch.setattr(shadow_training, "_CHUNK_BUDGET_BYTES", 2 * 16 * n_params)
     assert shadow_training.copies_per_chunk(model) == 2
