@@ -19,6 +19,16 @@ import audit.membership.gradient_norms as gn
 import audit.membership.layerwise_norms as layerwise
 from audit.membership.signals import gradient_norm_signal
 
+pytestmark = pytest.mark.numerics  # float results whose rounding the CPU's kernels decide
+
+
+# The float32 layer-wise norms of a small untrained net (at most 3 layers of at most 100 inputs, no class probability
+# near 1, so no cancellation in the loss's gradient) against float64 autograd: each of the forward and backward
+# products rounds by at most 100 u = 6e-6 of its terms' magnitudes in the worst case, about 10 u in practice (random
+# signs), and the norm sums positive squares; 1e-5 is 170 u, 50 times what any kernel set tried gives
+# (benchmarks/README.md).
+FLOAT32_SMALL_NET = 1e-5
+
 
 def float64_grad_norm(model, x, y, layer=None):
     """Per-sample gradient norms by plain autograd, one sample at a time, on float64 copies: the truth."""
@@ -65,6 +75,9 @@ def test_squared_rows_of_a_long_float32_row_match_float64():
     want = g.double().pow(2).sum(dim=(1, 2))
     got = autograd_norms.squared_rows(g)
     assert got.dtype == torch.float64
+    # float32 squares (one rounding each, u = 6e-8) summed pairwise: positive terms, so the error is a weighted mean
+    # of the roundings along a path of log2(4M) = 22 sums, about sqrt(22) u = 3e-7 at most in practice; 1e-6 is
+    # 17 u, and 100 times under vector_norm's 1e-4
     np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6)
 
 
@@ -73,6 +86,8 @@ def test_squared_rows_one_row_at_a_time_beyond_the_cap(monkeypatch):
     whole = autograd_norms.squared_rows(g)
     monkeypatch.setattr(autograd_norms, "_SQUARES_TEMP_BYTES", 100)  # smaller than one row: the row loop
     rows = autograd_norms.squared_rows(g)
+    # 300 positive float32 squares summed in float32 by two kernels (a row at a time, all rows at once): each about
+    # sqrt(9) u = 2e-7 from the exact sum (9 pairwise levels, positive terms); 1e-6 = 17 u
     np.testing.assert_allclose(rows.numpy(), whole.numpy(), rtol=1e-6)
     np.testing.assert_allclose(rows.numpy(), g.double().pow(2).sum(1).numpy(), rtol=1e-6)
 
@@ -100,6 +115,8 @@ def test_general_path_is_accurate_on_a_large_layer():
     x, y = torch.randn(6, 12, generator=g), torch.randint(0, 4, (6,), generator=g)
     assert layerwise.layerwise_targets(model, gn.gradient_parameter_names(model, None)) is None
     got = gradient_norm_signal(model, x, y, batch_size=3)
+    # the per-sample gradient itself in float32 (its rounding moves each entry by a few u of its terms; the squared
+    # norm sums 4M positive terms, so those roundings average out), squared and summed as above: 1e-6 = 17 u
     np.testing.assert_allclose(got, float64_grad_norm(model, x, y), rtol=1e-6)
 
 
@@ -152,7 +169,7 @@ def test_check_runs_once_per_structure_and_values_hold_for_every_model(probes):
     for seed in (0, 1, 2):  # three models of one structure, different weights (a round's local and global models)
         model = Tabular(seed)
         got = gradient_norm_signal(model, x, y, batch_size=4)
-        np.testing.assert_allclose(got, float64_grad_norm(model, x, y), rtol=1e-5)
+        np.testing.assert_allclose(got, float64_grad_norm(model, x, y), rtol=FLOAT32_SMALL_NET)
     assert len(probes) == 1
 
 
@@ -172,7 +189,7 @@ def test_check_runs_again_for_another_structure(probes, change):
     elif change == "frozen":
         model.fc1.bias.requires_grad_(False)
     got = gradient_norm_signal(model, x, y, layer=layer)
-    np.testing.assert_allclose(got, float64_grad_norm(model, x, y, layer), rtol=1e-5)
+    np.testing.assert_allclose(got, float64_grad_norm(model, x, y, layer), rtol=FLOAT32_SMALL_NET)
     assert len(probes) == (1 if change == "input" else 2)
 
 
@@ -181,7 +198,7 @@ def test_a_failed_check_is_not_remembered(probes):
     for _ in range(2):
         with pytest.warns(RuntimeWarning, match="disagree with per-sample autograd"):
             got = gradient_norm_signal(MixesSamples(), x, y, batch_size=5)
-        np.testing.assert_allclose(got, float64_grad_norm(MixesSamples(), x, y), rtol=1e-5)
+        np.testing.assert_allclose(got, float64_grad_norm(MixesSamples(), x, y), rtol=FLOAT32_SMALL_NET)
     assert len(probes) == 2
 
 
@@ -203,7 +220,7 @@ def test_a_checked_structure_stays_exact_on_new_weights_and_samples(probes):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         got = gradient_norm_signal(model, x2, y2, layer="0", batch_size=4)
-    np.testing.assert_allclose(got, float64_grad_norm(model, x2, y2, "0"), rtol=1e-5)
+    np.testing.assert_allclose(got, float64_grad_norm(model, x2, y2, "0"), rtol=FLOAT32_SMALL_NET)
     assert len(probes) == 1
 
 
@@ -226,7 +243,7 @@ def test_in_place_ops_after_audited_layers_give_per_sample_autograds_norms(layer
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the layer-wise path, no fallback
         got = gradient_norm_signal(model, x, y, layer=layer, batch_size=4)
-    np.testing.assert_allclose(got, float64_grad_norm(model, x, y, layer), rtol=1e-5)
+    np.testing.assert_allclose(got, float64_grad_norm(model, x, y, layer), rtol=FLOAT32_SMALL_NET)
 
 
 def test_without_in_place_ops_the_outputs_are_not_copied(monkeypatch):
@@ -240,4 +257,4 @@ def test_without_in_place_ops_the_outputs_are_not_copied(monkeypatch):
     got = gradient_norm_signal(model, x, y, batch_size=3)
     monkeypatch.undo()
     assert clones == []
-    np.testing.assert_allclose(got, float64_grad_norm(model, x, y), rtol=1e-5)
+    np.testing.assert_allclose(got, float64_grad_norm(model, x, y), rtol=FLOAT32_SMALL_NET)

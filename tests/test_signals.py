@@ -23,7 +23,14 @@ from audit.membership.signals import (
 )
 
 N_CLASSES = 5
+# The audit's float32 signals (batched, layer-wise or torch.func) against float32 one-sample-at-a-time autograd: two
+# float32 evaluations of small untrained nets (at most 5 layers of at most 72 inputs; no class probability near 1, so
+# no cancellation in the loss or its gradient). Each product chain rounds by about sqrt(72) u = 5e-7 of its terms'
+# magnitudes in practice (72 u = 4e-6 at worst), forward and backward ten chains at most: 5e-6, 4e-5 at worst.
 RTOL = 1e-4
+# A logit margin is a difference of two logits (terms of magnitude about 1 here): its absolute rounding is about twice
+# a logit's, 2 x 5e-7
+MARGIN_ATOL = 1e-6
 
 
 def make_cnn(seed: int = 0) -> nn.Module:
@@ -119,6 +126,7 @@ def test_member_if_lower():
     assert SIGNALS == ("loss", "logits", "gradient_norm")
 
 
+@pytest.mark.numerics
 def test_loss_matches_naive(cnn, data):
     x, y = data
     got = loss_signal(cnn, x, y, batch_size=4)
@@ -126,11 +134,12 @@ def test_loss_matches_naive(cnn, data):
     np.testing.assert_allclose(got, naive_loss(cnn, x, y), rtol=RTOL)
 
 
+@pytest.mark.numerics
 def test_logits_matches_naive_margin(cnn, data):
     x, y = data
     got = logit_signal(cnn, x, y, batch_size=4)
     assert got.dtype == np.float64 and got.shape == (len(x),)
-    np.testing.assert_allclose(got, naive_logit_margin(cnn, x, y), rtol=RTOL, atol=1e-6)
+    np.testing.assert_allclose(got, naive_logit_margin(cnn, x, y), rtol=RTOL, atol=MARGIN_ATOL)
 
 
 class FixedLogits(nn.Module):
@@ -145,16 +154,18 @@ class FixedLogits(nn.Module):
         return self.table[x[:, 0].long()] + 0 * self.dummy
 
 
+@pytest.mark.numerics
 def test_logits_signal_is_not_the_loss_again():
     """The tutorial's "logits" signal ranked samples exactly as the loss did; the margin does not."""
     # A: margin 1.0, loss 0.551;  B: margin 0.5, loss 0.474 - B has the lower loss but the smaller margin.
     model = FixedLogits([[2.0, 1.0, 1.0], [2.0, 1.5, -10.0]])
     x, y = torch.tensor([[0.0], [1.0]]), torch.tensor([0, 0])
     loss, margin = loss_signal(model, x, y), logit_signal(model, x, y)
-    np.testing.assert_allclose(margin, [1.0, 0.5], rtol=1e-6)
+    np.testing.assert_allclose(margin, [1.0, 0.5], rtol=1e-6)  # float32 logits 2, 1, 1.5: exact; 1e-6 = 17 u
     assert loss[1] < loss[0] and margin[1] < margin[0]  # members: low loss but HIGH margin -> opposite verdicts
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("layer", [None, "features.0", "features.4", "classifier.4", "features"])
 def test_gradient_norm_matches_naive(cnn, data, layer):
     x, y = data
@@ -165,6 +176,7 @@ def test_gradient_norm_matches_naive(cnn, data, layer):
     np.testing.assert_allclose(got, naive_grad_norm(cnn, x, y, layer), rtol=RTOL)
 
 
+@pytest.mark.numerics
 def test_layer_norm_is_part_of_full_norm(cnn, data):
     x, y = data
     full = gradient_norm_signal(cnn, x, y)
@@ -172,34 +184,39 @@ def test_layer_norm_is_part_of_full_norm(cnn, data):
     np.testing.assert_allclose(full, np.sqrt(parts[0] ** 2 + parts[1] ** 2), rtol=RTOL)
 
 
+@pytest.mark.numerics
 def test_frozen_parameters_are_left_out(cnn, data):
     x, y = data
     for p in cnn.features.parameters():
         p.requires_grad_(False)
-    np.testing.assert_allclose(
+    np.testing.assert_allclose(  # the same float32 gradients either way: float64 sums of the same squares
         gradient_norm_signal(cnn, x, y), gradient_norm_signal(cnn, x, y, layer="classifier"), rtol=1e-12
     )
 
 
+@pytest.mark.numerics
 def test_compute_signals_order_and_values(cnn, data):
     x, y = data
     names = ["gradient_norm", "loss", "logits"]
     got = compute_signals(cnn, x, y, names, layer="classifier.1", batch_size=4)
     assert list(got) == names
+    # the same float32 forward and gradients read through two entry points: equal to float64's rounding (1e-16)
     np.testing.assert_allclose(got["loss"], loss_signal(cnn, x, y, batch_size=4), rtol=1e-12)
     np.testing.assert_allclose(got["logits"], logit_signal(cnn, x, y, batch_size=4), rtol=1e-12)
     want = gradient_norm_signal(cnn, x, y, layer="classifier.1", batch_size=4)
     np.testing.assert_allclose(got["gradient_norm"], want, rtol=1e-12)
 
 
+@pytest.mark.numerics
 def test_numpy_inputs(cnn, data):
     x, y = data
     got = compute_signals(cnn, x.numpy().astype(np.float64), y.numpy().astype(np.int32), SIGNALS)
     want = compute_signals(cnn, x, y, SIGNALS)
-    for name in SIGNALS:
+    for name in SIGNALS:  # float64 inputs cast to the model's float32: the same numbers, so the same values
         np.testing.assert_allclose(got[name], want[name], rtol=1e-6)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("n", [1, 7, 5])  # 5 = batch_size + 1
 def test_set_sizes(cnn, n):
     x, y = make_data(n, seed=n)
@@ -208,13 +225,14 @@ def test_set_sizes(cnn, n):
         assert got[name].shape == (n,)
         assert np.isfinite(got[name]).all()
     np.testing.assert_allclose(got["loss"], naive_loss(cnn, x, y), rtol=RTOL)
-    np.testing.assert_allclose(got["logits"], naive_logit_margin(cnn, x, y), rtol=RTOL, atol=1e-6)
+    np.testing.assert_allclose(got["logits"], naive_logit_margin(cnn, x, y), rtol=RTOL, atol=MARGIN_ATOL)
     np.testing.assert_allclose(got["gradient_norm"], naive_grad_norm(cnn, x, y), rtol=RTOL)
 
 
 # ---------------------------------------------------------------- eval mode, no side effects
 
 
+@pytest.mark.numerics
 def test_eval_mode_deterministic_and_state_restored(cnn, data):
     x, y = data
     cnn.train()
@@ -230,6 +248,7 @@ def test_eval_mode_deterministic_and_state_restored(cnn, data):
     assert all(p.grad is None for p in cnn.parameters())
 
 
+@pytest.mark.numerics
 def test_existing_grads_untouched(cnn, data):
     x, y = data
     for p in cnn.parameters():
@@ -240,6 +259,7 @@ def test_existing_grads_untouched(cnn, data):
     assert all(torch.equal(p.grad, torch.full_like(p, 0.5)) for p in cnn.parameters())
 
 
+@pytest.mark.numerics
 def test_mode_restored_after_error(cnn):
     cnn.train()
     bad_x = torch.randn(3, 3, 5, 5)  # wrong spatial size: the classifier's Linear fails
@@ -260,6 +280,7 @@ class Scaled(nn.Module):
         return self.inner(x) * self.scale
 
 
+@pytest.mark.numerics
 def test_logits_stable_for_huge_logits(cnn, data):
     x, y = data
     model = Scaled(cnn, 1e4)  # softmax saturates: p_y is exactly 0 or 1 in float64
@@ -274,6 +295,7 @@ def test_logits_stable_for_huge_logits(cnn, data):
     assert np.isfinite(loss).all() and (loss >= 0).all()
 
 
+@pytest.mark.numerics
 def test_gradient_norm_finite_for_huge_logits(cnn, data):
     x, y = data
     got = gradient_norm_signal(Scaled(cnn, 1e4), x, y)
@@ -300,6 +322,7 @@ class VmapUnfriendly(nn.Module):
         return out
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("layer", [None, "body.2"])
 def test_fallback_when_vmap_fails(data, layer):
     x, y = data
@@ -310,6 +333,7 @@ def test_fallback_when_vmap_fails(data, layer):
     assert model.training and all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.numerics
 def test_layerwise_path_needs_no_vmap(data):
     """A Linear layer's norms come from one batched backward, so a forward vmap cannot batch is no obstacle."""
     x, y = data
@@ -381,6 +405,7 @@ class Odd(nn.Module):
         return self.out(h.flatten(1))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("layer", ["conv_a", "conv_b", "seq", None])
 def test_layerwise_strided_dilated_and_sequence_layers(monkeypatch, data, layer):
     x, y = data
@@ -390,6 +415,7 @@ def test_layerwise_strided_dilated_and_sequence_layers(monkeypatch, data, layer)
     np.testing.assert_allclose(got, naive_grad_norm(model, x, y, layer), rtol=RTOL)
 
 
+@pytest.mark.numerics
 def test_layerwise_frozen_weight_trainable_bias(monkeypatch, data):
     x, y = data
     model = Odd()
@@ -434,6 +460,7 @@ class MixesSamples(Reused):
         return self.out(torch.tanh(self.twice(h - h.mean(dim=0, keepdim=True))))
 
 
+@pytest.mark.numerics
 def test_layer_called_twice_uses_general_path(data):
     x, y = data
     model = Reused()
@@ -441,6 +468,7 @@ def test_layer_called_twice_uses_general_path(data):
     np.testing.assert_allclose(got, naive_grad_norm(model, x, y, "twice"), rtol=RTOL)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("cls", [WeightUsedElsewhere, MixesSamples])
 def test_layerwise_checked_against_per_sample_autograd(data, cls):
     """Forwards the layer-wise computation cannot see through are caught by the check on the first samples."""
@@ -451,6 +479,7 @@ def test_layerwise_checked_against_per_sample_autograd(data, cls):
     np.testing.assert_allclose(got, naive_grad_norm(model, x, y, "twice"), rtol=RTOL)
 
 
+@pytest.mark.numerics
 def test_compute_signals_shares_the_gradient_forward(monkeypatch, cnn, data):
     """With a layer-wise gradient norm, loss and logits come from its forward pass: no separate one."""
     x, y = data
@@ -463,6 +492,8 @@ def test_compute_signals_shares_the_gradient_forward(monkeypatch, cnn, data):
     timings = {}
     got = compute_signals(cnn, x, y, ["loss", "gradient_norm", "logits"], layer="classifier.4", batch_size=4,
                           timings=timings)
+    # one float32 forward of the same batches by two code paths (hooked layers, plain forward): 1e-6 = 17 u, the
+    # margin's absolute 1e-7 two roundings of logits of about 1
     np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-6)
     np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(got["gradient_norm"], naive_grad_norm(cnn, x, y, "classifier.4"), rtol=RTOL)
@@ -566,6 +597,7 @@ def make_tokens(n: int, vocab: int = 20, seed: int = 3):
     return tokens, tokens[:, 0] % N_CLASSES
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "cls, layer",
     [
@@ -584,6 +616,7 @@ def test_layers_without_one_row_per_sample_match_naive(cls, layer):
     np.testing.assert_allclose(got, naive_grad_norm(model, x, y, layer), rtol=RTOL)
 
 
+@pytest.mark.numerics
 def test_sequence_first_layer_with_as_many_steps_as_samples_is_caught_by_the_probe():
     """(T, B, D) with T == B looks batch-first by shape: the check against per-sample autograd catches it."""
     x, y = make_sequences(T_STEPS)
@@ -593,6 +626,7 @@ def test_sequence_first_layer_with_as_many_steps_as_samples_is_caught_by_the_pro
     np.testing.assert_allclose(got, naive_grad_norm(model, x, y, "proj"), rtol=RTOL)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("layer", [None, "conv_g", "bn", "conv_d", "gn", "ln", "out"])
 def test_norm_layers_grouped_and_dilated_convolutions_match_naive(data, layer):
     x, y = data
@@ -601,6 +635,7 @@ def test_norm_layers_grouped_and_dilated_convolutions_match_naive(data, layer):
     np.testing.assert_allclose(got, naive_grad_norm(model, x, y, layer), rtol=RTOL)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("layer", [None, "emb", "hidden"])
 def test_embedding_token_inputs(layer):
     x, y = make_tokens(11)
@@ -608,9 +643,9 @@ def test_embedding_token_inputs(layer):
     got = compute_signals(model, x.numpy(), y.numpy(), SIGNALS, layer=layer, batch_size=4)  # int64 numpy tokens
     np.testing.assert_allclose(got["gradient_norm"], naive_grad_norm(model, x, y, layer), rtol=RTOL)
     np.testing.assert_allclose(got["loss"], naive_loss(model, x, y), rtol=RTOL)
-    np.testing.assert_allclose(got["logits"], naive_logit_margin(model, x, y), rtol=RTOL, atol=1e-6)
+    np.testing.assert_allclose(got["logits"], naive_logit_margin(model, x, y), rtol=RTOL, atol=MARGIN_ATOL)
     got32 = gradient_norm_signal(model, x.int(), y, layer=layer)  # int32 ids are kept as they are, too
-    np.testing.assert_allclose(got32, got["gradient_norm"], rtol=1e-6)
+    np.testing.assert_allclose(got32, got["gradient_norm"], rtol=1e-6)  # the same embedding rows: 1e-6 = 17 u
 
 
 class LayerNormHead(nn.Module):
@@ -623,6 +658,7 @@ class LayerNormHead(nn.Module):
         return self.out(self.norm(x))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(
     "model, layer, message",
     [
@@ -640,12 +676,14 @@ def test_bad_input_raises_its_own_error_without_a_vmap_warning(model, layer, mes
     assert not [w for w in caught if "vmap failed" in str(w.message)]
 
 
+@pytest.mark.numerics
 def test_two_class_margin_is_a_monotone_function_of_the_loss():
     """The module docstring's claim: with two classes the loss is softplus(-margin), so both rank samples alike."""
     torch.manual_seed(16)
     model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2))
     x, y = torch.randn(40, 4), torch.randint(0, 2, (40,))
     loss, margin = loss_signal(model, x, y), logit_signal(model, x, y)
+    # float32 log-softmax (a few roundings of values about 1 in size) against float64 softplus: 1e-5 = 170 u
     np.testing.assert_allclose(loss, np.logaddexp(0.0, -margin), rtol=1e-5)
     assert (np.argsort(loss, kind="stable") == np.argsort(-margin, kind="stable")).all()
 
@@ -653,6 +691,7 @@ def test_two_class_margin_is_a_monotone_function_of_the_loss():
 # ---------------------------------------------------------------- errors
 
 
+@pytest.mark.numerics
 def test_unknown_signal(cnn, data):
     x, y = data
     with pytest.raises(ValueError, match="bogus") as err:
@@ -662,6 +701,7 @@ def test_unknown_signal(cnn, data):
         compute_signals(cnn, x, y, ["loss", "bogus"])
 
 
+@pytest.mark.numerics
 def test_unknown_layer(cnn, data):
     x, y = data
     with pytest.raises(ValueError, match="fc9") as err:
@@ -671,23 +711,27 @@ def test_unknown_layer(cnn, data):
         compute_signals(cnn, x, y, ["gradient_norm"], layer="fc9")
 
 
+@pytest.mark.numerics
 def test_layer_without_parameters(cnn, data):
     x, y = data
     with pytest.raises(ValueError, match=r"features\.2"):  # the inplace ReLU
         gradient_norm_signal(cnn, x, y, layer="features.2")
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("fn", [loss_signal, logit_signal, gradient_norm_signal])
 def test_empty_set(cnn, fn):
     with pytest.raises(ValueError, match="empty"):
         fn(cnn, torch.empty(0, 3, 8, 8), torch.empty(0, dtype=torch.long))
 
 
+@pytest.mark.numerics
 def test_empty_set_compute_signals(cnn):
     with pytest.raises(ValueError, match="empty"):
         compute_signals(cnn, np.empty((0, 3, 8, 8), dtype=np.float32), np.empty(0, dtype=np.int64), SIGNALS)
 
 
+@pytest.mark.numerics
 def test_mismatched_lengths(cnn, data):
     x, y = data
     with pytest.raises(ValueError):
