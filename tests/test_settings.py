@@ -41,7 +41,7 @@ DEFAULTS = {
                        "min_support": 0.15, "max_isolating": 0.25, "class_weight_ratio": 10.0, "probe_margin": 0.25,
                        "probe_alpha": 0.01},
     "canary": {"enabled": False, "interval": 1, "count": 500, "construction": "noise", "score": "loss",
-               "dp_check": True, "gradient_count": 1000, "gradient_kind": "dirac", "gradient_norm": 10.0},
+               "dp_check": True, "gradient_count": "auto", "gradient_kind": "dirac", "gradient_norm": 10.0},
     "cross_round": {"enabled": False, "signal": "logits", "rounds_kept": 20, "aggregation": "weighted_average",
                     "weights": {}},
 }

@@ -32,33 +32,63 @@ import math
 import numpy as np
 import torch
 
-from audit.config.canary_settings import DIRAC
 from audit.canary.inputs import draw_inclusion
+from audit.canary.whitebox import StepStatistics
+from audit.config.canary_settings import DIRAC
 
-__all__ = ["GradientCanaries", "ROW_BUDGET_BYTES"]
+__all__ = ["GradientCanaries", "ROW_BUDGET_BYTES", "DEFAULT_COUNT", "resolve_count"]
 
-# Per-sample canary rows live beside the batch's per-sample gradients for one step: refuse a design whose expected
-# rows per step would take more than this (a large model with many canaries and a high sampling rate).
+# Per-sample canary rows live beside the batch's per-sample gradients for one step: refuse a design whose rows per
+# step (the batch and the sampled canaries, with room for the draw's spread) would take more than this.
 ROW_BUDGET_BYTES = 1 << 30
+DEFAULT_COUNT = 10_000  # the statistical ceiling of the one-run bounds is above 8 (delta 1e-5) from about here
 _MAX_BLOCK = 256
+_BATCH_ROOM = 64  # rows for the training's own batch in the buffer, before it has to grow
+
+
+def _canary_rows(m: int, sample_rate: float) -> int:
+    """Rows to hold the included canaries a step samples: the mean of Binomial(m / 2, q) plus 6 standard
+    deviations (the buffer grows in the rare step that needs more)."""
+    mean = sample_rate * m / 2
+    return int(math.ceil(mean + 6 * math.sqrt(mean * (1 - sample_rate)) + 4))
+
+
+def resolve_count(requested: int | None, trainable_values: int, sample_rate: float) -> int:
+    """The canaries of a check: `requested`, or (None) `DEFAULT_COUNT` capped at one per trainable value and at the
+    row budget. Raises ValueError for a requested count the model or the budget cannot hold."""
+    d = int(trainable_values)
+    if requested is None:
+        m = min(DEFAULT_COUNT, d)
+        while m > 2 and (_canary_rows(m, sample_rate) + _BATCH_ROOM) * d * 4 > ROW_BUDGET_BYTES:
+            m = int(m * 0.8)
+        return max(2, m)
+    if requested > d:
+        raise ValueError(f"gradient canaries: {requested} orthogonal canaries need as many coordinates; the model "
+                         f"has {d} trainable values")
+    rows = _canary_rows(requested, sample_rate) + _BATCH_ROOM
+    if rows * d * 4 > ROW_BUDGET_BYTES:
+        raise ValueError(f"gradient canaries: about {rows} rows of {d} values per step exceed "
+                         f"{ROW_BUDGET_BYTES >> 20} MiB; use fewer canaries")
+    return int(requested)
 
 
 class GradientCanaries:
     """m gradient canaries for one DP-SGD training: `before_step(optimizer)` inserts the sampled included canaries'
     gradients among the per-sample gradients, `after_step(optimizer)` reads the privatised gradient; `scores()`
-    then ranks them (higher: more likely included). `included` is the private draw."""
+    then ranks them (higher: more likely included) and `statistics()` sums the per-step observations. `count` None:
+    `resolve_count`'s default, known at `start`. `included` is the private draw (after `start`)."""
 
-    def __init__(self, m: int, *, kind: str = DIRAC, norm_factor: float = 10.0, seed: int = 0):
-        if m < 1:
-            raise ValueError(f"gradient canaries: m must be >= 1, got {m}")
+    def __init__(self, count: int | None = None, *, kind: str = DIRAC, norm_factor: float = 10.0, seed: int = 0):
+        if count is not None and count < 1:
+            raise ValueError(f"gradient canaries: m must be >= 1, got {count}")
         if not norm_factor >= 1:
             raise ValueError(f"gradient canaries: norm_factor must be >= 1 (clipping bounds), got {norm_factor}")
-        self.m, self.kind, self.norm_factor, self.seed = int(m), kind, float(norm_factor), int(seed)
-        self.included = draw_inclusion(self.m, self.seed)
+        self.requested, self.kind, self.norm_factor, self.seed = count, kind, float(norm_factor), int(seed)
+        self.m = None if count is None else int(count)
+        self.included = None if count is None else draw_inclusion(self.m, self.seed)
         self._rng = np.random.default_rng([self.seed, 1])
         self._started = False
         self.steps = 0
-        self.sampled = np.zeros(self.m, dtype=np.int64)  # steps each canary was in the batch (private)
 
     def start(self, params: list[torch.Tensor], *, sample_rate: float, noise_multiplier: float,
               max_grad_norm: float) -> None:
@@ -70,13 +100,9 @@ class GradientCanaries:
         self.params = list(params)
         self.sizes = [p.numel() for p in self.params]
         d = sum(self.sizes)
-        if self.m > d:
-            raise ValueError(f"gradient canaries: {self.m} orthogonal canaries need as many coordinates; the model "
-                             f"has {d} trainable values")
-        expected_rows = sample_rate * self.m / 2
-        if expected_rows * d * 4 > ROW_BUDGET_BYTES:
-            raise ValueError(f"gradient canaries: about {expected_rows:.0f} canary gradients of {d} values per step "
-                             f"exceed {ROW_BUDGET_BYTES >> 20} MiB; use fewer canaries")
+        self.m = resolve_count(self.requested, d, sample_rate)
+        self.included = draw_inclusion(self.m, self.seed)
+        self.sampled = np.zeros(self.m, dtype=np.int64)  # steps each canary was in the batch (private)
         rng = np.random.default_rng([self.seed, 0])
         block = 1 if self.kind == DIRAC else max(1, min(d // self.m, _MAX_BLOCK))
         coords = rng.permutation(d)[: self.m * block].reshape(self.m, block)
@@ -99,7 +125,12 @@ class GradientCanaries:
         self.sigma, self.clip = float(noise_multiplier), float(max_grad_norm)
         self._lr = np.zeros(self.m)
         self._sum = np.zeros(self.m)
+        self._stats = np.zeros(8)  # noise: count, sums of y^1..4; signal: count, sums of y^1..2
         self._known = torch.zeros(self.m, dtype=self._weights.dtype, device=device)
+        self._picked = np.zeros(self.m, dtype=bool)
+        self._rows = _canary_rows(self.m, self.q) + _BATCH_ROOM
+        self._buffers = [torch.zeros((self._rows, *p.shape), dtype=p.dtype, device=p.device) for p in self.params]
+        self._written: list = []  # what the last step wrote into the buffers, to clear after it
         self._started = True
 
     def before_step(self, optimizer) -> None:
@@ -107,23 +138,39 @@ class GradientCanaries:
         if not self._started:
             raise RuntimeError("gradient canaries: start() was not called before the training's first step")
         self._known = self._clipped_batch_along_canaries()
-        picked = np.flatnonzero(self.included & (self._rng.random(self.m) < self.q))
+        self._picked = self.included & (self._rng.random(self.m) < self.q)
+        picked = np.flatnonzero(self._picked)
         self.sampled[picked] += 1
         if not len(picked):
             return
         k = len(picked)
-        index = torch.as_tensor(picked, dtype=torch.long, device=self._coords.device)
-        rows = torch.zeros((k, self.d), dtype=self._weights.dtype, device=self._coords.device)
-        rows.scatter_(1, self._coords[index], self._weights[index] * (self.norm_factor * self.clip))
-        for p, part in zip(self.params, torch.split(rows, self.sizes, dim=1)):
-            part = part.reshape(k, *p.shape).to(p.dtype)
+        row_of = torch.full((self.m,), -1, dtype=torch.long, device=self._coords.device)
+        row_of[torch.as_tensor(picked, dtype=torch.long, device=row_of.device)] = torch.arange(k, device=row_of.device)
+        batch = self._batch_size()
+        if batch + k > self._rows:  # a rare draw: grow the buffers (cleared, as they always are between steps)
+            self._rows = batch + k + _BATCH_ROOM
+            self._buffers = [torch.zeros((self._rows, *p.shape), dtype=p.dtype, device=p.device)
+                             for p in self.params]
+        self._written = []
+        for p, buffer, (canary, local, weight) in zip(self.params, self._buffers, self._per_param):
             current = getattr(p, "grad_sample", None)
-            if current is None:
-                p.grad_sample = part
-            elif isinstance(current, list):
-                current.append(part)
-            else:
-                p.grad_sample = torch.cat([current, part.to(current.device)], dim=0)
+            if current is not None:
+                current = torch.cat(current) if isinstance(current, list) else current
+                buffer[:batch].copy_(current)
+            rows = row_of[canary] if len(canary) else canary
+            take = rows >= 0
+            flat = buffer.view(self._rows, -1)
+            entries = (batch + rows[take], local[take])
+            flat[entries] = (weight[take] * (self.norm_factor * self.clip)).to(buffer.dtype)
+            self._written.append((batch, entries))
+            p.grad_sample = buffer[:batch + k]
+
+    def _batch_size(self) -> int:
+        for p in self.params:
+            current = getattr(p, "grad_sample", None)
+            if current is not None:
+                return int(sum(len(g) for g in current)) if isinstance(current, list) else int(len(current))
+        return 0
 
     def _clipped_batch_along_canaries(self) -> torch.Tensor:
         """The batch's own per-sample gradients, clipped as DP-SGD must clip them, summed, along each canary (m,).
@@ -157,7 +204,20 @@ class GradientCanaries:
         else:
             self._lr += np.logaddexp(math.log1p(-self.q), math.log(self.q) + y / self.sigma - 1 / (2 * self.sigma ** 2))
         self._sum += y
+        noise, signal = y[~self._picked], y[self._picked]
+        self._stats += [len(noise), noise.sum(), (noise ** 2).sum(), (noise ** 3).sum(), (noise ** 4).sum(),
+                        len(signal), signal.sum(), (signal ** 2).sum()]
+        for buffer, (batch, entries) in zip(self._buffers, self._written):  # the buffers are all zero again
+            buffer[:batch].zero_()
+            buffer.view(self._rows, -1)[entries] = 0
+        self._written = []
         self.steps += 1
+
+    def statistics(self) -> StepStatistics:
+        """The sums of the per-step observations for the white-box estimate (audit.canary.whitebox)."""
+        s = self._stats
+        return StepStatistics(int(s[0]), float(s[1]), float(s[2]), float(s[3]), float(s[4]), int(s[5]), float(s[6]),
+                              float(s[7]))
 
     def scores(self, statistic: str = "likelihood_ratio") -> np.ndarray:
         """Each canary's score over the steps run: the likelihood ratio (default) or the plain sum of y_t."""

@@ -6,8 +6,13 @@ update mitigation, if any) on the party's members plus m input canaries (audit.c
 probability 1/2. Each canary is scored with the shadow model (its loss, the default; or its loss reduction from the
 received model, which never saw it), and the one-run bound (audit.canary.one_run) of the scores is a lower bound, at
 the audit's confidence and delta, on the epsilon of the training as the party runs it (for adding or removing one
-example: a canary of this construction, whatever the rest of its data). Metrics `CANARY_METRICS`
-(audit.config.canary_settings); with DP, the accountant's epsilon of the shadow's mechanism beside it in the record.
+example: a canary of this construction, whatever the rest of its data). Beside it the f-DP bound (audit.canary.fdp)
+of the same counts: without DP, the epsilon of the most private mu-Gaussian-DP mechanism the canaries reject (not an
+(epsilon, delta) bound: a training can fail mu-GDP and still be (epsilon(mu), delta)-DP); with DP, the accountant's
+epsilon of the most private mechanism of the claimed kind (the shadow's DP-SGD rate and steps, or dp_fedavg's
+Gaussian mechanism) they reject. Metrics `CANARY_METRICS` (audit.config.canary_settings); with DP, the accountant's
+epsilon of the shadow's mechanism beside them in the record, and the claim found violated when either bound, each at
+half the level, rejects it.
 
 Private: the canaries, their inclusion and their scores stay in the party's round folder (canary.npz) and record;
 the update the party sends is its real one, trained without canaries (the shadow is a separate model).
@@ -24,10 +29,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from audit.canary.claims import dp_sgd_family, gaussian_family, gdp_family
 from audit.canary.dp import dp_sgd_epsilon, update_mechanism_epsilon
+from audit.canary.fdp import fdp_bound
 from audit.canary.inputs import canary_seed, draw_inclusion, input_canaries
 from audit.canary.one_run import counts_from_scores
-from audit.config.canary_settings import CANARY_EPSILON_LB, LOSS, CanarySettings
+from audit.config.canary_settings import CANARY_EPSILON_LB, CANARY_FDP_EPSILON, LOSS, CanarySettings
 from audit.model_io import chunks, eval_mode, model_input
 from audit.reporting.atomic_io import atomic_write_bytes
 from audit.config.vocabulary import CANARY_FILE
@@ -83,6 +90,15 @@ def shadow_training(global_model: torch.nn.Module, x, y, training, *, seed: int)
     return shadow, claim
 
 
+def _claimed_family(claim: dict):
+    """The claimed mechanism's family and its noise multiplier; mu-GDP (no claim) without DP."""
+    if claim["mechanism"] == "dp_sgd":
+        return dp_sgd_family(claim["sample_rate"], claim["steps"]), claim["noise_multiplier"]
+    if claim["mechanism"] == "dp_fedavg":
+        return gaussian_family(2.0), claim["sigma"]
+    return gdp_family(), None
+
+
 def _claimed_epsilon(claim: dict, delta: float) -> float | None:
     if claim["mechanism"] == "dp_sgd":
         return dp_sgd_epsilon(claim["noise_multiplier"], claim["sample_rate"], claim["steps"], delta)
@@ -128,17 +144,24 @@ def run(context: AuditContext, settings: CanarySettings) -> StepResult:
     counts = counts_from_scores(scores, included)
     bound = counts.bound(delta, alpha)
     no_leak = counts.no_leak_p_value()
+    family, claimed_noise = _claimed_family(claim)
+    fdp = fdp_bound(counts, family, delta=delta, alpha=alpha, claimed_noise=claimed_noise)
     metrics = {CANARY_EPSILON_LB: bound.epsilon, "canary_epsilon_ceiling": bound.ceiling,
                "canary_count": float(settings.count), "canary_guesses": float(bound.guess.r if bound.guess else 0),
-               "canary_correct": float(bound.correct), "canary_no_leak_p_value": no_leak}
-    details = {"bound": bound.to_dict(), "counts": counts.to_dict(), "no_leak_p_value": no_leak,
+               "canary_correct": float(bound.correct), "canary_no_leak_p_value": no_leak,
+               CANARY_FDP_EPSILON: fdp.epsilon}
+    details = {"bound": bound.to_dict(), "counts": counts.to_dict(), "no_leak_p_value": no_leak, "fdp": fdp.to_dict(),
                "construction": settings.construction, "score": settings.score, "count": settings.count,
                "included": int(included.sum()), "training_set_size": int(len(y)), "members": int(len(my)),
                "local_trainings": 1, "training_s": trained_s, "mechanism": claim}
     claimed = _claimed_epsilon(claim, delta)
     if claim["mechanism"] is not None:
-        details["dp"] = {"claimed_epsilon": claimed, "epsilon_lb": bound.epsilon,
-                         "violated": bool(claimed is not None and bound.epsilon > claimed)}
+        # the claim tested twice (each bound at alpha / 2): violated when either rejects it
+        half = counts.bound(delta, alpha / 2)
+        fdp_half = fdp_bound(counts, family, delta=delta, alpha=alpha / 2, claimed_noise=claimed_noise)
+        details["dp"] = {"claimed_epsilon": claimed, "epsilon_lb": bound.epsilon, "fdp_epsilon": fdp.epsilon,
+                         "violated": bool(claimed is not None and (half.epsilon > claimed
+                                                                   or fdp_half.claim_rejected))}
 
     def write_canaries(round_dir):  # the canaries, their inclusion and scores: only in this party's round folder
         buffer = io.BytesIO()

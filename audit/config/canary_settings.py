@@ -10,12 +10,13 @@ Torch-free.
       dp_check: true             # every DP training the party runs (the gate's dp_retrain, the dp_fedavg
                                  # mitigation) is audited with white-box canaries; a bound above the accountant's
                                  # epsilon withholds the update
-      gradient_count: 1000       # m white-box canaries of a DP check
+      gradient_count: auto       # m white-box canaries of a DP check: auto = 10,000, or one per trainable value
+                                 # on a smaller model (within the canary rows' memory budget)
       gradient_kind: dirac       # dirac (one coordinate each) | random (a random direction on its own coordinates)
       gradient_norm: 10.0        # a canary gradient's norm before clipping, in clipping bounds: a correct DP-SGD
                                  # clips it to the bound, one that skips clipping shows it
 
-The one-run bound's level and delta are the audit's `confidence` and `epsilon_delta`.
+The one-run bounds' level and delta are the audit's `confidence` and `epsilon_delta`.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from audit.config.fields import boolean, choice, integer, parse, real, setting, to_dict
+from audit.config.fields import boolean, choice, either, integer, literal, parse, real, setting, to_dict
 
 __all__ = ["CanarySettings", "canary_settings", "CONSTRUCTIONS", "SCORES", "GRADIENT_KINDS", "DIRAC", "RANDOM",
-           "CANARY_METRICS", "CANARY_METRIC_RANGES", "CANARY_EPSILON_LB"]
+           "CANARY_METRICS", "CANARY_METRIC_RANGES", "CANARY_EPSILON_LB", "CANARY_FDP_EPSILON", "AUTO"]
 
 MISLABELLED, NOISE, NATURAL = "mislabelled", "noise", "natural"
 CONSTRUCTIONS = (NOISE, MISLABELLED, NATURAL)
@@ -34,16 +35,20 @@ LOSS, LOSS_REDUCTION = "loss", "loss_reduction"
 SCORES = (LOSS, LOSS_REDUCTION)
 DIRAC, RANDOM = "dirac", "random"
 GRADIENT_KINDS = (DIRAC, RANDOM)
+AUTO = "auto"
 
 CANARY_EPSILON_LB = "canary_epsilon_lb"
+CANARY_FDP_EPSILON = "canary_fdp_epsilon"
 # The scalars the step reports (every audited round the same names): the bound, the ceiling of its m canaries at the
-# same level, the counts it rests on (canaries, guesses of the grid entry that gave the bound, right ones), and the
-# Bonferroni-corrected p-value of "no leak" (epsilon = 0).
+# same level, the counts it rests on (canaries, guesses of the grid entry that gave the bound, right ones), the
+# Bonferroni-corrected p-value of "no leak" (epsilon = 0), and the f-DP bound (audit.canary.fdp: without DP the
+# epsilon of the most private mu-Gaussian-DP mechanism the canaries reject, with DP the accountant's epsilon of the
+# most private DP-SGD of the shadow's rate and steps they reject).
 CANARY_METRICS = (CANARY_EPSILON_LB, "canary_epsilon_ceiling", "canary_count", "canary_guesses", "canary_correct",
-                  "canary_no_leak_p_value")
+                  "canary_no_leak_p_value", CANARY_FDP_EPSILON)
 CANARY_METRIC_RANGES = {"canary_epsilon_ceiling": (0.0, math.inf), "canary_count": (0.0, math.inf),
                         "canary_guesses": (0.0, math.inf), "canary_correct": (0.0, math.inf),
-                        "canary_no_leak_p_value": (0.0, 1.0)}
+                        "canary_no_leak_p_value": (0.0, 1.0), CANARY_FDP_EPSILON: (0.0, math.inf)}
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,11 @@ class CanarySettings:
                                                         "minus it")
     dp_check: bool = setting(True, boolean(), "audit every DP training the party runs with white-box canaries; a "
                                               "bound above the accountant's epsilon withholds the update")
-    gradient_count: int = setting(1000, integer(min=2, note="canaries"), "m white-box canaries of a DP check")
+    # 10,000 canaries put the one-run bounds' ceiling above 8 (delta 1e-5) and the independent-canary bound and the
+    # white-box estimate within a few percent of the claim (benchmarks/README.md "Tight canary bounds").
+    gradient_count: int | str = setting(AUTO, either(literal(AUTO, "10,000, or one per trainable value on a smaller "
+                                                                   "model"), integer(min=2, note="canaries")),
+                                        "m white-box canaries of a DP check")
     gradient_kind: str = setting(DIRAC, choice(GRADIENT_KINDS, "kind"), "dirac (one coordinate each) or random (a "
                                                                         "random direction on its own coordinates)")
     gradient_norm: float = setting(10.0, real(ge=1, note="clipping bounds"),

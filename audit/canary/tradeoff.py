@@ -1,0 +1,261 @@
+"""Trade-off curves (f-DP, Dong, Roth and Su 2019) of the mechanisms a canary audit tests, as upper bounds on the
+true-positive rate any membership test can reach at a given false-positive rate. Pure numpy / scipy: no torch.
+
+A mechanism M is f-DP when every test of "canary out" against "canary in" with false-positive rate a has
+true-positive rate at most 1 - f(a). `tpr(a)` is that ceiling, `fpr_for(t)` its inverse (the least false-positive
+rate that reaches t; Mahloujifar et al.'s inverse blow-up function). An audit rejects a hypothesised curve when the
+canaries do better than it allows, so every curve here errs on the generous side (a higher ceiling): a rejection
+stays valid.
+
+- `GaussianDP(mu)`: mu-Gaussian DP, exact: tpr(a) = Phi(Phi^-1(a) + mu). The Gaussian mechanism with sensitivity s
+  and noise sigma is (s / sigma)-GDP.
+- `subsampled_gaussian(noise_multiplier, sample_rate, steps)`: DP-SGD as its accountant analyses it (Poisson
+  subsampling at `sample_rate`, Gaussian noise of `noise_multiplier` clipping bounds, `steps` steps), from the
+  canary's side ("in": the mixture (1 - q) N(0, 1) + q N(1/sigma, 1) each step, "out": N(0, 1)). Computed from the
+  privacy-loss distribution: each step's loss is rounded up to a grid (a pair that dominates the mechanism: it can
+  be post-processed into it), composed by FFT, and every numerical error (the tail beyond the grid, the circular
+  FFT's wrap-around, float rounding) is bounded and added to the ceiling. Error below 1e-6 in the true-positive
+  rate and an upward bias of at most `steps` x the grid step in the loss (0.01 nats by default);
+  tests/test_canary_fdp.py checks it against the Gaussian case's closed form and a finer grid.
+
+Written here: opacus' PRV accountant computes the same privacy-loss distribution, but for epsilon at one delta, not
+the whole curve with its error bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+from scipy.special import log_ndtr, ndtr, ndtri
+
+__all__ = ["GaussianDP", "PiecewiseTradeOff", "subsampled_gaussian", "gdp_epsilon"]
+
+# Grid of the privacy loss: at most this many points in the composed distribution's window (an FFT of 2^21 float64
+# is ~0.1 s and 50 MB), and the loss grid step at most _BIAS / steps (the rounding up adds at most that in all).
+_MAX_POINTS = 1 << 21
+_BIAS = 0.01
+# Per-step tail of the "in" distribution put on an infinite loss (counted as a test that always detects it), and the
+# probability mass the composed window may leave out (bounded by Chernoff, added to the ceiling).
+_STEP_TAIL = 1e-16
+_WINDOW_TAIL = 1e-6
+_BLOCK = 64  # grid points per block of the tail bound's moment function
+_FAR_MASS = 1e-7  # the "in" mass of all steps' far tails given an infinite loss (added to the ceiling)
+
+
+@dataclass(frozen=True)
+class GaussianDP:
+    """mu-Gaussian differential privacy: the trade-off of N(0, 1) against N(mu, 1)."""
+
+    mu: float
+
+    def tpr(self, fpr: float) -> float:
+        if fpr <= 0:
+            return 0.0
+        if fpr >= 1:
+            return 1.0
+        return float(ndtr(ndtri(fpr) + self.mu))
+
+    def fpr_for(self, tpr: float) -> float:
+        if tpr <= 0:
+            return 0.0
+        if tpr >= 1:
+            return 1.0
+        return float(ndtr(ndtri(tpr) - self.mu))
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+    """The epsilon at `delta` of mu-Gaussian DP (Dong, Roth and Su, Corollary 2.13):
+    delta(eps) = Phi(-eps/mu + mu/2) - e^eps Phi(-eps/mu - mu/2)."""
+    from scipy.optimize import brentq
+
+    if not mu > 0:
+        return 0.0
+    if math.isinf(mu):
+        return math.inf
+
+    def gap(eps):  # in logs: e^eps Phi(.) overflows for a large mu's epsilon
+        head = float(log_ndtr(-eps / mu + mu / 2))
+        tail = eps + float(log_ndtr(-eps / mu - mu / 2))
+        return (math.exp(head) * -math.expm1(tail - head) if tail < head else 0.0) - delta
+
+    if gap(0.0) <= 0:
+        return 0.0
+    hi = max(1.0, mu * mu)
+    while gap(hi) > 0:
+        hi *= 2
+    return float(brentq(gap, 0.0, hi, xtol=1e-9))
+
+
+@dataclass(frozen=True)
+class PiecewiseTradeOff:
+    """A curve given by its points (false-positive rate, true-positive rate), both increasing, joined linearly (the
+    randomised likelihood-ratio tests between them), with margins that bound its numerical error: the ceiling is
+    read `fpr_margin` to the right and raised by `tpr_margin`."""
+
+    fpr: np.ndarray
+    tpr_points: np.ndarray
+    tpr_margin: float
+    fpr_margin: float
+    losses: np.ndarray | None = None  # each point's likelihood-ratio threshold (log; the test "loss >= it")
+
+    def tpr(self, fpr: float) -> float:
+        if fpr <= 0 and self.tpr_margin == 0:
+            return 0.0
+        x = min(1.0, max(0.0, fpr) + self.fpr_margin)
+        return float(min(1.0, np.interp(x, self.fpr, self.tpr_points) + self.tpr_margin))
+
+    def fpr_for(self, tpr: float) -> float:
+        x = tpr - self.tpr_margin
+        if x <= 0:
+            return 0.0
+        if x >= 1:
+            return 1.0
+        i = int(np.searchsorted(self.tpr_points, x, side="left"))  # first point with tpr >= x
+        if i == 0:
+            return 0.0
+        t0, t1 = self.tpr_points[i - 1], self.tpr_points[i]
+        f0, f1 = self.fpr[i - 1], self.fpr[i]
+        at = f0 + (f1 - f0) * (x - t0) / (t1 - t0) if t1 > t0 else f0
+        return float(max(0.0, at - self.fpr_margin))
+
+
+def subsampled_gaussian(noise_multiplier: float, sample_rate: float, steps: int) -> "PiecewiseTradeOff | GaussianDP":
+    """The trade-off curve of `steps` Poisson-subsampled Gaussian steps (DP-SGD seen from one example), an upper
+    bound on the true-positive rate with every numerical error included (see the module)."""
+    if not (noise_multiplier > 0 and 0 < sample_rate <= 1 and steps >= 1):
+        raise ValueError(f"subsampled_gaussian: need noise_multiplier > 0, 0 < sample_rate <= 1 and steps >= 1, got "
+                         f"{noise_multiplier}, {sample_rate}, {steps}")
+    if sample_rate == 1:  # every step samples the canary: `steps` Gaussian mechanisms, sqrt(steps)/sigma-GDP
+        return GaussianDP(math.sqrt(steps) / noise_multiplier)
+    return _subsampled_gaussian(float(noise_multiplier), float(sample_rate), int(steps))
+
+
+def _loss_range(sigma: float, q: float) -> tuple[float, float]:
+    """One step's privacy loss log(dP_in/dP_out) lies above log(1 - q) (the step did not sample the canary); the
+    grid stops where the "in" mass beyond it is `_STEP_TAIL`."""
+    y_top = float(-ndtri(_STEP_TAIL)) + 1 / sigma
+    lo = math.log1p(-q)
+    return lo, math.log1p(-q + q * math.exp(min(y_top / sigma - 0.5 / sigma ** 2, 700.0)))
+
+
+def _step_losses(sigma: float, q: float, h: float) -> tuple[float, np.ndarray, float]:
+    """One step's privacy loss rounded up to the grid lo + k h: the "in" masses of the grid points, and the "in"
+    mass beyond the last one (given an infinite loss)."""
+    lo, top = _loss_range(sigma, q)
+    edges = lo + h * np.arange(int(math.ceil((top - lo) / h)) + 1)
+    with np.errstate(divide="ignore"):
+        ratio = np.expm1(edges - lo) * (1 - q) / q   # (e^loss - (1 - q)) / q = exp(y / sigma - 1 / (2 sigma^2))
+        y = np.where(ratio > 0, sigma * np.log(np.where(ratio > 0, ratio, 1.0)) + 0.5 / sigma, -np.inf)
+    # P_in(edge_{k-1} < loss <= edge_k): each component's mass from whichever of its tails keeps it exact
+    mass = (1 - q) * _between(y[:-1], y[1:]) + q * _between(y[:-1] - 1 / sigma, y[1:] - 1 / sigma)
+    beyond = (1 - q) * float(ndtr(-y[-1])) + q * float(ndtr(1 / sigma - y[-1]))
+    return lo, np.concatenate([[0.0], np.clip(mass, 0.0, None)]), beyond
+
+
+def _between(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """P(a < Z <= b) for a standard normal Z, without the cancellation of a difference of two CDFs near 1."""
+    return np.where(a >= 0, ndtr(-a) - ndtr(-b), ndtr(b) - ndtr(a))
+
+
+def _tail_bound(masses: np.ndarray, steps: int, lower: float, upper: float) -> float:
+    """A bound on the mass of sum_t k_t outside [lower, upper) when each k_t has the (sub-)masses `masses` on
+    0, 1, ..: the chance that some step lands beyond half the room to the edge (a union bound), plus Chernoff for the
+    steps that do not, over a grid of exponents, each step's moment function bounded on blocks of
+    `_BLOCK` grid points (the block's far end) to keep it cheap."""
+    total = float(np.sum(masses))
+    if total <= 0:
+        return 0.0
+    k = np.arange(len(masses), dtype=np.float64)
+    mean = float(np.sum(masses * k) / total)
+    spread = math.sqrt(max(float(np.sum(masses * (k - mean) ** 2) / total), 1.0))
+    upper_tail = np.cumsum(masses[::-1])[::-1]  # mass at or above each index
+    lower_tail = np.cumsum(masses)              # mass at or below each index
+    bound = 0.0
+    for side, edge in ((1.0, upper), (-1.0, lower)):
+        if (side > 0 and edge > steps * (len(masses) - 1)) or (side < 0 and edge <= 0):
+            continue  # the sum cannot go beyond this edge
+        # a step beyond half the room to the edge is counted as escaping (union bound); Chernoff for the rest
+        if side > 0:
+            far = min(len(masses), max(1, int(mean + (edge - steps * mean) / 2)))
+            kept, offset = masses[:far], 0
+            bound += steps * (float(upper_tail[far]) if far < len(masses) else 0.0)
+        else:
+            near = min(len(masses) - 1, max(0, int(math.ceil(mean - (steps * mean - edge) / 2))))
+            kept, offset = masses[near:], near
+            bound += steps * (float(lower_tail[near - 1]) if near > 0 else 0.0)
+        pad = (-len(kept)) % _BLOCK
+        sums = np.concatenate([kept, np.zeros(pad)]).reshape(-1, _BLOCK).sum(axis=1)
+        with np.errstate(divide="ignore"):
+            logm = np.log(sums)
+        starts = offset + np.arange(len(sums), dtype=np.float64) * _BLOCK
+        ends = starts + _BLOCK - 1 if side > 0 else starts
+        best = 0.0
+        for lam in np.geomspace(1e-3, 30.0, 60) / spread:
+            log_mgf = float(np.logaddexp.reduce(logm + side * lam * ends))
+            best = min(best, steps * log_mgf - side * lam * edge)
+        bound += math.exp(best)
+    return bound
+
+
+@lru_cache(maxsize=64)
+def _subsampled_gaussian(sigma: float, q: float, steps: int) -> PiecewiseTradeOff:
+    lo, top = _loss_range(sigma, q)
+    h = max(_BIAS / steps, (top - lo) / _MAX_POINTS)
+    room_spreads = 12.0  # the window around both distributions' bulk, widened until the tail bound holds
+    while True:
+        lo, p_in, beyond = _step_losses(sigma, q, h)
+        # the far tail of one step's loss is moved to an infinite loss (the "out" part of it to a never-rejected
+        # outcome): a pair that still dominates, whose composed window stays small
+        tail = np.cumsum(p_in[::-1])[::-1]
+        far = int(np.searchsorted(-tail, -_FAR_MASS / steps, side="right"))
+        if far < len(p_in):
+            beyond += float(tail[far])
+            p_in = p_in[:far]
+        losses = lo + h * np.arange(len(p_in))
+        p_out = p_in * np.exp(-losses)  # the "out" masses of the rounded-up pair (a sub-probability)
+        k = np.arange(len(p_in), dtype=np.float64)
+        centres, spreads = [], []
+        for m in (p_in, p_out):
+            mean = float(np.sum(m * k) / np.sum(m))
+            centres.append(steps * mean)
+            spreads.append(math.sqrt(steps * max(float(np.sum(m * (k - mean) ** 2) / np.sum(m)), 1e-300)))
+        # room for the tail bound's coarseness too (each step's moment function is bounded on blocks)
+        room = room_spreads * max(spreads) + 2 * steps * _BLOCK + _BLOCK
+        first = max(0.0, min(centres) - room)
+        width = max(centres) - first + room
+        if width > _MAX_POINTS:
+            h *= 2 * width / _MAX_POINTS  # a coarser grid: more bias, the same error bounds
+            continue
+        size = 1 << max(10, int(math.ceil(math.log2(width))))
+        start = int(math.floor(first))
+        tail_in = _tail_bound(p_in, steps, start, start + size)
+        tail_out = _tail_bound(p_out, steps, start, start + size)
+        if max(tail_in, tail_out) <= _WINDOW_TAIL:
+            break
+        if room_spreads >= 200:
+            raise RuntimeError(f"subsampled_gaussian({sigma}, {q}, {steps}): the loss window leaves out "
+                               f"{max(tail_in, tail_out):.1e} of the mass")
+        room_spreads *= 2
+    composed = []
+    for m in (p_in, p_out):
+        folded = np.bincount(np.arange(len(m)) % size, weights=m, minlength=size)  # per-step masses mod the window
+        circular = np.clip(np.fft.irfft(np.fft.rfft(folded) ** steps, size), 0.0, None)
+        composed.append(np.roll(circular, -(start % size)))  # index j <-> sum_t k_t = start + j
+    # float rounding of the FFT and the sums: per value about log2(size) x steps x machine epsilon
+    rounding = size * steps * math.log2(size) * 2.2e-16
+    # Likelihood-ratio tests "loss >= threshold", from the highest threshold down: (fpr, tpr) of each.
+    tpr = np.concatenate([[0.0], np.cumsum(composed[0][::-1])])
+    fpr = np.concatenate([[0.0], np.cumsum(composed[1][::-1])])
+    tpr, fpr = np.minimum(tpr, 1.0), np.minimum(fpr, 1.0)
+    fpr = np.concatenate([fpr, [1.0]])
+    tpr = np.concatenate([tpr, [1.0]])
+    # the threshold of each point: +inf, then the composed grid's losses from the top, then -inf
+    losses = np.concatenate([[math.inf], steps * lo + h * (start + np.arange(size - 1, -1, -1)), [-math.inf]])
+    keep = np.concatenate([[True], np.diff(fpr) > 0]) | np.concatenate([[True], np.diff(tpr) > 0])
+    infinite = -math.expm1(steps * math.log1p(-beyond)) if beyond < 1 else 1.0
+    return PiecewiseTradeOff(np.maximum.accumulate(fpr[keep]), np.maximum.accumulate(tpr[keep]),
+                             tpr_margin=tail_in + infinite + rounding, fpr_margin=tail_out + rounding,
+                             losses=losses[keep])
