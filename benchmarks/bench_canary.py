@@ -26,6 +26,27 @@ own local training). A second table compares the input canaries' constructions a
         [--datasets digits tabular] [--out reports/canary_benchmark]
 
 Writes <out>/runs.json (every figure of every run, written as it goes) and <out>/table.md, and prints the tables.
+
+`--part` runs one of the DP check's own benchmarks instead (the four tests of audit.canary.dp, each at alpha / 4:
+Steinke et al.'s bound, the f-DP bound, the independent-canary bound, the white-box estimate; `--seeds` per cell):
+
+    ideal    the perfect white-box auditor of DP-SGD (q 1/7, 140 steps, accountant's epsilon 1, 4, 8; m 1,000 and
+             10,000, simulated): every figure / the accountant's epsilon, the exact mechanism's own epsilon beside it;
+             the Gaussian mechanism (mu 1 and 2) and one subsampled Gaussian step (mu 2, q 0.2) with 1,000 to 100,000
+             canaries, the bounds / the true epsilon, beside Xiang et al.'s published figures on the same mechanisms
+    correct  correct DP trainings (a tabular MLP, the digits CNN, an Embedding model; accountant's epsilon 0.5 to 16):
+             figures above the accountant, false alarms, the real bounds / accountant, the check's cost
+    broken   DP trainings that draw a fraction of the noise they claim (0.5x to 1.0x), or clip to twice the claimed
+             bound with the claimed bound's noise: how often the check withholds them
+    input    the canary step without DP (input canaries, Steinke et al.'s and the f-DP bound) against the best
+             attack-based bound of the same round
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part ideal [--seeds 3]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part correct [--seeds 17]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part broken [--seeds 10]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part input [--seeds 3]
+
+Each writes <out>/<part>.json and <out>/<part>.md.
 """
 
 from __future__ import annotations
@@ -137,6 +158,8 @@ def run_seed(name: str, seed: int, args) -> list[dict]:
                                                            "reference_models": 2}})
     out = []
     settings_list = [("none", None)] + [(f"eps{t:g}", t) for t in TARGETS]
+    if args.no_dp_only:
+        settings_list = settings_list[:1]
     for label, target in settings_list:
         sigma = None if target is None else noise_for(target, q, steps)
         trainer = None if sigma is None else DPTraining(lambda m: torch.optim.Adam(m.parameters(), lr=LR), BATCH,
@@ -164,6 +187,7 @@ def run_seed(name: str, seed: int, args) -> list[dict]:
                               steps=(CANARY,))
             details = rec.extra["canary"]
             entry["input"] = {"epsilon": rec.metrics["canary_epsilon_lb"],
+                              "fdp": rec.metrics["canary_fdp_epsilon"],
                               "ceiling": rec.metrics["canary_epsilon_ceiling"],
                               "claimed": (details.get("dp") or {}).get("claimed_epsilon"),
                               "seconds": details["training_s"], "training_set": details["training_set_size"]}
@@ -173,7 +197,9 @@ def run_seed(name: str, seed: int, args) -> list[dict]:
                     check = audit_dp_training(trainer, received, members, CanarySettings(gradient_count=m,
                                                                                          gradient_kind=kind),
                                               delta=DELTA, alpha=ALPHA, seed=30_000 + seed).to_dict()
-                    entry[f"gradient_{kind}"] = {"epsilon": check["epsilon_lb"], "ceiling": check["ceiling"],
+                    entry[f"gradient_{kind}"] = {"epsilon": check["bound"]["epsilon"], "ceiling": check["bound"]["ceiling"],
+                                                 "figures": check["figures"], "check": check["epsilon_lb"],
+                                                 "violated": check["violated"],
                                                  "claimed": check["claimed_epsilon"], "seconds": check["seconds"]}
                 entry["ideal"] = statistics.fmean(ideal_bound(m, sigma, q, steps, 40_000 + seed + k) for k in range(3))
             row["counts"][str(m)] = entry
@@ -270,6 +296,369 @@ def table(runs: list[dict], counts: list[int]) -> str:
             lines.append(f"| {data} | " + " | ".join(_cell([r["constructions"][n] for r in sel]) for n in names) + " |")
     return "\n".join(lines) + "\n"
 
+# ------------------------------------------------------------------------------------------------ the DP check's parts
+
+EACH = ALPHA / 4  # the DP check's share of alpha for each of its four tests (audit.canary.dp.DP_SGD_TESTS)
+
+
+def _ideal_dp_sgd(sigma: float, q: float, steps: int, m: int, seed: int, noise_factor: float = 1.0):
+    """The perfect white-box view of m gradient canaries of DP-SGD: each included canary in each step with
+    probability q, every step's observation with the mechanism's exact noise. Scores (the likelihood ratio), the
+    inclusion, the per-step statistics of the white-box estimate."""
+    from audit.canary.whitebox import StepStatistics
+
+    rng = np.random.default_rng([seed, m])
+    included = rng.random(m) < 0.5
+    present = (rng.random((m, steps)) < q) & included[:, None]
+    y = present / sigma + noise_factor * rng.standard_normal((m, steps))
+    scores = np.logaddexp(math.log1p(-q), math.log(q) + y / sigma - 1 / (2 * sigma ** 2)).sum(axis=1)
+    noise, signal = y[~present], y[present]
+    stats = StepStatistics(noise.size, noise.sum(), (noise ** 2).sum(), (noise ** 3).sum(), (noise ** 4).sum(),
+                           signal.size, signal.sum(), (signal ** 2).sum())
+    return scores, included, stats
+
+
+def _four_tests(scores, included, stats, family, sigma: float, max_grad_norm: float = 1.0) -> dict:
+    """The DP check's four figures (each at EACH), as audit.canary.dp.audit_dp_training computes them."""
+    from audit.canary.claims import on_grid
+    from audit.canary.fdp import fdp_bound
+    from audit.canary.independent import independent_bound, null_thresholds, threshold_counts
+    from audit.canary.one_run import counts_from_scores
+    from audit.canary.tradeoff import subsampled_gaussian
+    from audit.canary.whitebox import estimate
+
+    counts = counts_from_scores(scores, included)
+    steinke = counts.bound(DELTA, EACH)
+    fdp = fdp_bound(counts, family, delta=DELTA, alpha=EACH, claimed_noise=sigma)
+    thresholds = null_thresholds(subsampled_gaussian(sigma, family.sample_rate, family.steps))
+    independent = independent_bound(threshold_counts(scores, included, thresholds), family, delta=DELTA,
+                                    alpha=EACH, claimed_noise=sigma)
+    found = estimate(stats, noise_multiplier=sigma, max_grad_norm=max_grad_norm, alpha=EACH,
+                     epsilon_of=lambda v, up: family.epsilon(on_grid(v, sigma, up=up), DELTA))
+    return {"steinke": steinke.epsilon, "steinke_ceiling": steinke.ceiling, "fdp": fdp.epsilon,
+            "fdp_ceiling": fdp.ceiling, "independent": independent.epsilon, "independent_ceiling": independent.ceiling,
+            "estimate": found.epsilon, "estimate_low": found.epsilon_interval[0],
+            "noise": found.noise_multiplier, "noise_interval": list(found.noise_interval),
+            "violated": bool(steinke.epsilon > family.epsilon(sigma, DELTA) or fdp.claim_rejected
+                             or independent.claim_rejected or found.claim_rejected)}
+
+
+def _gaussian_bounds(mu: float, m: int, seed: int, alpha: float) -> dict:
+    """m canaries each through its own mu-GDP Gaussian mechanism (the papers' simulated outcomes), every bound at
+    alpha (the papers' level), in true epsilons (mu-GDP's exact conversion)."""
+    from audit.canary.claims import gdp_family
+    from audit.canary.fdp import fdp_bound
+    from audit.canary.independent import FPR_TARGETS, independent_bound, threshold_counts
+    from audit.canary.one_run import counts_from_scores
+    from scipy.stats import norm
+
+    rng = np.random.default_rng([seed, m, int(mu * 100)])
+    included = rng.random(m) < 0.5
+    scores = rng.standard_normal(m) + mu * included
+    thresholds = tuple(float(norm.isf(a)) for a in FPR_TARGETS)
+    out = {"independent": independent_bound(threshold_counts(scores, included, thresholds), gdp_family(),
+                                            delta=DELTA, alpha=alpha).epsilon}
+    if m <= 10_000:  # the recursion walks every right guess: 100,000 canaries take minutes
+        counts = counts_from_scores(scores, included)
+        out["steinke"] = counts.bound(DELTA, alpha).epsilon
+        out["fdp"] = fdp_bound(counts, gdp_family(), delta=DELTA, alpha=alpha).epsilon
+    return out
+
+
+def _subsampled_step_bounds(m: int, seed: int, alpha: float, sigma: float = 0.5, q: float = 0.2) -> dict:
+    """One Poisson-subsampled Gaussian step (mu 2, q 0.2: Xiang et al.'s subsampled case), bounds as the exact
+    mechanism's epsilon of the least noise rejected."""
+    from audit.canary.claims import Family, least_rejected_noise
+    from audit.canary.fdp import fdp_bound
+    from audit.canary.independent import null_thresholds, threshold_counts
+    from audit.canary.one_run import counts_from_scores
+    from audit.canary.tradeoff import curve_epsilon, subsampled_gaussian
+
+    family = Family("dp_sgd", q, 1)
+    rng = np.random.default_rng([seed, m, 7])
+    included = rng.random(m) < 0.5
+    y = ((rng.random(m) < q) & included) / sigma + rng.standard_normal(m)
+    scores = np.logaddexp(math.log1p(-q), math.log(q) + y / sigma - 1 / (2 * sigma ** 2))
+    counts = threshold_counts(scores, included, null_thresholds(subsampled_gaussian(sigma, q, 1)))
+    noise = least_rejected_noise(lambda s: counts.rejects(family.curve(s), alpha), sigma)
+    fdp = fdp_bound(counts_from_scores(scores, included), family, delta=DELTA, alpha=alpha, claimed_noise=sigma)
+    return {"independent": 0.0 if noise is None else curve_epsilon(family.curve(noise), DELTA),
+            "fdp": 0.0 if fdp.noise is None else curve_epsilon(family.curve(fdp.noise), DELTA),
+            "steinke": counts_from_scores(scores, included).bound(DELTA, alpha).epsilon}
+
+
+def ideal_part(args) -> tuple[list, str]:
+    from audit.canary.claims import dp_sgd_family
+    from audit.canary.tradeoff import curve_epsilon, gdp_epsilon, subsampled_gaussian
+
+    q, steps = 1 / 7, 140
+    family = dp_sgd_family(q, steps)
+    runs, lines = [], []
+    for target in TARGETS:
+        sigma = noise_for(target, q, steps)
+        claimed = family.epsilon(sigma, DELTA)
+        exact = curve_epsilon(subsampled_gaussian(sigma, q, steps), DELTA)
+        for m in (1000, 10_000):
+            for seed in range(args.seeds):
+                scores, included, stats = _ideal_dp_sgd(sigma, q, steps, m, seed)
+                row = {"kind": "dp_sgd", "target": target, "sigma": sigma, "claimed": claimed, "exact": exact, "m": m,
+                       "seed": seed, **_four_tests(scores, included, stats, family, sigma)}
+                runs.append(row)
+                print(f"ideal DP-SGD eps {target:g} m {m} seed {seed}: " + ", ".join(
+                    f"{k} {row[k] / claimed:.2f}" for k in ("steinke", "fdp", "independent", "estimate_low")),
+                    flush=True)
+    lines += ["Perfect white-box auditor of DP-SGD (q 1/7, 140 steps, simulated), each figure at alpha / 4 "
+              f"(alpha {ALPHA}), mean [min, max] over {args.seeds} seeds, as a fraction of the accountant's epsilon "
+              "(RDP, delta 1e-5):", "",
+              "| accountant ε | exact mechanism's ε | m | Steinke et al. | f-DP | independent canaries | "
+              "estimate's lower ε | estimate σ̂ / σ | ceilings: Steinke, f-DP |", "|---|---|---|---|---|---|---|---|---|"]
+    for target in TARGETS:
+        for m in (1000, 10_000):
+            sel = [r for r in runs if r["kind"] == "dp_sgd" and r["target"] == target and r["m"] == m]
+            claimed = sel[0]["claimed"]
+            lines.append(f"| {claimed:.2f} | {sel[0]['exact']:.2f} ({sel[0]['exact'] / claimed:.2f}) | {m} | "
+                         + " | ".join(_cell([r[k] / claimed for r in sel]) for k in
+                                      ("steinke", "fdp", "independent", "estimate_low"))
+                         + f" | {_cell([r['noise'] / r['sigma'] for r in sel], 3)} | "
+                         f"{_cell([r['steinke_ceiling'] for r in sel])}, {_cell([r['fdp_ceiling'] for r in sel])} |")
+    # the papers' simulated mechanisms, at their level (95%), in true epsilons
+    published = {(1.0, 1000): "3.76 (Steinke at most 1.63)", (2.0, 1000): "9.00", (1.0, 10_000): "89% on average",
+                 (2.0, 10_000): "89% on average", (1.0, 100_000): "96.5% on average",
+                 (2.0, 100_000): "96.5% on average"}
+    lines += ["", f"Simulated mechanisms of Xiang et al. (one observation per canary), every bound at {1 - ALPHA:.0%}, "
+              "in true epsilons at delta 1e-5, mean [min, max] over seeds:", "",
+              "| mechanism | true ε | m | Steinke et al. | f-DP | independent canaries | ratio (independent) | "
+              "Xiang et al., published |", "|---|---|---|---|---|---|---|---|"]
+    for mu in (1.0, 2.0):
+        true = gdp_epsilon(mu, DELTA)
+        for m in (1000, 10_000, 100_000):
+            sel = [_gaussian_bounds(mu, m, seed, ALPHA) for seed in range(args.seeds)]
+            runs += [{"kind": "gaussian", "mu": mu, "m": m, "true": true, **r} for r in sel]
+            lines.append(f"| Gaussian, μ = {mu:g} | {true:.2f} | {m} | " + " | ".join(
+                _cell([r[k] for r in sel if k in r]) for k in ("steinke", "fdp", "independent"))
+                + f" | {_cell([r['independent'] / true for r in sel])} | {published[(mu, m)]} |")
+            print(lines[-1], flush=True)
+    true = curve_epsilon(subsampled_gaussian(0.5, 0.2, 1), DELTA)
+    sel = [_subsampled_step_bounds(1000, seed, ALPHA) for seed in range(args.seeds)]
+    runs += [{"kind": "subsampled_step", "m": 1000, "true": true, **r} for r in sel]
+    lines.append(f"| one subsampled Gaussian step, μ = 2, q = 0.2 | {true:.2f} | 1000 | "
+                 + " | ".join(_cell([r[k] for r in sel]) for k in ("steinke", "fdp", "independent"))
+                 + f" | {_cell([r['independent'] / true for r in sel])} | 4.62 (Steinke 0.85) |")
+    return runs, "\n".join(lines) + "\n"
+
+
+def _token_data(seed: int, n: int, vocab: int = 1000, length: int = 10):
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, vocab, size=(n, length))
+    return x.astype(np.int64), (x.sum(axis=1) % 4).astype(np.int64)
+
+
+def _models():
+    """(name, make(seed) -> model, members(seed) -> (x, y)): the check's correct-DP models."""
+    import torch
+    from src.runner.models import build_model
+
+    class Bag(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(1000, 16)
+            self.out = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.out(self.embed(x).mean(dim=1))
+
+    def mlp():
+        return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64),
+                                   torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+    def members(name, seed):
+        x, y, _, _, split = dataset(name, seed)
+        return x[split["members"]], y[split["members"]]
+
+    return [("tabular MLP", mlp, lambda seed: members("tabular", seed)),
+            ("digits CNN", lambda: build_model("cnn", (1, 8, 8), 10), lambda seed: members("digits", seed)),
+            ("Embedding", Bag, lambda seed: _token_data(seed, MEMBERS))]
+
+
+def _check_run(name, make, members, target, seed, *, bug=None, factor=1.0, with_plain=False) -> dict:
+    """One DP check (audit.canary.dp.audit_dp_training, the plan's defaults: auto canaries) of a DP training with
+    the bench's recipe at the noise whose accountant's epsilon is `target`; `bug` 'noise' (the training draws
+    `factor` x the claimed noise) or 'clip' (clips to 2x the claimed bound, noise of the claimed bound)."""
+    import torch
+    from opacus.optimizers import optimizer as opacus_optimizer
+
+    from audit.canary.dp import audit_dp_training
+    from audit.config.canary_settings import CanarySettings
+    from audit.dp_training import DPTraining
+
+    batches = math.ceil(MEMBERS / BATCH)
+    q, steps = 1 / batches, batches * 20
+    sigma = noise_for(target, q, steps)
+    trainer = DPTraining(lambda m: torch.optim.Adam(m.parameters(), lr=LR), BATCH, 20, sigma, CLIP)
+    torch.manual_seed(seed)
+    start = make()
+    x, y = members(seed)
+    # every run its own noise and canary draws (the same seed at another epsilon or bug would repeat them)
+    run_seed_ = 60_000 + 1000 * seed + int(target * 10) + 100 * NOISE_FACTORS.index(factor) + (500 if bug else 0)
+    row = {"model": name, "target": target, "seed": seed, "sigma": sigma, "bug": bug, "factor": factor}
+    if with_plain:
+        began = time.process_time()
+        trainer(start, x, y, seed=run_seed_)
+        row["plain_cpu_s"] = time.process_time() - began
+    add_noise, clip = opacus_optimizer.DPOptimizer.add_noise, opacus_optimizer.DPOptimizer.clip_and_accumulate
+
+    def scaled_noise(self):
+        claimed = self.noise_multiplier
+        self.noise_multiplier = claimed * factor
+        try:
+            add_noise(self)
+        finally:
+            self.noise_multiplier = claimed
+
+    def wide_clip(self):
+        claimed = self.max_grad_norm
+        self.max_grad_norm = claimed * 2
+        try:
+            clip(self)
+        finally:
+            self.max_grad_norm = claimed
+
+    try:
+        if bug == "noise":
+            opacus_optimizer.DPOptimizer.add_noise = scaled_noise
+        elif bug == "clip":
+            opacus_optimizer.DPOptimizer.clip_and_accumulate = wide_clip
+        began = time.process_time()
+        check = audit_dp_training(trainer, start, (x, y), CanarySettings(), delta=DELTA, alpha=ALPHA,
+                                  seed=run_seed_).to_dict()
+        row["check_cpu_s"] = time.process_time() - began
+    finally:
+        opacus_optimizer.DPOptimizer.add_noise, opacus_optimizer.DPOptimizer.clip_and_accumulate = add_noise, clip
+    row.update(claimed=check["claimed_epsilon"], canaries=check["canaries"], violated=check["violated"],
+               figures=check["figures"], by=check["by"], epsilon_lb=check["epsilon_lb"],
+               noise=check["estimate"]["noise_multiplier"], noise_interval=check["estimate"]["noise_interval"],
+               estimate_rejects=check["estimate"]["claim_rejected"],
+               independent_rejects=check["independent"]["claim_rejected"], fdp_rejects=check["fdp"]["claim_rejected"],
+               training_s=check["training_s"], seconds=check["seconds"])
+    return row
+
+
+CORRECT_TARGETS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def correct_part(args) -> tuple[list, str]:
+    runs = []
+    path = args.out / "correct.json"
+    for name, make, members in _models():
+        for target in CORRECT_TARGETS:
+            for seed in range(args.seeds):
+                row = _check_run(name, make, members, target, seed, with_plain=seed == 0)
+                runs.append(row)
+                path.write_text(json.dumps(runs, indent=1))
+                print(f"{name} eps {target:g} seed {seed}: violated {row['violated']}, figures "
+                      + ", ".join(f"{k} {v:.2f}" for k, v in row["figures"].items())
+                      + f" (accountant {row['claimed']:.2f}), sigma {row['noise']:.3f} / {row['sigma']:.3f}",
+                      flush=True)
+    above = {k: sum((r["figures"].get(k) or 0) > r["claimed"] for r in runs) for k in
+             ("one_run", "fdp", "independent", "estimate")}
+    alarms = sum(r["violated"] for r in runs)
+    lines = [f"Correct DP trainings: {len(runs)} runs ({len(CORRECT_TARGETS)} accountant's epsilons "
+             f"{', '.join(f'{t:g}' for t in CORRECT_TARGETS)} x {args.seeds} seeds x 3 models); each figure at "
+             f"alpha / 4, alpha {ALPHA}.", "",
+             f"Figures above the accountant's epsilon: Steinke et al. {above['one_run']}, f-DP {above['fdp']}, "
+             f"independent canaries {above['independent']}, the estimate's lower epsilon {above['estimate']}; "
+             f"checks that alarmed (any test): {alarms} of {len(runs)} ({alarms / len(runs):.1%}, "
+             f"95% upper bound {_cp_upper(alarms, len(runs)):.1%}).", "",
+             "| model | canaries | accountant ε | Steinke / acc. | f-DP / acc. | independent / acc. | "
+             "estimate σ̂ / σ | alarms | check's CPU s / DP training's |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, _, _ in _models():
+        for target in CORRECT_TARGETS:
+            sel = [r for r in runs if r["model"] == name and r["target"] == target]
+            if not sel:
+                continue
+            plain = [r["plain_cpu_s"] for r in sel if "plain_cpu_s" in r]
+            cost = (f"{statistics.fmean(r['check_cpu_s'] for r in sel) / plain[0]:.1f}x ({plain[0]:.1f} s)"
+                    if plain else "–")
+            lines.append(f"| {name} | {sel[0]['canaries']} | {sel[0]['claimed']:.2f} | "
+                         + " | ".join(_cell([(r['figures'].get(k) or 0) / r['claimed'] for r in sel])
+                                      for k in ("one_run", "fdp", "independent"))
+                         + f" | {_cell([r['noise'] / r['sigma'] for r in sel], 3)} | "
+                         f"{sum(r['violated'] for r in sel)} of {len(sel)} | {cost} |")
+    return runs, "\n".join(lines) + "\n"
+
+
+NOISE_FACTORS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
+BROKEN_TARGETS = (1.0, 4.0, 8.0)
+
+
+def broken_part(args) -> tuple[list, str]:
+    runs = []
+    path = args.out / "broken.json"
+    name, make, members = _models()[0]  # the tabular MLP: one canary per trainable value (5,828)
+    cases = [("noise", f) for f in NOISE_FACTORS] + [("clip", 1.0)]
+    for bug, factor in cases:
+        for target in BROKEN_TARGETS:
+            for seed in range(args.seeds):
+                row = _check_run(name, make, members, target, seed, bug=bug, factor=factor)
+                runs.append(row)
+                path.write_text(json.dumps(runs, indent=1))
+                print(f"{bug} {factor:g} eps {target:g} seed {seed}: caught {row['violated']} (estimate "
+                      f"{row['noise']:.3f} of claimed {row['sigma']:.3f})", flush=True)
+    lines = [f"DP trainings of the {name} (canaries: {runs[0]['canaries']}) that draw a fraction of the noise they "
+             "claim, or clip to twice the claimed bound with the claimed bound's noise: share withheld "
+             f"(dp_guarantee_violated) over {args.seeds} seeds each, [95% Clopper-Pearson interval]; which test "
+             "caught them; the estimate's noise multiplier / the claim's.", "",
+             "| training | accountant ε | caught | by the estimate | by independent canaries | by f-DP | "
+             "estimate σ̂ / claimed σ |", "|---|---|---|---|---|---|---|"]
+    for bug, factor in cases:
+        for target in BROKEN_TARGETS:
+            sel = [r for r in runs if r["bug"] == bug and r["factor"] == factor and r["target"] == target]
+            caught = sum(r["violated"] for r in sel)
+            label = f"noise {factor:g}x" if bug == "noise" else "clipping at 2x (noise of 1x)"
+            lines.append(f"| {label} | {sel[0]['claimed']:.2f} | {caught} of {len(sel)} "
+                         f"[{_cp_lower(caught, len(sel)):.0%}, {_cp_upper(caught, len(sel)):.0%}] | "
+                         f"{sum(r['estimate_rejects'] for r in sel)} | {sum(r['independent_rejects'] for r in sel)} | "
+                         f"{sum(r['fdp_rejects'] for r in sel)} | {_cell([r['noise'] / r['sigma'] for r in sel], 3)} |")
+    return runs, "\n".join(lines) + "\n"
+
+
+def input_part(args) -> tuple[list, str]:
+    args.no_dp_only = True
+    runs = []
+    for name in args.datasets:
+        for seed in range(args.seeds):
+            runs += run_seed(name, seed, args)
+            (args.out / "input.json").write_text(json.dumps(runs, indent=1))
+    lines = ["Input canaries without DP (the step's defaults: noise canaries scored by their loss) against the best "
+             "attack-based bound of the same round (each at 95%), mean [min, max] over seeds:", "",
+             "| data | m | Steinke et al. ε ≥ | f-DP (μ-GDP's ε) | best attack ε ≥ | Steinke / attack | "
+             "f-DP / attack |", "|---|---|---|---|---|---|---|"]
+    for name in args.datasets:
+        sel = [r for r in runs if r["dataset"] == name]
+        for m in args.counts:
+            entries = [r["counts"][str(m)]["input"] for r in sel]
+            attack = [r["attack"] for r in sel]
+            lines.append(f"| {name} | {m} | {_cell([e['epsilon'] for e in entries])} | "
+                         f"{_cell([e['fdp'] for e in entries])} | {_cell(attack)} | "
+                         f"{_cell([e['epsilon'] / a for e, a in zip(entries, attack) if a > 0], 1)}x | "
+                         f"{_cell([e['fdp'] / a for e, a in zip(entries, attack) if a > 0], 1)}x |")
+    return runs, "\n".join(lines) + "\n"
+
+
+def _cp_upper(k: int, n: int) -> float:
+    from audit.membership.uncertainty import cp_upper
+
+    return float(cp_upper(k, n, 0.025))
+
+
+def _cp_lower(k: int, n: int) -> float:
+    from audit.membership.uncertainty import cp_lower
+
+    return float(cp_lower(k, n, 0.025))
+
+
+PARTS = {"ideal": ideal_part, "correct": correct_part, "broken": broken_part, "input": input_part}
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -279,7 +668,9 @@ def main() -> None:
     p.add_argument("--compare-count", type=int, default=500)
     p.add_argument("--datasets", nargs="+", default=["digits", "tabular"], choices=["digits", "tabular"])
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "canary_benchmark")
+    p.add_argument("--part", choices=sorted(PARTS), default=None, help="one of the DP check's benchmarks (above)")
     args = p.parse_args()
+    args.no_dp_only = False
 
     import warnings
 
@@ -289,8 +680,15 @@ def main() -> None:
     warnings.filterwarnings("ignore", message=".*Optimal order is the largest alpha.*")
     warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
     args.out.mkdir(parents=True, exist_ok=True)
-    runs: list[dict] = []
     start = time.perf_counter()
+    if args.part is not None:
+        runs, text = PARTS[args.part](args)
+        text += f"\n{time.perf_counter() - start:.0f} s in all.\n"
+        (args.out / f"{args.part}.json").write_text(json.dumps(runs, indent=1))
+        (args.out / f"{args.part}.md").write_text(text)
+        print(text)
+        return
+    runs: list[dict] = []
     for name in args.datasets:
         for seed in range(args.seeds):
             runs += run_seed(name, seed, args)

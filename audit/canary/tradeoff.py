@@ -31,7 +31,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.special import log_ndtr, ndtr, ndtri
 
-__all__ = ["GaussianDP", "PiecewiseTradeOff", "subsampled_gaussian", "gdp_epsilon"]
+__all__ = ["GaussianDP", "PiecewiseTradeOff", "subsampled_gaussian", "gdp_epsilon", "curve_epsilon"]
 
 # Grid of the privacy loss: at most this many points in the composed distribution's window (an FFT of 2^21 float64
 # is ~0.1 s and 50 MB), and the loss grid step at most _BIAS / steps (the rounding up adds at most that in all).
@@ -87,6 +87,22 @@ def gdp_epsilon(mu: float, delta: float) -> float:
     while gap(hi) > 0:
         hi *= 2
     return float(brentq(gap, 0.0, hi, xtol=1e-9))
+
+
+def curve_epsilon(curve, delta: float) -> float:
+    """The least epsilon with TPR <= e^eps FPR + delta on the whole curve: the mechanism's own (epsilon, delta) for
+    the "canary out against in" direction (for a computed DP-SGD curve, above the true one by at most its grid's
+    bias; mu-GDP's exactly, by `gdp_epsilon`)."""
+    if isinstance(curve, GaussianDP):
+        return gdp_epsilon(curve.mu, delta)
+    fpr, tpr = curve.fpr, np.minimum(curve.tpr_points + curve.tpr_margin, 1.0)
+    lo, hi = 0.0, 1.0
+    while np.max(tpr - math.exp(hi) * fpr) > delta:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1e-9 * max(1.0, hi):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if np.max(tpr - math.exp(mid) * fpr) > delta else (lo, mid)
+    return hi
 
 
 @dataclass(frozen=True)
