@@ -61,6 +61,17 @@ def test_curves_without_subsampling_and_in_the_limit_of_many_steps_are_gaussian_
         assert norm.ppf(curve.tpr(fpr)) - norm.ppf(fpr) == pytest.approx(mu, rel=0.05)
 
 
+def test_a_curve_thinned_for_the_cache_still_bounds_every_point_of_the_full_one():
+    from audit.canary.tradeoff import _fewer_points
+
+    fpr = np.concatenate([[0.0], np.geomspace(1e-9, 1.0, 50_000)])
+    tpr = norm.cdf(norm.ppf(np.clip(fpr, 1e-300, 1.0)) + 1.3)  # a concave curve (1.3-GDP), densely sampled
+    kept, lifted = _fewer_points(fpr, tpr)
+    assert len(kept) < 25_000 and kept[0] == 0 and kept[-1] == len(fpr) - 1
+    coarse = np.interp(fpr, fpr[kept], lifted)
+    assert np.all(coarse >= tpr - 1e-15) and np.max(coarse - tpr) < 1e-4
+
+
 def test_the_curve_and_its_inverse_agree_and_grow_with_less_noise():
     curve = subsampled_gaussian(1.5, 1 / 7, 40)
     for fpr in (1e-4, 0.01, 0.2, 0.7):

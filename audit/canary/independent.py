@@ -12,9 +12,9 @@ quantiles at `FPR_TARGETS` under the claimed mechanism (fixed before the scores 
 corrected for the choice among them (Bonferroni over thresholds and the two bounds of each).
 
 What it assumes beyond DP: that the canaries do not interact. The worst-case bounds (Steinke et al.'s,
-audit.canary.one_run; the f-DP one, audit.canary.fdp) assume nothing of the kind and stand beside it; on the
-simulated Gaussian mechanism it reaches 67% of the true epsilon with 1,000 canaries, 91% with 10,000 and 97% with
-100,000 (benchmarks/README.md "Tight canary bounds").
+audit.canary.one_run; the f-DP one, audit.canary.fdp) assume nothing of the kind and stand beside it. How close it
+comes to the true epsilon of simulated mechanisms, beside Xiang et al.'s published one-run figures on the same ones:
+benchmarks/README.md "Tight canary bounds".
 """
 
 from __future__ import annotations

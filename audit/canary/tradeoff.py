@@ -14,9 +14,9 @@ stays valid.
   canary's side ("in": the mixture (1 - q) N(0, 1) + q N(1/sigma, 1) each step, "out": N(0, 1)). Computed from the
   privacy-loss distribution: each step's loss is rounded up to a grid (a pair that dominates the mechanism: it can
   be post-processed into it), composed by FFT, and every numerical error (the tail beyond the grid, the circular
-  FFT's wrap-around, float rounding) is bounded and added to the ceiling. Error below 1e-6 in the true-positive
-  rate and an upward bias of at most `steps` x the grid step in the loss (0.01 nats by default);
-  tests/test_canary_fdp.py checks it against the Gaussian case's closed form and a finer grid.
+  FFT's wrap-around, float rounding) is bounded and added to the ceiling; the rounding up biases the loss upwards by
+  at most `steps` x the grid step (`_BIAS` nats in all). tests/test_canary_fdp.py checks it against the closed form
+  of one step and the central limit of many.
 
 Written here: opacus' PRV accountant computes the same privacy-loss distribution, but for epsilon at one delta, not
 the whole curve with its error bounds.
@@ -43,6 +43,7 @@ _STEP_TAIL = 1e-16
 _WINDOW_TAIL = 1e-6
 _BLOCK = 64  # grid points per block of the tail bound's moment function
 _FAR_MASS = 1e-7  # the "in" mass of all steps' far tails given an infinite loss (added to the ceiling)
+_KEPT_POINTS = 20_000  # points a cached curve keeps
 
 
 @dataclass(frozen=True)
@@ -271,7 +272,31 @@ def _subsampled_gaussian(sigma: float, q: float, steps: int) -> PiecewiseTradeOf
     # the threshold of each point: +inf, then the composed grid's losses from the top, then -inf
     losses = np.concatenate([[math.inf], steps * lo + h * (start + np.arange(size - 1, -1, -1)), [-math.inf]])
     keep = np.concatenate([[True], np.diff(fpr) > 0]) | np.concatenate([[True], np.diff(tpr) > 0])
+    fpr, tpr, losses = np.maximum.accumulate(fpr[keep]), np.maximum.accumulate(tpr[keep]), losses[keep]
+    kept, lifted = _fewer_points(fpr, tpr)
     infinite = -math.expm1(steps * math.log1p(-beyond)) if beyond < 1 else 1.0
-    return PiecewiseTradeOff(np.maximum.accumulate(fpr[keep]), np.maximum.accumulate(tpr[keep]),
-                             tpr_margin=tail_in + infinite + rounding, fpr_margin=tail_out + rounding,
-                             losses=losses[keep])
+    return PiecewiseTradeOff(fpr[kept], lifted, tpr_margin=tail_in + infinite + rounding,
+                             fpr_margin=tail_out + rounding, losses=losses[kept])
+
+
+def _fewer_points(fpr: np.ndarray, tpr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """At most about `_KEPT_POINTS` of the curve's points (spread evenly in log false-positive rate and in
+    true-positive rate), each raised by the most the full curve rises above the chords next to it (the curve is
+    concave: the chords lie below it), so that the coarser curve still bounds it from above. Keeps the cached
+    curves small."""
+    if len(fpr) <= _KEPT_POINTS:
+        return np.arange(len(fpr)), tpr
+    half = _KEPT_POINTS // 2
+    kept = np.unique(np.concatenate([
+        [0, len(fpr) - 1],
+        np.minimum(np.searchsorted(fpr, np.geomspace(1e-15, 1.0, half)), len(fpr) - 1),
+        np.minimum(np.searchsorted(tpr, np.linspace(0.0, 1.0, half)), len(fpr) - 1)]))
+    segment = np.clip(np.searchsorted(kept, np.arange(len(fpr)), side="left"), 1, len(kept) - 1) - 1
+    a, b = kept[segment], kept[segment + 1]
+    width = fpr[b] - fpr[a]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        chord = np.where(width > 0, tpr[a] + (tpr[b] - tpr[a]) * (fpr - fpr[a]) / width, tpr[b])
+    rise = np.zeros(len(kept) - 1)
+    np.maximum.at(rise, segment, tpr - chord)
+    lift = np.maximum(np.concatenate([[0.0], rise]), np.concatenate([rise, [0.0]]))
+    return kept, np.maximum.accumulate(tpr[kept] + lift)  # may pass 1 at the top: tpr() clips its answer

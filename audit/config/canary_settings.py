@@ -70,8 +70,8 @@ class CanarySettings:
                                                         "minus it")
     dp_check: bool = setting(True, boolean(), "audit every DP training the party runs with white-box canaries; a "
                                               "bound above the accountant's epsilon withholds the update")
-    # 10,000 canaries put the one-run bounds' ceiling above 8 (delta 1e-5) and the independent-canary bound and the
-    # white-box estimate within a few percent of the claim (benchmarks/README.md "Tight canary bounds").
+    # Enough canaries for the independent-canary bound and the white-box estimate to resolve a claim of DP-SGD
+    # (benchmarks/README.md "Tight canary bounds"), within the memory of the canary rows.
     gradient_count: int | str = setting(AUTO, either(literal(AUTO, "10,000, or one per trainable value on a smaller "
                                                                    "model"), integer(min=2, note="canaries")),
                                         "m white-box canaries of a DP check")
