@@ -203,7 +203,7 @@ def run_seed(name: str, seed: int, args) -> list[dict]:
                                                  "claimed": check["claimed_epsilon"], "seconds": check["seconds"]}
                 entry["ideal"] = statistics.fmean(ideal_bound(m, sigma, q, steps, 40_000 + seed + k) for k in range(3))
             row["counts"][str(m)] = entry
-        if trainer is None:  # the input canaries' constructions and scores, side by side (no DP)
+        if trainer is None and not args.no_dp_only:  # the input canaries' constructions and scores (no DP)
             row["constructions"] = {}
             for construction in canary_vocabulary.CONSTRUCTIONS:
                 for score in canary_vocabulary.SCORES:
