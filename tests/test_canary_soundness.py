@@ -191,7 +191,7 @@ def test_a_broken_dp_training_is_caught_and_its_update_withheld(bug, monkeypatch
     assert reason.startswith("update withheld: " + VIOLATION)
     verdict = round_verdict(RoundRecord("p", 0, extra={"gate": entry}))
     assert verdict.status.startswith(f"withheld: {VIOLATION} (canary ε ≥ ")
-    assert "canary check ε ≥" in verdict.epsilon
+    assert "canary check ε ≥" in verdict.epsilon and "it behaves like noise multiplier σ = " in verdict.epsilon
 
 
 def test_dp_fedavg_check_catches_a_mitigation_that_skips_its_clipping():

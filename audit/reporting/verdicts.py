@@ -107,12 +107,19 @@ def _checks(gate: GateEntry, metrics: Mapping) -> list[Check]:
 
 
 def _canary(dp_audit: Mapping | None) -> str:
-    """A DP training's canary check beside its accountant (audit.canary.dp): the bound, its ceiling, the claim."""
+    """A DP training's canary check beside its accountant (audit.canary.dp): the bound, its ceiling, the claim, and
+    the noise multiplier the training behaves like (the white-box estimate, where the check made one)."""
     if not isinstance(dp_audit, Mapping):
         return ""
-    return (f"; canary check ε ≥ {fmt(float_or_nan(dp_audit.get('epsilon_lb')), 3)} (ceiling "
+    text = (f"; canary check ε ≥ {fmt(float_or_nan(dp_audit.get('epsilon_lb')), 3)} (ceiling "
             f"{fmt(float_or_nan(dp_audit.get('ceiling')), 3)}) against the accountant's "
             f"{fmt(float_or_nan(dp_audit.get('claimed_epsilon')), 3)} for that training")
+    estimate = dp_audit.get("estimate")
+    if isinstance(estimate, Mapping) and estimate.get("noise_multiplier") is not None:
+        low, high = estimate.get("noise_interval") or (None, None)
+        text += (f"; it behaves like noise multiplier σ = {fmt_interval(estimate['noise_multiplier'], low, high, 3)} "
+                 f"(claimed {fmt(float_or_nan(estimate.get('claimed_noise_multiplier')), 3)})")
+    return text
 
 
 def _epsilon(gate: GateEntry, mitigation: Mapping | None = None) -> str:
