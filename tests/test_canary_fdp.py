@@ -315,8 +315,10 @@ def test_estimate_catches_noise_at_four_fifths_and_clipping_at_twice_the_claim()
 def test_default_canary_count_is_ten_thousand_or_one_per_trainable_value_within_the_budget():
     assert resolve_count(None, 75_000, 1 / 7) == DEFAULT_COUNT
     assert resolve_count(None, 339, 1 / 6) == 339
-    huge = resolve_count(None, 50_000_000, 0.5)
-    assert 2 <= huge < DEFAULT_COUNT  # rows of 50M values: the budget holds few
+    big = resolve_count(None, 5_000_000, 0.5)
+    assert 2 <= big < DEFAULT_COUNT  # rows of 5M values: the budget holds few
+    with pytest.raises(ValueError, match="too large for the DP check"):
+        resolve_count(None, 500_000_000, 0.5)
     assert resolve_count(500, 10_000, 0.1) == 500
     with pytest.raises(ValueError, match="need as many coordinates; the model has 300"):
         resolve_count(1000, 300, 0.1)

@@ -38,8 +38,8 @@ from audit.config.canary_settings import DIRAC
 
 __all__ = ["GradientCanaries", "ROW_BUDGET_BYTES", "DEFAULT_COUNT", "resolve_count"]
 
-# Per-sample canary rows live beside the batch's per-sample gradients for one step: refuse a design whose rows per
-# step (the batch and the sampled canaries, with room for the draw's spread) would take more than this.
+# Per-sample canary rows live beside the batch's per-sample gradients for one step: refuse a design whose canary rows
+# per step (the sampled canaries, with room for the draw's spread) would take more than this.
 ROW_BUDGET_BYTES = 1 << 30
 DEFAULT_COUNT = 10_000  # the statistical ceiling of the one-run bounds is above 8 (delta 1e-5) from about here
 _MAX_BLOCK = 256
@@ -55,20 +55,28 @@ def _canary_rows(m: int, sample_rate: float) -> int:
 
 def resolve_count(requested: int | None, trainable_values: int, sample_rate: float) -> int:
     """The canaries of a check: `requested`, or (None) `DEFAULT_COUNT` capped at one per trainable value and at the
-    row budget. Raises ValueError for a requested count the model or the budget cannot hold."""
+    row budget (the rows of the canaries a step samples; the step's own batch is copied beside them). Raises
+    ValueError for a count the model or the budget cannot hold, and when not even two canaries fit."""
     d = int(trainable_values)
+
+    def size(m: int) -> int:
+        return _canary_rows(m, sample_rate) * d * 4
+
     if requested is None:
         m = min(DEFAULT_COUNT, d)
-        while m > 2 and (_canary_rows(m, sample_rate) + _BATCH_ROOM) * d * 4 > ROW_BUDGET_BYTES:
-            m = int(m * 0.8)
-        return max(2, m)
+        while m > 2 and size(m) > ROW_BUDGET_BYTES:
+            m = max(2, int(m * 0.8))
+        if size(m) > ROW_BUDGET_BYTES:
+            raise ValueError(f"gradient canaries: the rows of even {m} canaries of {d} values exceed "
+                             f"{ROW_BUDGET_BYTES >> 20} MiB; this model is too large for the DP check "
+                             "(audit.canary.dp_check: false)")
+        return m
     if requested > d:
         raise ValueError(f"gradient canaries: {requested} orthogonal canaries need as many coordinates; the model "
                          f"has {d} trainable values")
-    rows = _canary_rows(requested, sample_rate) + _BATCH_ROOM
-    if rows * d * 4 > ROW_BUDGET_BYTES:
-        raise ValueError(f"gradient canaries: about {rows} rows of {d} values per step exceed "
-                         f"{ROW_BUDGET_BYTES >> 20} MiB; use fewer canaries")
+    if size(requested) > ROW_BUDGET_BYTES:
+        raise ValueError(f"gradient canaries: about {_canary_rows(requested, sample_rate)} rows of {d} values per "
+                         f"step exceed {ROW_BUDGET_BYTES >> 20} MiB; use fewer canaries")
     return int(requested)
 
 
