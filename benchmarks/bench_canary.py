@@ -46,7 +46,8 @@ Steinke et al.'s bound, the f-DP bound, the independent-canary bound, the white-
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part broken [--seeds 10]
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part input [--seeds 3]
 
-Each writes <out>/<part>.json and <out>/<part>.md.
+Each writes <out>/<part>.json (as it goes; `--resume` keeps it and runs only the missing cells of correct and
+broken) and <out>/<part>.md.
 """
 
 from __future__ import annotations
@@ -547,11 +548,13 @@ CORRECT_TARGETS = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 
 
 def correct_part(args) -> tuple[list, str]:
-    runs = []
     path = args.out / "correct.json"
+    runs, done = _earlier(args, path, ("model", "target", "seed"))
     for name, make, members in _models():
         for target in CORRECT_TARGETS:
             for seed in range(args.seeds):
+                if (name, target, seed) in done:
+                    continue
                 row = _check_run(name, make, members, target, seed, with_plain=seed == 0)
                 runs.append(row)
                 path.write_text(json.dumps(runs, indent=1))
@@ -587,18 +590,29 @@ def correct_part(args) -> tuple[list, str]:
     return runs, "\n".join(lines) + "\n"
 
 
+def _earlier(args, path: Path, key: tuple[str, ...]) -> tuple[list, set]:
+    """With --resume, the runs an interrupted run of the part wrote to `path` (kept; their cells are not run again;
+    every run's seeds are fixed by its cell, so a resumed part gives the same figures) and their cells."""
+    if not (args.resume and path.exists()):
+        return [], set()
+    runs = json.loads(path.read_text())
+    return runs, {tuple(r[k] for k in key) for r in runs}
+
+
 NOISE_FACTORS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 BROKEN_TARGETS = (1.0, 4.0, 8.0)
 
 
 def broken_part(args) -> tuple[list, str]:
-    runs = []
     path = args.out / "broken.json"
+    runs, done = _earlier(args, path, ("bug", "factor", "target", "seed"))
     name, make, members = _models()[0]  # the tabular MLP: one canary per trainable value (5,828)
     cases = [("noise", f) for f in NOISE_FACTORS] + [("clip", 1.0)]
     for bug, factor in cases:
         for target in BROKEN_TARGETS:
             for seed in range(args.seeds):
+                if (bug, factor, target, seed) in done:
+                    continue
                 row = _check_run(name, make, members, target, seed, bug=bug, factor=factor)
                 runs.append(row)
                 path.write_text(json.dumps(runs, indent=1))
@@ -669,6 +683,8 @@ def main() -> None:
     p.add_argument("--datasets", nargs="+", default=["digits", "tabular"], choices=["digits", "tabular"])
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "canary_benchmark")
     p.add_argument("--part", choices=sorted(PARTS), default=None, help="one of the DP check's benchmarks (above)")
+    p.add_argument("--resume", action="store_true",
+                   help="--part correct or broken: keep the runs in <out>/<part>.json, run only the missing ones")
     args = p.parse_args()
     args.no_dp_only = False
 
