@@ -109,6 +109,17 @@ _NAMES = {
     "MIN_CROWD": "audit.deanon.self_audit", "DEANON_SELF": "audit.deanon.self_audit:SELF",
     "shadow_training": "audit.canary.step", "counts_from_scores": "audit.canary.one_run",
     "audit_dp_training": "audit.canary.dp", "dp_sgd_epsilon": "audit.canary.dp",
+    # the canary audit's tests of a DP claim (docs/canary.md "Using the figures elsewhere")
+    "dp_sgd_tests": "audit.canary.dp", "CanaryCounts": "audit.canary.one_run",
+    "ClaimFamily": "audit.canary.claims:Family", "dp_sgd_family": "audit.canary.claims",
+    "gaussian_family": "audit.canary.claims", "gdp_family": "audit.canary.claims",
+    "least_rejected_noise": "audit.canary.claims", "fdp_bound": "audit.canary.fdp",
+    "fdp_rejects": "audit.canary.fdp:rejects", "ThresholdCounts": "audit.canary.independent",
+    "threshold_counts": "audit.canary.independent", "null_thresholds": "audit.canary.independent",
+    "independent_bound": "audit.canary.independent", "CANARY_FPR_TARGETS": "audit.canary.independent:FPR_TARGETS",
+    "StepStatistics": "audit.canary.whitebox", "whitebox_estimate": "audit.canary.whitebox:estimate",
+    "GaussianDP": "audit.canary.tradeoff", "subsampled_gaussian": "audit.canary.tradeoff",
+    "gdp_epsilon": "audit.canary.tradeoff", "curve_epsilon": "audit.canary.tradeoff",
     "capture_linear_layers": "audit.received_model.probe", "leakage_probe": "audit.received_model.probe",
 }
 

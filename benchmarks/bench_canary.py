@@ -198,7 +198,8 @@ def run_seed(name: str, seed: int, args) -> list[dict]:
                     check = audit_dp_training(trainer, received, members, CanarySettings(gradient_count=m,
                                                                                          gradient_kind=kind),
                                               delta=DELTA, alpha=ALPHA, seed=30_000 + seed).to_dict()
-                    entry[f"gradient_{kind}"] = {"epsilon": check["bound"]["epsilon"], "ceiling": check["bound"]["ceiling"],
+                    entry[f"gradient_{kind}"] = {"epsilon": check["bound"]["epsilon"],
+                                                 "ceiling": check["bound"]["ceiling"],
                                                  "figures": check["figures"], "check": check["epsilon_lb"],
                                                  "violated": check["violated"],
                                                  "claimed": check["claimed_epsilon"], "seconds": check["seconds"]}
@@ -306,7 +307,7 @@ def _ideal_dp_sgd(sigma: float, q: float, steps: int, m: int, seed: int, noise_f
     """The perfect white-box view of m gradient canaries of DP-SGD: each included canary in each step with
     probability q, every step's observation with the mechanism's exact noise. Scores (the likelihood ratio), the
     inclusion, the per-step statistics of the white-box estimate."""
-    from audit.canary.whitebox import StepStatistics
+    from audit import StepStatistics
 
     rng = np.random.default_rng([seed, m])
     included = rng.random(m) < 0.5
@@ -320,43 +321,31 @@ def _ideal_dp_sgd(sigma: float, q: float, steps: int, m: int, seed: int, noise_f
 
 
 def _four_tests(scores, included, stats, family, sigma: float, max_grad_norm: float = 1.0) -> dict:
-    """The DP check's four figures (each at EACH), as audit.canary.dp.audit_dp_training computes them."""
-    from audit.canary.claims import on_grid
-    from audit.canary.fdp import fdp_bound
-    from audit.canary.independent import independent_bound, null_thresholds, threshold_counts
-    from audit.canary.one_run import counts_from_scores
-    from audit.canary.tradeoff import subsampled_gaussian
-    from audit.canary.whitebox import estimate
+    """The DP check's four figures (each at EACH), by the check's own code (dp_sgd_tests)."""
+    from audit import dp_sgd_tests
 
-    counts = counts_from_scores(scores, included)
-    steinke = counts.bound(DELTA, EACH)
-    fdp = fdp_bound(counts, family, delta=DELTA, alpha=EACH, claimed_noise=sigma)
-    thresholds = null_thresholds(subsampled_gaussian(sigma, family.sample_rate, family.steps))
-    independent = independent_bound(threshold_counts(scores, included, thresholds), family, delta=DELTA,
-                                    alpha=EACH, claimed_noise=sigma)
-    found = estimate(stats, noise_multiplier=sigma, max_grad_norm=max_grad_norm, alpha=EACH,
-                     epsilon_of=lambda v, up: family.epsilon(on_grid(v, sigma, up=up), DELTA))
-    return {"steinke": steinke.epsilon, "steinke_ceiling": steinke.ceiling, "fdp": fdp.epsilon,
-            "fdp_ceiling": fdp.ceiling, "independent": independent.epsilon, "independent_ceiling": independent.ceiling,
-            "estimate": found.epsilon, "estimate_low": found.epsilon_interval[0],
-            "noise": found.noise_multiplier, "noise_interval": list(found.noise_interval),
-            "violated": bool(steinke.epsilon > family.epsilon(sigma, DELTA) or fdp.claim_rejected
-                             or independent.claim_rejected or found.claim_rejected)}
+    check = dp_sgd_tests(scores, included, stats, noise_multiplier=sigma, max_grad_norm=max_grad_norm,
+                         sample_rate=family.sample_rate, steps=family.steps, delta=DELTA, alpha=ALPHA)
+    found = check.estimate
+    return {"steinke": check.bound.epsilon, "steinke_ceiling": check.bound.ceiling, "fdp": check.fdp.epsilon,
+            "fdp_ceiling": check.fdp.ceiling, "independent": check.independent.epsilon,
+            "independent_ceiling": check.independent.ceiling, "estimate": found.epsilon,
+            "estimate_low": found.epsilon_interval[0], "noise": found.noise_multiplier,
+            "noise_interval": list(found.noise_interval), "violated": check.violated}
 
 
 def _gaussian_bounds(mu: float, m: int, seed: int, alpha: float) -> dict:
     """m canaries each through its own mu-GDP Gaussian mechanism (the papers' simulated outcomes), every bound at
     alpha (the papers' level), in true epsilons (mu-GDP's exact conversion)."""
-    from audit.canary.claims import gdp_family
-    from audit.canary.fdp import fdp_bound
-    from audit.canary.independent import FPR_TARGETS, independent_bound, threshold_counts
-    from audit.canary.one_run import counts_from_scores
     from scipy.stats import norm
+
+    from audit import (CANARY_FPR_TARGETS, counts_from_scores, fdp_bound, gdp_family, independent_bound,
+                       threshold_counts)
 
     rng = np.random.default_rng([seed, m, int(mu * 100)])
     included = rng.random(m) < 0.5
     scores = rng.standard_normal(m) + mu * included
-    thresholds = tuple(float(norm.isf(a)) for a in FPR_TARGETS)
+    thresholds = tuple(float(norm.isf(a)) for a in CANARY_FPR_TARGETS)
     out = {"independent": independent_bound(threshold_counts(scores, included, thresholds), gdp_family(),
                                             delta=DELTA, alpha=alpha).epsilon}
     if m <= 10_000:  # the recursion walks every right guess: 100,000 canaries take minutes
@@ -369,13 +358,10 @@ def _gaussian_bounds(mu: float, m: int, seed: int, alpha: float) -> dict:
 def _subsampled_step_bounds(m: int, seed: int, alpha: float, sigma: float = 0.5, q: float = 0.2) -> dict:
     """One Poisson-subsampled Gaussian step (mu 2, q 0.2: Xiang et al.'s subsampled case), bounds as the exact
     mechanism's epsilon of the least noise rejected."""
-    from audit.canary.claims import Family, least_rejected_noise
-    from audit.canary.fdp import fdp_bound
-    from audit.canary.independent import null_thresholds, threshold_counts
-    from audit.canary.one_run import counts_from_scores
-    from audit.canary.tradeoff import curve_epsilon, subsampled_gaussian
+    from audit import (counts_from_scores, curve_epsilon, dp_sgd_family, fdp_bound, least_rejected_noise,
+                       null_thresholds, subsampled_gaussian, threshold_counts)
 
-    family = Family("dp_sgd", q, 1)
+    family = dp_sgd_family(q, 1)
     rng = np.random.default_rng([seed, m, 7])
     included = rng.random(m) < 0.5
     y = ((rng.random(m) < q) & included) / sigma + rng.standard_normal(m)
@@ -389,8 +375,7 @@ def _subsampled_step_bounds(m: int, seed: int, alpha: float, sigma: float = 0.5,
 
 
 def ideal_part(args) -> tuple[list, str]:
-    from audit.canary.claims import dp_sgd_family
-    from audit.canary.tradeoff import curve_epsilon, gdp_epsilon, subsampled_gaussian
+    from audit import curve_epsilon, dp_sgd_family, gdp_epsilon, subsampled_gaussian
 
     q, steps = 1 / 7, 140
     family = dp_sgd_family(q, steps)
@@ -412,7 +397,8 @@ def ideal_part(args) -> tuple[list, str]:
               f"(alpha {ALPHA}), mean [min, max] over {args.seeds} seeds, as a fraction of the accountant's epsilon "
               "(RDP, delta 1e-5):", "",
               "| accountant ε | exact mechanism's ε | m | Steinke et al. | f-DP | independent canaries | "
-              "estimate's lower ε | estimate σ̂ / σ | ceilings: Steinke, f-DP |", "|---|---|---|---|---|---|---|---|---|"]
+              "estimate's lower ε | estimate σ̂ / σ | ceilings: Steinke, f-DP |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for target in TARGETS:
         for m in (1000, 10_000):
             sel = [r for r in runs if r["kind"] == "dp_sgd" and r["target"] == target and r["m"] == m]
@@ -488,9 +474,7 @@ def _check_run(name, make, members, target, seed, *, bug=None, factor=1.0, with_
     import torch
     from opacus.optimizers import optimizer as opacus_optimizer
 
-    from audit.canary.dp import audit_dp_training
-    from audit.config.canary_settings import CanarySettings
-    from audit.dp_training import DPTraining
+    from audit import CanarySettings, DPTraining, audit_dp_training
 
     batches = math.ceil(MEMBERS / BATCH)
     q, steps = 1 / batches, batches * 20
@@ -566,7 +550,7 @@ def correct_part(args) -> tuple[list, str]:
              ("one_run", "fdp", "independent", "estimate")}
     alarms = sum(r["violated"] for r in runs)
     lines = [f"Correct DP trainings: {len(runs)} runs ({len(CORRECT_TARGETS)} accountant's epsilons "
-             f"{', '.join(f'{t:g}' for t in CORRECT_TARGETS)} x {args.seeds} seeds x 3 models); each figure at "
+             f"{', '.join(f'{t:g}' for t in CORRECT_TARGETS)} x 3 models, {_seeds(runs)} seeds each); each figure at "
              f"alpha / 4, alpha {ALPHA}.", "",
              f"Figures above the accountant's epsilon: Steinke et al. {above['one_run']}, f-DP {above['fdp']}, "
              f"independent canaries {above['independent']}, the estimate's lower epsilon {above['estimate']}; "
@@ -599,6 +583,16 @@ def _earlier(args, path: Path, key: tuple[str, ...]) -> tuple[list, set]:
     return runs, {tuple(r[k] for k in key) for r in runs}
 
 
+def _seeds(runs: list) -> str:
+    """The seeds per cell of a part's runs (a resumed part may hold more in some cells): "17" or "6 to 17"."""
+    cells = {}
+    for r in runs:
+        key = tuple(r[k] for k in ("model", "bug", "factor", "target") if k in r)
+        cells[key] = cells.get(key, 0) + 1
+    low, high = min(cells.values()), max(cells.values())
+    return f"{low}" if low == high else f"{low} to {high}"
+
+
 NOISE_FACTORS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 BROKEN_TARGETS = (1.0, 4.0, 8.0)
 
@@ -620,7 +614,7 @@ def broken_part(args) -> tuple[list, str]:
                       f"{row['noise']:.3f} of claimed {row['sigma']:.3f})", flush=True)
     lines = [f"DP trainings of the {name} (canaries: {runs[0]['canaries']}) that draw a fraction of the noise they "
              "claim, or clip to twice the claimed bound with the claimed bound's noise: share withheld "
-             f"(dp_guarantee_violated) over {args.seeds} seeds each, [95% Clopper-Pearson interval]; which test "
+             f"(dp_guarantee_violated) over {_seeds(runs)} seeds each, [95% Clopper-Pearson interval]; which test "
              "caught them; the estimate's noise multiplier / the claim's.", "",
              "| training | accountant ε | caught | by the estimate | by independent canaries | by f-DP | "
              "estimate σ̂ / claimed σ |", "|---|---|---|---|---|---|---|"]
@@ -660,15 +654,15 @@ def input_part(args) -> tuple[list, str]:
 
 
 def _cp_upper(k: int, n: int) -> float:
-    from audit.membership.uncertainty import cp_upper
+    from audit import clopper_pearson
 
-    return float(cp_upper(k, n, 0.025))
+    return clopper_pearson(k, n, 0.95).upper
 
 
 def _cp_lower(k: int, n: int) -> float:
-    from audit.membership.uncertainty import cp_lower
+    from audit import clopper_pearson
 
-    return float(cp_lower(k, n, 0.025))
+    return clopper_pearson(k, n, 0.95).lower
 
 
 PARTS = {"ideal": ideal_part, "correct": correct_part, "broken": broken_part, "input": input_part}

@@ -13,6 +13,7 @@ import pytest
 from scipy.stats import binomtest, norm
 
 from audit.canary.claims import dp_sgd_family, gdp_family, least_rejected_noise
+from audit.canary.dp import dp_sgd_tests
 from audit.canary.fdp import fdp_bound, rejects
 from audit.canary.gradients import DEFAULT_COUNT, ROW_BUDGET_BYTES, resolve_count
 from audit.canary.independent import FPR_TARGETS, ThresholdCounts, independent_bound, threshold_counts
@@ -293,6 +294,34 @@ def test_estimate_of_a_correct_training_and_its_fields():
     assert none.noise_interval[1] == math.inf and not none.claim_rejected
     assert estimate(StepStatistics(), noise_multiplier=1.0, max_grad_norm=1.0, epsilon_of=lambda v, up: v,
                     alpha=0.05) is None
+
+
+@pytest.mark.slow
+def test_the_checks_four_tests_pass_a_true_claim_and_reject_half_its_noise():
+    """dp_sgd_tests (the DP check's tests from its canaries' observations, each at alpha / 4) on the ideal view of
+    1,000 canaries of DP-SGD claiming sigma 2.19 (q 1/7, 140 steps): the claim drawn with its own noise passes every
+    test; drawn with half of it, the estimate rejects it and the check's figure is above the claim's epsilon;
+    diverged (non-finite) scores prove nothing."""
+    q, steps, sigma = 1 / 7, 140, 2.19
+
+    def tests(noise_factor, seed):
+        scores, included, y, present = _dp_sgd_canaries(sigma, q, steps, 1000, np.random.default_rng(seed),
+                                                         noise_factor)
+        return dp_sgd_tests(scores, included, _statistics(y[~present], y[present]), noise_multiplier=sigma,
+                            max_grad_norm=1.0, sample_rate=q, steps=steps, delta=DELTA, alpha=ALPHA), scores
+
+    correct, scores = tests(1.0, 11)
+    assert correct.tests == 4 and correct.bound.alpha == pytest.approx(ALPHA / 4)
+    assert correct.claimed_epsilon == pytest.approx(dp_sgd_family(q, steps).epsilon(sigma, DELTA))
+    assert not correct.violated and set(correct.figures) == {"one_run", "fdp", "independent", "estimate"}
+    assert all(v <= correct.claimed_epsilon for v in correct.figures.values())
+    broken, _ = tests(0.5, 12)
+    assert broken.violated and broken.estimate.claim_rejected and broken.epsilon_lb > broken.claimed_epsilon
+    assert broken.estimate.noise_interval[1] < 0.6 * sigma
+    scores[0] = np.nan
+    diverged = dp_sgd_tests(scores, np.ones(1000, bool), StepStatistics(), noise_multiplier=sigma, max_grad_norm=1.0,
+                            sample_rate=q, steps=steps, delta=DELTA, alpha=ALPHA)
+    assert diverged.figures == {"one_run": 0.0} and not diverged.violated
 
 
 @pytest.mark.slow

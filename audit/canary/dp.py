@@ -47,13 +47,13 @@ from audit.canary.independent import independent_bound, null_thresholds, thresho
 from audit.canary.inputs import draw_inclusion
 from audit.canary.one_run import CanaryCounts, OneRunBound, counts_from_scores
 from audit.canary.tradeoff import subsampled_gaussian
-from audit.canary.whitebox import Estimate, estimate
+from audit.canary.whitebox import Estimate, StepStatistics, estimate
 from audit.config.canary_settings import AUTO, CanarySettings
 from audit.config.gate_contract import DP_VIOLATED_TEXT
 
 __all__ = ["DPRun", "DPTrainer", "DPAudit", "VIOLATION", "DP_SGD_TESTS", "UPDATE_TESTS", "dp_sgd_epsilon",
-           "gaussian_epsilon", "update_mechanism_epsilon", "audit_dp_training", "audit_update_mechanism",
-           "dp_fedavg_entry", "check_canary_settings"]
+           "gaussian_epsilon", "update_mechanism_epsilon", "audit_dp_training", "dp_sgd_tests",
+           "audit_update_mechanism", "dp_fedavg_entry", "check_canary_settings"]
 
 VIOLATION = DP_VIOLATED_TEXT
 
@@ -172,28 +172,39 @@ def audit_dp_training(trainer: DPTrainer, start_model: torch.nn.Module, members,
     run = trainer(start_model, members[0], members[1], seed=seed, gradient_canaries=canaries)
     trained_s = time.perf_counter() - start
     scores = canaries.scores()
+    details = {"canaries": canaries.m, "kind": settings.gradient_kind, "norm_factor": settings.gradient_norm,
+               "local_trainings": 1, "training_s": trained_s}
+    return dp_sgd_tests(scores, canaries.included, canaries.statistics(), noise_multiplier=run.noise_multiplier,
+                        max_grad_norm=run.max_grad_norm, sample_rate=run.sample_rate, steps=run.steps, delta=delta,
+                        alpha=alpha, details=details, started=start)
+
+
+def dp_sgd_tests(scores, included, statistics: StepStatistics, *, noise_multiplier: float, max_grad_norm: float,
+                 sample_rate: float, steps: int, delta: float, alpha: float, details: Mapping | None = None,
+                 started: float | None = None) -> DPAudit:
+    """The four tests of a DP-SGD claim (noise multiplier, clipping bound, Poisson rate, steps) from its gradient
+    canaries' observations: each canary's score (the likelihood ratio of its steps' observations), whether it was
+    included, and the per-step statistics of the white-box estimate. Each test at alpha / 4."""
+    start = time.perf_counter() if started is None else started
+    scores = np.asarray(scores, dtype=np.float64)
     finite = bool(np.isfinite(scores).all())
     # A diverged training's gradients (non-finite scores): nothing can be read from them, nothing is proven.
-    scores = scores if finite else np.zeros(canaries.m)
-    counts = counts_from_scores(scores, canaries.included)
+    scores = scores if finite else np.zeros(scores.size)
+    counts = counts_from_scores(scores, included)
     each = alpha / len(DP_SGD_TESTS)
-    claimed = dp_sgd_epsilon(run.noise_multiplier, run.sample_rate, run.steps, delta)
+    claimed = dp_sgd_epsilon(noise_multiplier, sample_rate, steps, delta)
     fdp = independent = found = None
-    details = {"canaries": canaries.m, "kind": settings.gradient_kind, "norm_factor": settings.gradient_norm,
-               "noise_multiplier": run.noise_multiplier, "max_grad_norm": run.max_grad_norm,
-               "sample_rate": run.sample_rate, "steps": run.steps, "local_trainings": 1, "training_s": trained_s}
-    if run.steps and finite:
-        family = dp_sgd_family(run.sample_rate, run.steps)
-        fdp = fdp_bound(counts, family, delta=delta, alpha=each, claimed_noise=run.noise_multiplier)
-        thresholds = threshold_counts(scores, canaries.included,
-                                      null_thresholds(subsampled_gaussian(run.noise_multiplier, run.sample_rate,
-                                                                          run.steps)))
-        independent = independent_bound(thresholds, family, delta=delta, alpha=each,
-                                        claimed_noise=run.noise_multiplier)
-        statistics = canaries.statistics()
-        found = estimate(statistics, noise_multiplier=run.noise_multiplier, max_grad_norm=run.max_grad_norm,
-                         epsilon_of=lambda sigma, up: family.epsilon(on_grid(sigma, run.noise_multiplier, up=up),
-                                                                     delta), alpha=each)
+    details = {**(details or {}), "noise_multiplier": noise_multiplier, "max_grad_norm": max_grad_norm,
+               "sample_rate": sample_rate, "steps": steps}
+    if steps and finite:
+        family = dp_sgd_family(sample_rate, steps)
+        fdp = fdp_bound(counts, family, delta=delta, alpha=each, claimed_noise=noise_multiplier)
+        thresholds = threshold_counts(scores, included,
+                                      null_thresholds(subsampled_gaussian(noise_multiplier, sample_rate, steps)))
+        independent = independent_bound(thresholds, family, delta=delta, alpha=each, claimed_noise=noise_multiplier)
+        found = estimate(statistics, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+                         epsilon_of=lambda sigma, up: family.epsilon(on_grid(sigma, noise_multiplier, up=up), delta),
+                         alpha=each)
         details.update(threshold_counts=thresholds.to_dict(), statistics=statistics.to_dict())
     details["seconds"] = time.perf_counter() - start
     return DPAudit("dp_sgd", counts.bound(delta, each), claimed, counts, fdp, independent, found,
