@@ -120,6 +120,10 @@ _NAMES = {
     "StepStatistics": "audit.canary.whitebox", "whitebox_estimate": "audit.canary.whitebox:estimate",
     "GaussianDP": "audit.canary.tradeoff", "subsampled_gaussian": "audit.canary.tradeoff",
     "gdp_epsilon": "audit.canary.tradeoff", "curve_epsilon": "audit.canary.tradeoff",
+    "epsilon_lower_bound": "audit.canary.one_run", "one_run_p_value": "audit.canary.one_run:p_value",
+    "one_run_no_leak_p_value": "audit.canary.one_run:no_leak_p_value",
+    "one_run_ceiling": "audit.canary.one_run:ceiling", "gaussian_epsilon": "audit.canary.dp",
+    "update_mechanism_epsilon": "audit.canary.dp",
     "capture_linear_layers": "audit.received_model.probe", "leakage_probe": "audit.received_model.probe",
 }
 
