@@ -621,6 +621,8 @@ def broken_part(args) -> tuple[list, str]:
     for bug, factor in cases:
         for target in BROKEN_TARGETS:
             sel = [r for r in runs if r["bug"] == bug and r["factor"] == factor and r["target"] == target]
+            if not sel:
+                continue
             caught = sum(r["violated"] for r in sel)
             label = f"noise {factor:g}x" if bug == "noise" else "clipping at 2x (noise of 1x)"
             lines.append(f"| {label} | {sel[0]['claimed']:.2f} | {caught} of {len(sel)} "

@@ -319,8 +319,9 @@ def test_the_checks_four_tests_pass_a_true_claim_and_reject_half_its_noise():
     assert broken.violated and broken.estimate.claim_rejected and broken.epsilon_lb > broken.claimed_epsilon
     assert broken.estimate.noise_interval[1] < 0.6 * sigma
     scores[0] = np.nan
-    diverged = dp_sgd_tests(scores, np.ones(1000, bool), StepStatistics(), noise_multiplier=sigma, max_grad_norm=1.0,
-                            sample_rate=q, steps=steps, delta=DELTA, alpha=ALPHA)
+    diverged = dp_sgd_tests(scores, np.random.default_rng(13).random(1000) < 0.5, StepStatistics(),
+                            noise_multiplier=sigma, max_grad_norm=1.0, sample_rate=q, steps=steps, delta=DELTA,
+                            alpha=ALPHA)
     assert diverged.figures == {"one_run": 0.0} and not diverged.violated
 
 
