@@ -179,17 +179,31 @@ def test_the_headline_chart_shows_epsilon_against_the_budget_or_the_figure_again
     assert any("ceiling" in t.get_text() and "3.3" in t.get_text() for t in ax.texts)  # above the chart: said
     assert "budget" in ax.get_title()
 
-    plain = [_record(r, rng, leak=_leak(r == 1, estimate=0.6 + 0.05 * r)) for r in range(3)]
+    # Without a budget: one scale for every round, whether its strongest figure is an AUC or a TPR (a TPR of 0.3 is
+    # no drop in leakage from an AUC of 0.6): how sure the test is, -log10 of its adjusted p, the figure written by it.
+    plain = [_record(0, rng, leak=_leak(False, estimate=0.55, p=0.5)),
+             _record(1, rng, leak=_leak(True, estimate=0.3, p=1e-6, statistic="tpr_at_fpr_0.1")),
+             _record(2, rng, leak=_leak(True, estimate=0.62, p=1e-3))]
     overview_plots.plot_headline(plain, [headline_of(r) for r in plain], tmp_path / "f.png", party="p")
     ax = saved_figures["f.png"].axes[0]
     markers = [ln for ln in ax.get_lines() if ln.get_marker() == "o"]
-    assert [ln.get_ydata()[0] for ln in markers] == pytest.approx([0.6, 0.65, 0.7])
-    assert [to_rgba(ln.get_color()) for ln in markers][1] == to_rgba(overview_plots.STATE_COLORS[LEAK])
-    # at each round: its interval (thick), the corrected one (thin, wider), chance (a flat dash at 0.5)
-    segments = [seg for c in ax.collections for seg in c.get_segments()]
-    assert sorted(float(np.ptp(seg[:, 1])) for seg in segments if np.ptp(seg[:, 1]) > 0) == pytest.approx(
-        [0.12] * 3 + [0.2] * 3)
-    assert [seg[0, 1] for seg in segments if np.ptp(seg[:, 1]) == 0] == pytest.approx([0.5] * 3)
+    assert [ln.get_ydata()[0] for ln in markers] == pytest.approx([-math.log10(0.5), 6, 3])
+    assert [to_rgba(ln.get_color()) for ln in markers] == [to_rgba(overview_plots.STATE_COLORS[s])
+                                                           for s in (NO_LEAK, LEAK, LEAK)]
+    (line,) = [ln for ln in ax.get_lines() if ln.get_color() == "tab:red"]
+    assert np.allclose(line.get_ydata(), -math.log10(0.05))  # the leak verdict's level: 95%
+    figures = " ".join(t.get_text() for t in ax.texts)
+    assert "TPR@0.1 0.3" in figures and "AUC 0.62" in figures
+
+    # A gate with a threshold beside its budget, no bound above 0 proven: zeros under a budget line would hide the
+    # threshold that tripped and the leak; the chart is the evidence one.
+    both = {**withheld, "thresholds": {"mia_local_loss_exact_auc": 0.6, "leak_epsilon_lb": 0.5}}
+    gated = [_record(r, rng, leak=_leak(True, epsilon=0.0, p=1e-3), gate=both) for r in range(2)]
+    heads = [headline_of(r) for r in gated]
+    assert not overview_plots.epsilon_chart(heads) and overview_plots.epsilon_chart(
+        [headline_of(r) for r in records])
+    overview_plots.plot_headline(gated, heads, tmp_path / "g.png", party="p")
+    assert "budget" not in saved_figures["g.png"].axes[0].get_title()
 
 
 def test_the_grid_picture_colours_each_cell_by_its_verdict_marks_gated_updates_and_frames_the_worst(tmp_path,
@@ -240,7 +254,7 @@ def test_a_party_page_opens_with_its_chart_and_verdicts_and_collapses_the_rest(t
 
 
 @pytest.mark.slow
-def test_the_run_index_opens_with_the_grid_picture_naming_the_worst_round_and_what_was_done(tmp_path):
+def test_the_run_index_opens_with_the_grid_picture_naming_the_worst_round_and_what_was_sent(tmp_path):
     rng = np.random.default_rng(7)
     gate = {"verdict": "withheld", "action": "withhold", "thresholds": {"mia_local_loss_exact_auc": 0.6},
             "retries": 0}
@@ -253,7 +267,11 @@ def test_the_run_index_opens_with_the_grid_picture_naming_the_worst_round_and_wh
     assert body.index('src="verdicts.png"') < body.index("<table")
     assert (tmp_path / "verdicts.png").is_file()
     assert "Worst: bob, round 0: local / loss AUC 0.66" in index
-    assert "What was done: 1 update withheld (bob in round 0)." in index
+    assert "<strong>What was sent</strong>" in index
+    assert "<strong>bob</strong>: sent nothing (withheld) in round 0; sent as trained (no gate) in round 1." in index
+    assert "<strong>alice</strong>: sent as trained (no gate) in rounds 0, 1." in index
+    # the ungated parties' grid cells say what was sent, and the trained update is what the cell's verdict is of
+    assert "sent as trained (no gate)" in index and "withheld: nothing sent" in index
 
 
 def test_the_aggregator_page_names_a_gate_only_when_set_and_collapses_its_tables(tmp_path):

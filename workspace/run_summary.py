@@ -16,9 +16,10 @@ import math
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from audit import (GATE_WITHHELD, RUN_BUDGET, GateEntry, METRICS, RoundRecord, epsilon_status, leak_status,
-                   load_round_files, load_round_records, read_run_file, readings, registered, round_file_name,
-                   sent_leak_status)
+from audit import (GATE_WITHHELD, RUN_BUDGET, METRICS, RoundRecord, epsilon_status, leak_status, load_round_files,
+                   load_round_records, read_run_file, readings, registered, round_file_name, sent_leak_status)
+from audit.reporting.verdicts import (AS_TRAINED, EPSILON_ZERO_SHORT, NOTHING_SENT, dp_spent_text, epsilon_zero_note,
+                                      gate_reason, sent_of)
 
 __all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines",
            "lowest_resolvable_tolerance", "summary_lines", "print_run_summary", "run_account_lines"]
@@ -37,20 +38,24 @@ def read_party_records(party_dir: Path) -> dict[int, RoundRecord]:
     return {record.round: record for record in load_round_records(party_dir)}
 
 
-def verdict_text(name: str, gate: GateEntry | None) -> str:
-    """`<name> <verdict>` with what tripped the gate and any DP retrains; a round without a record was not audited."""
+def verdict_text(name: str, record: RoundRecord | None) -> str:
+    """`<name> <verdict>` with the compared value and the rule that tripped the gate (audit.reporting.verdicts'
+    gate_reason: "upper bound 0.668 of mia_local_loss_exact_auc (estimate 0.6005) > 0.6"), the DP tries' epsilon said
+    as what it is, and what was sent; a round without a record was not audited."""
+    gate = None if record is None else record.gate
     if gate is None:
-        return f"{name} kept (not audited)"
+        return f"{name} kept (not audited)" if record is None else f"{name} sent as trained (no gate)"
     text = f"{name} {gate.verdict}"
-    if gate.tripped:
-        text += " (" + ", ".join(
-            f"missing: {metric}" if metric in gate.missing else
-            f"run ε budget {t['threshold']:g}: sending it would make the run's DP ε "
-            + ("not bounded" if t["value"] is None else format(t["value"], ".4g")) if metric == RUN_BUDGET else
-            f"{metric} = {'nan' if t['value'] is None else format(t['value'], '.4f')} > {t['threshold']:g}"
-            for metric, t in gate.tripped.items()) + ")"
+    if RUN_BUDGET in gate.tripped:
+        t = gate.tripped[RUN_BUDGET]
+        text += (f" (run ε budget {t['threshold']:g}: sending it would make the run's DP ε "
+                 + ("not bounded" if t["value"] is None else format(t["value"], ".4g")) + ")")
+    else:
+        why = gate_reason(record)
+        if why:
+            text += f" ({why})"
     if gate.retries:
-        text += f" after {gate.retries} DP retrain(s), epsilon {gate.epsilon:.3g}"
+        text += f"; {dp_spent_text(gate)}"
     return text
 
 
@@ -140,7 +145,7 @@ def round_lines(round_num: int, records: Mapping[str, RoundRecord | None], aggre
                 tol: float | None) -> list[str]:
     """One round: the verdicts and what was averaged, then a line per audited collaborator."""
     line = f"round {round_num}: " + "; ".join(
-        verdict_text(name, None if record is None else record.gate)
+        verdict_text(name, record)
         for name, record in records.items())
     agg = None if aggregator_dir is None else _read_json(Path(aggregator_dir) / round_file_name(round_num))
     if agg is not None:
@@ -149,8 +154,12 @@ def round_lines(round_num: int, records: Mapping[str, RoundRecord | None], aggre
     for name, record in records.items():
         if record is None:
             continue
-        lines.append(f"  {name}: {leak_status(record)}")
+        sent = sent_of(record)
+        whose = "" if sent.what == AS_TRAINED else " (the trained update, not sent)"
+        lines.append(f"  {name}{whose}: {leak_status(record)}")
         proven = [epsilon_status(record)] if (record.leak or {}).get("epsilon") else []
+        if epsilon_zero_note(record.leak):
+            proven[-1] += f" ({EPSILON_ZERO_SHORT}: see the note below)"
         if not record.leak and tol is not None:  # a record without a leak verdict: its strongest TPR
             proven.append(tpr_reading(record, tol) or "")
         parts = [p for p in [*proven, *_other_audits(record)] if p]
@@ -188,14 +197,46 @@ def summary_lines(parties: Mapping[str, Path], aggregator_dir: Path | None, roun
         lines.append(header)
     for r in range(rounds):
         lines += round_lines(r, {name: records.get(r) for name, records in per_party.items()}, aggregator_dir, tol)
-    leaked = {name: [r for r, rec in records.items() if (rec.leak or {}).get("detected")]
-              for name, records in per_party.items()}
-    said = "; ".join(f"{name} in round{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
-                     for name, rs in leaked.items() if rs)
-    lines.append(f"leak detected: {said}" if said else "no leak detected in any audited round")
+    lines += sent_lines(per_party)
+    zero = next((note for rec in every if (note := epsilon_zero_note(rec.leak))), None)
+    if zero:
+        lines.append(f"note: {zero}.")
     warning = _withheld_warning(aggregator_dir)
     if warning:
         lines.append(f"WARNING: {warning}")
+    return lines
+
+
+def _rounds(rs: list[int]) -> str:
+    return f"round{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+
+
+def sent_lines(per_party: Mapping[str, Mapping[int, RoundRecord]]) -> list[str]:
+    """The run's closing verdict in two lines: where the trained updates leaked, and what was sent (as trained, a DP
+    retrain, nothing) with the sent updates' own verdicts: a withheld or DP-retrained update's leak was never sent."""
+    leaked = {name: [r for r, rec in records.items() if (rec.leak or {}).get("detected")]
+              for name, records in per_party.items()}
+    said = "; ".join(f"{name} in {_rounds(rs)}" for name, rs in leaked.items() if rs)
+    gated = any(rec.gate is not None and rec.gate.verdict not in (None, "kept")
+                for records in per_party.values() for rec in records.values())
+    if not gated:
+        return [f"leak detected: {said}" if said else "no leak detected in any audited round"]
+    lines = [f"leak detected in the trained updates: {said}" if said else
+             "no leak detected in any audited round's trained update"]
+    parts = []
+    for name, records in per_party.items():
+        by_what: dict[str, list[int]] = {}
+        for r, rec in sorted(records.items()):
+            sent = sent_of(rec)
+            key = sent.what if sent.what == NOTHING_SENT else f"{sent.what} ({sent.text.split('(', 1)[1]}"
+            by_what.setdefault(key, []).append(r)
+        parts.append(f"{name}: " + ", ".join(
+            f"{'nothing (withheld)' if what == NOTHING_SENT else what} in {_rounds(rs)}" for what, rs in by_what.items()))
+    sent_leaks = {name: [r for r, rec in records.items() if (s := sent_of(rec)) and s.sent and s.leak == "leak"]
+                  for name, records in per_party.items()}
+    told = "; ".join(f"{name} in {_rounds(rs)}" for name, rs in sent_leaks.items() if rs)
+    lines.append("what was sent: " + "; ".join(parts) + ". "
+                 + (f"Leak detected in what was sent: {told}" if told else "No leak detected in what was sent"))
     return lines
 
 

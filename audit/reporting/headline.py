@@ -20,6 +20,7 @@ from typing import Callable, Mapping
 import numpy as np
 
 from audit.config.gate_contract import KEPT
+from audit.config.vocabulary import LEAK_EPSILON_LB
 from audit.reporting.readings import float_or_nan, fmt, ordered_models
 from audit.reporting.verdicts import LEAK, NOT_AUDITED, leak_state
 from audit.round_record import RoundRecord
@@ -50,6 +51,8 @@ class Headline:
     epsilon: float = math.nan    # the family-wise epsilon lower bound
     ceiling: float = math.nan    # the largest bound these counts could prove
     budget: float = math.nan     # the gate's epsilon budget (NaN: none)
+    budget_only: bool = False    # the budget is the gate's only limit (no threshold on another metric)
+    confidence: float = math.nan  # the leak verdict's confidence level
 
     @property
     def figure(self) -> str:
@@ -108,15 +111,19 @@ def headline_of(record: RoundRecord | None) -> Headline:
         chance=float_or_nan(head.get("chance")), interval=_pair(head.get("interval")),
         corrected=_pair(head.get("corrected_interval")), p_adjusted=float_or_nan(head.get("p_adjusted")),
         tests=int(leak.get("tests") or 0), epsilon=float_or_nan(epsilon.get("value")),
-        ceiling=float_or_nan(epsilon.get("ceiling")), budget=budget_of(record))
+        ceiling=float_or_nan(epsilon.get("ceiling")), budget=budget_of(record),
+        budget_only=gate is not None and gate.has_budget and set(gate.thresholds) <= {LEAK_EPSILON_LB},
+        confidence=float_or_nan(leak.get("confidence")))
 
 
 def worst_of(headlines: Mapping) -> object | None:
     """The key of the worst audited headline (largest severity; leaks before no-leaks), None if none is."""
-    ranked = [(h.state == LEAK, h.severity, key) for key, h in headlines.items() if not math.isnan(h.severity)]
+    # Ties (every epsilon bound 0 under a budget) go to the round whose test is surest.
+    ranked = [(h.state == LEAK, h.severity, -math.log10(max(h.p_adjusted, 1e-300)) if h.p_adjusted > 0 else 300.0,
+               key) for key, h in headlines.items() if not math.isnan(h.severity)]
     if not ranked:
         return None
-    return max(ranked, key=lambda r: (r[0], r[1]))[2]
+    return max(ranked, key=lambda r: (r[0], r[1], -math.inf if math.isnan(r[2]) else r[2]))[3]
 
 
 def strongest_per_family(records: list[RoundRecord], value_of: Callable[[Mapping], float]) -> set[tuple[str, str]]:

@@ -18,7 +18,8 @@ from audit.reporting.page_parts import escape, href, now, page
 from audit.reporting.party_page import party_page, sampling_note, verdict_cell
 from audit.reporting.readings import fmt
 from audit.reporting.records import load_cached_round_records
-from audit.reporting.verdicts import LEAK, NO_LEAK, round_verdict
+from audit.reporting.verdicts import (AS_TRAINED, DP_RETRAIN_SENT, EPSILON_ZERO_SHORT, LEAK, NO_LEAK,
+                                      epsilon_zero_note, round_verdict, sent_of)
 from audit.reporting.run_file import RunInfo, write_run_file
 from audit.round_record import RoundRecord
 from audit.run_record import RUN_FILE, RunRecord
@@ -98,9 +99,14 @@ def grid_cell(record: RoundRecord | None) -> str:
         text = "no verdict"
     epsilon = (leak.get("epsilon") or {}).get("value")
     if epsilon is not None:
-        text += f"<br>ε ≥ {escape(fmt(epsilon, 2))}"
+        zero = epsilon_zero_note(leak)
+        text += f"<br>{escape(EPSILON_ZERO_SHORT) if zero else 'ε ≥ ' + escape(fmt(epsilon, 2))}"
+    sent = sent_of(record)
     gate = v.verdict or "kept"  # without a gate the update is sent as trained
-    text += f'<br><span class="{escape(gate)}">{escape(gate if v.verdict else "sent (no gate)")}</span>'
+    said = ("sent as trained" + ("" if v.verdict else " (no gate)") if sent.what == AS_TRAINED else
+            f"dp_retrained: sent a DP retrain, {sent.text.split('(', 1)[1].rstrip(')')}" if sent.what == DP_RETRAIN_SENT
+            else "withheld: nothing sent")
+    text += f'<br><span class="{escape(gate)}">{escape(said)}</span>'
     return f'<td class="text cell-{escape(v.leak)}" title="{escape(v.leak_text)}">{text}</td>'
 
 
@@ -114,10 +120,10 @@ def verdict_grid(parties: Mapping[str, Mapping[int, RoundRecord]], labels: Mappi
     for name, records in parties.items():
         out.append(f"<tr>{labels[name]}" + "".join(grid_cell(records.get(r)) for r in rounds) + "</tr>")
     out.append("</table></div>")
-    out.append('<p class="muted">Each cell: whether an attack on that party\'s update beat chance after the '
+    out.append('<p class="muted">Each cell: whether an attack on that party\'s trained update beat chance after the '
                "correction for the number of figures tested (its strongest figure and adjusted p-value), or the "
-               "smallest AUC its counts could have detected; the epsilon lower bound the audit proves; the gate's "
-               "verdict where the update was not sent as trained.</p>")
+               "smallest AUC its counts could have detected; the epsilon lower bound the audit proves; what was sent "
+               "(as trained, a DP retrain with its own audit's verdict, or nothing).</p>")
     return out
 
 
@@ -126,12 +132,61 @@ def _gate_set(record: RoundRecord) -> bool:
     return record.gate is not None and record.gate.decides
 
 
+def _worst_how(h, record: RoundRecord) -> str:
+    """The worst round's figure, how sure, and its epsilon bound said as what it is."""
+    how = (f"{h.attack} {h.figure} (corrected interval [{fmt(h.corrected[0], 2)}, {fmt(h.corrected[1], 2)}], "
+           f"chance {fmt(h.chance, 3)}, adjusted p = {fmt(h.p_adjusted, 2)})")
+    if not math.isnan(h.epsilon):
+        how += f"; ε ≥ {fmt(h.epsilon, 3)}" + (f" against a budget of {fmt(h.budget)}" if not math.isnan(h.budget)
+                                               else "")
+        if epsilon_zero_note(record.leak):
+            how += f" ({EPSILON_ZERO_SHORT}: see below)"
+    return how
+
+
+def _sent_summary(records: Mapping[str, Mapping[int, RoundRecord]]) -> list[str]:
+    """What was sent, per party: the rounds sent as trained, as a DP retrain (with its own audit's verdict) or not at
+    all, and the rule that tripped the gate (the compared value named), the same words as the console's."""
+    items = []
+    for name, by_round in records.items():
+        groups: dict[str, list[int]] = {}
+        for r, rec in sorted(by_round.items()):
+            sent = sent_of(rec)
+            if sent.what == AS_TRAINED:
+                key = "sent as trained" + ("" if rec.gate is not None and rec.gate.decides else " (no gate)")
+            elif sent.what == DP_RETRAIN_SENT:
+                key = f"sent a DP retrain ({sent.text.split('(', 1)[1]}"
+            else:
+                key = "sent nothing (withheld)"
+            groups.setdefault(key, []).append(r)
+        said = "; ".join(f"{what} in round{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+                         for what, rs in groups.items())
+        why = sorted({reason for rec in by_round.values() if (reason := _rule_of(rec))})
+        items.append(f"<li><strong>{escape(name)}</strong>: {escape(said)}."
+                     + (f'<br><span class="muted">Tripped by: {escape("; ".join(why))}.</span>' if why else "")
+                     + "</li>")
+    return items
+
+
+def _rule_of(record: RoundRecord) -> str:
+    """The rule that tripped a round's gate, without its figures ("the upper bound of mia_local_loss_exact_auc > 0.6"),
+    to say once per party which rules acted; "" where none tripped."""
+    v = round_verdict(record)
+    rules = [f"{'the ' + c.bound + ' bound of ' if c.bound != 'point' else ''}{c.metric} > {fmt(c.threshold)}"
+             for c in v.checks if c.tripped]
+    if not rules and record.gate is not None and record.gate.verdict == "withheld":
+        return v.status
+    return ", ".join(rules)
+
+
 def run_summary(records: Mapping[str, Mapping[int, RoundRecord]]) -> list[str]:
-    """The run index's first lines: which parties leaked in which rounds, the worst round (its strongest figure and
-    how sure), and what the gates did (withheld or DP-retrained updates), each in one sentence."""
+    """The run index's first lines: which parties' trained updates leaked in which rounds, the worst round (its
+    strongest figure and how sure), what was sent (as trained, a DP retrain with its own verdict, nothing) and the
+    rule that tripped each gate, each in one sentence."""
     headlines = {(name, r): headline_of(rec) for name, by_round in records.items() for r, rec in by_round.items()}
     audited = sum(1 for h in headlines.values() if h.state in (LEAK, NO_LEAK))
     leaked = [key for key, h in headlines.items() if h.state == LEAK]
+    gated = any(sent_of(rec).what != AS_TRAINED for by_round in records.values() for rec in by_round.values())
     out = []
     if leaked:
         per_party = {}
@@ -140,29 +195,33 @@ def run_summary(records: Mapping[str, Mapping[int, RoundRecord]]) -> list[str]:
         said = "; ".join(f"{name} in {len(rs)} of {len(records[name])} rounds" for name, rs in per_party.items())
         worst = worst_of({key: headlines[key] for key in leaked})
         h = headlines[worst]
-        how = (f"ε ≥ {fmt(h.epsilon, 3)} against a budget of {fmt(h.budget)}" if not math.isnan(h.budget) else
-               f"{h.attack} {h.figure} (corrected interval [{fmt(h.corrected[0], 2)}, {fmt(h.corrected[1], 2)}], "
-               f"chance {fmt(h.chance, 3)}, adjusted p = {fmt(h.p_adjusted, 2)})")
-        out.append(f'<p class="leak">Leak detected: {escape(said)}. Worst: {escape(worst[0])}, round {worst[1]}: '
-                   f"{escape(how)}.</p>")
+        what = "Leak detected in the trained updates" if gated else "Leak detected"
+        out.append(f'<p class="leak">{what}: {escape(said)}. Worst: {escape(worst[0])}, round {worst[1]}: '
+                   f"{escape(_worst_how(h, records[worst[0]][worst[1]]))}.</p>")
     elif audited:
         out.append(f'<p class="no_leak"><strong>No leak detected</strong> in any of the {audited} audited rounds '
                    "(\"not detected\" is not \"safe\": each cell below says what its counts could have "
                    "detected).</p>")
-    actions = []
-    for kind in ("withheld", "dp_retrained", OVER_SENT):
-        per_party = {name: [r for r in sorted(by_round) if headlines[(name, r)].gate == kind]
-                     for name, by_round in records.items()}
-        count = sum(len(rs) for rs in per_party.values())
-        if count:
-            said = "; ".join(f"{name} in round{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
-                             for name, rs in per_party.items() if rs)
-            did = "over the gate's limit and sent (it only reports)" if kind == OVER_SENT else kind.replace("_", "-")
-            actions.append(f"{count} update{'s' if count != 1 else ''} {did} ({said})")
-    gate_set = any(_gate_set(rec) for by_round in records.values() for rec in by_round.values())
-    sent = "every update was sent as trained" + ("" if gate_set else " (no gate is set)")
-    done = "; ".join(actions) if actions else sent
-    out.append(f"<p>What was done: {escape(done)}.</p>")
+    if gated:
+        sent_leaks = [key for key in headlines if (s := sent_of(records[key[0]][key[1]])) and s.sent
+                      and s.leak == LEAK]
+        verdict = (f'<span class="leak">leak detected in {len(sent_leaks)} of the updates sent</span>' if sent_leaks
+                   else '<span class="no_leak">no leak detected in any update that was sent</span>')
+        out.append(f"<p><strong>What was sent</strong> ({verdict}; a withheld or DP-retrained update's own leak was "
+                   "never sent):</p><ul>" + "".join(_sent_summary(records)) + "</ul>")
+    else:
+        gate_set = any(_gate_set(rec) for by_round in records.values() for rec in by_round.values())
+        out.append(f"<p>What was sent: every update as trained{'' if gate_set else ' (no gate is set)'}.</p>")
+    over = {name: [r for r in sorted(by_round) if headlines[(name, r)].gate == OVER_SENT]
+            for name, by_round in records.items()}
+    if any(over.values()):
+        said = "; ".join(f"{name} in round{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+                         for name, rs in over.items() if rs)
+        out.append(f"<p>Over the gate's limit and sent as trained (the gate only reports): {escape(said)}.</p>")
+    zero = next((note for by_round in records.values() for rec in by_round.values()
+                 if (note := epsilon_zero_note(rec.leak))), None)
+    if zero:
+        out.append(f'<p class="muted">{escape(zero)}.</p>')
     return out
 
 

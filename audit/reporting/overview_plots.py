@@ -22,7 +22,7 @@ from audit.reporting.readings import fmt
 from audit.reporting.verdicts import LEAK, NO_LEAK, NOT_AUDITED
 from audit.round_record import RoundRecord
 
-__all__ = ["plot_verdict_grid", "plot_headline", "STATE_COLORS", "GATE_COLORS", "GATE_WORDS"]
+__all__ = ["plot_verdict_grid", "plot_headline", "epsilon_chart", "STATE_COLORS", "GATE_COLORS", "GATE_WORDS"]
 
 DPI = 100
 # The pages' colours (templates/page.html): leak red, no leak green, not audited grey.
@@ -32,8 +32,10 @@ STATE_WORDS = {LEAK: "leak detected", NO_LEAK: "no leak detected", NOT_AUDITED: 
 # received model went back), or DP-retrained.
 GATE_COLORS = {WITHHELD: "#333333", DP_RETRAINED: "#1f4e9c", OVER_SENT: "#b35900"}
 GATE_WORDS = {WITHHELD: "withheld", DP_RETRAINED: "DP-retrained", OVER_SENT: "over, sent"}
-GATE_LEGEND = {WITHHELD: "update withheld", DP_RETRAINED: "update DP-retrained",
+GATE_LEGEND = {WITHHELD: "withheld: nothing sent", DP_RETRAINED: "DP-retrained: a DP retrain sent instead",
                OVER_SENT: "over the gate's limit, sent (it only reports)"}
+# The grid's red: deeper for a stronger leak, relative to the run's strongest (the legend says so).
+LEAK_LEGEND = "leak detected (deeper red: stronger, relative to this run's strongest)"
 _BAND = 0.26  # the gate band's share of a grid cell's height
 
 
@@ -41,13 +43,12 @@ def _cell_lines(h: Headline) -> list[str]:
     if h.state == NOT_AUDITED:
         return ["not audited"]
     lines = ["leak" if h.state == LEAK else "no leak"]
-    if not math.isnan(h.budget) and not math.isnan(h.epsilon):
-        lines.append(f"ε≥{fmt(h.epsilon, 2)} / {fmt(h.budget, 2)}")
-    else:
-        if h.figure:
-            lines.append(h.figure)
-        if h.epsilon > 0:
-            lines.append(f"ε≥{fmt(h.epsilon, 2)}")
+    if h.figure:
+        lines.append(h.figure)
+    # An epsilon bound of 0 is no figure to show beside a leak (the pages say why); a positive one is, against the
+    # budget where one is set.
+    if h.epsilon > 0:
+        lines.append(f"ε≥{fmt(h.epsilon, 2)}" + (f" / {fmt(h.budget, 2)}" if not math.isnan(h.budget) else ""))
     return lines
 
 
@@ -109,13 +110,15 @@ def plot_verdict_grid(grid: Mapping[str, Mapping[int, Headline]], path: Path) ->
     for side in ax.spines.values():
         side.set_visible(False)
     present = {h.state for h in headlines.values()} | {LEAK, NO_LEAK}
-    handles = [Patch(facecolor=STATE_COLORS[s], label=STATE_WORDS[s]) for s in (LEAK, NO_LEAK, NOT_AUDITED)
+    words = {**STATE_WORDS, LEAK: LEAK_LEGEND if sum(h.state == LEAK for h in headlines.values()) > 1 else
+             STATE_WORDS[LEAK]}
+    handles = [Patch(facecolor=STATE_COLORS[s], label=words[s]) for s in (LEAK, NO_LEAK, NOT_AUDITED)
                if s in present]
     handles += [Patch(facecolor=GATE_COLORS[g], label=GATE_LEGEND[g])
                 for g in GATE_COLORS if any(h.gate == g for h in headlines.values())]
     if worst is not None and headlines[worst].state == LEAK:
         handles.append(Patch(facecolor="white", edgecolor="black", linewidth=2.5, label="worst round"))
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=min(len(handles), 6),
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.02), ncol=min(len(handles), 3),
               fontsize=8, frameon=False, handlelength=1.6)
     # "tight": a grid of few rounds is narrower than its legend, which would be cut at the figure's edge
     atomic_savefig(fig, path, dpi=DPI, bbox_inches="tight", pad_inches=0.15)
@@ -143,13 +146,28 @@ def _mark_gated_rounds(ax, rounds: list[int], headlines: list[Headline]) -> set[
     return drawn
 
 
+def epsilon_chart(headlines: list[Headline]) -> bool:
+    """Whether a party's headline chart shows the epsilon bound against the budget: where the budget is the gate's
+    only rule, or some round proved a bound above 0. Otherwise a chart of zeros under a budget line would hide the
+    threshold that tripped the gate and the leaks the tests found."""
+    return any(not math.isnan(h.budget) for h in headlines) and (
+        all(h.budget_only for h in headlines if not math.isnan(h.budget)) or any(h.epsilon > 0 for h in headlines))
+
+
+def _evidence(p: float) -> float:
+    """-log10 of an adjusted p-value, floored at 1e-16 (float64's resolution near 1 limits smaller ones anyway)."""
+    return -math.log10(min(max(p, 1e-16), 1.0))
+
+
 def plot_headline(records: list[RoundRecord], headlines: list[Headline], path: Path, *, party: str) -> None:
     """The party's headline leakage per round (audit.reporting.headline): the epsilon lower bound against the budget
-    and its ceiling when a budget is set, else the headline figure with its interval (thick), its interval corrected
-    for the number of tests (thin) and chance (grey dash), lettered by attack; red where a leak was detected, green
-    where none was."""
+    and its ceiling when the budget is what the gate decides on (or a bound above 0 was proven), else how sure each
+    round's strongest attack beats chance (-log10 of its adjusted p-value: one scale whether the figure is an AUC or
+    a TPR), the figure written beside it; red where a leak was detected, green where none was."""
     rounds = [r.round for r in records]
-    budgeted = any(not math.isnan(h.budget) for h in headlines)
+    # The epsilon chart only where the budget is the gate's rule, or a bound above 0 was proven: a chart of zeros
+    # under a budget line hides the threshold that tripped the gate and the leaks the tests found.
+    budgeted = epsilon_chart(headlines)
     fig = Figure(figsize=(8.4, 3.6), dpi=DPI)
     fig.subplots_adjust(left=0.08, right=0.64, bottom=0.16, top=0.9)
     ax = fig.add_subplot()
@@ -176,42 +194,28 @@ def plot_headline(records: list[RoundRecord], headlines: list[Headline], path: P
         ax.set_ylabel("ε lower bound (family-wise)")
         ax.set_title(f"{party}: proven ε per round against the budget", fontsize=11)
     else:
-        letters: dict[tuple[str, str], str] = {}
-        kinds = {}
-        for rnd, h, color in zip(rounds, headlines, colors):
-            if math.isnan(h.estimate):
-                continue
-            marker = "o" if h.statistic == "exact_auc" else "^"
-            kinds[marker] = "exact AUC" if marker == "o" else "TPR at an FPR tolerance"
-            lo, hi = h.corrected
-            if not (math.isnan(lo) or math.isnan(hi)):
-                ax.vlines(rnd, lo, hi, colors=color, linewidth=1.2, alpha=0.8)
-            lo, hi = h.interval
-            if not (math.isnan(lo) or math.isnan(hi)):
-                ax.vlines(rnd, lo, hi, colors=color, linewidth=5, alpha=0.55)
-            ax.plot([rnd], [h.estimate], marker=marker, markersize=8, color=color, markeredgecolor="black",
+        # One scale for every round, whatever its strongest figure is (an AUC, a TPR at some FPR): how sure the
+        # audit is that it beats chance, -log10 of its Holm-adjusted p-value; a leak is detected above the line.
+        # The figure itself is written beside each point.
+        level = next((h.confidence for h in headlines if not math.isnan(h.confidence)), 0.95)
+        line = -math.log10(1 - level)
+        evidence = [(rnd, h, color, _evidence(h.p_adjusted)) for rnd, h, color in zip(rounds, headlines, colors)
+                    if not math.isnan(h.p_adjusted)]
+        for rnd, h, color, y in evidence:
+            ax.plot([rnd], [y], marker="o", markersize=8, color=color, markeredgecolor="black",
                     markeredgewidth=0.6, linestyle="none", zorder=3)
-            if not math.isnan(h.chance):
-                ax.hlines(h.chance, rnd - 0.3, rnd + 0.3, colors="0.3", linewidth=1.6, linestyles="-", zorder=2)
-            if h.attack:  # which attack: a letter above its bars, the letters in the legend
-                key = (h.attack, statistic_label(h.statistic))
-                letter = letters.setdefault(key, string.ascii_uppercase[len(letters) % 26])
-                top = h.corrected[1] if not math.isnan(h.corrected[1]) else h.estimate
-                ax.annotate(letter, (rnd, top), xytext=(0, 2), textcoords="offset points", ha="center",
-                            va="bottom", fontsize=8, fontweight="bold", color="0.2")
-        values = [v for h in headlines for v in (h.estimate, *h.corrected, h.chance) if not math.isnan(v)]
-        low = max(0.0, min(values, default=0.0) - 0.08)
-        ax.set_ylim(low, 1.06)
-        ax.set_yticks([t for t in ax.get_yticks() if low <= t <= 1.0 + 1e-9])
-        ax.set_ylabel("strongest figure (AUC or TPR)")
-        ax.set_title(f"{party}: the strongest figure per round against chance", fontsize=11)
-        handles += [Line2D([], [], marker=m, color="0.5", markeredgecolor="black", linestyle="none", label=label)
-                    for m, label in sorted(kinds.items())]
-        handles += [Line2D([], [], color="0.5", linewidth=5, alpha=0.55, label="its interval"),
-                    Line2D([], [], color="0.5", linewidth=1.2, label="corrected for the\nnumber of tests"),
-                    Line2D([], [], color="0.3", linewidth=1.6, label="chance")]
-        handles += [Line2D([], [], linestyle="none", label=f"{letter}: {attack}, {stat}")
-                    for (attack, stat), letter in letters.items()]
+            if h.figure:
+                ax.annotate(f"{h.attack}\n{h.figure}", (rnd, y), xytext=(0, 6), textcoords="offset points",
+                            ha="center", va="bottom", fontsize=7, color="0.2")
+        if len(evidence) > 1:
+            ax.plot([e[0] for e in evidence], [e[3] for e in evidence], "-", color="0.55", linewidth=1, zorder=1)
+        ax.axhline(line, color="tab:red", linewidth=1.4)
+        high = max([line, *(e[3] for e in evidence)]) * 1.45
+        ax.set_ylim(0, high)
+        ax.set_ylabel("evidence: −log10 adjusted p")
+        ax.set_title(f"{party}: how sure each round's strongest attack beats chance", fontsize=11)
+        handles.append(Line2D([], [], color="tab:red", linewidth=1.4,
+                              label=f"leak detected above\n(adjusted p < {fmt(1 - level, 2)})"))
     handles += [Patch(facecolor=STATE_COLORS[s], label=STATE_WORDS[s]) for s in (LEAK, NO_LEAK)
                 if any(h.state == s for h in headlines)]
     if len(rounds) == 1:

@@ -17,13 +17,14 @@ from audit.config.fields import is_int
 from audit.config.steps import registered
 from audit.config.vocabulary import BOUNDS
 from audit.reporting.headline import headline_of, strongest_in_round
-from audit.reporting.overview_plots import GATE_COLORS
+from audit.reporting.overview_plots import GATE_COLORS, epsilon_chart
 from audit.reporting.page_parts import escape, href, page
 from audit.reporting.readings import (advantage_of, auc_of, confidence_of, csv_cell, epsilon_lb_of, exact_auc_band,
                                       exact_auc_of, fmt, fmt_interval, rates_at, resolvable_at, series_keys, tpr_at,
                                       unresolvable_metrics)
 from audit.reporting.records import HISTOGRAMS_FILE, round_dir_name
-from audit.reporting.verdicts import LEAK, NO_LEAK, inverted_attacks, round_verdict
+from audit.reporting.verdicts import (EPSILON_ZERO_SHORT, LEAK, NO_LEAK, epsilon_zero_note, inverted_attacks,
+                                      round_verdict, sent_of)
 from audit.round_record import RoundRecord
 
 __all__ = ["party_page", "round_section", "verdict_block", "verdict_table", "metrics_table", "sampling_note",
@@ -218,14 +219,22 @@ def verdict_table(records: list[RoundRecord]) -> list[str]:
         low = inverted_attacks(r)
         flag = (f'<br><span class="flag">{len(low)} attack{"s" if len(low) != 1 else ""} with AUC below 0.5 '
                 "(signal direction wrong, not safer)</span>") if low else ""
+        zero = epsilon_zero_note(r.leak)
+        proven = escape(v.proven) + (f'<br><span class="muted">{escape(EPSILON_ZERO_SHORT)} (see below)</span>'
+                                     if zero else "")
+        sent = sent_of(r)
+        sent_css = {LEAK: "leak", NO_LEAK: "no_leak"}.get(sent.leak or "", "muted")
         rows.append(f'<tr><td><a href="#{escape(round_dir_name(r.round))}">{escape(r.round)}</a></td>'
                     f'<td class="text cell-{escape(v.leak)}">{escape(v.leak_text)}{flag}</td>'
-                    f'<td class="text">{escape(v.proven)}</td>'
-                    f"{verdict_cell(v.verdict)}<td class=\"text\">{escape(decided)}</td><td class=\"text\">"
+                    f'<td class="text">{proven}</td>'
+                    f"{verdict_cell(v.verdict)}<td class=\"text\">{escape(decided)}</td>"
+                    f'<td class="text"><span class="{sent_css}">{escape(sent.text)}</span></td><td class="text">'
                     f"{escape(v.epsilon)}</td></tr>")
+    notes = sorted({note for r in records if (note := epsilon_zero_note(r.leak))})
     return ["<h2>Verdict per round</h2>",
-            '<div class="scroll"><table><tr><th>round</th><th>leak verdict</th><th>proven</th><th>gate</th>'
-            "<th>decided by</th><th>DP ε spent</th></tr>", *rows, "</table></div>"]
+            '<div class="scroll"><table><tr><th>round</th><th>leak verdict (the trained update)</th><th>proven</th>'
+            "<th>gate</th><th>decided by</th><th>sent</th><th>DP ε spent</th></tr>", *rows, "</table></div>",
+            *(f'<p class="muted">{escape(notes[0])}.</p>' for _ in notes[:1])]
 
 
 def metrics_table(records: list[RoundRecord]) -> tuple[list[str], bool]:
@@ -292,17 +301,17 @@ def _headline_caption(records: list[RoundRecord]) -> str:
     hatched = (" Shaded rounds, named under the axis: the update was withheld, DP-retrained, or over the gate's "
                "limit and sent all the same (a gate that only reports)."
                if any(headline_of(r).gate in GATE_COLORS for r in records) else "")
-    if any(_budget_set(r) for r in records):
+    if epsilon_chart([headline_of(r) for r in records]):
         actions = {round_verdict(r).action for r in records if _budget_set(r)}
         done = ("only reported (the gate's action is report_only)" if actions == {"report_only"} else
                 "withheld or DP-retrained, as the gate's action says")
         return ("Each dot: the epsilon lower bound the round's audit proves (family-wise over its attacks, at the "
                 f"audit's confidence), red where a leak was detected; red line: the budget (an update whose bound "
                 f"exceeds it is {done}); dashed: the most these counts could prove." + hatched)
-    return ("Each marker: the round's strongest figure (the most significant of its tests: an exact AUC or a TPR at "
-            "an FPR tolerance), red where it beat chance after the correction for the number of tests, green where "
-            "nothing did; thick bar: its interval, thin bar: the interval corrected for the number of tests, grey "
-            "dash: chance." + hatched)
+    return ("Each dot: how sure the round's audit is that its strongest attack beats chance, -log10 of the "
+            "Holm-adjusted p-value of its most significant test (one scale whether that figure is an exact AUC or a "
+            "TPR at an FPR tolerance; the figure is written above the dot), red where a leak was detected (above the "
+            "red line), green where none was. The audit is of the trained update." + hatched)
 
 
 def _run_account(account, final_roc: str | None) -> list[str]:

@@ -23,7 +23,8 @@ from audit.round_record import RoundRecord
 
 __all__ = ["Check", "RoundVerdict", "round_verdict", "inverted_attacks", "strongest_tpr", "NO_DP", "leak_status",
            "leak_text", "headline_figure",
-           "sent_leak_status",
+           "sent_leak_status", "Sent", "sent_of", "epsilon_zero_note", "EPSILON_ZERO_SHORT", "gate_reason",
+           "dp_spent_text",
            "leak_state", "epsilon_status", "floor_text", "LEAK", "NO_LEAK", "NOT_AUDITED"]
 
 # The leak verdict's three states, as the pages colour them.
@@ -57,6 +58,17 @@ class Check:
             f" [{fmt(self.lower, 3)}, {fmt(self.upper, 3)}]" if not math.isnan(self.lower) else "")
         side = ">" if self.tripped else "≤"
         return f"{self.metric}: {said} {fmt(self.value)}{where} {side} threshold {fmt(self.threshold)}"
+
+    def short(self) -> str:
+        """The compared value named, in one phrase: "upper bound 0.668 of mia_local_loss_exact_auc (estimate 0.600)
+        > 0.6"; a point value as "mia_local_loss_exact_auc 0.62 > 0.6"."""
+        if self.missing:
+            return f"{self.metric} missing (fail closed)"
+        side = ">" if self.tripped else "≤"
+        if self.bound == "point":
+            return f"{self.metric} {fmt(self.value)} {side} {fmt(self.threshold)}"
+        estimate = f" (estimate {fmt(self.estimate)})" if not math.isnan(self.estimate) else ""
+        return f"{self.bound} bound {fmt(self.value)} of {self.metric}{estimate} {side} {fmt(self.threshold)}"
 
 
 @dataclass(frozen=True)
@@ -127,16 +139,113 @@ def _epsilon(gate: GateEntry, mitigation: Mapping | None = None) -> str:
     with its canary check beside it, else "no DP": a round without DP spends no privacy budget it could account for,
     which 0.0 would wrongly claim."""
     if gate.retries > 0 and not math.isnan(gate.epsilon):
-        delta = float_or_nan(gate.get("delta"))
-        at = f" at δ = {delta:g}" if not math.isnan(delta) else ""
-        last = gate.tries[-1] if gate.tries else {}
-        return (f"ε = {fmt(gate.epsilon, 3)}{at}" + ("" if gate.verdict == DP_RETRAINED else " (spent on DP tries)")
-                + _canary(last.get("dp_audit")))
+        return dp_spent_text(gate) + _canary((gate.tries[-1] if gate.tries else {}).get("dp_audit"))
     if isinstance(mitigation, Mapping) and mitigation.get("method") == "dp_fedavg" and "epsilon" in mitigation:
         return (f"dp_fedavg ε = {fmt(float_or_nan(mitigation.get('epsilon')), 3)} this round, "
                 f"{fmt(float_or_nan(mitigation.get('epsilon_composed')), 3)} over {mitigation.get('releases')} "
                 f"updates at δ = {float_or_nan(mitigation.get('delta')):g}" + _canary(mitigation.get("dp_audit")))
     return NO_DP
+
+
+def dp_spent_text(gate: GateEntry) -> str:
+    """The accountant's epsilon of a round's DP tries, said as what it is: "ε = 10.8 at δ = 1e-05 composed over the
+    round's 2 DP tries (the sent one alone: 3.62)". The gate's figure composes every try (each one trained on the
+    same data); a try's own figure (its canary check's claim) is that training alone."""
+    delta = float_or_nan(gate.get("delta"))
+    at = f" at δ = {delta:g}" if not math.isnan(delta) else ""
+    tries = gate.retries
+    said = (f"ε = {fmt(gate.epsilon, 3)}{at}" + (f" composed over the round's {tries} DP tries" if tries > 1 else
+                                                  " of the round's DP try"))
+    last = gate.tries[-1] if gate.tries else {}
+    alone = float_or_nan((last.get("dp_audit") or {}).get("claimed_epsilon")) if isinstance(last, Mapping) else math.nan
+    if tries > 1 and not math.isnan(alone):
+        whose = "the sent one" if gate.verdict == DP_RETRAINED else "the last one"
+        said += f" ({whose} alone: {fmt(alone, 3)})"
+    if gate.verdict != DP_RETRAINED:
+        said += ", none of them sent"
+    return said
+
+
+# A leak verdict's epsilon lower bound of 0 beside "leak detected", in a few words (the pictures, the grid's cells).
+EPSILON_ZERO_SHORT = "ε ≥ 0: beats chance, no ε provable"
+
+
+def epsilon_zero_note(leak: Mapping | None) -> str | None:
+    """Why a detected leak proves an epsilon lower bound of 0, in plain words; None unless both hold. The leak test
+    asks whether an attack beats chance at all; an epsilon lower bound asks more: one threshold at which the members
+    flagged outnumber the non-members flagged by a proven factor (e^ε), with every threshold and attack tried
+    corrected for (audit.membership.epsilon_bound), which few members rarely prove."""
+    if _state_of(leak) != LEAK:
+        return None
+    epsilon = leak.get("epsilon") or {}
+    value = float_or_nan(epsilon.get("value"))
+    if math.isnan(value) or value > 0:
+        return None
+    members = (leak.get("floor") or {}).get("members")
+    counts = f"{fmt(members)} members" if members is not None else "these counts"
+    ceiling = float_or_nan(epsilon.get("ceiling"))
+    most = f"; the most they could prove is {fmt(ceiling, 3)}" if not math.isnan(ceiling) else ""
+    return ("ε ≥ 0 beside a detected leak: an attack beats chance, but an ε lower bound needs more, one threshold at "
+            "which the members flagged outnumber the non-members flagged by a proven factor, corrected for every "
+            f"threshold and attack tried ({fmt(epsilon.get('sources'))} attacks); {counts} do not prove one here"
+            f"{most}. Zero is not a measured privacy level")
+
+
+@dataclass(frozen=True)
+class Sent:
+    """What a party sent in a round, beside what it trained: `what` is "as trained", "DP retrain" or "nothing"
+    (withheld: the received model went back); `leak` the leak verdict of what was sent (the trained update's when
+    sent as trained, the DP retrain's own audit when one was sent; None when nothing was)."""
+
+    what: str
+    leak: str | None
+    text: str
+
+    @property
+    def sent(self) -> bool:
+        return self.what != NOTHING_SENT
+
+
+AS_TRAINED, DP_RETRAIN_SENT, NOTHING_SENT = "as trained", "DP retrain", "nothing"
+
+
+def sent_of(record: RoundRecord | None) -> Sent | None:
+    """What the party sent in this round and that update's leak verdict; None for a round without a record."""
+    if record is None:
+        return None
+    gate = record.gate
+    trained = leak_state(record)
+    if gate is None or gate.verdict in (None, KEPT):
+        words = {LEAK: "leak detected", NO_LEAK: "no leak detected"}.get(trained, "not audited")
+        return Sent(AS_TRAINED, trained, f"the trained update ({words})")
+    if gate.verdict == DP_RETRAINED:
+        last = gate.tries[-1] if gate.tries else {}
+        leak = last.get("leak") if isinstance(last, Mapping) else None
+        state = _state_of(leak)
+        words = {LEAK: "leak detected", NO_LEAK: "no leak detected"}.get(state, "no leak verdict")
+        return Sent(DP_RETRAIN_SENT, state, f"a DP retrain ({words} in its own audit)")
+    return Sent(NOTHING_SENT, None, "nothing (update withheld: the received model went back)")
+
+
+def gate_reason(record: RoundRecord) -> str:
+    """Why the gate did what it did, naming the compared value and the rule that tripped: "upper bound 0.668 of
+    mia_local_loss_exact_auc (estimate 0.600) > 0.6; 2 DP tries did not bring it below"; "" without a gate that
+    tripped."""
+    gate = record.gate
+    if gate is None:
+        return ""
+    v = round_verdict(record)
+    tripped = [c for c in v.checks if c.tripped or c.missing]
+    if not tripped:
+        if gate.verdict == WITHHELD or gate.reason in (RUN_BUDGET, DP_VIOLATED, NON_FINITE_UPDATE):
+            return v.status
+        return ""
+    said = "; ".join(c.short() for c in tripped)
+    if gate.verdict == WITHHELD and gate.retries:
+        said += f"; {gate.retries} DP tr{'ies' if gate.retries > 1 else 'y'} did not bring it below"
+    elif gate.verdict == DP_RETRAINED:
+        said += f"; the DP retrain (try {gate.retries}) passed"
+    return said
 
 
 def strongest_tpr(record: RoundRecord) -> tuple[str, float, Mapping | None] | None:
@@ -258,7 +367,11 @@ def sent_leak_status(record: RoundRecord) -> str | None:
     leak = sent.get("leak")
     said = _leak_text(leak) if isinstance(leak, Mapping) else "no leak verdict"
     proven = (sent.get("empirical_epsilon") or {}).get("value")
-    return (f"sent: the DP retrain (accountant ε = {fmt(sent.get('epsilon'), 3)}): {said}"
+    alone = float_or_nan((sent.get("dp_audit") or {}).get("claimed_epsilon"))
+    accountant = (f"accountant ε = {fmt(alone, 3)} for its training alone, {fmt(gate.epsilon, 3)} over the round's "
+                  f"{gate.retries} DP tries" if gate.retries > 1 and not math.isnan(alone)
+                  else f"accountant ε = {fmt(sent.get('epsilon'), 3)}")
+    return (f"sent: the DP retrain ({accountant}): {said}"
             + (f"; ε ≥ {fmt(proven, 3)} proven" if proven is not None else ""))
 
 
