@@ -49,7 +49,8 @@ def test_kept_withheld_ungated_and_straggler_with_reasons():
     # each collaborator that reported the metric counts once
     # beside the mean, the worst (largest) value and whose it is: for privacy the maximum counts
     assert record["averaged_audit_metrics"]["mia_local_loss_auc"] == {"mean": pytest.approx((0.6 * 3 + 0.8) / 4), "n": 4,
-                                                                      "max": 0.8, "worst": "c"}
+                                                                      "worst_value": 0.8, "worst": "c",
+                                                                      "worse": "higher"}
 
 
 def test_a_gate_that_only_reports_is_shown_as_tripped_but_kept():
@@ -305,3 +306,23 @@ def test_csv_files_escape_names_from_plans_but_not_numbers(tmp_path):
     assert withheld["gate_epsilon"] == "0.25" and withheld["tripped"] == "mia_local_margin=-0.5"
     averaged = next(csv.DictReader((tmp_path / "metrics.csv").open(newline="")))
     assert averaged["mia_local_margin"] == "-0.5" and averaged["kept"] == "4"  # a number stays a number
+
+
+def test_worst_in_each_metrics_direction_no_mean_of_p_values_or_bounds_and_no_gate_said():
+    """A p-value's worst collaborator is the one with the smallest (the surer leak); p-values and epsilon bounds are
+    not averaged; a party without a gate is "no gate", never "passed the gate"; a DP retrain sent is said so."""
+    sent = {"a": {"gate_kept": 1.0, "leak_p_value": 0.3, "leak_epsilon_lb": 0.2, "mia_local_loss_exact_auc": 0.55},
+            "b": {"gate_kept": 1.0, "leak_p_value": 0.001, "leak_epsilon_lb": 0.0, "mia_local_loss_exact_auc": 0.7}}
+    record = round_record(0, authorized=["a", "b"], stragglers=[], metrics=sent)
+    averaged = record["averaged_audit_metrics"]
+    assert averaged["leak_p_value"] == {"mean": None, "n": 2, "worst_value": 0.001, "worst": "b", "worse": "lower"}
+    assert averaged["leak_epsilon_lb"]["mean"] is None and averaged["leak_epsilon_lb"]["worst"] == "a"
+    assert averaged["mia_local_loss_exact_auc"]["worst"] == "b"
+    assert averaged["mia_local_loss_exact_auc"]["mean"] == pytest.approx(0.625)
+    assert {e["reason"] for e in record["collaborators"].values()} == {"no gate: averaged as trained"}
+    retrained = round_record(0, authorized=["c"], stragglers=[], metrics={"c": {
+        "gate_kept": 1.0, "gate_retries": 2.0, "gate_epsilon": 10.8, "gate_tripped__mia_local_loss_exact_auc": 0.68,
+        "gate_threshold__mia_local_loss_exact_auc": 0.6}})["collaborators"]["c"]
+    assert retrained["verdict"] == "dp_retrained"
+    assert retrained["reason"] == ("sent a DP retrain (try 2 passed); the trained update tripped: "
+                                   "mia_local_loss_exact_auc = 0.68")

@@ -307,6 +307,31 @@ def test_each_partys_run_account_composes_what_it_released(retrained):
                        "collaborator3": "DP retrain try 1"}
 
 
+@pytest.mark.federation
+def test_the_summary_says_what_was_trained_what_was_sent_and_why(retrained):
+    """The end-of-run lines of a gated DP run: each gate's verdict names the compared value and the rule that tripped
+    it, the DP tries' epsilon says what it composes, the trained update's verdict says it was not sent, and the
+    closing lines tell the trained updates' leaks apart from what was sent."""
+    from workspace.run_summary import summary_lines
+
+    names = ("collaborator1", "collaborator2", "collaborator3")
+    lines = summary_lines({n: retrained.report_dir / n for n in names}, retrained.aggregator_report_dir, 1)
+    text = "\n".join(lines)
+    (round_line,) = [ln for ln in lines if ln.startswith("round 0: ")]
+    auc3 = record(retrained, "collaborator3")["extra"]["gate"]["tripped"][AUC]["value"]
+    # the bound is point here (the grid AUC has no interval): the value compared is the metric itself
+    assert f"collaborator3 dp_retrained ({AUC} {auc3:.4g} > 0.7; the DP retrain (try 1) passed); ε = " in round_line
+    assert "of the round's DP try" in round_line
+    assert ("collaborator2 withheld (" in round_line and "2 DP tries did not bring it below" in round_line
+            and "composed over the round's 2 DP tries (the last one alone: " in round_line
+            and "none of them sent" in round_line)
+    assert "collaborator1 kept" in round_line
+    assert "  collaborator3 (the trained update, not sent): " in text and "  collaborator1: " in text
+    (sent,) = [ln for ln in lines if ln.startswith("what was sent: ")]
+    assert "collaborator2: nothing (withheld) in round 0" in sent
+    assert "collaborator3: DP retrain (" in sent and "collaborator1: as trained (" in sent
+
+
 # ---------------------------------------------------------------------------------------------- non-finite
 
 

@@ -225,11 +225,12 @@ def test_epsilon_is_the_accountants_when_dp_ran_and_never_zero_without_it():
             "tripped": {"m": {"value": 0.7, "threshold": 0.5}}, "reason": "over_threshold"}
     retrained = round_verdict(_record({**base, "verdict": "dp_retrained", "retries": 2, "epsilon": 3.25,
                                        "delta": 1e-5}, metrics={"m": 0.7}))
-    assert retrained.epsilon == "ε = 3.25 at δ = 1e-05"
+    # the gate's figure composes every try of the round: said so
+    assert retrained.epsilon == "ε = 3.25 at δ = 1e-05 composed over the round's 2 DP tries"
     assert retrained.status.startswith("above threshold: retrained with DP")
     gave_up = round_verdict(_record({**base, "verdict": "withheld", "retries": 3, "epsilon": 8.0, "delta": 1e-5},
                                     metrics={"m": 0.7}))
-    assert gave_up.epsilon == "ε = 8 at δ = 1e-05 (spent on DP tries)"
+    assert gave_up.epsilon == "ε = 8 at δ = 1e-05 composed over the round's 3 DP tries, none of them sent"
     assert gave_up.status == "above threshold: withheld after DP retraining did not bring it below"
     kept = round_verdict(_record({**base, "verdict": "kept", "action": "withhold", "retries": 0, "epsilon": 0.0,
                                   "tripped": {}}, metrics={"m": 0.4}))
@@ -316,12 +317,12 @@ def test_the_aggregator_reports_mean_worst_threshold_and_dp_retrained(tmp_path):
     assert [entries[n]["status"] for n in "abc"] == ["kept", "kept", "withheld"]  # what the average did
     assert entries["c"]["thresholds"] == {"mia_x_auc": 0.6}
     assert record["averaged_audit_metrics"]["mia_x_auc"] == {
-        "mean": pytest.approx((0.52 + 0.71 + 0.65) / 3), "n": 3, "max": 0.71, "worst": "b"}
+        "mean": pytest.approx((0.52 + 0.71 + 0.65) / 3), "n": 3, "worst_value": 0.71, "worst": "b", "worse": "higher"}
     (tmp_path / "aggregator").mkdir()
     AggregatorReportWriter(tmp_path / "aggregator").write_round(record)
     page = (tmp_path / "aggregator" / "index.html").read_text()
-    assert "0.65; compared 0.74 &gt; 0.6" in page and "0.52; passed (≤ 0.6)" in page
-    assert "0.71 (b)" in page and "dp_retrained" in page and "gated" not in page.lower()
+    assert "0.65; compared 0.74 &gt; 0.6 (tripped)" in page and "0.52; passed (≤ 0.6)" in page
+    assert "dp_retrained" in page and "gated" not in page.lower()
     assert (tmp_path / "aggregator" / "gate_mia_x_auc.png").stat().st_size > 0
     assert "aggregator/index.html" in (tmp_path / "index.html").read_text()
     assert broken_links(tmp_path) == []
@@ -390,8 +391,9 @@ def test_a_multi_process_run_index_links_every_page_and_each_page_links_back_to_
     for name in names:
         v = round_verdict(latest[name])
         assert f'<td class="text cell-{v.leak}" title="{v.leak_text}">' in rows, (name, v.leak_text)
-    assert round_verdict(latest["collaborator1"]).verdict == "withheld" and '<span class="withheld">withheld</span>' in rows
-    assert '<span class="kept">sent (no gate)</span>' in rows
+    assert (round_verdict(latest["collaborator1"]).verdict == "withheld"
+            and '<span class="withheld">withheld: nothing sent</span>' in rows)
+    assert '<span class="kept">sent as trained (no gate)</span>' in rows
     assert "withheld: collaborator1" in rows and "kept: collaborator2" in rows  # the aggregator's latest round
     # the aggregator's page: each collaborator's leak verdict beside its gate's, and the warning that every update of
     # collaborator1 stayed out of the average

@@ -6,6 +6,7 @@ synthetic scores; figures are read back from matplotlib's objects, pages from th
 
 from __future__ import annotations
 
+import csv
 import math
 import re
 from pathlib import Path
@@ -283,7 +284,7 @@ def test_the_aggregator_page_names_a_gate_only_when_set_and_collapses_its_tables
     page = (tmp_path / "aggregator" / "index.html").read_text()
     assert "No gate is set" in page and "Gate metric" not in page and "Gate:" not in page
     assert "<details open" not in page  # no raw table opens the page
-    rows = {m: row for m, row in re.findall(r"<tr><td>([a-z0-9_.]+)</td>(.*?)</tr>", page)}
+    rows = {m: row for m, row in re.findall(r"<tr><td[^>]*>([a-z0-9_.]+)</td>(.*?)</tr>", page)}
     # equal values: nobody is the worst; differing ones: the larger's party
     assert "all equal" in rows["mia_local_loss_tpr_at_fpr_0.001"] and ">b<" in rows["mia_local_loss_exact_auc"]
     # the population of 404 cannot resolve FPR 0.001: marked as the parties' pages mark it; 0.6's AUC is not
@@ -294,3 +295,34 @@ def test_the_aggregator_page_names_a_gate_only_when_set_and_collapses_its_tables
     assert unresolvable(entry, "mia_local_loss_tpr_at_fpr_0.001")
     assert not unresolvable(entry, "mia_local_loss_tpr_at_fpr_0.01")
     assert not unresolvable({"population": {}}, "mia_local_loss_tpr_at_fpr_0.001")  # sent none: no mark claimed
+
+
+def test_the_aggregator_page_of_a_gated_dp_run_names_every_rule_in_words_and_the_utility_cost(tmp_path):
+    """Two gate rules (the budget on the epsilon bound and an AUC threshold): both named, with a human label and how
+    often each tripped; each collaborator's cell shows what tripped it; the trained update's verdict says whose it
+    is; p-values are not averaged; the global model's accuracy per round is a result on the page."""
+    def sent(retries, kept, auc, p):
+        return {"gate_kept": kept, "gate_retries": retries, "gate_epsilon": 10.8 if retries else 0.0,
+                "gate_threshold__leak_epsilon_lb": 0.1, "gate_threshold__mia_local_loss_exact_auc": 0.6,
+                "gate_tripped__leak_epsilon_lb": 0.0, "gate_tripped__mia_local_loss_exact_auc": auc + 0.06,
+                "mia_local_loss_exact_auc": auc, "leak_detected": 1.0, "leak_p_value": p, "leak_epsilon_lb": 0.0}
+    writer = AggregatorReportWriter(tmp_path / "aggregator")
+    for r, accuracy in enumerate((0.10, 0.12, 0.13)):
+        writer.write_round(round_record(r, authorized=["a", "b"], stragglers=[],
+                                        metrics={"a": sent(2, 0.0, 0.61, 1e-4), "b": sent(1, 1.0, 0.62, 0.02)},
+                                        aggregator_logs={"aggregator/aggregated_model_validation/accuracy": accuracy}))
+    page = (tmp_path / "aggregator" / "index.html").read_text()
+    assert ("proven ε lower bound (family-wise) (<code>leak_epsilon_lb</code>) at most 0.1: tripped 0 times; "
+            "exact AUC: local / loss (<code>mia_local_loss_exact_auc</code>) at most 0.6: tripped 6 times") in page
+    assert "exact AUC: local / loss: 0.61; compared 0.67 &gt; 0.6 (tripped)" in page
+    assert "withheld</span> · <span class=\"leak\">trained update: leak detected (p 0.0001)" in page
+    assert "<h2>exact AUC: local / loss per round</h2>" in page and "<h2>leak_epsilon_lb per round" not in page
+    rows = {m: row for m, row in re.findall(r"<tr><td[^>]*>([a-z0-9_.]+)</td>(.*?)</tr>", page)}
+    assert "not averaged" in rows["leak_p_value"] and ">a<" in rows["leak_p_value"]  # the smaller p is the worse
+    assert "not averaged" in rows["leak_epsilon_lb"] and "not averaged" not in rows["mia_local_loss_exact_auc"]
+    assert "Utility: the global model" in page and "went from 0.1 at round 0 to 0.13 at round 2" in page
+    assert "rounds averaged with a DP retrain or an update withheld: +0.015 a round on average (2 rounds)" in page
+    decisions = (tmp_path / "aggregator" / "decisions.csv").read_text()
+    assert "sent a DP retrain (try 1 passed); the trained update tripped" in decisions
+    metrics = list(csv.DictReader((tmp_path / "aggregator" / "metrics.csv").open()))
+    assert metrics[0]["leak_p_value"] == "" and float(metrics[0]["worst:leak_p_value"]) == 1e-4

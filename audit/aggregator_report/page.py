@@ -16,8 +16,9 @@ from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, KEPT, LEFT_OU
 from audit.config.vocabulary import LEAK_EPSILON_LB
 from audit.reporting.html import page
 from audit.reporting.party_page import UNRESOLVED_MARK  # the parties' mark, on their figures here too
+from audit.reporting.metric_labels import averageable, metric_label, worse_when_lower
 from audit.reporting.plots import plot_collaborators
-from audit.aggregator_report.record import STATUS_LISTS, UNRESOLVED_NOTE, fmt, unresolvable
+from audit.aggregator_report.record import STATUS_LISTS, UNRESOLVED_NOTE, fmt, unresolvable, worst_value
 
 
 def gate_metrics(records: list[dict]) -> list[str]:
@@ -67,7 +68,9 @@ def write_plots(records: list[dict], root: Path) -> list[tuple[str, str]]:
             thresholds = [_threshold_of(r, metric) for r in records]
             tripped = {n: [metric in r["collaborators"].get(n, {}).get("tripped", {}) for r in records] for n in names}
             plot_collaborators(rounds, values, root / _plot_file(metric), metric=metric,
-                               thresholds=[math.nan if t is None else t for t in thresholds], tripped=tripped)
+                               thresholds=[math.nan if t is None else t for t in thresholds], tripped=tripped,
+                               label=metric_label(metric), worse_when_lower=worse_when_lower(metric),
+                               mean=averageable(metric))
             made.append((metric, _plot_file(metric)))
     keep = {name for _, name in made}
     for stale in root.glob("gate_*.png"):
@@ -86,7 +89,7 @@ def _verdict_text(entry: Mapping, metric: str) -> str:
         return text + "; missing this round: gated (fail closed)"
     if metric in tripped:
         compared = fmt(tripped[metric]) if tripped[metric] is not None else "not finite"
-        return text + f"; compared {compared} > {fmt(threshold) if threshold is not None else 'its threshold'}"
+        return text + f"; compared {compared} > {fmt(threshold) if threshold is not None else 'its threshold'} (tripped)"
     if threshold is not None:
         return text + f"; passed (≤ {fmt(threshold)})"
     return text if value is not None else ""
@@ -99,12 +102,12 @@ def leak_text(entry: Mapping) -> str:
     if leak.get("detected") is None:
         return "no leak verdict (not audited)"
     p = leak.get("p_value")
-    said = f"leak detected (p {p:.2g})" if leak["detected"] and p is not None else (
-        "leak detected" if leak["detected"] else "no leak detected")
+    said = f"trained update: leak detected (p {p:.2g})" if leak["detected"] and p is not None else (
+        "trained update: leak detected" if leak["detected"] else "trained update: no leak detected")
     return said + (f"; ε ≥ {fmt(leak['epsilon_lb'])}" if leak.get("epsilon_lb") is not None else "")
 
 
-def _round_row(record: Mapping, names: list[str], metric: str | None) -> str:
+def _round_row(record: Mapping, names: list[str], watched: list[str]) -> str:
     e = html.escape
     cells = []
     for n in names:
@@ -115,30 +118,20 @@ def _round_row(record: Mapping, names: list[str], metric: str | None) -> str:
         verdict = entry.get("verdict", entry["status"])
         leak = entry.get("leak") or {}
         state = "not_audited" if leak.get("detected") is None else "leak" if leak["detected"] else "no_leak"
-        detail = _verdict_text(entry, metric) if metric else ""
-        mark = UNRESOLVED_MARK if metric and unresolvable(entry, metric) else ""
+        # the metrics that tripped its gate first; without a trip, every metric its gate watches
+        tripped = [m for m in watched if m in entry.get("tripped", {}) or m in entry.get("missing", ())]
+        shown = tripped or [m for m in watched if m in entry.get("thresholds", {})]
+        details = [f"{metric_label(m)}: {t}{UNRESOLVED_MARK if unresolvable(entry, m) else ''}" for m in shown
+                   if (t := _verdict_text(entry, m))]
         if entry.get("received_model") in ("rejected", "alarm"):
-            detail = ("rejected the received model" if entry["received_model"] == "rejected"
-                      else "alarm on the received model (reported only)") + (f"; {detail}" if detail else "")
-            detail_text = detail
-        else:
-            detail_text = f"{metric}: {detail}{mark}" if detail else ""
+            details.insert(0, "rejected the received model" if entry["received_model"] == "rejected"
+                           else "alarm on the received model (reported only)")
+        if not watched:
+            details.append("no gate")
         cells.append(f'<td class="text"><span class="{e(verdict)}">{e(verdict)}</span> · '
                      f'<span class="{state}">{e(leak_text(entry))}</span>'
-                     + (f"<br><span class=\"muted\">{e(detail_text)}</span>" if detail_text else "") + "</td>")
-    summary = ""
-    if metric:
-        values = {n: v for n in names if n in record["collaborators"]
-                  if (v := _value_of(record["collaborators"][n], metric)) is not None}
-        worst = max(values.values()) if values else None
-        # A worst collaborator is named only where the values differ: with equal values nobody is worse.
-        who = [n for n, v in values.items() if v == worst] if len(set(values.values())) > 1 else []
-        threshold = _threshold_of(record, metric)
-        mark = UNRESOLVED_MARK if any(unresolvable(record["collaborators"][n], metric) for n in values) else ""
-        summary = (f"<td>{e(fmt(sum(values.values()) / len(values)) if values else '')}{mark}</td>"
-                   f"<td>{e(fmt(worst))}{mark}{e(f' ({who[0]})' if who else '')}</td>"
-                   f"<td>{e(fmt(threshold) if threshold is not None else 'none')}</td>")
-    return (f'<tr><td><a href="#round-{record["round"]}">{record["round"]}</a></td>' + "".join(cells) + summary
+                     + "".join(f'<br><span class="muted">{e(d)}</span>' for d in details) + "</td>")
+    return (f'<tr><td><a href="#round-{record["round"]}">{record["round"]}</a></td>' + "".join(cells)
             + f"<td class=\"text\">{e(', '.join(record['kept']) or 'none')}</td></tr>")
 
 
@@ -168,7 +161,56 @@ _VOCABULARY = ("Leak verdicts, each party's own: <strong>leak detected</strong> 
                "averaged), <strong>straggler</strong> (the round ended without it). Thresholds: each gate's, as the "
                "collaborators sent them. Values: the estimate each collaborator sent; where its gate tripped, also "
                "the value it compared (an interval's bound, as its gate's bound says: the bounds stay with the "
-               "party). For privacy the worst (largest) collaborator counts, not the mean.")
+               "party). For privacy the worst collaborator counts, not the mean: the largest of an AUC, a TPR or an ε "
+               "bound, the smallest of a p-value; p-values and bounds are never averaged.")
+
+
+# OpenFL's average of the parties' validation of the global model they received (aggregator logs, per round).
+GLOBAL_ACCURACY = "aggregator/aggregated_model_validation/accuracy"
+
+
+def _utility_section(records: list[dict]) -> list[str]:
+    """What the privacy actions cost in utility, as a result: the global model's validation accuracy at each round's
+    start (OpenFL's average over the parties), and its change over the rounds whose average was gated (a DP retrain
+    in it, or an update withheld) beside the rounds where every update went in as trained, where the run has both."""
+    acc = {r["round"]: v for r in records if (v := (r.get("aggregator_logs") or {}).get(GLOBAL_ACCURACY)) is not None}
+    if len(acc) < 2:
+        return []
+    e = html.escape
+
+    def gated(record: Mapping) -> bool:
+        return any(entry.get("verdict", entry["status"]) != KEPT for entry in record["collaborators"].values())
+
+    by_round = {r["round"]: r for r in records}
+    changes = {"gated": [], "as trained": []}
+    rows = []
+    for rnd in sorted(acc):
+        nxt = acc.get(rnd + 1)
+        kind = "gated" if gated(by_round[rnd]) else "as trained"
+        what = ", ".join(f"{n} {entry.get('verdict', entry['status'])}" for n, entry in
+                         by_round[rnd]["collaborators"].items())
+        change = "" if nxt is None else f"{nxt - acc[rnd]:+.3f}"
+        if nxt is not None:
+            changes[kind].append(nxt - acc[rnd])
+        rows.append(f"<tr><td>{rnd}</td><td>{fmt(acc[rnd])}</td><td class=\"text\">{e(what)}</td>"
+                    f"<td>{e(change or '– (the next round has not validated it)')}</td></tr>")
+    said = []
+    for kind, values in changes.items():
+        if values:
+            said.append(f"rounds averaged {'with a DP retrain or an update withheld' if kind == 'gated' else 'as trained'}"
+                        f": {sum(values) / len(values):+.3f} a round on average ({len(values)} round"
+                        f"{'s' if len(values) != 1 else ''})")
+    first, last = min(acc), max(acc)
+    out = ["<h2>Utility: the global model's accuracy</h2>",
+           f"<p>The global model's validation accuracy (OpenFL's average over the parties' validation sets) went from "
+           f"{fmt(acc[first])} at round {first} to {fmt(acc[last])} at round {last}. Change over a round, by what its "
+           f"average took: {e('; '.join(said) or 'none measured yet')}"
+           + ("" if all(changes.values()) else " (the run has no rounds of the other kind to compare with)")
+           + ".</p>",
+           "<details><summary>Accuracy per round</summary>"
+           '<div class="scroll"><table><tr><th>round</th><th>accuracy at its start</th><th>its updates</th>'
+           "<th>change by the next round</th></tr>", *rows, "</table></div></details>"]
+    return out
 
 
 def _received_model_section(records: list[dict], names: list[str]) -> list[str]:
@@ -232,7 +274,7 @@ def _canary_clients_section(records: list[dict]) -> list[str]:
     return out
 
 
-def _summary(records: list[dict], names: list[str], metric: str | None) -> list[str]:
+def _summary(records: list[dict], names: list[str], watched: list[str]) -> list[str]:
     """The page's first lines: what was averaged over the run, the gate (only where one is set) and each
     collaborator's leak verdicts, in one sentence each."""
     e = html.escape
@@ -241,11 +283,16 @@ def _summary(records: list[dict], names: list[str], metric: str | None) -> list[
                        for v in (KEPT, DP_RETRAINED, WITHHELD, LEFT_OUT_NON_FINITE, STRAGGLER) if statuses.count(v))
     out = [f"<p>{len(records)} round{'s' if len(records) != 1 else ''}, {len(names)} collaborator"
            f"{'s' if len(names) != 1 else ''}; their updates: {e(counts)}.</p>"]
-    if metric:
-        thresholds = sorted({t for r in records for entry in r["collaborators"].values()
-                             for m, t in entry.get("thresholds", {}).items() if m == metric and t is not None})
-        out.append(f"<p>Gate: <code>{e(metric)}</code> at most {e(', '.join(fmt(t) for t in thresholds) or '?')} "
-                   "(each collaborator's gate decides on its own update).</p>")
+    if watched:
+        rules = []
+        for metric in watched:
+            thresholds = sorted({t for r in records for entry in r["collaborators"].values()
+                                 for m, t in entry.get("thresholds", {}).items() if m == metric and t is not None})
+            trips = sum(metric in entry.get("tripped", {}) for r in records for entry in r["collaborators"].values())
+            rules.append(f"{e(metric_label(metric))} (<code>{e(metric)}</code>) at most "
+                         f"{e(', '.join(fmt(t) for t in thresholds) or '?')}: tripped {trips} time"
+                         f"{'s' if trips != 1 else ''}")
+        out.append(f"<p>Gate (each collaborator's gate decides on its own update): {'; '.join(rules)}.</p>")
     else:
         out.append("<p>No gate is set: every update is averaged as sent; the leak verdicts are the parties' own.</p>")
     leaks, leaked = [], False
@@ -256,7 +303,7 @@ def _summary(records: list[dict], names: list[str], metric: str | None) -> list[
             leaks.append(f"{n} in {sum(audited)} of {len(audited)} audited rounds")
             leaked = leaked or any(audited)
     if leaks:
-        out.append(f'<p class="{"leak" if leaked else "no_leak"}">Leak detected (each party\'s own verdict): '
+        out.append(f'<p class="{"leak" if leaked else "no_leak"}">Leak detected in the trained updates (each party\'s own verdict; a withheld or DP-retrained update\'s own leak was not sent): '
                    f"{e('; '.join(leaks))}.</p>")
     return out
 
@@ -292,7 +339,7 @@ def _metrics_table(record: Mapping, names: list[str]) -> list[str]:
     if not averaged:
         return []
     out = [f"<details><summary>Audit metrics: mean and worst collaborator ({len(averaged)} metrics)</summary>",
-           '<div class="scroll"><table><tr><th>metric</th><th>mean</th><th>worst (max)</th>'
+           '<div class="scroll"><table><tr><th>metric</th><th>mean</th><th>worst (its direction)</th>'
            "<th>worst collaborator</th>" + "".join(f"<th>{e(n)}</th>" for n in names) + "</tr>"]
     marked = False
     for m, a in averaged.items():
@@ -301,11 +348,14 @@ def _metrics_table(record: Mapping, names: list[str]) -> list[str]:
         marks = [UNRESOLVED_MARK if v is not None and unresolvable(entry, m) else "" for entry, v in zip(entries, per)]
         any_mark = UNRESOLVED_MARK if any(marks) else ""
         marked = marked or bool(any_mark)
-        worst = a.get("max", max((v for v in per if v is not None), default=None))
+        worst = worst_value(a)
         sent = {v for v in per if v is not None}
         # A worst collaborator is named only where the values differ: with equal values nobody is worse.
         who = a.get("worst", "") if len(sent) > 1 else ("all equal" if len(sent) == 1 and len(per) > 1 else "")
-        out.append(f"<tr><td>{e(m)}</td><td>{e(fmt(a['mean']))}{any_mark}</td><td>{e(fmt(worst))}{any_mark}</td>"
+        mean = (f"{e(fmt(a['mean']))}{any_mark}" if a.get("mean") is not None and averageable(m)
+                else "<span class=\"muted\">not averaged</span>")
+        out.append(f'<tr><td title="{e(metric_label(m))}">{e(m)}</td><td>{mean}</td>'
+                   f"<td>{e(fmt(worst))}{any_mark}</td>"
                    f'<td class="text">{e(who)}</td>'
                    + "".join(f"<td>{e(fmt(v))}{mark}</td>" for v, mark in zip(per, marks)) + "</tr>")
     out.append("</table></div>")
@@ -333,26 +383,28 @@ def page_html(records: list[dict], plots: list[tuple[str, str]], *, run_index: b
         body.append("<p>No rounds yet.</p>")
         return page("Aggregator report", body)
     names = sorted({n for r in records for n in r["collaborators"]})
-    metric = next(iter(gate_metrics(records)), None)
+    watched = gate_metrics(records)
     warning = withheld_warning(records)
     if warning:
         body.append(f'<p class="flag"><strong>Warning:</strong> {e(warning)}.</p>')
-    body += _summary(records, names, metric)
+    body += _summary(records, names, watched)
+    body += _utility_section(records)
     body.append("<h2>Verdict per round</h2>")
     body.append('<div class="scroll"><table><tr><th>round</th>' + "".join(f"<th>{e(n)}</th>" for n in names)
-                + ("<th>mean</th><th>worst (max)</th><th>threshold</th>" if metric else "")
                 + "<th>averaged</th></tr>")
-    body += [_round_row(r, names, metric) for r in reversed(records)]
+    body += [_round_row(r, names, watched) for r in reversed(records)]
     body.append("</table></div>")
     body += _received_model_section(records, names)
     body += _canary_clients_section(records)
-    if metric and any(unresolvable(entry, metric) for r in records for entry in r["collaborators"].values()):
+    if any(unresolvable(entry, m) for m in watched for r in records for entry in r["collaborators"].values()):
         body.append(f'<p class="muted">{e(UNRESOLVED_NOTE)}</p>')
     body.append(f'<details><summary>How to read this page</summary><p class="muted">{_VOCABULARY}</p></details>')
-    watched = gate_metrics(records)
     for name, file in plots:
-        body.append(f"<h2>{e(name)} per round</h2>")
-        body.append('<p class="muted">Each collaborator\'s value (dots), their mean and the worst (largest) of them'
+        body.append(f"<h2>{e(metric_label(name))} per round</h2>")
+        worst = "smallest" if worse_when_lower(name) else "largest"
+        body.append(f'<p class="muted"><code>{e(name)}</code>: each collaborator\'s value (dots), '
+                    + ("their mean and " if averageable(name) else "")
+                    + f"the worst ({worst}) of them"
                     + ("; the red line is the gate's threshold. A collaborator above the red line, or whose interval "
                        "reaches above it when its gate compares the upper bound (gate.bound: upper, the default), had "
                        "its update withheld or DP-retrained: ringed in red where its gate tripped." if name in watched

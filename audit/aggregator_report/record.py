@@ -33,6 +33,7 @@ from audit.config.steps import is_audit_metric
 from audit.config.vocabulary import (BOUNDS, LEAK_DETECTED, LEAK_EPSILON_CEILING, LEAK_EPSILON_LB, LEAK_P_VALUE,
                                      POPULATION_PREFIX, tpr_statistic)
 from audit.config.resolution import resolvable
+from audit.reporting.metric_labels import averageable, worse_when_lower
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +111,10 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
                   "so its update is not in this round's model")
     else:
         status = decision.status
-        reason = _reason(decision, metrics.get(GATE_KEPT), causes, retries)
+        # a gate decides only where it holds a limit (a threshold, the epsilon budget among them)
+        gated = bool(thresholds) or any(name.startswith(GATE_TRIPPED_PREFIX) and name[len(GATE_TRIPPED_PREFIX):]
+                                        not in (NON_FINITE_UPDATE, DP_VIOLATED) for name in metrics)
+        reason = _reason(decision, metrics.get(GATE_KEPT), causes, retries, gated=gated)
         if received_model == "rejected" and status == WITHHELD:
             reason = ("did not train: it rejected this round's global model before training (its checks' figures "
                       "stay in its own report)")
@@ -191,7 +195,7 @@ UNRESOLVED_NOTE = ("* Unresolvable: the collaborator's population (the size it s
                    "FPR t; a mean or worst value marked * includes such a figure.")
 
 
-def _reason(decision: Decision, gate_kept, causes: list[str], retries: float | None) -> str:
+def _reason(decision: Decision, gate_kept, causes: list[str], retries: float | None, gated: bool = True) -> str:
     after = f" (after {retries:g} retries)" if retries else ""
     if decision.status == LEFT_OUT_NON_FINITE:
         said = "" if gate_kept is None else f"; its gate_kept was {_number(gate_kept)}"
@@ -202,8 +206,12 @@ def _reason(decision: Decision, gate_kept, causes: list[str], retries: float | N
         return f"gate_kept is not a finite number ({_number(gate_kept)}); treated as withheld, left out of the average"
     if decision.status == WITHHELD:
         return "update withheld: " + (", ".join(causes) if causes else "no tripped metric reported") + after
+    if causes and retries:  # the trained update tripped; a DP retrain of it passed and was sent
+        return (f"sent a DP retrain (try {retries:g} passed); the trained update tripped: " + ", ".join(causes))
     if causes:  # e.g. a gate that only reports
         return "sent although the gate tripped: " + ", ".join(causes)
+    if not gated:
+        return "no gate: averaged as trained"
     return "passed the gate" + (f" after {retries:g} retries" if retries else "")
 
 
@@ -237,11 +245,15 @@ def round_record(round_num: int, *, authorized: Iterable[str], stragglers: Itera
     names = sorted({k for e in collaborators.values() for k, v in e["audit_metrics"].items() if v is not None})
     averaged = {}
     for name in names:
-        values = [e["audit_metrics"][name] for e in collaborators.values() if e["audit_metrics"].get(name) is not None]
-        worst = max((e["audit_metrics"][name], n) for n, e in collaborators.items()
-                    if e["audit_metrics"].get(name) is not None)
-        # For privacy the worst collaborator counts, not the mean: the largest value and whose it is.
-        averaged[name] = {"mean": sum(values) / len(values), "n": len(values), "max": worst[0], "worst": worst[1]}
+        sent = [(e["audit_metrics"][name], n) for n, e in collaborators.items()
+                if e["audit_metrics"].get(name) is not None]
+        lower = worse_when_lower(name)
+        # For privacy the worst collaborator counts, in the metric's direction (a p-value's smallest, an AUC's
+        # largest); a mean only where one means something (not of p-values, not of bounds).
+        worst = min(sent) if lower else max(sent)
+        averaged[name] = {"mean": sum(v for v, _ in sent) / len(sent) if averageable(name) else None,
+                          "n": len(sent), "worst_value": worst[0], "worst": worst[1],
+                          "worse": "lower" if lower else "higher"}
     # What a reader would not expect from the gates' verdicts alone.
     notes = [f"{n}: {e['reason']}" for n, e in collaborators.items()
              if e["cause"] in (NO_GATE_METRIC, GATE_KEPT_NOT_FINITE, NON_FINITE_TENSORS)]
@@ -259,6 +271,12 @@ def round_record(round_num: int, *, authorized: Iterable[str], stragglers: Itera
         "notes": notes,
         **({"canary_clients": dict(canary_clients)} if canary_clients else {}),
     }
+
+
+def worst_value(summary: Mapping) -> float | None:
+    """A metric's worst collaborator's value from a round record's `averaged_audit_metrics` entry (records written
+    before the direction was kept have only `max`)."""
+    return summary.get("worst_value", summary.get("max"))
 
 
 def fmt(value: Any) -> str:

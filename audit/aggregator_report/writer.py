@@ -25,7 +25,7 @@ from audit.reporting.csv_cells import spreadsheet_safe_row
 from audit.reporting.html import write_index
 from audit.reporting.writer import RoundReportWriter
 from audit.aggregator_report.page import page_html, write_plots
-from audit.aggregator_report.record import STATUS_LISTS, fmt
+from audit.aggregator_report.record import STATUS_LISTS, fmt, worst_value
 
 
 class AggregatorReportWriter(RoundReportWriter):
@@ -96,7 +96,9 @@ def _metrics_csv(records: list[dict]) -> str:
     writer.writerow(spreadsheet_safe_row(["round", *STATUS_LISTS, *names, *(f"worst:{n}" for n in names)]))
     for r in records:
         averaged = r.get("averaged_audit_metrics", {})
+        # <metric>: the mean over the collaborators, empty where a mean is no figure (p-values, bounds);
+        # worst:<metric>: the worst collaborator's value in the metric's direction (a p-value's smallest)
         writer.writerow([r["round"], *(len(r.get(key, [])) for key in STATUS_LISTS),
-                         *(float(averaged[n]["mean"]) if n in averaged else "" for n in names),
-                         *(float(averaged[n]["max"]) if "max" in averaged.get(n, {}) else "" for n in names)])
+                         *(_cell(averaged[n].get("mean")) if n in averaged else "" for n in names),
+                         *(_cell(worst_value(averaged[n])) if n in averaged else "" for n in names)])
     return buf.getvalue()

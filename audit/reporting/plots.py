@@ -372,7 +372,8 @@ def plot_signal_histograms(record: RoundRecord, panels: list, path: Path) -> boo
 
 def plot_collaborators(rounds: list[int], values: Mapping[str, list[float]], path: Path, *, metric: str,
                        thresholds: list[float] | None = None, log_y: bool = False,
-                       tripped: Mapping[str, list[bool]] | None = None) -> None:
+                       tripped: Mapping[str, list[bool]] | None = None, label: str | None = None,
+                       worse_when_lower: bool = False, mean: bool = True) -> None:
     """One metric per round for every collaborator (dots), their mean and the worst (largest) of them: for privacy
     the maximum counts; `thresholds` (per round, NaN where unknown) as a red step line; `tripped` (per collaborator
     and round: its gate tripped) ringed in red."""
@@ -390,10 +391,15 @@ def plot_collaborators(rounds: list[int], values: Mapping[str, list[float]], pat
                 markeredgewidth=1.5, label="gate tripped (withheld or DP-retrained)")
     with np.errstate(all="ignore"):
         have = np.isfinite(table).any(axis=0)
-        mean = np.where(have, np.nanmean(np.where(np.isfinite(table), table, np.nan), axis=0), np.nan)
-        worst = np.where(have, np.nanmax(np.where(np.isfinite(table), table, -np.inf), axis=0), np.nan)
-    ax.plot(x, mean, "-", color="tab:blue", linewidth=1.5, label="mean")
-    ax.plot(x, worst, "--", color="black", linewidth=1.5, label="worst collaborator (max)")
+        means = np.where(have, np.nanmean(np.where(np.isfinite(table), table, np.nan), axis=0), np.nan)
+        if worse_when_lower:
+            worst = np.where(have, np.nanmin(np.where(np.isfinite(table), table, np.inf), axis=0), np.nan)
+        else:
+            worst = np.where(have, np.nanmax(np.where(np.isfinite(table), table, -np.inf), axis=0), np.nan)
+    if mean:  # not of p-values or bounds: their mean is no figure
+        ax.plot(x, means, "-", color="tab:blue", linewidth=1.5, label="mean")
+    ax.plot(x, worst, "--", color="black", linewidth=1.5,
+            label=f"worst collaborator ({'min' if worse_when_lower else 'max'})")
     if thresholds is not None and np.isfinite(np.asarray(thresholds, dtype=float)).any():
         ax.step(x, np.asarray(thresholds, dtype=float), where="mid", color="tab:red", linewidth=1.2,
                 label="gate threshold")
@@ -417,7 +423,8 @@ def plot_collaborators(rounds: list[int], values: Mapping[str, list[float]], pat
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, alpha=0.25)
     ax.set_xlabel("Round")
-    ax.set_ylabel(metric, fontsize=9)
-    ax.set_title(f"{metric} per round: each collaborator, mean and worst", fontsize=11)
+    ax.set_ylabel(label or metric, fontsize=9)
+    ax.set_title(f"{label or metric} per round: each collaborator" + (", mean" if mean else "") + " and worst",
+                 fontsize=10)
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     atomic_savefig(fig, path, dpi=DPI)
