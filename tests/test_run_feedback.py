@@ -200,7 +200,8 @@ def test_the_demos_bars_only_on_a_terminal():
     _walk_rounds(Progress(3, 2, 1, stream=piped))
     lines = piped.getvalue().splitlines()
     assert "\r" not in piped.getvalue() and "|" not in piped.getvalue()  # no tqdm bar, no redraws
-    assert [re.sub(r" in .*", "", line) for line in lines] == ["round 1/3 done", "round 2/3 done", "round 3/3 done"]
+    assert [re.sub(r" in .*", "", line) for line in lines] == ["round 0 done (1 of 3)", "round 1 done (2 of 3)",
+                                                                "round 2 done (3 of 3)"]
     assert "ETA" in lines[0] and "ETA" not in lines[-1]
     terminal = Terminal()
     _walk_rounds(Progress(3, 2, 1, stream=terminal))
@@ -406,15 +407,17 @@ def test_the_summary_of_a_real_run(audited_federation, capsys):
     assert "gate: collaborator2: withhold if mia_local_loss_auc > 0 (collaborator1: none)" in text
     for r in (0, 1):
         verdicts = next(line for line in lines if line.startswith(f"round {r}: "))
-        assert verdicts.startswith(f"round {r}: collaborator1 kept; collaborator2 withheld (mia_local_loss_auc = ")
+        assert verdicts.startswith(f"round {r}: collaborator1 kept; collaborator2 withheld (mia_local_loss_auc ")
         assert verdicts.endswith("| averaged: collaborator1")
         for name in names:
             record = json.loads((result.report_dir / name / f"round_{r:04d}" / "audit.json").read_text())
             start = lines.index(verdicts)
-            at = next(i for i in range(start, len(lines)) if lines[i].startswith(f"  {name}: "))
+            # a withheld update's verdict says whose it is: the trained update's, which was not sent
+            whose = f"  {name}: " if name == "collaborator1" else f"  {name} (the trained update, not sent): "
+            at = next(i for i in range(start, len(lines)) if lines[i].startswith(whose))
             # its leak verdict, read off its record, then the epsilon it proves and the other audits' figures
             said = "leak detected (" if record["leak"]["detected"] else "no leak detected ("
-            assert lines[at].startswith(f"  {name}: {said}{record['leak']['tests']} tests, Holm-corrected, 95%)")
+            assert lines[at].startswith(f"{whose}{said}{record['leak']['tests']} tests, Holm-corrected, 95%)")
             head = record["leak"]["headline"]
             assert f"{head['attack']} " in lines[at] and f"p = {head['p_adjusted']:.2g}" in lines[at]
             detail = lines[at + 1]

@@ -68,7 +68,8 @@ class Progress:
             final = round_num >= self.rounds  # the round after the last: each party audits the final model
             self.phase_bar = self._tqdm(
                 total=self.collaborators if final else 3 * self.collaborators + audits,
-                desc="final model" if final else f"round {round_num + 1}/{self.rounds}", unit="phase",
+                # rounds are numbered from 0, as in the reports, TensorBoard and the summary; "of" counts them
+                desc="final model" if final else f"round {round_num} ({round_num + 1} of {self.rounds})", unit="phase",
                 position=1, leave=False, file=self.stream, disable=not self.enabled, dynamic_ncols=True)
         elif self.pending:
             self._count()
@@ -99,7 +100,7 @@ class Progress:
         if self.lines:
             done = len(self.round_seconds)
             eta = eta_seconds(self.round_seconds, done, self.rounds, 0.0)
-            self.stream.write(f"round {done}/{self.rounds} done in {self.round_seconds[-1]:.1f} s"
+            self.stream.write(f"round {done - 1} done ({done} of {self.rounds}) in {self.round_seconds[-1]:.1f} s"
                               + (f", ETA {eta:.0f} s" if eta else "") + "\n")
             self.stream.flush()
 

@@ -63,7 +63,7 @@ class Check:
         """The compared value named, in one phrase: "upper bound 0.668 of mia_local_loss_exact_auc (estimate 0.600)
         > 0.6"; a point value as "mia_local_loss_exact_auc 0.62 > 0.6"."""
         if self.missing:
-            return f"{self.metric} missing (fail closed)"
+            return f"missing: {self.metric}"
         side = ">" if self.tripped else "≤"
         if self.bound == "point":
             return f"{self.metric} {fmt(self.value)} {side} {fmt(self.threshold)}"
