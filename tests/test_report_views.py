@@ -326,3 +326,19 @@ def test_the_aggregator_page_of_a_gated_dp_run_names_every_rule_in_words_and_the
     assert "sent a DP retrain (try 1 passed); the trained update tripped" in decisions
     metrics = list(csv.DictReader((tmp_path / "aggregator" / "metrics.csv").open()))
     assert metrics[0]["leak_p_value"] == "" and float(metrics[0]["worst:leak_p_value"]) == 1e-4
+
+
+def test_the_aggregator_page_of_an_ungated_run_plots_how_sure_not_zeros_and_says_no_gate(tmp_path):
+    """Without a gate the page plots each party's leak test p-value (the worst is the smallest, on a log axis), not a
+    chart of zero epsilon bounds; each cell and decisions.csv say "no gate"; a leak with a zero bound says why."""
+    sent = {"a": {"gate_kept": 1.0, "leak_detected": 1.0, "leak_p_value": 1e-4, "leak_epsilon_lb": 0.0},
+            "b": {"gate_kept": 1.0, "leak_detected": 0.0, "leak_p_value": 0.4, "leak_epsilon_lb": 0.0}}
+    AggregatorReportWriter(tmp_path / "aggregator").write_round(
+        round_record(0, authorized=["a", "b"], stragglers=[], metrics=sent))
+    page = (tmp_path / "aggregator" / "index.html").read_text()
+    assert "gate_leak_p_value.png" in page and "gate_leak_epsilon_lb.png" not in page
+    assert "<h2>leak test&#x27;s adjusted p-value per round</h2>" in page and "the worst (smallest)" in page
+    assert page.count('<span class="muted">no gate</span>') == 2
+    assert "trained update: leak detected (p 0.0001); ε ≥ 0 (beats chance, no ε provable with its counts)" in page
+    assert "withheld or DP-retrained" not in page.split("<h2>")[0]  # nothing was gated: no such words up top
+    assert (tmp_path / "aggregator" / "decisions.csv").read_text().count("no gate: averaged as trained") == 2

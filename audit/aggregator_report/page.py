@@ -13,7 +13,7 @@ from typing import Mapping
 
 from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, KEPT, LEFT_OUT_NON_FINITE, NON_FINITE_UPDATE,
                                         STRAGGLER, WITHHELD)
-from audit.config.vocabulary import LEAK_EPSILON_LB
+from audit.config.vocabulary import LEAK_EPSILON_LB, LEAK_P_VALUE
 from audit.reporting.html import page
 from audit.reporting.party_page import UNRESOLVED_MARK  # the parties' mark, on their figures here too
 from audit.reporting.metric_labels import averageable, metric_label, worse_when_lower
@@ -30,13 +30,16 @@ def gate_metrics(records: list[dict]) -> list[str]:
 
 
 def plotted_metrics(records: list[dict]) -> list[str]:
-    """What the page plots per round: every gate metric, or without a gate the leak verdict's family-wise epsilon
-    lower bound (the headline leakage every audited round has)."""
+    """What the page plots per round: every gate metric, or without a gate the leak verdict's adjusted p-value (how
+    sure each party's test is that an attack beats chance), and its epsilon lower bound where one above 0 was proven."""
     watched = gate_metrics(records)
     if watched:
         return watched
+    # Without a gate: how sure each party's test is (its adjusted p-value, on a log axis), and the epsilon bound only
+    # where a round proved one above 0 (a chart of zeros says nothing).
     sent = {k for r in records for k in r.get("averaged_audit_metrics", {})}
-    return [LEAK_EPSILON_LB] if LEAK_EPSILON_LB in sent else []
+    proven = any((e.get("leak") or {}).get("epsilon_lb") for r in records for e in r["collaborators"].values())
+    return [m for m in (LEAK_P_VALUE, LEAK_EPSILON_LB) if m in sent and (m != LEAK_EPSILON_LB or proven)]
 
 
 def _value_of(entry: Mapping, metric: str) -> float | None:
@@ -70,6 +73,7 @@ def write_plots(records: list[dict], root: Path) -> list[tuple[str, str]]:
             plot_collaborators(rounds, values, root / _plot_file(metric), metric=metric,
                                thresholds=[math.nan if t is None else t for t in thresholds], tripped=tripped,
                                label=metric_label(metric), worse_when_lower=worse_when_lower(metric),
+                               log_y=worse_when_lower(metric),  # p-values span decades
                                mean=averageable(metric))
             made.append((metric, _plot_file(metric)))
     keep = {name for _, name in made}
@@ -104,7 +108,8 @@ def leak_text(entry: Mapping) -> str:
     p = leak.get("p_value")
     said = f"trained update: leak detected (p {p:.2g})" if leak["detected"] and p is not None else (
         "trained update: leak detected" if leak["detected"] else "trained update: no leak detected")
-    return said + (f"; ε ≥ {fmt(leak['epsilon_lb'])}" if leak.get("epsilon_lb") is not None else "")
+    zero = " (beats chance, no ε provable with its counts)" if leak["detected"] and leak.get("epsilon_lb") == 0 else ""
+    return said + (f"; ε ≥ {fmt(leak['epsilon_lb'])}{zero}" if leak.get("epsilon_lb") is not None else "")
 
 
 def _round_row(record: Mapping, names: list[str], watched: list[str]) -> str:
@@ -303,7 +308,10 @@ def _summary(records: list[dict], names: list[str], watched: list[str]) -> list[
             leaks.append(f"{n} in {sum(audited)} of {len(audited)} audited rounds")
             leaked = leaked or any(audited)
     if leaks:
-        out.append(f'<p class="{"leak" if leaked else "no_leak"}">Leak detected in the trained updates (each party\'s own verdict; a withheld or DP-retrained update\'s own leak was not sent): '
+        gated = any(e.get("verdict", e["status"]) != KEPT for r in records for e in r["collaborators"].values())
+        whose = (" in the trained updates (each party's own verdict; a withheld or DP-retrained update's own leak was "
+                 "not sent)" if gated else " (each party's own verdict)")
+        out.append(f'<p class="{"leak" if leaked else "no_leak"}">Leak detected{e(whose)}: '
                    f"{e('; '.join(leaks))}.</p>")
     return out
 
@@ -408,7 +416,9 @@ def page_html(records: list[dict], plots: list[tuple[str, str]], *, run_index: b
                     + ("; the red line is the gate's threshold. A collaborator above the red line, or whose interval "
                        "reaches above it when its gate compares the upper bound (gate.bound: upper, the default), had "
                        "its update withheld or DP-retrained: ringed in red where its gate tripped." if name in watched
-                       else ": no gate watches it.") + "</p>")
+                       else ": no gate watches it." + (" A party's leak is detected where its adjusted p-value is "
+                                                        "below 1 − the audit's confidence (0.05 at 95%)."
+                                                        if worse_when_lower(name) else "")) + "</p>")
         body.append(f'<p><img src="{e(file)}" alt="{e(name)} per round for every collaborator"></p>')
     body.append(f"<details><summary>Rounds, newest first ({len(records)}): each collaborator's status, the reason "
                 "and its audit metrics</summary>")

@@ -13,7 +13,7 @@ __all__ = ["metric_label", "worse_when_lower", "averageable"]
 
 _FIXED = {
     LEAK_DETECTED: "leak detected (1) or not (0)",
-    LEAK_P_VALUE: "adjusted p-value of the strongest figure (smaller: surer of a leak)",
+    LEAK_P_VALUE: "leak test's adjusted p-value",
     LEAK_EPSILON_LB: "proven ε lower bound (family-wise)",
     LEAK_EPSILON_CEILING: "largest ε these counts could prove",
 }
