@@ -342,3 +342,20 @@ def test_the_aggregator_page_of_an_ungated_run_plots_how_sure_not_zeros_and_says
     assert "trained update: leak detected (p 0.0001); ε ≥ 0 (beats chance, no ε provable with its counts)" in page
     assert "withheld or DP-retrained" not in page.split("<h2>")[0]  # nothing was gated: no such words up top
     assert (tmp_path / "aggregator" / "decisions.csv").read_text().count("no gate: averaged as trained") == 2
+
+
+def test_the_consoles_attack_table_names_each_population_and_says_its_epsilon_is_uncorrected(tmp_path, capsys):
+    """The demo's per-attack table: a footnote naming each attack's own population where they differ (RMIA's
+    independent references train on part of it), and its "eps >=" column said to be each attack's alone."""
+    from workspace.demo_output import print_attack_summary
+
+    rng = np.random.default_rng(9)
+    record = _record(0, rng, shifts={"local": {"loss": 0.5}})
+    data = record.to_json()
+    data["attacks"]["rmia"] = {"independent": _attack(rng, 0.5, n_population=314).to_dict()}
+    writer = ReportWriter(tmp_path, "p")
+    writer.store_round(RoundRecord.from_json(data))
+    print_attack_summary(tmp_path, ["p"])
+    out = capsys.readouterr().out
+    assert "* FPR 0.001: 404 population samples (314 for rmia / independent) cannot resolve it" in out
+    assert "eps >= (alone)" in out and "the verdict's ε below is corrected for all of them" in out
