@@ -38,7 +38,9 @@ def test_kept_withheld_ungated_and_straggler_with_reasons():
     assert record["left_out_non_finite"] == []
     assert [n for n, e in entries.items() if e["averaged"]] == ["a", "c"]
     assert entries["a"]["reason"] == "passed the gate" and entries["a"]["tripped"] == {}
-    assert entries["b"]["reason"] == "update withheld: mia_local_loss_auc = 0.81 (after 2 retries)"
+    # the party sent its estimate (0.6) and the value its gate compared (0.81, a bound of it): both said
+    assert entries["b"]["reason"] == ("update withheld: mia_local_loss_auc: its gate compared 0.81 (a bound of the "
+                                      "estimate 0.6) (after 2 retries)")
     assert entries["b"]["gate_epsilon"] == 3.5 and entries["b"]["tripped"] == {"mia_local_loss_auc": 0.81}
     assert entries["c"]["status"] == "kept" and not entries["c"]["gate_reported"]
     assert "no gate_kept metric" in entries["c"]["reason"] and entries["c"]["reason"].endswith("averaged")

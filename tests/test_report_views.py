@@ -323,7 +323,8 @@ def test_the_aggregator_page_of_a_gated_dp_run_names_every_rule_in_words_and_the
     assert "Utility: the global model" in page and "went from 0.1 at round 0 to 0.13 at round 2" in page
     assert "rounds averaged with a DP retrain or an update withheld: +0.015 a round on average (2 rounds)" in page
     decisions = (tmp_path / "aggregator" / "decisions.csv").read_text()
-    assert "sent a DP retrain (try 1 passed); the trained update tripped" in decisions
+    assert ("b,kept,sent a DP retrain (try 1 passed); the trained update tripped: mia_local_loss_exact_auc: its gate "
+            "compared 0.68 (a bound of the estimate 0.62)") in decisions
     metrics = list(csv.DictReader((tmp_path / "aggregator" / "metrics.csv").open()))
     assert metrics[0]["leak_p_value"] == "" and float(metrics[0]["worst:leak_p_value"]) == 1e-4
 

@@ -96,7 +96,7 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
     causes = [
         "non-finite update (NaN/Inf)" if name == NON_FINITE_UPDATE else
         f"missing: {name}" if name in missing else
-        f"{DP_VIOLATED_TEXT} (canary epsilon >= {fmt(value)})" if name == DP_VIOLATED else f"{name} = {fmt(value)}"
+        f"{DP_VIOLATED_TEXT} (canary epsilon >= {fmt(value)})" if name == DP_VIOLATED else _compared(name, value, metrics)
         for name, value in tripped.items()
     ] + [f"missing: {name}" for name in missing if name not in tripped]
     retries = _finite_or_none(metrics.get(GATE_RETRIES))
@@ -146,6 +146,15 @@ def collaborator_entry(metrics: Mapping[str, float], *, straggler: bool, decisio
         },
         "population": populations_sent(metrics),
     }
+
+
+def _compared(name: str, value: float | None, metrics: Mapping[str, float]) -> str:
+    """"mia_local_loss_exact_auc = 0.62", or where the gate compared an interval's bound (the party sends its estimate,
+    not the bound): "mia_local_loss_exact_auc: its gate compared 0.6678 (a bound of the estimate 0.6005)"."""
+    estimate = _finite_or_none(metrics.get(name))
+    if value is None or estimate is None or math.isclose(estimate, value, rel_tol=1e-6, abs_tol=1e-9):
+        return f"{name} = {fmt(value)}"
+    return f"{name}: its gate compared {fmt(value)} (a bound of the estimate {fmt(estimate)})"
 
 
 def _received_model_verdict(metrics: Mapping[str, float]) -> str | None:
