@@ -322,6 +322,10 @@ def test_the_aggregator_page_of_a_gated_dp_run_names_every_rule_in_words_and_the
     assert "not averaged" in rows["leak_epsilon_lb"] and "not averaged" not in rows["mia_local_loss_exact_auc"]
     assert "Utility: the global model" in page and "went from 0.1 at round 0 to 0.13 at round 2" in page
     assert "rounds averaged with a DP retrain or an update withheld: +0.015 a round on average (2 rounds)" in page
+    from audit import write_index
+    index = write_index(tmp_path).read_text()  # the run index says it too, in the same words
+    assert "<strong>Utility</strong> (aggregator): The global model&#x27;s validation accuracy" in index
+    assert "+0.015 a round on average (2 rounds)" in index
     decisions = (tmp_path / "aggregator" / "decisions.csv").read_text()
     assert ("b,kept,sent a DP retrain (try 1 passed); the trained update tripped: mia_local_loss_exact_auc: its gate "
             "compared 0.68 (a bound of the estimate 0.62)") in decisions

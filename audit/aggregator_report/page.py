@@ -174,6 +174,22 @@ _VOCABULARY = ("Leak verdicts, each party's own: <strong>leak detected</strong> 
 GLOBAL_ACCURACY = "aggregator/aggregated_model_validation/accuracy"
 
 
+def utility_sentence(acc: Mapping[int, float], said: list[str], both: bool) -> str:
+    """The utility result in one sentence (HTML-escaped), as the aggregator's page and the run index say it."""
+    first, last = min(acc), max(acc)
+    return html.escape(
+        f"The global model's validation accuracy (OpenFL's average over the parties' validation sets) went from "
+        f"{fmt(acc[first])} at round {first} to {fmt(acc[last])} at round {last}. Change over a round, by what its "
+        f"average took: {'; '.join(said) or 'none measured yet'}"
+        + ("" if both else " (the run has no rounds of the other kind to compare with)") + ".")
+
+
+def utility_of(records: list[dict]) -> str | None:
+    """The utility sentence of an aggregator's round records, None where fewer than 2 rounds have an accuracy."""
+    section = _utility_section(records)
+    return section[1][3:-4] if section else None
+
+
 def _utility_section(records: list[dict]) -> list[str]:
     """What the privacy actions cost in utility, as a result: the global model's validation accuracy at each round's
     start (OpenFL's average over the parties), and its change over the rounds whose average was gated (a DP retrain
@@ -207,11 +223,7 @@ def _utility_section(records: list[dict]) -> list[str]:
                         f"{'s' if len(values) != 1 else ''})")
     first, last = min(acc), max(acc)
     out = ["<h2>Utility: the global model's accuracy</h2>",
-           f"<p>The global model's validation accuracy (OpenFL's average over the parties' validation sets) went from "
-           f"{fmt(acc[first])} at round {first} to {fmt(acc[last])} at round {last}. Change over a round, by what its "
-           f"average took: {e('; '.join(said) or 'none measured yet')}"
-           + ("" if all(changes.values()) else " (the run has no rounds of the other kind to compare with)")
-           + ".</p>",
+           f"<p>{utility_sentence(acc, said, all(changes.values()))}</p>",
            "<details><summary>Accuracy per round</summary>"
            '<div class="scroll"><table><tr><th>round</th><th>accuracy at its start</th><th>its updates</th>'
            "<th>change by the next round</th></tr>", *rows, "</table></div></details>"]

@@ -281,6 +281,14 @@ def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | No
     else:
         body.append("<p>No party reports yet.</p>")
     if aggregators:
+        from audit.aggregator_report.page import utility_of  # the aggregator's page imports this module
+        from audit.reporting.records import load_round_files
+
+        for name, folder in aggregators.items():
+            utility = utility_of(load_round_files(Path(folder), "aggregator round"))
+            if utility:  # the privacy actions' cost in utility, a result beside the verdicts
+                body.insert(body.index("<h2>Leak verdict per party and round</h2>"),
+                            f"<p><strong>Utility</strong> ({escape(name)}): {utility}</p>")
         body.append('<h2>Aggregator</h2><p class="muted">Which updates were averaged each round and why, each '
                     "collaborator's leak verdict as its scalars say it, the mean and the worst collaborator; with a "
                     "gate, each collaborator's gated metric beside its threshold.</p>")
