@@ -344,7 +344,9 @@ def test_the_parties_write_their_phases_as_status_events(audited_federation):
     for name in ("collaborator1", "collaborator2"):
         seen = [(phase, r) for phase, r, _ in followed(path, name)]
         expected = [(p, r) for r in (0, 1) for p in ("validating", "training", "auditing", "validating", "waiting")]
-        assert seen == [("waiting", None)] + expected + [("done", 1)], name
+        # then the final model's round (2): received and audited, no training
+        final = [("validating", 2), ("auditing", 2), ("waiting", 2), ("done", 2)]
+        assert seen == [("waiting", None)] + expected + final, f"{name}: {seen}"
         follower = StatusFollower(path, name)
         follower.poll()
         notes = follower.take_notes()
@@ -353,7 +355,7 @@ def test_the_parties_write_their_phases_as_status_events(audited_federation):
     for r in (0, 1):
         reported = [set(rep) for phase, rr, rep in seen if rr == r and phase == "waiting for collaborators"]
         assert reported[0] == set() and reported[-1] == {"collaborator1", "collaborator2"}
-    assert seen[-1] == ("done", 1, seen[-2][2])
+    assert seen[-1] == ("done", 2, seen[-2][2])  # after the final model's round
 
 
 @pytest.mark.federation
