@@ -288,8 +288,6 @@ def _with_report_dir(args):
 @pytest.mark.parametrize("argv, expected", [
     (["--gate", "block", "mia_local_loss_auc=0.6"], ["--gate", "'block'", "withhold, dp_retrain, report_only"]),
     (["--gate", "withhold"], ["--gate withhold", "at least one METRIC=THRESHOLD", "or --epsilon_budget"]),
-    (["--gate", "withhold", "mia_local_loss_auc=0.6"],  # the grid AUC has no interval to compare under the default
-     ["--gate: mia_local_loss_auc: the audit reports no upper bound for it (--gate_bound upper)", "--gate_bound point"]),
     (["--epsilon_budget", "-1"], ["--epsilon_budget: expected a finite number >= 0"]),
     (["--gate", "withhold", "mia_local_loss_auc"], ["--gate", "'mia_local_loss_auc' is not METRIC=THRESHOLD"]),
     (["--gate", "withhold", "=0.5"], ["--gate", "'=0.5' is not METRIC=THRESHOLD"]),
@@ -309,6 +307,20 @@ def test_gate_parse_errors_name_the_offending_value(capsys, argv, expected):
     assert "error:" in err and "Traceback" not in err
     for text in expected:
         assert text in err
+
+
+def test_a_gate_on_a_bound_or_a_metric_without_an_interval_compares_it_as_it_is():
+    """docs/gate.md's forms under the default --gate_bound (upper): the grid AUC and the epsilon lower bound have no
+    interval, a named bound has none of its own; the exact AUC is compared by its upper bound."""
+    args = cifar10_PM.parse_args(["--dataset", "digits", "--gate", "withhold", "mia_local_loss_auc=0.6",
+                                  "mia_local_loss_epsilon_lb=1", "mia_local_loss_exact_auc_lower=0.6",
+                                  "mia_local_loss_exact_auc=0.7"])
+    policy = cifar10_PM.gate_policy(args)
+    assert policy.bound == "upper"
+    assert {name: policy.compared_name(name) for name in policy.thresholds} == {
+        "mia_local_loss_auc": "mia_local_loss_auc", "mia_local_loss_epsilon_lb": "mia_local_loss_epsilon_lb",
+        "mia_local_loss_exact_auc_lower": "mia_local_loss_exact_auc_lower",
+        "mia_local_loss_exact_auc": "mia_local_loss_exact_auc_upper"}
 
 
 @pytest.fixture(scope="module")

@@ -162,30 +162,56 @@ def test_the_bound_says_which_value_meets_the_threshold(bound, threshold, passes
     assert verdict.to_dict()["bound"] == bound and gate.to_dict()["bound"] == bound
 
 
-@pytest.mark.parametrize("bound, metric", [
-    ("upper", "mia_local_loss_auc"), ("lower", "mia_local_loss_auc"),       # the grid AUC has no interval
-    ("upper", "mia_local_loss_epsilon_lb"),                                 # a lower bound has no upper bound
-    ("upper", "mia_local_loss_tpr_at_fpr_0.1_lower"),                       # a bound has no bound of its own
+@pytest.mark.parametrize("bound", ["upper", "lower", "point"])
+@pytest.mark.parametrize("metric", [
+    "mia_local_loss_auc",                   # the grid AUC has no interval
+    "mia_local_loss_epsilon_lb",            # a lower confidence bound itself
+    "mia_local_loss_tpr_at_fpr_0.1_lower",  # a bound has no bound of its own
+    "mia_local_loss_exact_auc_upper",
 ])
-def test_a_bound_the_audit_does_not_compute_is_refused_naming_both_keys(bound, metric):
-    with pytest.raises(SettingsError) as err:
-        policy({"action": "withhold", "bound": bound, "thresholds": {metric: 0.5}})
-    message = str(err.value)
-    assert message.startswith(f"{PREFIX}.thresholds.{metric}: the audit reports no {bound} bound")
-    assert f"{PREFIX}.bound: {bound}" in message and f"{PREFIX}.bound: point" in message
+def test_a_metric_the_audit_reports_no_bound_for_is_compared_as_it_is(bound, metric):
+    gate = policy({"action": "withhold", "bound": bound, "thresholds": {metric: 0.5}})
+    assert gate.compared_name(metric) == metric
+    verdict, value = gate.decide(ROUND), ROUND[metric]
+    assert verdict.compared == {metric: metric} and verdict.missing == ()
+    assert verdict.passed == (value <= 0.5) and (verdict.tripped == {metric: (value, 0.5)}) == (value > 0.5)
 
 
-def test_without_an_interval_a_metric_is_compared_under_point_and_an_epsilon_lower_bound_under_lower():
-    point = policy({"action": "withhold", "bound": "point", "thresholds": {
-        "mia_local_loss_auc": 0.6, "mia_local_loss_tpr_at_fpr_0.1_lower": 0.1}})
-    verdict = point.decide(ROUND)
-    assert verdict.compared == {"mia_local_loss_auc": "mia_local_loss_auc",
-                                "mia_local_loss_tpr_at_fpr_0.1_lower": "mia_local_loss_tpr_at_fpr_0.1_lower"}
-    assert verdict.tripped == {"mia_local_loss_auc": (0.61, 0.6), "mia_local_loss_tpr_at_fpr_0.1_lower": (0.12, 0.1)}
-    lower = policy({"action": "withhold", "bound": "lower", "thresholds": {"mia_local_loss_epsilon_lb": 0.3}})
-    verdict = lower.decide(ROUND)  # a lower confidence bound itself: 0.4 proven > 0.3
-    assert verdict.compared == {"mia_local_loss_epsilon_lb": "mia_local_loss_epsilon_lb"}
-    assert verdict.tripped == {"mia_local_loss_epsilon_lb": (0.4, 0.3)}
+def test_the_documented_forms_work_under_the_default_bound():
+    """docs/gate.md: a threshold naming a bound and a metric without an interval are compared as they are under the
+    default `bound: upper`; a metric with an interval is compared by its upper bound."""
+    gate = policy({"action": "withhold", "thresholds": {"mia_local_loss_exact_auc_lower": 0.6,
+                                                        "mia_local_loss_epsilon_lb": 0.3,
+                                                        "mia_local_loss_tpr_at_fpr_0.1": 0.25}})
+    assert gate.bound == "upper"
+    verdict = gate.decide(ROUND)
+    assert verdict.compared == {"mia_local_loss_exact_auc_lower": "mia_local_loss_exact_auc_lower",
+                                "mia_local_loss_epsilon_lb": "mia_local_loss_epsilon_lb",
+                                "mia_local_loss_tpr_at_fpr_0.1": "mia_local_loss_tpr_at_fpr_0.1_upper"}
+    # 0.55 <= 0.6 passes; the epsilon bound 0.4 > 0.3 and the TPR's upper bound 0.3 > 0.25 trip
+    assert verdict.tripped == {"mia_local_loss_epsilon_lb": (0.4, 0.3), "mia_local_loss_tpr_at_fpr_0.1": (0.3, 0.25)}
+    assert verdict.to_dict()["compared"]["mia_local_loss_epsilon_lb"] == "mia_local_loss_epsilon_lb"
+
+
+def test_a_policy_built_without_the_audits_names_compares_the_bound_and_fails_closed():
+    """`as_they_are` comes from the plan's audit (from_mapping); a policy built in code without it compares the
+    bound, which the round lacks for a metric without an interval: it trips as missing, never passes unchecked."""
+    gate = GatePolicy(action="withhold", thresholds={"mia_local_loss_auc": 0.99})
+    verdict = gate.decide(ROUND)
+    assert not verdict.passed and verdict.missing == ("mia_local_loss_auc",)
+    assert verdict.compared == {"mia_local_loss_auc": "mia_local_loss_auc_upper"}
+
+
+def test_a_collaborators_gate_decides_its_own_bound_for_each_metric():
+    """A per-collaborator gate is read against the same audit: its metrics without an interval are compared as
+    they are under its own bound too."""
+    default, cols = parse_per_collaborator({"c2": {"gate": {"bound": "lower"}}}, audit_settings=AUDIT,
+                                           gate={"action": "withhold", "thresholds": {
+                                               "mia_local_loss_epsilon_lb": 0.3, "mia_local_loss_exact_auc": 0.6}})
+    assert default.gate.compared_name("mia_local_loss_epsilon_lb") == "mia_local_loss_epsilon_lb"
+    assert default.gate.compared_name("mia_local_loss_exact_auc") == "mia_local_loss_exact_auc_upper"
+    assert cols["c2"].gate.compared_name("mia_local_loss_epsilon_lb") == "mia_local_loss_epsilon_lb"
+    assert cols["c2"].gate.compared_name("mia_local_loss_exact_auc") == "mia_local_loss_exact_auc_lower"
 
 
 def test_a_collaborators_bound_is_merged_key_by_key():

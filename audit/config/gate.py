@@ -4,8 +4,11 @@ A gate compares a round's audit metrics with the plan's limits, and an update is
 - `thresholds`: metric name -> highest allowed value. Which value of a metric is compared is the policy's `bound`:
   `point` the estimate; `upper` (the default) its confidence interval's upper bound, so an update passes only when
   its leakage is significantly below the threshold; `lower` the lower bound, so it is gated only when its leakage is
-  significantly above. An epsilon lower bound (`*_epsilon_lb`) is itself a lower confidence bound: compared as it
-  is under `lower` and `point`. A metric without the bound the policy compares is refused when the plan is read.
+  significantly above. A metric the audit reports no such bound for is compared as it is, whatever `bound` says: a
+  bound named as the threshold (`*_exact_auc_lower`: a bound has no bound of its own), an epsilon lower bound
+  (`*_epsilon_lb`, a lower confidence bound itself), and the metrics without an interval (the grid `*_auc`,
+  Fidel's, the deanonymization audit's, a plug-in's). Which one is compared is decided when the plan is read, from
+  the names the configured audit produces, and recorded in each verdict (`GateVerdict.compared`).
 - `epsilon_budget`: the highest allowed family-wise epsilon lower bound of the round's attacks (the leak verdict's
   `leak_epsilon_lb`, audit.verdict.leak, at the audit's epsilon_delta and confidence): the update is gated when the
   audit proves more leakage than the budget allows.
@@ -36,8 +39,7 @@ from audit.config.fields import (SettingsError, check_fields, choice, integer, m
                                  subsection, to_dict)
 from audit.config.gate_contract import NON_FINITE_UPDATE
 from audit.config.steps import AFTER_TRAINING, metric_prefixes, producer_of, registered
-from audit.config.vocabulary import (BOUNDS, EPSILON_LB, GATE_ACTIONS, LEAK_EPSILON_LB, LEAK_METRICS, LOWER,
-                                     bounded)
+from audit.config.vocabulary import BOUNDS, GATE_ACTIONS, LEAK_EPSILON_LB, LEAK_METRICS, bounded
 
 __all__ = [
     "NON_FINITE_UPDATE",
@@ -221,11 +223,6 @@ def _parse_thresholds(mapping, produced, audit_settings: AuditSettings, bound: s
         if not low <= value <= high:
             allowed = f"[{low:g}, {high:g}]" if math.isfinite(high) else f">= {low:g}"
             raise SettingsError(f"{key}: {value:g} is out of range; allowed: {allowed}")
-        if bound != POINT and not _is_lower_bound(name, bound) and bounded(name, bound) not in produced:
-            raise SettingsError(
-                f"{key}: the audit reports no {bound} bound for it ({prefix}.bound: {bound}), so the gate could not "
-                f"compare one; gate a metric with an interval (e.g. a *_exact_auc or *_tpr_at_fpr_* one) or set "
-                f"{prefix}.bound: point")
         skipped = intermittent(name, audit_settings)
         if skipped is not None:
             section, round_num = skipped
@@ -240,9 +237,11 @@ def _parse_thresholds(mapping, produced, audit_settings: AuditSettings, bound: s
     return thresholds
 
 
-def _is_lower_bound(name: str, bound: str) -> bool:
-    """An epsilon lower bound is itself a lower confidence bound: under `lower` its value is the one to compare."""
-    return bound == LOWER and name.endswith("_" + EPSILON_LB)
+def compared_as_they_are(thresholds, produced, bound: str) -> frozenset[str]:
+    """The thresholded metrics whose own value meets the threshold under this `bound`: under `upper` or `lower`,
+    those the audit reports no such bound for (a bound itself, an epsilon lower bound, a metric without an
+    interval); under `point`, every one."""
+    return frozenset(name for name in thresholds if bound == POINT or bounded(name, bound) not in produced)
 
 
 @dataclass(frozen=True)
@@ -268,6 +267,10 @@ class GatePolicy:
         "an update whose release would take the total over it is withheld, whatever the action (dp_retrain retrains "
         "it with DP first, within the budget); a plainly trained update has no bound and is never sent under a run "
         "budget")
+    # Not a plan key: the thresholded metrics compared as they are (compared_as_they_are), set by from_mapping from
+    # the names the audit produces. A policy built without it compares every threshold's bound, and a round without
+    # that bound trips the gate (fail closed).
+    as_they_are: frozenset[str] = field(default=frozenset(), repr=False)
 
     def __post_init__(self):
         check_fields(self, GATE_PREFIX)
@@ -302,13 +305,14 @@ class GatePolicy:
         if policy.epsilon_budget is not None and not audit_settings.enabled:
             raise SettingsError(f"{prefix}.epsilon_budget: the audit is off (audit.enabled is false), so nothing "
                                 "proves an epsilon")
-        return dataclasses.replace(policy, thresholds=thresholds)
+        return dataclasses.replace(policy, thresholds=thresholds,
+                                   as_they_are=compared_as_they_are(thresholds, produced, policy.bound))
 
     def compared_name(self, name: str) -> str:
         """The metric whose value is compared with `name`'s limit: its `bound` (<name>_upper, <name>_lower), or
-        `name` itself under `point`, for an epsilon lower bound under `lower` and for the epsilon budget's metric
-        (the plan was refused where that bound does not exist)."""
-        if self.bound == POINT or name == LEAK_EPSILON_LB or _is_lower_bound(name, self.bound):
+        `name` itself under `point`, for a metric the audit reports no bound for (`as_they_are`) and for the epsilon
+        budget's metric."""
+        if self.bound == POINT or name == LEAK_EPSILON_LB or name in self.as_they_are:
             return name
         return bounded(name, self.bound)
 
