@@ -3,7 +3,7 @@
 Runs the in-process federation (real OpenFL objects) and reads the timings each collaborator's round
 record holds: local training (one epoch) and the audit (signals on members, non-members and population
 under the local and the received global model, population attacks, update attack). Prints per-round
-figures, the audit/train ratio and the share of audit time per signal.
+figures, the ratio of audit to training time and the share of audit time per signal.
 
     .venv/bin/python benchmarks/bench_audit.py [--rounds 3] [--collaborators 2] [--model cnn]
 """

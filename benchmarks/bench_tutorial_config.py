@@ -177,7 +177,7 @@ def interval_width(record: dict, model: str, attack: str, statistic: str) -> flo
 
 
 def summarise(records: list[dict]) -> dict:
-    """Medians over (collaborator, round): train, audit, audit seconds per signal (both models), audit/train."""
+    """Medians over (collaborator, round): train, audit, audit seconds per signal (both models), audit over train time."""
     if not records:
         return {}
     per_signal: dict[str, list[float]] = {}

@@ -202,7 +202,7 @@ def _auc_bound(fpr, tpr, fpr_slack, tpr_slack) -> float:
 
 @pytest.mark.numerics
 def test_equals_privacy_meter_with_audit_signals_loss(pm_pipeline):
-    """Same check with the project's loss signal, when audit/signals.py (another module) is present.
+    """Same check with the project's loss signal, when audit/membership/signals.py (another module) is present.
 
     audit.membership.signals computes the loss in float64 from the model's float32 logits, Privacy Meter the whole
     loss in float32, whose losses near 0 are multiples of ~1.2e-7; the two differ by rounding only, by an amount the

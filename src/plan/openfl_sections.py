@@ -7,7 +7,7 @@ OpenFL hands `network.settings` to its gRPC client and server, which swallow any
 misspelt key was a TypeError at `fx collaborator start`, after the certificates; `opt_treatment: FOO` an
 AttributeError); and the straggler policy's settings to CutoffTimePolicy, which swallows unknown keys too
 (`straggler_cutof_time: 60` kept the cutoff at 3600 s) and used a string cutoff only in round 0, in a timer thread.
-A `defaults:` file that does not exist is read as an empty mapping (`plan/defaults/netwrok.yaml` left the section
+A `defaults:` file that does not exist is read as an empty mapping (`defaults: 'plan/defaults/netwrok.yaml'` left the section
 without OpenFL's defaults, silently), and the assigners swallow unknown keys too (`task_group` did nothing) and
 check their task groups only with asserts when the aggregator starts.
 
