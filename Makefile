@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench fx-init clean federation
+.PHONY: demo test test-fast docs-check bench fx-init clean federation
 
 $(STAMP): requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q $(XDIST) -m "not federation and not slow" tests
+
+# Every command and code block of README.md and docs/ run as written, in a scratch copy of this checkout (the README's
+# one-machine fx walkthrough included; tools/docs_check.py says which blocks run). A few minutes; CI runs it after the
+# suite.
+docs-check: $(STAMP)
+	$(PY) -m tools.docs_check
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_audit.py

@@ -15,9 +15,15 @@ message (they start with a quote), and paths under the folders a run writes (`re
 `cert/`, `data/`, `<log_dir>/...`): they exist only after a run.
 A reference to a section, `file.md`, "Heading", must name a heading of that file.
 
-The same for the code: every `docs/....md` and `benchmarks/...` path a comment or docstring of `src/`, `audit/`,
-`workspace/`, `tools/` or `cifar10_PM.py` names exists, and none of them points at a section of the README the README
-does not have.
+The same for the code, the plan and the build files: every `docs/....md` and `benchmarks/...` path the code of
+`src/`, `audit/`, `workspace/`, `tools/` or `cifar10_PM.py` names exists; every path under a versioned folder that a
+comment or docstring of any `.py` file (tests and benchmarks too), the plan's `.yaml` files, the Makefile, `.ci/run`
+or `pytest.ini` names exists (a module may be named without `.py`, or with a function after it:
+`workspace/in_process.run_in_process`; `plan/defaults/...` is OpenFL's, in its installed workspace template); and none
+of them points at a section of the README (`README "Section"`) or of a page (`file.md, "Section"`) that is not there.
+
+Every fenced block of the README and docs/ says in its info string whether `make docs-check` runs it
+(tools/docs_check.py: shell, python, yaml; text and console are not run), and its markers are well-formed.
 
 Also: the README is a short user's guide (at most 250 lines), its quick start runs Makefile targets that exist, its
 flag table lists exactly the flags `cifar10_PM.py` parses, and nothing in these files names a commit or an issue.
@@ -39,12 +45,13 @@ PACKAGES = ("audit", "audit/membership", "audit/fidel", "audit/deanon", "audit/c
             "audit/verdict", "audit/reporting", "audit/config", "audit/aggregator_report", "src", "src/data", "src/runner", "src/server",
             "src/plan", "src/process", "workspace")
 PACKAGE_READMES = [ROOT / p / "README.md" for p in PACKAGES]
-PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), *PACKAGE_READMES, ROOT / "benchmarks" / "README.md"]
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md")), *PACKAGE_READMES, ROOT / "benchmarks" / "README.md",
+         ROOT / "tests" / "README.md"]
 VERSIONED = ("audit/", "src/", "workspace/", "docs/", "benchmarks/", "tests/", "tools/", "plan/")
 TOP_FILES = ("README.md", "Makefile", "cifar10_PM.py", "requirements.txt", "pytest.ini")
 PLACEHOLDER = re.compile(r"[<>*{}]|NNNN|\.\.\.")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-CODE = re.compile(r"`([^`\n]+)`")
+CODE = re.compile(r"`([^`]+)`")  # an inline code span may wrap onto the next line
 SECTION_REF = re.compile(r"`?([\w./-]+\.md)`?,? \"([^\"]+)\"")
 CODE_DIRS = ("src", "audit", "workspace", "tools")
 
@@ -80,6 +87,22 @@ def _path_tokens(span: str) -> list[str]:
     return tokens
 
 
+def _resolved(pointer: str) -> Path | None:
+    """The file or folder a pointer names, if it exists: the path itself, a module named without `.py`
+    (`src/dataloader`), a module with a function after it (`workspace/in_process.run_in_process`), or one of OpenFL's
+    `plan/defaults/` files in its installed workspace template (where OpenFL reads a section's `defaults:` from)."""
+    from src.plan.openfl_sections import openfl_defaults_root
+
+    pointer = pointer.rstrip("/")
+    candidates = [ROOT / pointer, ROOT / f"{pointer}.py"]
+    if "." in Path(pointer).name:
+        candidates.append(ROOT / f"{pointer.rsplit('.', 1)[0]}.py")
+    openfl = openfl_defaults_root()
+    if pointer.startswith("plan/defaults") and openfl is not None:
+        candidates.append(openfl / pointer)
+    return next((c for c in candidates if c.exists()), None)
+
+
 def _named_paths(page: Path):
     """(name as written, the path it must be) for every file path the page names (the module docstring's rule)."""
     text = _text(page)
@@ -88,9 +111,9 @@ def _named_paths(page: Path):
             continue
         yield target, page.parent / target.split("#")[0]
     package = page.parent if page in PACKAGE_READMES else None
-    for span in CODE.findall(text):
+    for span in CODE.findall(_prose(text)):
         for token in _path_tokens(span):
-            yield token, ROOT / token
+            yield token, _resolved(token) or ROOT / token
         name = span.strip()
         in_package = package is not None and not name.startswith(VERSIONED) and name not in TOP_FILES
         if in_package and re.fullmatch(r"[\w./-]+\.(py|html|md)", name):
@@ -174,7 +197,8 @@ def _makefile_targets() -> set[str]:
 
 def test_the_quick_start_runs_makefile_targets_that_exist():
     quick = _section(_text(README), "Quick start")
-    commands = re.findall(r"^make (\S+)", "\n".join(re.findall(r"^```\n(.*?)^```", quick, flags=re.S | re.M)), re.M)
+    commands = re.findall(r"^make (\S+)", "\n".join(re.findall(r"^```(?:sh)?\n(.*?)^```", quick, flags=re.S | re.M)),
+                          re.M)
     assert {"demo", "test"} <= set(commands), f"the quick start's commands: {commands}"
     targets = _makefile_targets()
     assert set(commands) <= targets, f"not Makefile targets: {set(commands) - targets}"
@@ -201,13 +225,55 @@ def _code_files():
         yield from (p for p in (ROOT / folder).rglob("*.py") if "shipped" not in p.parts)
 
 
+def _text_files():
+    """Every .py file of the repository (tests and benchmarks too), the plan's .yaml files and the build files."""
+    yield ROOT / "cifar10_PM.py"
+    for folder in (*CODE_DIRS, "tests", "benchmarks"):
+        yield from (p for p in (ROOT / folder).rglob("*.py") if "shipped" not in p.parts and "__pycache__" not in p.parts)
+    yield from sorted((ROOT / "plan").rglob("*.yaml"))
+    yield from (ROOT / name for name in ("Makefile", ".ci/run", "pytest.ini", "requirements.txt"))
+
+
+POINTER = re.compile(r"(?<![\w./'\"-])((?:audit|src|workspace|docs|benchmarks|tests|tools|plan)/[\w./-]*\w)")
+TRIPLE_QUOTED = re.compile(r"(\"\"\"|\'\'\')(.*?)\1", re.S)
+
+
+def _pointers(path: Path):
+    """(line, pointer, the text around it) for every path under a versioned folder that a file says to its reader:
+    in a .py file its comments and triple-quoted strings (docstrings; its other strings are data, e.g. the wrong
+    paths a test feeds in), in the others every line. A regular expression, not a parse: the suite reads ~300 files."""
+    text = _text(path)
+    quoted = [m.span(2) for m in TRIPLE_QUOTED.finditer(text)] if path.suffix == ".py" else None
+    for match in POINTER.finditer(text):
+        if quoted is not None:
+            line_start = text.rfind("\n", 0, match.start()) + 1
+            in_comment = "#" in text[line_start:match.start()]
+            if not in_comment and not any(a <= match.start() < b for a, b in quoted):
+                continue
+        yield text.count("\n", 0, match.start()) + 1, match.group(1), text[max(0, match.start() - 1):match.end() + 1]
+
+
+def test_every_path_the_code_the_plan_and_the_build_files_name_exists():
+    wrong = []
+    for path in _text_files():
+        if not path.is_file():
+            continue
+        name = str(path.relative_to(ROOT))
+        for line, pointer, around in _pointers(path):
+            if not PLACEHOLDER.search(around) and _resolved(pointer) is None:
+                wrong.append(f"{name}:{line}: {pointer} does not exist")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_code_points_at_docs_that_exist():
     readme_headings = _headings(README)
     wrong = []
-    for path in _code_files():
+    code = set(_code_files())
+    others = [p for p in _text_files() if p not in code and p.is_file() and p != Path(__file__).resolve()]
+    for path in [*code, *others]:  # (this file names the forms it checks)
         text = _text(path)
         name = str(path.relative_to(ROOT))
-        for ref in re.findall(r"\b((?:docs|benchmarks)/[\w./-]*\w)", text):
+        for ref in re.findall(r"\b((?:docs|benchmarks)/[\w./-]*\w)", text) if path in code else ():
             if not PLACEHOLDER.search(ref) and not (ROOT / ref).exists():
                 wrong.append(f"{name}: {ref} does not exist")
         text = text.replace('\\"', '"')
@@ -305,3 +371,15 @@ def test_the_code_points_at_modules_and_files_that_exist():
                 if not any((ROOT / candidate).exists() for candidate in (ref, ref + ".py")):
                     wrong.append(f"{name}:{token.start[0]}: {ref}")
     assert not wrong, "pointers to nothing:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("page", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_block_says_whether_docs_check_runs_it(page):
+    """The fence's info string and the markers are ones `make docs-check` reads (tools/docs_check.py); a python block
+    that is a file names one under the workspace."""
+    from tools.docs_check import read_blocks
+
+    blocks = read_blocks(page, ROOT)  # DocsError naming the line otherwise
+    for block in blocks:
+        if block.file is not None:
+            assert not Path(block.file).is_absolute() and ".." not in Path(block.file).parts, block.where
