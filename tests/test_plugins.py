@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import csv
 import json
+import sys
 import textwrap
+from pathlib import Path
 
 import pytest
+import yaml
 
 from audit.config import plugins
 from audit.config.audit_settings import AuditSettings
@@ -16,7 +19,9 @@ from audit.config.fields import SettingsError
 from audit.config.steps import registered, unregister
 from audit.reporting.party import histogram_panels
 from audit.round_record import RoundRecord
+from tools.docs_check import read_blocks
 from workspace.in_process import run_in_process
+from workspace.plan_file import deep_merge
 from workspace.run_summary import summary_lines
 
 PLUGIN = textwrap.dedent('''
@@ -117,7 +122,7 @@ def _overrides(tmp_path, plugin_file, **lossgap):
             "audit": {"report_dir": str(reports), "signals": ["loss"], "fpr_tolerance": [0.1],
                       "rmia": {"enabled": False}, "plugins": [str(plugin_file)],
                       "lossgap": {"enabled": True, **lossgap}},
-            "gate": {"action": "report_only", "bound": "point", "thresholds": {"lossgap_gap": 10.0}},
+            "gate": {"action": "report_only", "thresholds": {"lossgap_gap": 10.0}},  # no interval: as it is
         }},
     }
 
@@ -171,3 +176,47 @@ def test_a_plugin_that_fails_while_importing_is_named_and_leaves_nothing(tmp_pat
         AuditSettings.from_mapping({"plugins": [str(broken)]}, prefix="task_runner.settings.audit")
     with pytest.raises(SettingsError, match=r"plugins: expected a list"):
         AuditSettings.from_mapping({"plugins": "x.py"}, prefix="task_runner.settings.audit")
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def docs_example(tmp_path):
+    """docs/plugins.md's plug-in module, saved where the page says (a module `src.my_audit`: here a folder added to
+    the `src` package's path, so the workspace's own `src/` gets no file), and its plan fragment, as written."""
+    import src
+
+    blocks = read_blocks(ROOT / "docs" / "plugins.md", ROOT)
+    module = next(b for b in blocks if b.file is not None)
+    fragment = yaml.safe_load("\n".join(next(b for b in blocks if b.kind == "yaml").body))
+    assert module.file == "src/my_audit.py"
+    assert fragment["task_runner"]["settings"]["audit"]["plugins"] == ["src.my_audit"]
+    folder = tmp_path / "src"
+    folder.mkdir()
+    (folder / "my_audit.py").write_text("\n".join(module.body) + "\n")
+    src.__path__.append(str(folder))
+    yield fragment
+    src.__path__.remove(str(folder))
+    sys.modules.pop("src.my_audit", None)
+    unregister("lossgap")
+    plugins._LOADED.pop("src.my_audit", None)
+
+
+@pytest.mark.federation
+def test_the_docs_example_runs_as_written(tmp_path, docs_example):
+    """The page's module and plan fragment unchanged (its gate under the plan's default bound, upper), plus the
+    settings of a tiny run: the step reports its metric and the gate compares it as it is."""
+    reports = tmp_path / "reports"
+    tiny = {"tasks": {"train": {"kwargs": {"epochs": 1}}},
+            "aggregator": {"settings": {"report_dir": str(reports / "aggregator")}},
+            "task_runner": {"settings": {"audit": {"report_dir": str(reports), "signals": ["loss"],
+                                                   "fpr_tolerance": [0.1], "rmia": {"enabled": False},
+                                                   "audit_global": False, "update_attack": False}}}}
+    run_in_process(tmp_path / "run", collaborators=1, rounds=1, overrides=deep_merge(docs_example, tiny))
+    record = json.loads((reports / "collaborator1" / "round_0000" / "audit.json").read_text())
+    gap = record["metrics"]["lossgap_gap"]
+    gate = record["extra"]["gate"]
+    assert gate["bound"] == "upper" and gate["compared"] == {"lossgap_gap": "lossgap_gap"}
+    assert gate["thresholds"] == {"lossgap_gap": 0.5} and gate["action"] == "withhold"
+    assert gate["verdict"] == ("kept" if gap <= 0.5 else "withheld")
