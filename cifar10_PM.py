@@ -407,35 +407,39 @@ def overrides_from_args(args) -> dict:
     return overrides
 
 
-def check_deanon_sizes(args, config) -> None:
+def check_deanon_sizes(args, config) -> list[str]:
     """--deanon: each collaborator's shards, as the run's data loader cuts them, give the self-audit its crowd (every
-    crowd user needs the member count of private samples and a prior from the party's population shard); checked
-    before anything is written, naming the flags that set the sizes (ValueError). Loads the dataset, which the run
-    then reuses (src.dataloader keeps it for the loaders)."""
+    crowd user needs private samples and a prior from the party's population shard). A population shard too small
+    for the plan's crowd sizes the audit to it (audit.deanon.self_audit.audit_sizes): returns the notes that say how,
+    one per distinct sizing, naming its collaborators. A shard too small for any crowd fails before anything is
+    written, naming the flags that set the sizes (ValueError). Loads the dataset, which the run then reuses
+    (src.dataloader keeps it for the loaders)."""
     if not args.deanon:
-        return
-    from audit import MIN_CROWD, audit_sizes
+        return []
+    from audit import audit_sizes
     from src.dataloader import AuditDataLoader
 
     settings = args.audit_settings.sections["deanon"]  # the plan's, with the flags (parse_args)
     if not settings.enabled:
-        return
+        return []
     loader_settings = config["data_loader"]["settings"]
+    notes: dict[str, list[str]] = {}
     for shard, name in enumerate(collaborator_names_of(args), 1):
         loader = AuditDataLoader(data_path=str(shard), **loader_settings)
         members, nonmembers, population = len(loader.y_train), len(loader.y_valid), len(loader.y_population)
         try:
-            audit_sizes(members, nonmembers, population, settings)
+            sizes = audit_sizes(members, nonmembers, population, settings)
         except ValueError:
             skew = (f", split by --dirichlet_alpha {args.dirichlet_alpha}" if args.dirichlet_alpha is not None
                     else "")
             raise ValueError(
                 f"--deanon: {name}'s population shard ({population} samples: --audit_dataset_ratio "
-                f"{args.audit_dataset_ratio} of --dataset {args.dataset}{skew}) cannot give {MIN_CROWD} crowd users "
-                f"{members} private samples each (its members: --train_dataset_ratio {args.train_dataset_ratio}) "
-                f"and a prior, all distinct: it needs at least {MIN_CROWD * (members + 1)}; raise "
-                "--audit_dataset_ratio or lower --train_dataset_ratio (e.g. --train_dataset_ratio 0.1 "
-                "--test_dataset_ratio 0.45 --audit_dataset_ratio 0.45, as `make demo`)") from None
+                f"{args.audit_dataset_ratio} of --dataset {args.dataset}{skew}) cannot give 2 crowd users one private "
+                "and one prior sample each; raise --audit_dataset_ratio") from None
+        if sizes.crowd_note is not None:
+            notes.setdefault(sizes.crowd_note, []).append(name)
+    return [f"--deanon ({', '.join(names)}): the deanonymization self-audit is {note}"
+            if note.startswith("sized") else f"--deanon ({', '.join(names)}): {note}" for note, names in notes.items()]
 
 
 def collaborator_names_of(args) -> list[str]:
@@ -555,14 +559,14 @@ def main(argv=None) -> int:
         config = run_plan_config(run_dir, collaborators=args.collaborators, rounds=args.comm_round,
                                  overrides=overrides, plan_path=PLAN)
         check_run_plan(config, names)
-        check_deanon_sizes(args, config)
+        sizing = check_deanon_sizes(args, config)
         make_log_dir(args.report_dir)
     except (DatasetUnavailableError, ValueError) as err:  # the message names the flag, the key or the file
         text = str(err).replace("task_runner.settings.gate.run_epsilon_budget", "--run_epsilon_budget")
         gate_key = "task_runner.settings.gate.thresholds."  # set by --gate: named so
         print(f"error: {'--gate: ' + text[len(gate_key):] if text.startswith(gate_key) else text}", file=sys.stderr)
         return 2
-    for note in flag_notes(args, typed_flags(argv)):
+    for note in [*flag_notes(args, typed_flags(argv)), *sizing]:
         print(f"note: {note}", file=sys.stderr)
     progress = Progress(args.comm_round, args.collaborators, args.auditing_interval, enabled=not args.no_progress)
 

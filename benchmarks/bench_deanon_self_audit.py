@@ -12,7 +12,11 @@ split, audited at a fresh model with the collaborator's real update trained the 
 - synthetic MLP (demo split): scikit-learn's make_classification (20 features, 10 classes), 1800 samples split as
   the demo does (90 members, 405 / 405), a 20-64-10 MLP, the demo's recipe;
 - synthetic MLP (large population): 8000 samples, 0.025 / 0.175 / 0.8 (100 members, 700 / 3200), SGD 0.05
-  (momentum 0.9), 3 epochs, batch 16.
+  (momentum 0.9), 3 epochs, batch 16;
+- digits (tutorial): the OpenFL tutorial's split and recipe, as `cifar10_PM.py --dataset digits --collaborators 3
+  --deanon` runs it (0.4 / 0.4 / 0.2: 240 members, 240 / 120; SGD 0.005, momentum 0.9, 1 epoch, batch 32): the
+  population cannot hold two crowd users of the member count, so the audit is sized to it (2 users of 30 private +
+  30 prior samples; the collaborator's own update on its 240 members).
 
     python benchmarks/bench_deanon_self_audit.py [--seeds 20] [--settings digits-demo synthetic-demo-split]
 
@@ -62,6 +66,10 @@ SETTINGS = {
     "synthetic-demo-split": Setting("synthetic", (0.1, 0.45, 0.45), DEMO_RECIPE, samples=1800),
     "synthetic-large-population": Setting("synthetic", (0.025, 0.175, 0.8),
                                           TrainingRecipe("SGD", 0.05, 0.9, epochs=3, batch_size=16), samples=8000),
+    # The OpenFL tutorial's split and recipe (cifar10_PM.py's defaults): the population shard (120) is half the member
+    # count (240), so the audit is sized to it: 2 crowd users of 30 private + 30 prior samples.
+    "digits-tutorial": Setting("digits", (0.4, 0.4, 0.2), TrainingRecipe("SGD", 0.005, 0.9, epochs=1, batch_size=32),
+                               parties=3),
 }
 
 

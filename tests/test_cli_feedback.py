@@ -48,34 +48,51 @@ def test_an_unknown_subcommand_of_the_tool_is_answered_with_the_nearest(capsys):
                                                                        "--help)")
 
 
-def test_deanonymization_sizes_are_checked_at_start_in_the_words_of_the_flags(tmp_path, capsys):
-    """--deanon with label skew and the tutorial's ratios (0.4 / 0.4 / 0.2) failed after round 1 in plan-key words
-    and left the log folder behind: now it fails before anything is written, naming the flags; the demo's ratios
-    pass the same check."""
+def _deanon_config(tmp_path, argv, collaborators=2):
+    from workspace.plan_file import run_plan_config
+
+    args = cifar10_PM.parse_args(["--dataset", "digits", "--deanon", "--collaborators", str(collaborators), *argv])
+    args.report_dir = tmp_path / "demo"
+    config = run_plan_config(tmp_path / "demo" / "_run", collaborators=collaborators, rounds=2,
+                             overrides=cifar10_PM.overrides_from_args(args), plan_path=cifar10_PM.PLAN)
+    return args, config
+
+
+def test_deanonymization_on_the_tutorials_ratios_is_sized_to_the_shard_with_a_note(tmp_path):
+    """--deanon with the tutorial's ratios (0.4 / 0.4 / 0.2: a population shard of half the member count) runs the
+    self-audit sized to the shard, and says so once per sizing, naming the collaborators; the demo's ratios keep
+    the plan's sizes but a crowd smaller than asked, which is noted too."""
+    args, config = _deanon_config(tmp_path, [], collaborators=3)
+    notes = cifar10_PM.check_deanon_sizes(args, config)  # digits' 1797 samples: shards of 599 and 600, one per size
+    assert notes[0] == ("--deanon (collaborator1): the deanonymization self-audit is sized to the population shard: 2 "
+                        "crowd users (not 10) of 30 private + 30 prior samples each, shadow updates on 30 samples: its "
+                        "120 samples cannot give 2 users the member count (240) and a prior of 240; the collaborator's "
+                        "update stays its own, on its 240 members (prior: 30 of its 240 non-members)")
+    named = [name for note in notes for name in note[len("--deanon ("):note.index(")")].split(", ")]
+    assert sorted(named) == ["collaborator1", "collaborator2", "collaborator3"]
+    assert all("self-audit is sized to the population shard: 2 crowd users (not 10) of " in n for n in notes)
+    args, config = _deanon_config(tmp_path, ["--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45",
+                                             "--audit_dataset_ratio", "0.45"])
+    notes = cifar10_PM.check_deanon_sizes(args, config)
+    assert notes and all(n.startswith("--deanon (collaborator") and ": a crowd of 2 users, not " in n for n in notes)
+    assert not any("sized to the population shard" in n for n in notes)
+
+
+def test_a_population_too_small_for_any_crowd_is_refused_at_start_in_the_words_of_the_flags(tmp_path, capsys):
     log_dir = tmp_path / "run"
     openfl_level = logging.getLogger("openfl").level  # main() quietens OpenFL's logger: not for the other tests
     try:
         code = cifar10_PM.main(["--dataset", "digits", "--comm_round", "2", "--deanon", "--dirichlet_alpha", "0.3",
-                                "--no_progress", "--log_dir", str(log_dir)])
+                                "--audit_dataset_ratio", "0.002", "--no_progress", "--log_dir", str(log_dir)])
     finally:
         logging.getLogger("openfl").setLevel(openfl_level)
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and not log_dir.exists()
     (line,) = [e for e in err if e.startswith("error:")]
     assert line.startswith("error: --deanon: collaborator")
-    assert "--audit_dataset_ratio 0.2 of --dataset digits, split by --dirichlet_alpha 0.3" in line
-    assert "--train_dataset_ratio 0.4" in line and "raise --audit_dataset_ratio or lower --train_dataset_ratio" in line
+    assert "--audit_dataset_ratio 0.002 of --dataset digits, split by --dirichlet_alpha 0.3" in line
+    assert "cannot give 2 crowd users one private and one prior sample each; raise --audit_dataset_ratio" in line
     assert "task_runner.settings" not in line and "data_loader.settings" not in line
-
-    args = cifar10_PM.parse_args(["--dataset", "digits", "--deanon", "--dirichlet_alpha", "0.3",
-                                  "--train_dataset_ratio", "0.1", "--test_dataset_ratio", "0.45",
-                                  "--audit_dataset_ratio", "0.45"])
-    args.report_dir = tmp_path / "demo"
-    from workspace.plan_file import run_plan_config
-
-    config = run_plan_config(tmp_path / "demo" / "_run", collaborators=2, rounds=2,
-                             overrides=cifar10_PM.overrides_from_args(args), plan_path=cifar10_PM.PLAN)
-    cifar10_PM.check_deanon_sizes(args, config)  # the demo's ratios: no error
 
 
 @pytest.mark.parametrize("argv, note", [

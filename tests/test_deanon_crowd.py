@@ -83,10 +83,18 @@ def test_every_user_gets_the_same_prior_and_private_size_within_the_population()
     roomy = audit_sizes(100, 700, 3200, settings)
     assert (roomy.crowd_users, roomy.prior_size, roomy.crowd_note) == (10, 220, None)
     assert audit_sizes(100, 150, 30000, settings).prior_size == 150
-    # Two users fit only with a smaller prior than one shadow update's data: the shadow size shrinks with it.
+    # Two users of the member count and one shadow update's prior do not fit: each of 2 users gets half the
+    # population, split between private data and prior as the full sizes would be (here half and half).
     tight = audit_sizes(131, 504, 517, settings)
-    assert (tight.crowd_users, tight.prior_size, tight.shadow_size) == (2, 127, 127)
-    assert "shadow updates on 127 samples, not 131" in tight.crowd_note
+    assert (tight.crowd_users, tight.private_size, tight.prior_size, tight.shadow_size) == (2, 129, 129, 129)
+    assert tight.crowd_note.startswith("sized to the population shard: 2 crowd users (not 10) of 129 private + 129 "
+                                       "prior samples each, shadow updates on 129 samples: its 517 samples cannot "
+                                       "give 2 users the member count (131) and a prior of 131")
+    # With a smaller shadow size the prior needs less: the split follows it.
+    shadow = audit_sizes(131, 504, 300, DeanonSettings(crowd_users=10, shadow_size=19))
+    assert (shadow.private_size, shadow.prior_size, shadow.shadow_size) == (131, 19, 19)  # 2 x 150 fit as planned
+    shadow = audit_sizes(131, 504, 200, DeanonSettings(crowd_users=10, shadow_size=19))
+    assert (shadow.private_size, shadow.prior_size, shadow.shadow_size) == (100 * 131 // 150, 100 - 87, 13)
     # Fewer non-members than one shadow update's data: every prior is all of them, and the crowd counts with that.
     few = audit_sizes(90, 30, 404, settings)
     assert (few.crowd_users, few.prior_size, few.shadow_size) == (3, 30, 30)
@@ -95,16 +103,42 @@ def test_every_user_gets_the_same_prior_and_private_size_within_the_population()
         try:
             s = audit_sizes(members, nonmembers, population, DeanonSettings(crowd_users=wanted))
         except ValueError:
-            assert population < 2 * (members + 1)
+            assert population < 4 or members == 1 and population < 2 * (1 + min(nonmembers, 1)) + 2
             continue
-        assert 2 <= s.crowd_users <= wanted and s.private_size == members
-        assert 1 <= s.shadow_size <= s.prior_size <= nonmembers
+        fits = population >= 2 * (members + min(members, nonmembers))
+        assert 2 <= s.crowd_users <= wanted and (s.private_size == members) == fits and s.private_size <= members
+        assert 1 <= s.shadow_size <= s.prior_size <= nonmembers and s.shadow_size <= members
         assert s.crowd_users * (s.prior_size + s.private_size) <= population
+        assert (s.crowd_note is None) == (s.crowd_users == wanted and s.shadow_size == members)
+
+
+def test_a_population_smaller_than_two_users_sizes_the_audit_to_it():
+    # The OpenFL tutorial's split (0.4 / 0.4 / 0.2): the population shard is half the member count.
+    sizes = audit_sizes(12000, 12000, 6000, DeanonSettings())
+    assert (sizes.crowd_users, sizes.private_size, sizes.prior_size, sizes.shadow_size) == (2, 1500, 1500, 1500)
+    assert "its 12000 members" in sizes.crowd_note and "of 1500 private + 1500 prior samples each" in sizes.crowd_note
+
+
+@pytest.mark.parametrize("collaborators", [2, 3])
+def test_every_datasets_default_ratios_get_a_sized_audit(collaborators):
+    """Each dataset's shards at the tutorial's default ratios, as split_federation cuts them (labels only: the sizes
+    do not depend on the images), get a self-audit sized to the shard, with a note, never a refusal."""
+    from src.data.datasets import _SAMPLES
+    from src.data.split import split_federation
+
+    for name, count in _SAMPLES.items():
+        labels = np.arange(count) % 10
+        for party in split_federation(np.zeros((count, 1), np.float32), labels, collaborators):
+            members, nonmembers, population = len(party.train_y), len(party.test_y), len(party.population_y)
+            sizes = audit_sizes(members, nonmembers, population, DeanonSettings())
+            assert sizes.crowd_users == 2 and sizes.crowd_note.startswith("sized to the population shard"), name
+            # half the population each, split evenly (the default shadow size is the member count)
+            assert sizes.private_size + sizes.prior_size == population // 2, name
+            assert abs(sizes.private_size - sizes.prior_size) <= 1 and sizes.shadow_size == sizes.prior_size, name
 
 
 def test_a_population_that_cannot_hold_two_users_fails_naming_the_settings():
-    # The OpenFL tutorial's split (0.4 / 0.4 / 0.2): the population shard is half the member count.
-    with pytest.raises(ValueError, match=r"^task_runner\.settings\.audit\.deanon: the population shard \(6000 "
-                                         r"samples\) cannot give 2 crowd users 12000 private samples.*"
-                                         r"audit_dataset_ratio"):
-        audit_sizes(12000, 12000, 6000, DeanonSettings())
+    with pytest.raises(ValueError, match=r"^task_runner\.settings\.audit\.deanon: the population shard \(3 "
+                                         r"samples\) cannot give 2 crowd users one private and one prior sample each; "
+                                         r"raise data_loader\.settings\.audit_dataset_ratio"):
+        audit_sizes(12, 12, 3, DeanonSettings())

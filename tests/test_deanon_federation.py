@@ -85,3 +85,27 @@ def test_mitigations_are_applied_and_recorded(federation):
     runner = federation.runner("collaborator2")
     assert len(runner.data_loader.y_population) - sizes["population"] == mm["own_population_trained_on"]
     assert mm["background_trained_on"] > mm["own_population_trained_on"]  # drawn from the whole population set
+
+
+@pytest.mark.federation
+def test_the_tutorials_ratios_get_a_self_audit_sized_to_the_shard(tmp_path):
+    """`cifar10_PM.py --dataset digits --collaborators 3 --deanon` with the tutorial's default ratios (a population
+    shard of half the member count): the run is not refused; it notes how the audit was sized, and every
+    collaborator's round records that crowd and its metrics."""
+    from shared_runs import run_demo_here
+
+    log_dir = tmp_path / "logs"
+    with no_report_drawing():
+        proc = run_demo_here(["--dataset", "digits", "--comm_round", "1", "--collaborators", "3", "--deanon",
+                              "--signals", "loss", "--rmia", "False", "--fpr_tolerance", "0.1", "--no_progress",
+                              "--log_dir", log_dir], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if line.startswith("note: --deanon (")]
+    assert notes and all("self-audit is sized to the population shard: 2 crowd users (not 10)" in n for n in notes)
+    for name in ("collaborator1", "collaborator2", "collaborator3"):
+        record = json.loads((log_dir / name / "round_0000" / "audit.json").read_text())
+        deanon = record["extra"]["deanon"]
+        assert deanon["crowd_users"] == 2 and deanon["crowd_note"].startswith("sized to the population shard")
+        assert 2 * (deanon["private_size"] + deanon["prior_size"]) <= record["sizes"]["population"]
+        assert deanon["private_size"] < record["sizes"]["members"]
+        assert math.isfinite(record["metrics"]["deanon_ap_over_chance"])

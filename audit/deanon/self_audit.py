@@ -11,7 +11,9 @@ like and names the owner of anonymous updates. Here the collaborator plays that 
   trained on its private part, the size of this collaborator's training set.
 Every user stands alike towards the adversary (audit_sizes): the same prior size, the same private size (the
 member count: an update's direction depends on the number of steps), no sample in two users. The crowd is as
-large as the population shard holds, at most `crowd_users`.
+large as the population shard holds, at most `crowd_users`. A population shard too small for two users of that
+size (the OpenFL tutorial's split, 0.4 / 0.4 / 0.2, gives half the member count) gets the audit sized to it: two
+crowd users whose private data and prior shrink together, and a note that says so.
 Metrics (all scalars; only these leave the collaborator): per attack mean AP, AP over chance, top-1/top-5, and
 this collaborator's own rank and AP; `deanon_ap_over_chance` is the strongest re-identification attack's ratio.
 """
@@ -52,13 +54,15 @@ class DeanonResult:
 
 @dataclass(frozen=True)
 class AuditSizes:
-    """How much data each user of the self-audit gets; the same for the collaborator and every crowd user."""
+    """How much data each user of the self-audit gets; the same for the collaborator and every crowd user, but for
+    the private data of a crowd sized to a small population shard (`private_size` below the member count)."""
 
     crowd_users: int         # K, the crowd actually drawn
     prior_size: int          # every user's prior (the collaborator's: a random part of its non-members)
-    private_size: int        # every user's private data (the collaborator's: its members)
+    private_size: int        # every crowd user's private data: the member count (the collaborator's private data),
+    #                          or less where the population shard cannot hold two users of it
     shadow_size: int         # samples per shadow update, a subset of the user's prior
-    crowd_note: str | None = None  # why the crowd is smaller than audit.deanon.crowd_users
+    crowd_note: str | None = None  # how the audit was sized, where it differs from the plan's settings
 
 
 def audit_sizes(member_count: int, prior_count: int, population_count: int, settings: DeanonSettings) -> AuditSizes:
@@ -66,34 +70,49 @@ def audit_sizes(member_count: int, prior_count: int, population_count: int, sett
 
     The crowd's K users need K * (prior + private) distinct population samples, and the private size is the member
     count. The crowd is as large as fits with one shadow update's data as the prior (all non-members if fewer),
-    at most `crowd_users` and at least 2 (a crowd of one is no crowd: then the prior, and with it the shadow
-    size, shrinks to what 2 users leave). What the population has beyond that goes to a larger prior for every
-    user (at most the non-member count: the collaborator's prior is a part of it). A population that cannot give
-    2 users their private data and one prior sample each fails, naming the data settings.
+    at most `crowd_users`. What the population has beyond that goes to a larger prior for every user (at most the
+    non-member count: the collaborator's prior is a part of it). A population that cannot give 2 users (a crowd of
+    one is no crowd) that much sizes the audit to it: each of the 2 users gets half of it, split between private
+    data and prior in the same proportion (so the shadow updates keep the size of the crowd's anonymous ones), and
+    the note says how. Only a population that cannot give 2 users one private and one prior sample fails, naming the
+    data settings.
     """
     private = int(member_count)
     if private < 1 or prior_count < 1:
         raise ValueError(f"{PLAN_KEY}: the self-audit needs members and non-members, got {private} and {prior_count}")
     wanted_shadow = settings.shadow_size or private
     smallest_prior = min(wanted_shadow, int(prior_count))
-    users = min(settings.crowd_users, max(MIN_CROWD, crowd_capacity(population_count, smallest_prior, private)))
-    prior = min(int(prior_count), population_count // users - private)
-    if prior < 1:
-        raise ValueError(
-            f"{PLAN_KEY}: the population shard ({population_count} samples) cannot give {MIN_CROWD} crowd users "
-            f"{private} private samples each (the member count) and a prior, all distinct; raise "
-            f"data_loader.settings.audit_dataset_ratio or lower data_loader.settings.train_dataset_ratio")
-    shadow = min(wanted_shadow, prior)
+    capacity = crowd_capacity(population_count, smallest_prior, private)
     notes = []
-    if users < settings.crowd_users:
-        notes.append(f"a crowd of {users} users, not {PLAN_KEY}.crowd_users = {settings.crowd_users}")
-    if shadow < wanted_shadow:
-        notes.append(f"shadow updates on {shadow} samples, not {wanted_shadow} ({PLAN_KEY}.shadow_size or the "
-                     f"member count)")
-    note = None
-    if notes:
-        note = (f"{' and '.join(notes)}: every user gets {prior} prior + {private} private samples, no sample in two "
-                f"users, from {prior_count} non-members and a population shard of {population_count}")
+    if capacity >= MIN_CROWD:
+        users = min(settings.crowd_users, capacity)
+        prior = min(int(prior_count), population_count // users - private)
+        shadow = min(wanted_shadow, prior)
+        if users < settings.crowd_users:
+            notes.append(f"a crowd of {users} users, not {PLAN_KEY}.crowd_users = {settings.crowd_users}")
+        if shadow < wanted_shadow:
+            notes.append(f"shadow updates on {shadow} samples, not {wanted_shadow} ({PLAN_KEY}.shadow_size or the "
+                         f"member count)")
+        note = None
+        if notes:
+            note = (f"{' and '.join(notes)}: every user gets {prior} prior + {private} private samples, no sample in "
+                    f"two users, from {prior_count} non-members and a population shard of {population_count}")
+    else:
+        users, share = MIN_CROWD, population_count // MIN_CROWD
+        crowd_private = share * private // (private + smallest_prior)
+        prior = share - crowd_private
+        if crowd_private < 1 or prior < 1:
+            raise ValueError(
+                f"{PLAN_KEY}: the population shard ({population_count} samples) cannot give {MIN_CROWD} crowd users "
+                "one private and one prior sample each; raise data_loader.settings.audit_dataset_ratio")
+        shadow = min(wanted_shadow, prior)
+        not_asked = "" if settings.crowd_users == MIN_CROWD else f" (not {settings.crowd_users})"
+        note = (f"sized to the population shard: {MIN_CROWD} crowd users{not_asked} of {crowd_private} private + "
+                f"{prior} prior samples each, shadow updates on {shadow} samples: its {population_count} samples "
+                f"cannot give {MIN_CROWD} users the member count ({private}) and a prior of {smallest_prior}; the "
+                f"collaborator's update stays its own, on its {private} members (prior: {prior} of its {prior_count} "
+                "non-members)")
+        private = crowd_private
     return AuditSizes(crowd_users=users, prior_size=prior, private_size=private, shadow_size=shadow, crowd_note=note)
 
 
