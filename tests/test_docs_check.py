@@ -154,7 +154,14 @@ def test_a_page_that_runs_too_long_is_stopped_naming_the_command(tmp_path):
     start = time.monotonic()
     result = run(tmp_path, path, timeout=1.0)
     assert time.monotonic() - start < 10  # stopped at once, not after the grace a stuck process gets
-    assert "page.md:1 (```sh), line 3: `sleep 30` timed out after 1 s" in result.failure
+    assert "page.md:1 (```sh), line 3: `sleep 30` timed out (its block ran over 1 s)" in result.failure
+
+
+def test_the_time_limit_is_per_block(tmp_path):
+    """Three blocks of 0.6 s each under a limit of 1.5 s: the page runs longer than the limit, no block does."""
+    path = page(tmp_path, "".join("```sh\nsleep 0.6\n```\n" + f"Block {i}.\n" for i in range(3)))
+    result = run(tmp_path, path, timeout=1.5)
+    assert result.ok and result.wall_s > 1.5, result.failure
 
 
 def test_skipped_blocks_and_commands_are_not_run_and_are_listed_with_their_reason(tmp_path):

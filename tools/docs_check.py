@@ -20,10 +20,11 @@ A block is left out only by a marker on the line above its fence, which the chec
     <!-- docs-check: skip (multi-host: each block runs on another host) -->
     <!-- docs-check: skip "make test" (CI runs it as its own step) -->
 The first leaves out the whole block; the second the block's lines that run that command. A block identical to
-one that already ran (the same commands on two pages) runs once. Inline code in the prose names commands and
+one another page ran (the same commands on two pages) runs once. Inline code in the prose names commands and
 flags; a command meant to be run is in a block.
 
-The copy is made as from a fresh clone: the working tree's files (tracked and untracked, not ignored; symlinks as
+A block may run 600 s (`--timeout`); the page stops at the first block over it. The copy is made as from a fresh
+clone: the working tree's files (tracked and untracked, not ignored; symlinks as
 links, times kept) committed into a new repository, so that a page may `git clone` it, with `.venv` a link to this
 checkout's venv (installed: `make docs-check` installs first; the check refuses a venv older than
 requirements.txt rather than let a page's `make` reinstall it). Pages run one after another (README.md first);
@@ -294,12 +295,12 @@ def run_page(page: Path, blocks: list[Block], dest: Path, logs: Path, timeout: f
             result.skipped.append(f"{block.where}: not run ({block.skip})")
             continue
         key = (block.kind or "sh", block.body)
-        if key in already:
-            result.skipped.append(f"{block.where}: the same block as {already[key]}, run there")
+        if key in already and already[key][0] != page:
+            result.skipped.append(f"{block.where}: the same block as {already[key][1]}, run there")
             continue
         if block.skip_command is not None:
             result.skipped.append(f"{block.where}: `{block.skip_command}` not run ({block.skip_reason})")
-        already[key] = block.where
+        already.setdefault(key, (page, block.where))
         todo.append(block)
     for block in todo:
         if block.file:
@@ -322,11 +323,7 @@ def run_page(page: Path, blocks: list[Block], dest: Path, logs: Path, timeout: f
     with open(log_file, "wb") as out, open(answers, "rb") as stdin:
         proc = subprocess.Popen(["bash", str(script_file)], cwd=dest, stdin=stdin, stdout=out,
                                 stderr=subprocess.STDOUT, env=_environment(dest), start_new_session=True)
-        try:
-            code = proc.wait(timeout=timeout)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out, code = True, None
+        code, timed_out = _wait(proc, trace_file, where, timeout)
         _stop_group(proc)
         proc.wait()
     result.wall_s = time.monotonic() - start
@@ -339,13 +336,32 @@ def run_page(page: Path, blocks: list[Block], dest: Path, logs: Path, timeout: f
     return result
 
 
+def _wait(proc: subprocess.Popen, trace_file: Path, where, timeout: float) -> tuple[int | None, bool]:
+    """Wait for the page's shell; stop it when one block has run `timeout` seconds (the trace says which block runs:
+    a page's blocks differ in length, a federation's against a file check). Returns (exit code, timed out)."""
+    block, since, pending = None, time.monotonic(), b""
+    with open(trace_file, "rb") as trace:
+        while True:
+            try:
+                return proc.wait(timeout=0.2), False
+            except subprocess.TimeoutExpired:
+                pass
+            *lines, pending = (pending + trace.read()).split(b"\n")  # complete lines; the rest waits
+            for line in lines:
+                number = line.partition(b"\t")[0]
+                if number.isdigit() and int(number) in where and where[int(number)][0] is not block:
+                    block, since = where[int(number)][0], time.monotonic()
+            if time.monotonic() - since > timeout:
+                return None, True
+
+
 def _failure(page: Path, where, trace_file: Path, log_file: Path, code, timed_out: bool, timeout: float) -> str:
     last = None
     for line in trace_file.read_text(encoding="utf-8", errors="replace").splitlines():
         number, _, command = line.partition("\t")
         if number.isdigit() and int(number) in where:
             last = (int(number), command)
-    what = f"timed out after {timeout:g} s" if timed_out else f"exited with {code}"
+    what = f"timed out (its block ran over {timeout:g} s)" if timed_out else f"exited with {code}"
     if last is None:
         head = f"{page}: the page's shell {what} before its first command"
     else:
@@ -387,7 +403,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.docs_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("pages", nargs="*", type=Path, help="pages to run (default: README.md and docs/*.md)")
     parser.add_argument("--keep", action="store_true", help="keep the scratch copy after a passing run")
-    parser.add_argument("--timeout", type=float, default=900.0, help="seconds a page may run (default 900)")
+    parser.add_argument("--timeout", type=float, default=600.0,
+                        help="seconds one block may run (default 600: on a busy machine, give more)")
     parser.add_argument("--plan-fragment", metavar="FILE", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.plan_fragment is not None:
