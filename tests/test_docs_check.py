@@ -121,7 +121,8 @@ def test_a_command_in_a_loop_is_named_by_its_own_line(tmp_path):
 def test_a_passing_page_answers_y_and_ends_what_it_left_running(tmp_path):
     path = page(tmp_path, '''\
         ```sh
-        read answer && test "$answer" = y   # a y/N question
+        python3 -c 'import sys; assert sys.stdin.readline() == "y\\n"'   # a y/N question, read buffered
+        read answer && test "$answer" = y                                 # and another
         sleep 300 & echo $! > pid
         ```
         ''')

@@ -218,7 +218,9 @@ HEREDOC = "DOCS_CHECK_BLOCK_END"
 def page_script(blocks: list[Block], dest: Path, trace: Path) -> tuple[str, dict[int, tuple[Block, int | None]]]:
     """The page as one bash script, and for each script line the block and the page line it comes from (None for a
     python or yaml block: its whole fence)."""
-    lines = [f"exec 3>>{_quote(trace)}", "set -e -o pipefail",
+    # Input: an endless "y" (a reader slurps what a pipe holds, so a finite answer file would leave the second
+    # question with none); the trace of each command on fd 3.
+    lines = ["exec 0< <(yes y)", f"exec 3>>{_quote(trace)}", "set -e -o pipefail",
              "trap 'printf \"%s\\t%s\\n\" \"$LINENO\" \"$BASH_COMMAND\" >&3' DEBUG"]
     where: dict[int, tuple[Block, int | None]] = {}
     python = dest / ".venv" / "bin" / "python"
@@ -315,13 +317,11 @@ def run_page(page: Path, blocks: list[Block], dest: Path, logs: Path, timeout: f
     script_file, log_file, trace_file = (logs / f"{stem}.sh", logs / f"{stem}.log", logs / f"{stem}.trace")
     script, where = page_script(todo, dest, trace_file)
     script_file.write_text(script, encoding="utf-8")
-    answers = logs / "answers"
-    answers.write_text("y\n" * 1000)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     trace_file.write_text("")
-    with open(log_file, "wb") as out, open(answers, "rb") as stdin:
-        proc = subprocess.Popen(["bash", str(script_file)], cwd=dest, stdin=stdin, stdout=out,
+    with open(log_file, "wb") as out:
+        proc = subprocess.Popen(["bash", str(script_file)], cwd=dest, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, env=_environment(dest), start_new_session=True)
         code, timed_out = _wait(proc, trace_file, where, timeout)
         _stop_group(proc)
