@@ -376,10 +376,16 @@ def test_the_code_points_at_modules_and_files_that_exist():
 @pytest.mark.parametrize("page", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_block_says_whether_docs_check_runs_it(page):
     """The fence's info string and the markers are ones `make docs-check` reads (tools/docs_check.py); a python block
-    that is a file names one under the workspace."""
-    from tools.docs_check import read_blocks
+    that is a file names one under the workspace; a yaml block is a fragment of the plan (its sections)."""
+    import yaml
 
+    from tools.docs_check import PLAN, read_blocks
+
+    sections = set(yaml.safe_load(_text(ROOT / "plan" / "plan.yaml")))
     blocks = read_blocks(page, ROOT)  # DocsError naming the line otherwise
     for block in blocks:
         if block.file is not None:
             assert not Path(block.file).is_absolute() and ".." not in Path(block.file).parts, block.where
+        if block.kind == PLAN and block.runs:
+            fragment = yaml.safe_load("\n".join(block.body))
+            assert isinstance(fragment, dict) and set(fragment) <= sections, f"{block.where}: not a plan fragment"

@@ -430,3 +430,27 @@ def test_bad_per_collaborator_values_name_the_dotted_key(per_collaborator, key):
     with pytest.raises(SettingsError) as err:
         parse_per_collaborator(per_collaborator, gate=None, audit_settings=AUDIT)
     assert str(err.value).startswith(key + ":"), str(err.value)
+
+
+def test_docs_gate_pages_example_is_accepted_and_compares_what_it_says():
+    """docs/gate.md's plan fragment, under the plan's own audit settings: each threshold compares the metric its
+    comment names."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    from tools.docs_check import read_blocks
+    from workspace.plan_file import read_plan
+
+    root = Path(__file__).resolve().parent.parent
+    (block,) = [b for b in read_blocks(root / "docs" / "gate.md", root) if b.kind == "yaml"]
+    gate = yaml.safe_load("\n".join(block.body))["task_runner"]["settings"]["gate"]
+    audit = AuditSettings.from_mapping(read_plan(root / "plan" / "plan.yaml")["task_runner"]["settings"]["audit"])
+    policy = GatePolicy.from_mapping(gate, audit_settings=audit)
+    said = {}
+    for line in block.body:
+        found = re.match(r"\s+(\w+): [\d.]+\s+# (?:compared: its upper bound, (\w+)|.*as it is)", line)
+        if found:
+            said[found.group(1)] = found.group(2) or found.group(1)
+    assert len(said) == 3 and {name: policy.compared_name(name) for name in policy.thresholds} == said
