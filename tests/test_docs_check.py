@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tools.docs_check import DocsError, check_plan_fragment, copy_workspace, read_blocks, run_page
+from tools.docs_check import (DocsError, check_plan_fragment, checkout_changes, copy_workspace, read_blocks,
+                               run_page)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -123,6 +124,8 @@ def test_a_passing_page_answers_y_and_ends_what_it_left_running(tmp_path):
         ```sh
         python3 -c 'import sys; assert sys.stdin.readline() == "y\\n"'   # a y/N question, read buffered
         read answer && test "$answer" = y                                 # and another
+        (sleep 0.1) &
+        wait                      # for the page's own jobs only: returns
         sleep 300 & echo $! > pid
         ```
         ''')
@@ -212,8 +215,12 @@ def test_the_copy_is_a_fresh_clone_of_the_working_tree(tmp_path):
     assert (dest / "pkg" / "code.py").read_text() == "x = 2\n" and (dest / "new.md").is_file()
     assert os.readlink(dest / "pkg" / "link") == "../pkg" and not (dest / "ignored").exists()
     assert (dest / "new.md").stat().st_mtime == 1_000_000  # times kept: make sees what the checkout's make sees
-    status = subprocess.run(["git", "status", "--porcelain"], cwd=dest, capture_output=True, text=True, check=True)
-    assert status.stdout == ""  # committed: a page may git clone it
+    assert checkout_changes(dest) == []  # committed: a page may git clone it
+    (dest / "ignored").mkdir()
+    (dest / "ignored" / "run.log").write_text("a page may write where git ignores\n")
+    (dest / "pkg" / "code.py").write_text("x = 3\n")
+    (dest / "pkg" / "plan_1234.yaml").write_text("left behind\n")
+    assert checkout_changes(dest) == ["M pkg/code.py", "?? pkg/plan_1234.yaml"]
 
 
 @pytest.mark.parametrize("fragment, message", [

@@ -28,7 +28,9 @@ clone: the working tree's files (tracked and untracked, not ignored; symlinks as
 links, times kept) committed into a new repository, so that a page may `git clone` it, with `.venv` a link to this
 checkout's venv (installed: `make docs-check` installs first; the check refuses a venv older than
 requirements.txt rather than let a page's `make` reinstall it). Pages run one after another (README.md first);
-each prints its wall and CPU time. The copy is deleted after a passing run and kept after a failing one.
+each prints its wall and CPU time. At the end the copy's `git status` must be clean: the pages leave a user's
+checkout as it was (they write only where git ignores: runs/, reports/, save/). The copy is deleted after a passing
+run and kept after a failing one.
 
     python -m tools.docs_check [--keep] [--timeout S] [PAGE ...]
 """
@@ -218,9 +220,7 @@ HEREDOC = "DOCS_CHECK_BLOCK_END"
 def page_script(blocks: list[Block], dest: Path, trace: Path) -> tuple[str, dict[int, tuple[Block, int | None]]]:
     """The page as one bash script, and for each script line the block and the page line it comes from (None for a
     python or yaml block: its whole fence)."""
-    # Input: an endless "y" (a reader slurps what a pipe holds, so a finite answer file would leave the second
-    # question with none); the trace of each command on fd 3.
-    lines = ["exec 0< <(yes y)", f"exec 3>>{_quote(trace)}", "set -e -o pipefail",
+    lines = [f"exec 3>>{_quote(trace)}", "set -e -o pipefail",  # the trace of each command on fd 3
              "trap 'printf \"%s\\t%s\\n\" \"$LINENO\" \"$BASH_COMMAND\" >&3' DEBUG"]
     where: dict[int, tuple[Block, int | None]] = {}
     python = dest / ".venv" / "bin" / "python"
@@ -320,12 +320,20 @@ def run_page(page: Path, blocks: list[Block], dest: Path, logs: Path, timeout: f
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     trace_file.write_text("")
-    with open(log_file, "wb") as out:
-        proc = subprocess.Popen(["bash", str(script_file)], cwd=dest, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, env=_environment(dest), start_new_session=True)
-        code, timed_out = _wait(proc, trace_file, where, timeout)
-        _stop_group(proc)
-        proc.wait()
+    # Input: an endless "y", from a process of its own (a reader slurps what a pipe holds, so a finite answer would
+    # leave the next question none; and a page's `wait` must not wait for it).
+    answers = subprocess.Popen(["yes", "y"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        with open(log_file, "wb") as out:
+            proc = subprocess.Popen(["bash", str(script_file)], cwd=dest, stdin=answers.stdout, stdout=out,
+                                    stderr=subprocess.STDOUT, env=_environment(dest), start_new_session=True)
+            code, timed_out = _wait(proc, trace_file, where, timeout)
+            _stop_group(proc)
+            proc.wait()
+    finally:
+        answers.kill()
+        answers.wait()
+        answers.stdout.close()
     result.wall_s = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result.cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -426,13 +434,15 @@ def main(argv=None) -> int:
     except DocsError as err:
         print(f"docs-check: {err}", file=sys.stderr)
         return 1
-    dest = Path(tempfile.mkdtemp(prefix="docs-check-"))
+    scratch = Path(tempfile.mkdtemp(prefix="docs-check-"))
+    dest, logs = scratch / "checkout", scratch / "logs"
+    dest.mkdir()
     print(f"docs-check: a scratch copy in {dest}", flush=True)
     copy_workspace(ROOT, dest)
     problem = venv_problem(dest)
     if problem is not None:
         print(f"docs-check: {problem}", file=sys.stderr)
-        shutil.rmtree(dest, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
         return 1
     already: dict = {}
     results = []
@@ -440,7 +450,7 @@ def main(argv=None) -> int:
     for page in pages:
         rel = page.relative_to(ROOT)
         print(f"docs-check: {rel} ...", flush=True)
-        result = run_page(rel, blocks[page], dest, dest / "docs-check-logs", args.timeout, already)
+        result = run_page(rel, blocks[page], dest, logs, args.timeout, already)
         for line in result.skipped:
             print(f"    {line}")
         status = "ok" if result.ok else "FAILED"
@@ -448,20 +458,32 @@ def main(argv=None) -> int:
         if result.failure:
             print(f"docs-check: {result.failure}", file=sys.stderr, flush=True)
         results.append(result)
-    failed = [r for r in results if not r.ok]
+    failed = [str(r.page) for r in results if not r.ok]
+    changed = checkout_changes(dest)
+    if changed:
+        print(f"docs-check: the pages changed the checkout (a user's would be changed the same way): "
+              f"{'; '.join(changed)}", file=sys.stderr)
+        failed.append("the checkout")
     wall = time.monotonic() - start
     cpu = sum(r.cpu_s for r in results)
     print(f"docs-check: {sum(r.ran for r in results)} blocks of {len(results)} pages, {len(failed)} failed, "
           f"{wall:.0f} s wall, {cpu:.0f} CPU-s")
     if failed:
-        print(f"docs-check: failed: {', '.join(str(r.page) for r in failed)}; the copy is kept in {dest}",
-              file=sys.stderr)
+        print(f"docs-check: failed: {', '.join(failed)}; the copy is kept in {scratch}", file=sys.stderr)
         return 1
     if args.keep:
-        print(f"docs-check: the copy is kept in {dest}")
+        print(f"docs-check: the copy is kept in {scratch}")
     else:
-        shutil.rmtree(dest, ignore_errors=True)
+        shutil.rmtree(scratch, ignore_errors=True)
     return 0
+
+
+def checkout_changes(dest: Path) -> list[str]:
+    """What the pages changed in the copy's tracked files, or left there untracked and not ignored (git status): a
+    page's commands leave a user's checkout as it was, writing only where git ignores (runs/, reports/, save/)."""
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=dest,
+                            capture_output=True, text=True, check=True).stdout
+    return [line.strip() for line in status.splitlines() if line.strip()]
 
 
 if __name__ == "__main__":
