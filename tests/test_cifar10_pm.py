@@ -315,7 +315,7 @@ def test_a_gate_on_a_bound_or_a_metric_without_an_interval_compares_it_as_it_is(
     args = cifar10_PM.parse_args(["--dataset", "digits", "--gate", "withhold", "mia_local_loss_auc=0.6",
                                   "mia_local_loss_epsilon_lb=1", "mia_local_loss_exact_auc_lower=0.6",
                                   "mia_local_loss_exact_auc=0.7"])
-    policy = cifar10_PM.gate_policy(args)
+    policy = cifar10_PM.gate_policy(args, args.audit_settings)
     assert policy.bound == "upper"
     assert {name: policy.compared_name(name) for name in policy.thresholds} == {
         "mia_local_loss_auc": "mia_local_loss_auc", "mia_local_loss_epsilon_lb": "mia_local_loss_epsilon_lb",
