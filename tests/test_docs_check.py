@@ -166,6 +166,7 @@ def test_the_time_limit_is_per_block(tmp_path):
     path = page(tmp_path, "".join("```sh\nsleep 0.6\n```\n" + f"Block {i}.\n" for i in range(3)))
     result = run(tmp_path, path, timeout=1.5)
     assert result.ok and result.wall_s > 1.5, result.failure
+    assert len(result.block_s) == 3 and all(0.55 < t < 1.5 for t in result.block_s.values()), result.block_s
 
 
 def test_skipped_blocks_and_commands_are_not_run_and_are_listed_with_their_reason(tmp_path):

@@ -28,8 +28,9 @@ clone: the working tree's files (tracked and untracked, not ignored; symlinks as
 links, times kept) committed into a new repository, so that a page may `git clone` it, with `.venv` a link to this
 checkout's venv (installed: `make docs-check` installs first; the check refuses a venv older than
 requirements.txt rather than let a page's `make` reinstall it). Pages run one after another (README.md first);
-each prints its wall and CPU time. At the end the copy's `git status` must be clean: the pages leave a user's
-checkout as it was (they write only where git ignores: runs/, reports/, save/). The copy is deleted after a passing
+each prints its wall and CPU time, and each block's wall time. At the end the copy's `git status` must be clean
+but for the files the pages' file blocks wrote: the pages leave a user's checkout as it was (they write only where
+git ignores: runs/, reports/, save/). The copy is deleted after a passing
 run and kept after a failing one.
 
     python -m tools.docs_check [--keep] [--timeout S] [PAGE ...]
@@ -212,6 +213,8 @@ class PageResult:
     failure: str | None = None
     skipped: list[str] = dataclasses.field(default_factory=list)
     ran: int = 0
+    files: list[str] = dataclasses.field(default_factory=list)  # written from file blocks (the page says to)
+    block_s: dict[str, float] = dataclasses.field(default_factory=dict)  # each block's wall time, by its place
 
 
 HEREDOC = "DOCS_CHECK_BLOCK_END"
@@ -221,7 +224,7 @@ def page_script(blocks: list[Block], dest: Path, trace: Path) -> tuple[str, dict
     """The page as one bash script, and for each script line the block and the page line it comes from (None for a
     python or yaml block: its whole fence)."""
     lines = [f"exec 3>>{_quote(trace)}", "set -e -o pipefail",  # the trace of each command on fd 3
-             "trap 'printf \"%s\\t%s\\n\" \"$LINENO\" \"$BASH_COMMAND\" >&3' DEBUG"]
+             "trap 'printf \"%s\\t%s\\t%s\\n\" \"$LINENO\" \"$EPOCHREALTIME\" \"$BASH_COMMAND\" >&3' DEBUG"]
     where: dict[int, tuple[Block, int | None]] = {}
     python = dest / ".venv" / "bin" / "python"
     for block in blocks:
@@ -306,6 +309,7 @@ def run_page(page: Path, blocks: list[Block], dest: Path, logs: Path, timeout: f
         todo.append(block)
     for block in todo:
         if block.file:
+            result.files.append(block.file)
             target = dest / block.file
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text("\n".join(block.body) + "\n", encoding="utf-8")
@@ -337,6 +341,7 @@ def run_page(page: Path, blocks: list[Block], dest: Path, logs: Path, timeout: f
     result.wall_s = time.monotonic() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result.cpu_s = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    result.block_s = _block_times(trace_file, where, time.time())
     if code == 0 and not timed_out:
         return result
     result.ok = False
@@ -363,12 +368,30 @@ def _wait(proc: subprocess.Popen, trace_file: Path, where, timeout: float) -> tu
                 return None, True
 
 
+def _trace(trace_file: Path, where):
+    """(script line, time, command) of every traced command of the page's blocks."""
+    for line in trace_file.read_text(encoding="utf-8", errors="replace").splitlines():
+        number, _, rest = line.partition("\t")
+        stamp, _, command = rest.partition("\t")
+        if number.isdigit() and int(number) in where:
+            yield int(number), float(stamp or 0), command
+
+
+def _block_times(trace_file: Path, where, end: float) -> dict[str, float]:
+    """Each block's wall time: from its first command to the next block's (the last block's: to `end`)."""
+    starts = []
+    for number, stamp, _ in _trace(trace_file, where):
+        block = where[number][0]
+        if not starts or starts[-1][0] is not block:
+            starts.append((block, stamp))
+    return {block.where: (starts[i + 1][1] if i + 1 < len(starts) else end) - stamp
+            for i, (block, stamp) in enumerate(starts)}
+
+
 def _failure(page: Path, where, trace_file: Path, log_file: Path, code, timed_out: bool, timeout: float) -> str:
     last = None
-    for line in trace_file.read_text(encoding="utf-8", errors="replace").splitlines():
-        number, _, command = line.partition("\t")
-        if number.isdigit() and int(number) in where:
-            last = (int(number), command)
+    for number, _, command in _trace(trace_file, where):
+        last = (number, command)
     what = f"timed out (its block ran over {timeout:g} s)" if timed_out else f"exited with {code}"
     if last is None:
         head = f"{page}: the page's shell {what} before its first command"
@@ -453,13 +476,16 @@ def main(argv=None) -> int:
         result = run_page(rel, blocks[page], dest, logs, args.timeout, already)
         for line in result.skipped:
             print(f"    {line}")
+        for where, seconds in result.block_s.items():
+            print(f"    {where}: {seconds:.0f} s")
         status = "ok" if result.ok else "FAILED"
         print(f"    {status}: {result.ran} blocks in {result.wall_s:.0f} s wall, {result.cpu_s:.0f} CPU-s", flush=True)
         if result.failure:
             print(f"docs-check: {result.failure}", file=sys.stderr, flush=True)
         results.append(result)
     failed = [str(r.page) for r in results if not r.ok]
-    changed = checkout_changes(dest)
+    written = {f"?? {name}" for r in results for name in r.files}  # files a page says to create
+    changed = [line for line in checkout_changes(dest) if line not in written]
     if changed:
         print(f"docs-check: the pages changed the checkout (a user's would be changed the same way): "
               f"{'; '.join(changed)}", file=sys.stderr)
