@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -103,6 +104,33 @@ def test_blocks_share_one_session_and_a_failure_names_page_block_line_and_comman
     assert head.startswith("page.md:6 (```sh), line 9: `grep -q nothing before.txt` exited with 1")
     assert "(the command: grep -q nothing before.txt)" in head
     assert (tmp_path / "there" / "before.txt").is_file() and not (tmp_path / "there" / "after.txt").exists()
+
+
+def test_a_python_block_runs_at_the_root_and_a_failing_one_is_named(tmp_path):
+    """A python block runs at the copy's root whatever folder the session is in, which it keeps; its failure names
+    the block."""
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    os.symlink(sys.executable, tmp_path / ".venv" / "bin" / "python")
+    path = page(tmp_path, '''\
+        ```sh
+        mkdir -p sub && cd sub
+        ```
+        ```python
+        import os, pathlib
+        pathlib.Path("root.txt").write_text(os.getcwd())
+        ```
+        ```sh
+        test "$(basename "$PWD")" = sub
+        ```
+        ```python
+        raise SystemExit(3)
+        ```
+        ''')
+    result = run(tmp_path, path)
+    assert (tmp_path / "root.txt").read_text() == str(tmp_path)
+    assert result.failure.startswith("page.md:11 (```python): the python block exited with 3"), result.failure
+    assert list(result.block_s) == ["page.md:1 (```sh)", "page.md:4 (```python)", "page.md:8 (```sh)",
+                                    "page.md:11 (```python)"]
 
 
 def test_a_command_in_a_loop_is_named_by_its_own_line(tmp_path):

@@ -24,14 +24,13 @@ one another page ran (the same commands on two pages) runs once. Inline code in 
 flags; a command meant to be run is in a block.
 
 A block may run 600 s (`--timeout`); the page stops at the first block over it. The copy is made as from a fresh
-clone: the working tree's files (tracked and untracked, not ignored; symlinks as
-links, times kept) committed into a new repository, so that a page may `git clone` it, with `.venv` a link to this
-checkout's venv (installed: `make docs-check` installs first; the check refuses a venv older than
-requirements.txt rather than let a page's `make` reinstall it). Pages run one after another (README.md first);
-each prints its wall and CPU time, and each block's wall time. At the end the copy's `git status` must be clean
-but for the files the pages' file blocks wrote: the pages leave a user's checkout as it was (they write only where
-git ignores: runs/, reports/, save/). The copy is deleted after a passing
-run and kept after a failing one.
+clone: the working tree's files (tracked and untracked, not ignored; symlinks as links, times kept) committed into
+a new repository, so that a page may `git clone` it, with `.venv` a link to this checkout's venv (installed: `make
+docs-check` installs first; the check refuses a venv older than requirements.txt rather than let a page's `make`
+reinstall it). Pages run one after another (README.md first); each prints its wall and CPU time, and each block's
+wall time. At the end the copy's `git status` must be clean but for the files the pages' file blocks wrote: the
+pages leave a user's checkout as it was (they write only where git ignores: runs/, reports/, save/). The copy is
+deleted after a passing run and kept after a failing one.
 
     python -m tools.docs_check [--keep] [--timeout S] [PAGE ...]
 """
@@ -233,11 +232,14 @@ def page_script(blocks: list[Block], dest: Path, trace: Path) -> tuple[str, dict
                 lines.append(text)
                 where[len(lines)] = (block, block.line + 1 + offset)
         else:
-            command = (f"(cd {_quote(dest)} && {_quote(python)} -)" if block.kind == PYTHON else
-                       f"(cd {_quote(dest)} && {_quote(python)} -m tools.docs_check --plan-fragment -)")
-            lines.append(f"{command} <<'{HEREDOC}'")
+            # Simple commands, no subshell: the DEBUG trap, which names the running block, sees only those.
+            command = f"{_quote(python)} -" if block.kind == PYTHON else \
+                f"{_quote(python)} -m tools.docs_check --plan-fragment -"
+            for text in ('DOCS_CHECK_PWD="$PWD"', f"cd {_quote(dest)}", f"{command} <<'{HEREDOC}'"):
+                lines.append(text)
+                where[len(lines)] = (block, None)
+            lines += [*block.body, HEREDOC, 'cd "$DOCS_CHECK_PWD"']
             where[len(lines)] = (block, None)
-            lines += [*block.body, HEREDOC]
     return "\n".join(lines) + "\n", where
 
 
