@@ -18,6 +18,9 @@ from tools.docs_check import (DocsError, check_plan_fragment, checkout_changes, 
                                run_page)
 
 ROOT = Path(__file__).resolve().parent.parent
+# These start child processes (bash, git, a bare python): marked as the suite marks every test that does (pytest.ini);
+# each costs a few hundredths of a CPU-second.
+CHILDREN = pytest.mark.federation
 
 
 def page(tmp_path, text, name="page.md") -> Path:
@@ -84,6 +87,7 @@ def test_a_page_the_runner_cannot_read_is_refused_naming_the_line(tmp_path, text
         read_blocks(page(tmp_path, text), tmp_path)
 
 
+@CHILDREN
 def test_blocks_share_one_session_and_a_failure_names_page_block_line_and_command(tmp_path):
     path = page(tmp_path, '''\
         ```sh
@@ -106,6 +110,7 @@ def test_blocks_share_one_session_and_a_failure_names_page_block_line_and_comman
     assert (tmp_path / "there" / "before.txt").is_file() and not (tmp_path / "there" / "after.txt").exists()
 
 
+@CHILDREN
 def test_a_python_block_runs_at_the_root_and_a_failing_one_is_named(tmp_path):
     """A python block runs at the copy's root whatever folder the session is in, which it keeps; its failure names
     the block."""
@@ -133,6 +138,7 @@ def test_a_python_block_runs_at_the_root_and_a_failing_one_is_named(tmp_path):
                                     "page.md:11 (```python)"]
 
 
+@CHILDREN
 def test_a_command_in_a_loop_is_named_by_its_own_line(tmp_path):
     path = page(tmp_path, '''\
         ```sh
@@ -147,6 +153,7 @@ def test_a_command_in_a_loop_is_named_by_its_own_line(tmp_path):
     assert (tmp_path / "file2").is_file()
 
 
+@CHILDREN
 def test_a_passing_page_answers_y_and_ends_what_it_left_running(tmp_path):
     path = page(tmp_path, '''\
         ```sh
@@ -176,6 +183,7 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split(") ")[-1].startswith("Z"))
 
 
+@CHILDREN
 def test_a_page_that_runs_too_long_is_stopped_naming_the_command(tmp_path):
     path = page(tmp_path, '''\
         ```sh
@@ -189,6 +197,7 @@ def test_a_page_that_runs_too_long_is_stopped_naming_the_command(tmp_path):
     assert "page.md:1 (```sh), line 3: `sleep 30` timed out (its block ran over 1 s)" in result.failure
 
 
+@CHILDREN
 def test_the_time_limit_is_per_block(tmp_path):
     """Three blocks of 0.6 s each under a limit of 1.5 s: the page runs longer than the limit, no block does."""
     path = page(tmp_path, "".join("```sh\nsleep 0.6\n```\n" + f"Block {i}.\n" for i in range(3)))
@@ -197,6 +206,7 @@ def test_the_time_limit_is_per_block(tmp_path):
     assert len(result.block_s) == 3 and all(0.55 < t < 1.5 for t in result.block_s.values()), result.block_s
 
 
+@CHILDREN
 def test_skipped_blocks_and_commands_are_not_run_and_are_listed_with_their_reason(tmp_path):
     path = page(tmp_path, '''\
         <!-- docs-check: skip "false" (another step runs it) -->
@@ -215,6 +225,7 @@ def test_skipped_blocks_and_commands_are_not_run_and_are_listed_with_their_reaso
                               "page.md:7 (```sh): not run (multi-host)"]
 
 
+@CHILDREN
 def test_a_block_on_two_pages_runs_once(tmp_path):
     block = "```sh\necho x >> count.txt\n```\n"
     first, second = page(tmp_path, block, "a.md"), page(tmp_path, block, "b.md")
@@ -223,6 +234,7 @@ def test_a_block_on_two_pages_runs_once(tmp_path):
     assert (tmp_path / "count.txt").read_text() == "x\n"
 
 
+@CHILDREN
 def test_the_copy_is_a_fresh_clone_of_the_working_tree(tmp_path):
     repo = tmp_path / "repo"
     (repo / "pkg").mkdir(parents=True)
