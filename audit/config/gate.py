@@ -208,7 +208,7 @@ class GateVerdict:
         }
 
 
-def _parse_thresholds(mapping, produced, audit_settings: AuditSettings, bound: str, prefix: str,
+def _parse_thresholds(mapping, produced, audit_settings: AuditSettings, prefix: str,
                       audit_prefix: str) -> dict[str, float]:
     thresholds = {}
     for name, value in mapping.items():
@@ -300,8 +300,7 @@ class GatePolicy:
         section's dotted key, for the errors that name both."""
         policy = parse(cls, mapping, prefix)
         produced = audit_metric_names(audit_settings)
-        thresholds = _parse_thresholds(policy.thresholds, produced, audit_settings, policy.bound, prefix,
-                                       audit_prefix)
+        thresholds = _parse_thresholds(policy.thresholds, produced, audit_settings, prefix, audit_prefix)
         if policy.epsilon_budget is not None and not audit_settings.enabled:
             raise SettingsError(f"{prefix}.epsilon_budget: the audit is off (audit.enabled is false), so nothing "
                                 "proves an epsilon")
