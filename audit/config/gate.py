@@ -17,7 +17,7 @@ module imports neither OpenFL nor torch (a test checks it: tests/test_audit_step
 
 Fail closed: a watched metric that an audited round did not produce, or whose value is NaN/Inf, trips the gate with
 the reason `missing: <metric>` (GateVerdict.missing) or its value. A plan under which a watched metric cannot exist
-in every audited round (a step with an `interval` above 1, a bound the audit does not compute) is refused when the
+in every audited round (a step with an `interval` above 1) is refused when the
 plan is read, naming both keys. Every error is a SettingsError whose message starts with the dotted key of the
 offending setting. Rounds without an audit (audit disabled, or skipped by `audit.interval`) are not gated: nothing
 was measured. Non-finite *updates* are gated whatever the policy (see `non_finite_tensors`).
@@ -296,8 +296,8 @@ class GatePolicy:
         """Parse and validate a plan's `gate:` mapping (None or {} -> report_only without limits).
 
         Threshold names must be metrics the configured audit produces in every audited round (see
-        `audit_metric_names`, `intermittent`), with the bound the policy compares; `audit_prefix` is the audit
-        section's dotted key, for the errors that name both."""
+        `audit_metric_names`, `intermittent`); which value each compares follows from those names
+        (`compared_as_they_are`); `audit_prefix` is the audit section's dotted key, for the errors that name both."""
         policy = parse(cls, mapping, prefix)
         produced = audit_metric_names(audit_settings)
         thresholds = _parse_thresholds(policy.thresholds, produced, audit_settings, prefix, audit_prefix)
