@@ -17,9 +17,8 @@ module imports neither OpenFL nor torch (a test checks it: tests/test_audit_step
 
 Fail closed: a watched metric that an audited round did not produce, or whose value is NaN/Inf, trips the gate with
 the reason `missing: <metric>` (GateVerdict.missing) or its value. A plan under which a watched metric cannot exist
-in every audited round (a step with an `interval` above 1) is refused when the
-plan is read, naming both keys. Every error is a SettingsError whose message starts with the dotted key of the
-offending setting. Rounds without an audit (audit disabled, or skipped by `audit.interval`) are not gated: nothing
+in every audited round (a step with an `interval` above 1) is refused when the plan is read, naming both keys. Every
+error is a SettingsError whose message starts with the dotted key of the offending setting. Rounds without an audit (audit disabled, or skipped by `audit.interval`) are not gated: nothing
 was measured. Non-finite *updates* are gated whatever the policy (see `non_finite_tensors`).
 """
 
