@@ -60,6 +60,12 @@ def _text(path: Path) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def _unwrapped(section: str) -> str:
+    """A section's name as its heading has it: a reference may wrap onto the next line, of a page, a docstring or a
+    comment (whose next line starts with `#`)."""
+    return " ".join(re.sub(r"\n\s*#", "\n", section).split())
+
+
 def _prose(text: str) -> str:
     """The text without fenced code blocks (commands and output, checked on their own where it matters)."""
     return re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)
@@ -146,6 +152,7 @@ def test_every_anchor_and_section_a_page_names_exists(page):
         if linked.suffix == ".md" and linked.is_file() and anchor not in {_slug(h) for h in _headings(linked)}:
             wrong.append(target)
     for file, section in SECTION_REF.findall(_prose(text)):
+        section = _unwrapped(section)
         linked = ROOT / file if (ROOT / file).is_file() else page.parent / file
         if linked.is_file() and not any(section in h for h in _headings(linked)):
             wrong.append(f'{file}, "{section}"')
@@ -278,9 +285,11 @@ def test_the_code_points_at_docs_that_exist():
                 wrong.append(f"{name}: {ref} does not exist")
         text = text.replace('\\"', '"')
         for section in re.findall(r'README "([^"]+)"', text):
+            section = _unwrapped(section)
             if not any(section in h for h in readme_headings):
                 wrong.append(f'{name}: README "{section}" is no section of the README')
         for file, section in SECTION_REF.findall(text):
+            section = _unwrapped(section)
             if (ROOT / file).is_file() and not any(section in h for h in _headings(ROOT / file)):
                 wrong.append(f'{name}: {file}, "{section}" is no section of {file}')
     assert not wrong, "\n".join(wrong)
