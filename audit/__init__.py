@@ -87,7 +87,10 @@ _NAMES = {
     "atomic_write_bytes": "audit.reporting.atomic_io", "atomic_write_stream": "audit.reporting.atomic_io",
     "atomic_savefig": "audit.reporting.atomic_io",
     "epsilon_status": "audit.reporting.verdicts", "leak_status": "audit.reporting.verdicts",
-    "sent_leak_status": "audit.reporting.verdicts",
+    "sent_leak_status": "audit.reporting.verdicts", "AS_TRAINED": "audit.reporting.verdicts",
+    "EPSILON_ZERO_SHORT": "audit.reporting.verdicts", "NOTHING_SENT": "audit.reporting.verdicts",
+    "dp_spent_text": "audit.reporting.verdicts", "epsilon_zero_note": "audit.reporting.verdicts",
+    "gate_reason": "audit.reporting.verdicts", "sent_of": "audit.reporting.verdicts",
     # ------------------------------------------------------------ the aggregator's side
     "AggregatorReportWriter": "audit.aggregator_report.writer",
     "aggregator_round": "audit.aggregator_report.record:round_record",

@@ -16,10 +16,9 @@ import math
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
-from audit import (GATE_WITHHELD, RUN_BUDGET, METRICS, RoundRecord, epsilon_status, leak_status, load_round_files,
-                   load_round_records, read_run_file, readings, registered, round_file_name, sent_leak_status)
-from audit.reporting.verdicts import (AS_TRAINED, EPSILON_ZERO_SHORT, NOTHING_SENT, dp_spent_text, epsilon_zero_note,
-                                      gate_reason, sent_of)
+from audit import (AS_TRAINED, EPSILON_ZERO_SHORT, GATE_WITHHELD, METRICS, NOTHING_SENT, RUN_BUDGET, RoundRecord,
+                   dp_spent_text, epsilon_status, epsilon_zero_note, gate_reason, leak_status, load_round_files,
+                   load_round_records, read_run_file, readings, registered, round_file_name, sent_leak_status, sent_of)
 
 __all__ = ["read_party_records", "verdict_text", "averaged_summary", "tpr_reading", "round_lines",
            "lowest_resolvable_tolerance", "summary_lines", "print_run_summary", "run_account_lines"]

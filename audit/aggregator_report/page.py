@@ -14,7 +14,7 @@ from typing import Mapping
 from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, KEPT, LEFT_OUT_NON_FINITE, NON_FINITE_UPDATE,
                                         STRAGGLER, WITHHELD)
 from audit.config.vocabulary import LEAK_EPSILON_LB, LEAK_P_VALUE
-from audit.reporting.html import page
+from audit.reporting.page_parts import page
 from audit.reporting.party_page import UNRESOLVED_MARK  # the parties' mark, on their figures here too
 from audit.reporting.metric_labels import averageable, metric_label, worse_when_lower
 from audit.reporting.plots import plot_collaborators

@@ -11,13 +11,14 @@ import re
 from pathlib import Path
 from typing import Mapping
 
+from audit.aggregator_report.page import utility_of
 from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.headline import OVER_SENT, headline_of, worst_of
 from audit.reporting.overview_plots import plot_verdict_grid
 from audit.reporting.page_parts import escape, href, now, page
 from audit.reporting.party_page import party_page, sampling_note, verdict_cell
 from audit.reporting.readings import fmt
-from audit.reporting.records import load_cached_round_records
+from audit.reporting.records import load_cached_round_records, load_round_files
 from audit.reporting.verdicts import (AS_TRAINED, DP_RETRAIN_SENT, EPSILON_ZERO_SHORT, LEAK, NO_LEAK,
                                       epsilon_zero_note, round_verdict, sent_of)
 from audit.reporting.run_file import RunInfo, write_run_file
@@ -281,9 +282,6 @@ def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | No
     else:
         body.append("<p>No party reports yet.</p>")
     if aggregators:
-        from audit.aggregator_report.page import utility_of  # the aggregator's page imports this module
-        from audit.reporting.records import load_round_files
-
         for name, folder in aggregators.items():
             utility = utility_of(load_round_files(Path(folder), "aggregator round"))
             if utility:  # the privacy actions' cost in utility, a result beside the verdicts
