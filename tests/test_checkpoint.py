@@ -60,10 +60,11 @@ def test_the_last_model_s_file_at_the_end_unless_asked_and_the_same_files(tmp_pa
 
 
 def _model_rows(aggregator) -> set:
-    """The tags of the aggregator's rows of its current round (the next model's)."""
+    """The tags of the aggregator's rows of the final model's round: the one the final model's audit read, after
+    which the round number moved on."""
     frame = aggregator.tensor_db.tensor_db
     return {tuple(t) for t, r, report in zip(frame["tags"], frame["round"], frame["report"])
-            if int(r) == aggregator.round_number and not report}
+            if int(r) == aggregator.round_number - 1 and not report}
 
 
 @pytest.mark.federation

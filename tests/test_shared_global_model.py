@@ -55,7 +55,7 @@ def test_each_party_reads_the_aggregators_arrays_as_the_named_tensor_would_give_
     shared = run_in_process(tmp_path / "shared", collaborators=2, rounds=2, overrides=OVERRIDES)
     # every model tensor of every round, to both parties, each the aggregator's array, read-only
     assert given and set(given) == set(fetched)
-    assert {round_number for _, round_number in given} == {0, 1}
+    assert {round_number for _, round_number in given} == {0, 1, 2}  # 2: the final model, read for its audit
     for key, arrays in given.items():
         assert len(arrays) == len(fetched[key]) == 2
         for array, party_array in zip(arrays, fetched[key]):

@@ -231,9 +231,9 @@ def test_validation_reads_the_audits_signals_with_the_same_metrics(tmp_path, mon
     # Rounds 0 and 2 are audited: there the 2 validations per collaborator read the audit's predictions; round 1
     # (no audit) computes the accuracy in the audit's batches, never OpenFL's loop (which the plain run uses: the
     # same accuracies). Each model's three sets are computed once either way (the received model's during its
-    # validation when shared).
+    # validation when shared). The final model's audit (after round 2) computes its three sets once per party.
     assert plain_loops == 2 * 2 * 3 and shared_loops == 0
-    assert plain_computed == shared_computed == 2 * 2 * 2 * 3
+    assert plain_computed == shared_computed == 2 * 2 * 2 * 3 + 2 * 3
     record = shared.runner("collaborator1").last_record
     assert record.timings["audit_in_validation_s"] > 0
 
@@ -250,7 +250,8 @@ def test_a_sampled_audit_leaves_validation_on_every_sample(tmp_path, monkeypatch
     shared, shared_loops, shared_computed = _run(tmp_path / "shared", monkeypatch, shared=True, overrides=sampled)
     assert shared.collaborator_metrics == plain.collaborator_metrics
     assert plain_loops == 2 * 2 * 3 and shared_loops == 0
-    assert shared_computed == 2 * 2 * 2 * 3  # the sampled sets' signals are still computed once per model
+    # the sampled sets' signals are still computed once per model (the final model's audit: three sets per party)
+    assert shared_computed == 2 * 2 * 2 * 3 + 2 * 3
     record = shared.runner("collaborator1").last_record
     assert record.sizes == {"members": 90, "nonmembers": 100, "population": 100}
     assert record.sampling["sets"]["nonmembers"] == {"audited": 100, "of": 404}
