@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from audit.config.audit_settings import AuditSettings
-from audit.config.steps import AFTER_TRAINING, AuditStep, registered
+from audit.config.steps import AFTER_TRAINING, AuditStep, check_step_result, registered
 from audit.config.vocabulary import FINAL
 from audit.record_parts import RecordSettings
-from audit.round_record import AttackKey, RoundRecord
+from audit.round_record import AttackKey, RoundRecord, attack_keys
 from audit.scaled_pixels import select_rows
 from audit.spill import ModelSource
 from audit.training import TrainingRecipe
@@ -250,15 +250,22 @@ def audit_round(
                          sampling={"sample_size": settings.sample_size, "sets": mia_sets.sampling()})
     private = []
     evidence = Evidence()
+    produced: dict[str, str] = {}  # metric name -> the step that produced it this round
+    attacks_produced: dict[AttackKey, str] = {}
     for audit_step in steps if steps is not None else registered():
         if not _runs(audit_step, context):
             continue
         step_start = time.perf_counter()
         result = audit_step.load_run()(context, audit_step.settings_of(settings))
         record.timings[f"{audit_step.name}_s"] = time.perf_counter() - step_start
+        attacks = attack_keys(result.attacks or {})
+        # A step owns its names: one that returns another's (or the gate's, or the verdict's) fails the round.
+        check_step_result(audit_step, result.metrics, attacks, produced, attacks_produced)
+        produced.update(dict.fromkeys(result.metrics, audit_step.name))
+        attacks_produced.update(dict.fromkeys(attacks, audit_step.name))
         record.metrics.update(result.metrics)
-        if result.attacks is not None:
-            record.add_attacks(result.attacks)
+        if attacks:
+            record.add_attacks(attacks)
         if result.details is not None:
             record.extra[audit_step.name] = result.details
         record.timings.update(result.timings)

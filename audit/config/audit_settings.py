@@ -17,7 +17,7 @@ from types import MappingProxyType
 from audit.config.fields import (SettingsError, boolean, check_fields, choice, choices, custom, declared, integer,
                                  module_name, optional, parse, path, real, reject_unknown, setting, to_dict)
 from audit.config.plugins import check_plugins
-from audit.config.steps import registered
+from audit.config.steps import check_declared_metrics, registered
 from audit.config.tolerances import FPR_TOLERANCES, FprTolerances
 from audit.config.vocabulary import LOSS_ONLY_FUNCTIONS, SIGNALS, THRESHOLD_FUNCTIONS
 
@@ -111,7 +111,13 @@ class AuditSettings:
         reject_unknown(prefix, mapping, [f.name for f in declared(cls)] + section_names)
         core = parse(cls, {k: v for k, v in mapping.items() if k not in section_names}, prefix)
         sections = {k: v for k, v in mapping.items() if k in section_names}
-        return dataclasses.replace(core, sections=_parse_sections(sections, prefix))
+        settings = dataclasses.replace(core, sections=_parse_sections(sections, prefix))
+        for audit_step in registered():  # a step reports only its own metrics: a plug-in's declaration is checked now
+            if audit_step.enabled(settings):
+                key = prefix if audit_step.section is None else f"{prefix}.{audit_step.section}"
+                check_declared_metrics(audit_step, audit_step.metric_names(audit_step.settings_of(settings), settings),
+                                       key)
+        return settings
 
     def to_dict(self) -> dict:
         """JSON-able dict; from_mapping(to_dict()) gives back equal settings."""

@@ -17,10 +17,15 @@ from audit.config.fidel_settings import FIDEL_METRICS, fidel_settings
 from audit.config.received_model_settings import METRICS as RECEIVED_MODEL_METRICS, received_model_settings
 from audit.config.rmia_settings import rmia_settings
 from audit.config.steps import BEFORE_TRAINING, AuditStep, register
-from audit.config.vocabulary import (CANARY_FILE, CROSS_ROUND, CROSS_ROUND_FILE, FIDEL_GRID_FILE, MIA_PREFIX, RMIA,
-                                     RMIA_SCORES_FILE, SIGNALS_FILE, attack_statistics)
+from audit.config.vocabulary import (CANARY_FILE, CROSS_ROUND, CROSS_ROUND_FILE, FIDEL_GRID_FILE, MIA_PREFIX,
+                                     MODEL_KINDS, RMIA, RMIA_SCORES_FILE, SIGNALS_FILE, attack_statistics)
 
 __all__ = ["MEMBERSHIP", "RMIA", "FIDEL", "DEANON", "RECEIVED_MODEL", "CANARY", "CROSS_ROUND_STEP", "membership_series"]
+
+
+# The model kinds of the membership step's attacks: the trained update, the received model, the update attack, the
+# final global model.
+MEMBERSHIP_MODELS = MODEL_KINDS
 
 
 def membership_series(settings) -> list[AttackKey]:
@@ -43,14 +48,14 @@ MEMBERSHIP = register(AuditStep(
     name="membership", section=None, parse=None, metric_names=_membership_metric_names,
     run="audit.membership.step:run", needs_global=False, metric_prefix=MIA_PREFIX,
     check_model="audit.membership.views:check_gradient_layer", histograms="audit.membership.views:membership_histograms",
-    private_files=(SIGNALS_FILE,), summary=None, final_model=True,
+    private_files=(SIGNALS_FILE,), summary=None, final_model=True, attack_models=MEMBERSHIP_MODELS,
 ))
 RMIA = register(AuditStep(
     name="rmia", section="rmia", parse=rmia_settings,
     metric_names=lambda settings, audit_settings: settings.metric_names(audit_settings.fpr_tolerance),
     run="audit.membership.rmia_step:run", metric_prefix=RMIA + "_",
     histograms="audit.membership.views:rmia_histograms", private_files=(RMIA_SCORES_FILE,), summary=None,
-    final_model=True,
+    final_model=True, attack_models=(RMIA,),
 ))
 FIDEL = register(AuditStep(
     name="fidel", section="fidel", parse=fidel_settings, metric_names=lambda settings, _: list(FIDEL_METRICS),
@@ -79,5 +84,5 @@ CROSS_ROUND_STEP = register(AuditStep(
     metric_names=lambda settings, audit_settings: settings.metric_names(audit_settings.fpr_tolerance),
     run="audit.cross_round.step:run", metric_prefix=CROSS_ROUND + "_", private_files=(CROSS_ROUND_FILE,),
     summary="audit.cross_round.views:summary", page_section="audit.cross_round.views:page_section",
-    after_sending="audit.cross_round.step:after_sending",
+    after_sending="audit.cross_round.step:after_sending", attack_models=(CROSS_ROUND,),
 ))

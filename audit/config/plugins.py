@@ -60,6 +60,10 @@ def load_plugins(key: str, entries) -> None:
                 importlib.import_module(entry)
             except ImportError as err:
                 raise SettingsError(f"{where}: cannot import plug-in module {entry!r}: {err}") from None
+            except Exception as err:  # noqa: BLE001 - whatever the plug-in raises (e.g. a refused registration)
+                sys.modules.pop(entry, None)
+                raise SettingsError(f"{where}: importing plug-in module {entry!r} failed: {type(err).__name__}: "
+                                    f"{err}") from None
             _LOADED[entry] = entry
 
 

@@ -28,12 +28,18 @@ BEFORE_TRAINING = "before_training"
 PHASES = (AFTER_TRAINING, BEFORE_TRAINING)
 
 __all__ = ["AuditStep", "AFTER_TRAINING", "BEFORE_TRAINING", "PHASES", "register", "unregister", "registered",
-           "step", "metric_prefixes", "is_audit_metric", "producer_of", "private_file_names"]
+           "step", "metric_prefixes", "is_audit_metric", "producer_of", "private_file_names", "RESERVED_PREFIXES",
+           "StepContractError", "check_declared_metrics", "check_step_result", "attack_owner"]
 
 # Scalar names that are not a step's: the round's leak verdict's (audit.verdict.leak), the gate's contract with
 # the aggregator (audit.config.gate_contract), the attacks' population sizes and the final model's verdict
 # (audit.config.vocabulary). No step's prefix may overlap them.
 RESERVED_PREFIXES = (LEAK_PREFIX, "gate_", POPULATION_PREFIX, FINAL_MODEL_PREFIX)
+
+
+class StepContractError(RuntimeError):
+    """A step returned a result it does not own: a metric outside its prefix or one another step produced, or an
+    attack another step owns. The round fails (its update is not sent); the message names the step and the name."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,8 @@ class AuditStep:
         name), in every round while the step is enabled: for a step that follows the party's updates across rounds.
     final_model: it audits a model, not an update, and also runs on the final global model after the last round
         (audit.round_audit.audit_final_model; its context's `model_kind` is then FINAL and `global_model` None).
+    attack_models: the model kinds of the membership attacks it returns (AttackKey.model: "local", "rmia", ...) that
+        no other step may return; a kind no step declares belongs to the first step that returns it in a round.
     """
 
     name: str
@@ -89,6 +97,7 @@ class AuditStep:
     phase: str = AFTER_TRAINING
     after_sending: str | Callable | None = None
     final_model: bool = False
+    attack_models: tuple[str, ...] = ()
 
     def load_run(self) -> Callable:
         return _load(self.run)
@@ -142,6 +151,10 @@ def register(new: AuditStep) -> AuditStep:
         if taken.startswith(new.metric_prefix) or new.metric_prefix.startswith(taken):
             raise ValueError(f"audit step {new.name!r}: metric_prefix {new.metric_prefix!r} overlaps {taken!r} "
                              f"({owner})")
+    for other in _REGISTRY.values():
+        shared = sorted(set(new.attack_models) & set(other.attack_models))
+        if shared:
+            raise ValueError(f"audit step {new.name!r}: attack model {shared[0]!r} belongs to {other.name!r}")
     _REGISTRY[new.name] = new
     return new
 
@@ -178,3 +191,49 @@ def producer_of(name: str) -> AuditStep | None:
 def private_file_names() -> frozenset[str]:
     """Every file name a registered step writes with per-sample data into a party's round folder."""
     return frozenset(name for s in registered() for name in s.private_files)
+
+
+def attack_owner(model: str) -> AuditStep | None:
+    """The step that declares the attack model kind `model` (AuditStep.attack_models); None if none does."""
+    return next((s for s in registered() if model in s.attack_models), None)
+
+
+def check_declared_metrics(audit_step: AuditStep, names: Iterable[str], key: str) -> None:
+    """At start: every metric a step declares under these settings starts with its own prefix (which no other step
+    and no reserved name shares, see `register`). SettingsError naming `key` (its plan section) and the metric."""
+    from audit.config.fields import SettingsError
+
+    for name in names:
+        if not str(name).startswith(audit_step.metric_prefix):
+            raise SettingsError(f"{key}: audit step {audit_step.name!r} declares metric {name!r}, outside its "
+                                f"metric_prefix {audit_step.metric_prefix!r}; a step reports only its own metrics")
+
+
+def check_step_result(audit_step: AuditStep, metrics: Iterable[str], attacks: Iterable,
+                      produced: Mapping[str, str], attacks_produced: Mapping) -> None:
+    """At run time, before a step's result enters the round record: each metric name starts with the step's own
+    prefix (so never the gate's `gate_*`, the leak verdict's `leak_*` nor another step's) and no earlier step of the
+    round produced it; each attack (AttackKey) is of a model kind no other step declares and no earlier step returned.
+    `produced`: metric name -> the step that produced it this round; `attacks_produced`: AttackKey -> step name.
+    StepContractError naming the step and the name: the round fails rather than let one step overwrite another's
+    figure (or the gate's) and get an update past the gate."""
+    for name in metrics:
+        if not str(name).startswith(audit_step.metric_prefix):
+            owner = producer_of(str(name))
+            whose = (f"of step {owner.name!r}" if owner is not None else
+                     "the gate's" if str(name).startswith("gate_") else
+                     "the leak verdict's" if str(name).startswith(LEAK_PREFIX) else
+                     "a reserved name" if str(name).startswith(RESERVED_PREFIXES) else "no step's")
+            raise StepContractError(f"audit step {audit_step.name!r} returned metric {name!r} ({whose}), outside its "
+                                    f"metric_prefix {audit_step.metric_prefix!r}; a step reports only its own metrics")
+        if name in produced:
+            raise StepContractError(f"audit step {audit_step.name!r} returned metric {name!r}, which step "
+                                    f"{produced[name]!r} produced this round; a step reports only its own metrics")
+    for key in attacks:
+        if key in attacks_produced:
+            raise StepContractError(f"audit step {audit_step.name!r} returned attack {key.label()!r}, which step "
+                                    f"{attacks_produced[key]!r} returned this round")
+        owner = attack_owner(key.model)
+        if owner is not None and owner.name != audit_step.name:
+            raise StepContractError(f"audit step {audit_step.name!r} returned attack {key.label()!r}, of model kind "
+                                    f"{key.model!r}, which belongs to step {owner.name!r}")
