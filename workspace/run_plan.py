@@ -103,6 +103,7 @@ def build_run_plan(base_plan: Path, *, collaborators: int, rounds: int, port: in
         config = read_plan(Path(base_plan))
     except PlanFileError as err:
         raise PlanOverrideError(f"--plan {err}") from None
+    check_plan_transport(base_plan, config, use_tls=use_tls)
     run_settings = {
         "aggregator": {"settings": {
             "rounds_to_train": rounds,
@@ -122,6 +123,19 @@ def build_run_plan(base_plan: Path, *, collaborators: int, rounds: int, port: in
 
     check_transport(config, {INSECURE_ENV: ",".join(insecure_allowed(use_tls, client_auth))})
     return config
+
+
+def check_plan_transport(base_plan: Path, config: Mapping, *, use_tls: bool) -> None:
+    """A base plan that turns TLS off runs so only with --no-tls: the run's own `use_tls` (from the flag) would
+    otherwise replace the plan's `false` and run it with mutual TLS, silently. (A plan turning client authentication
+    off is refused without --no-client-auth by check_transport, on the merged plan.)"""
+    network = config.get("network")
+    settings = network.get("settings") if isinstance(network, Mapping) else None
+    if use_tls and isinstance(settings, Mapping) and settings.get("use_tls", True) is False:
+        raise PlanOverrideError(f"--plan {base_plan}: network.settings.use_tls: false turns TLS off: any process that "
+                                "reaches the aggregator's port could claim a collaborator's name and receive its tasks "
+                                "and the global model; add --no-tls to run it without TLS, or remove the key to run it "
+                                "with mutual TLS")
 
 
 def insecure_allowed(use_tls: bool, client_auth: bool) -> list[str]:
