@@ -724,3 +724,63 @@ def test_a_deployment_by_hand_checks_included_files_names_and_transport_at_each_
     finally:
         os.killpg(server.pid, signals.SIGKILL)
         server.wait()
+
+
+@pytest.mark.parametrize("flags, refused", [([], True), (["--no-tls"], False)])
+def test_a_plan_without_tls_given_by_plan_is_refused_without_no_tls(tmp_path, capsys, flags, refused):
+    """docs/deployment.md: a plan turning TLS off is refused without --no-tls. Before, the tool's own use_tls
+    replaced the plan's `false` and ran it with mutual TLS without a word."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "plan" / "plan.yaml").read_text())
+    config["network"]["settings"]["use_tls"] = False
+    plan = tmp_path / "insecure.yaml"
+    plan.write_text(yaml.safe_dump(config))
+    run_dir = tmp_path / "run"
+    if not refused:  # with the flag the transport check passes; stop at the next check, before any folder
+        flags = [*flags, "--set", "tasks.train.kwargs.epoch=1"]
+    code, err = tool(["prepare", "--collaborators", "2", "--dir", str(run_dir), "--plan", str(plan), *flags], capsys)
+    assert code == 2 and err.strip().splitlines() == [err.strip()], err
+    if refused:
+        assert err.startswith(f"error: --plan {plan}: network.settings.use_tls: false turns TLS off") and \
+            "add --no-tls" in err, err
+    else:
+        assert err.startswith("error: tasks.train.kwargs.epoch: not an argument"), err
+    assert not run_dir.exists()
+
+
+RATIOS = ("train_dataset_ratio", "test_dataset_ratio", "audit_dataset_ratio")
+
+
+@pytest.mark.parametrize("ratio", RATIOS)
+@pytest.mark.parametrize("value, says", [(-0.1, "expected a finite number > 0, got -0.1"),
+                                         (0, "expected a finite number > 0, got 0"),
+                                         (".nan", "expected a finite number > 0, got nan"),
+                                         ("many", "expected a finite number > 0, got 'many'")])
+def test_a_bad_share_of_the_pool_is_named_as_itself_by_every_entry_point(tmp_path, capsys, ratio, value, says):
+    """Before, the collaborators' bound ran first on the tool's and the plan's path: `audit_dataset_ratio=-0.1` was
+    reported as "--collaborators: 3 collaborators; at most -180"."""
+    run_dir = tmp_path / "run"
+    code, err = tool(["prepare", "--dir", str(run_dir), "--set", f"data_loader.settings.{ratio}={value}"], capsys)
+    assert code == 2 and err.strip() == f"error: data_loader.settings.{ratio}: {says}", err
+    assert not run_dir.exists()
+    import yaml
+
+    message = fails_before_anything(tmp_path, {"data_loader": {"settings": {ratio: yaml.safe_load(str(value))}}})
+    assert message == f"data_loader.settings.{ratio}: {says}", message
+    flag = str(value).replace(".nan", "nan")
+    code, err = demo([*DEMO, f"--{ratio}", flag, "--log_dir", str(run_dir)], capsys)
+    shown = {"-0.1": "-0.1", "0": "0.0", "nan": "nan", "many": "'many'"}[flag]
+    words = (f"argument --{ratio}: invalid float value: 'many'" if flag == "many" else
+             f"--{ratio}: expected a finite number > 0, got {shown}")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and words in err, err
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("ratios", [{"train_dataset_ratio": 0.9}, {"audit_dataset_ratio": 0.7}])
+def test_shares_summing_above_one_are_named_before_the_collaborators_bound(tmp_path, capsys, ratios):
+    flags = [a for key, value in ratios.items() for a in ("--set", f"data_loader.settings.{key}={value}")]
+    code, err = tool(["prepare", "--dir", str(tmp_path / "run"), *flags], capsys)
+    assert code == 2 and err.startswith("error: data_loader.settings.train_dataset_ratio: data_loader.settings."
+                                        "train_dataset_ratio + data_loader.settings.test_dataset_ratio + "
+                                        "data_loader.settings.audit_dataset_ratio must be <= 1, got "), err

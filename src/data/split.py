@@ -31,6 +31,7 @@ split, bit for bit.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -73,6 +74,19 @@ COUNT = integer(min=1)
 ALPHA = optional(real(gt=0), "IID")
 
 
+def check_ratios(ratios: Mapping, *, prefix: str = "") -> None:
+    """The three shares of the pool by their plan names (train_dataset_ratio, test_dataset_ratio,
+    audit_dataset_ratio): each a number > 0, together at most 1. SettingsError naming the first offending one (with
+    `prefix`: "data_loader.settings.", or the demo's "--")."""
+    for key, value in ratios.items():
+        RATIO(f"{prefix}{key}", value)
+    total = float(sum(ratios.values()))
+    if total > 1.0 + 1e-9:
+        shown = " + ".join(f"{prefix}{key}" for key in ratios)
+        raise SettingsError(f"{prefix}train_dataset_ratio: {shown} must be <= 1, got "
+                            f"{' + '.join(str(v) for v in ratios.values())} = {total:g}")
+
+
 def validate_split_settings(
     train_ratio, test_ratio, audit_ratio, n_parties, dirichlet_alpha=None, *, prefix="", devices_per_user=1
 ) -> None:
@@ -80,20 +94,11 @@ def validate_split_settings(
 
     ``n_parties`` must be a multiple of ``devices_per_user`` (an integer >= 1).
     """
-    ratios = {
+    check_ratios({
         "train_dataset_ratio": train_ratio,
         "test_dataset_ratio": test_ratio,
         "audit_dataset_ratio": audit_ratio,
-    }
-    for key, value in ratios.items():
-        RATIO(f"{prefix}{key}", value)
-    total = float(sum(ratios.values()))
-    if total > 1.0 + 1e-9:
-        raise SettingsError(
-            f"{prefix}train_dataset_ratio: {prefix}train_dataset_ratio + {prefix}test_dataset_ratio + "
-            f"{prefix}audit_dataset_ratio must be <= 1, got "
-            f"{train_ratio} + {test_ratio} + {audit_ratio} = {total:g}"
-        )
+    }, prefix=prefix)
     parties_name = f"{prefix}collaborator_count" if prefix else "n_parties"
     COUNT(parties_name, n_parties)
     devices_name = f"{prefix}devices_per_user"

@@ -90,6 +90,9 @@ def check_collaborators(key: str, collaborators, *, dataset, ratios: Mapping[str
 
     if not is_int(collaborators) or collaborators < 1:
         return
+    from src.data.split import check_ratios
+
+    check_ratios(ratios, prefix=prefix)  # a share out of range is named as itself, not as a count of collaborators
     try:
         samples = dataset_samples(dataset)
         most, limiting = max_collaborators_for_data(dataset, ratios)
