@@ -366,7 +366,7 @@ def overrides_from_args(args) -> dict:
         "tasks": {"train": {"kwargs": {"epochs": args.local_epochs}}},
         "data_loader": {"settings": {
             "dataset": args.dataset,
-            "data_dir": args.data_dir,
+            "data_dir": str(Path(args.data_dir).expanduser().resolve()),  # as the checks read it, from here
             "train_dataset_ratio": args.train_dataset_ratio,
             "test_dataset_ratio": args.test_dataset_ratio,
             "audit_dataset_ratio": args.audit_dataset_ratio,

@@ -48,6 +48,8 @@ from audit import integer, parse
 from src.data.split import COUNT, SPLIT_SETS, PartyData, split_indices, user_of_party
 from src.data.datasets import dataset_info, load_dataset
 from src.data.loader_settings import PREFIX, DataLoaderSettings
+from src.plan.checks import plan_being_built
+from src.plan.paths import check_collaborator_paths, workspace_of
 
 logger = logging.getLogger(__name__)
 
@@ -131,6 +133,9 @@ class AuditDataLoader(PyTorchDataLoader):
 
     def __init__(self, data_path=None, **settings):
         parsed = parse(DataLoaderSettings, settings, PREFIX)  # data_loader.settings, each key checked by name
+        built = plan_being_built()
+        if built is not None and built.collaborator is not None:  # a plan from the aggregator: its data_dir stays
+            check_collaborator_paths(built.config, workspace_of(built.files))  # in the workspace (src.plan.paths)
         batch_size, dataset, data_dir, seed = parsed.batch_size, parsed.dataset, parsed.data_dir, parsed.seed
         collaborator_count, devices_per_user = parsed.collaborator_count, parsed.devices_per_user
 

@@ -469,8 +469,13 @@ def tool(argv, capsys) -> tuple[int, str]:
     (["--set", "tasks.train.kwargs.epochs=[1"],
      "error: --set tasks.train.kwargs.epochs: the value '[1' is not valid YAML at line 1, column 3: expected ',' or "
      "']', but got '<stream end>'"),
+    # a collaborator-side path out of its workspace (src.plan.paths): every collaborator would write there
+    (["--set", "task_runner.settings.audit.report_dir=../../x"],
+     "error: task_runner.settings.audit.report_dir: '../../x' resolves to "),
+    (["--set", "task_runner.settings.audit.plugins=[../../evil.py]"],
+     "error: task_runner.settings.audit.plugins[0]: '../../evil.py' resolves to "),
 ], ids=["epoch", "epochs-float", "aggregator-key", "per-collaborator", "rounds-contradiction", "network-key",
-        "collaborator-key", "straggler-key", "set-value-yaml"])
+        "collaborator-key", "straggler-key", "set-value-yaml", "report-dir-escape", "plugin-escape"])
 def test_workspace_flags_fail_in_one_line_before_any_folder(tmp_path, capsys, flags, line):
     run_dir = tmp_path / "run"
     code, err = tool(["prepare", "--collaborators", "2", "--dir", str(run_dir), *flags], capsys)

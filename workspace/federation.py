@@ -40,6 +40,7 @@ from workspace.party_status import StatusFollower, status_file
 from workspace.progress import DEFAULT_LIVENESS_S, Liveness, ProgressLine, eta_seconds, rounds_done
 from workspace.run_plan import port_is_free
 from src.plan.checks import INSECURE_ENV
+from src.plan.paths import ALLOWED_ENV, owner_allowance
 
 LAUNCHER_LOG = "launcher.log"  # the participants' launcher's own output (theirs: each in its workspace's logs/)
 AGGREGATOR_EXIT_GRACE_S = 30.0  # OpenFL's server checks every 5 s whether every collaborator got its quit signal
@@ -103,6 +104,14 @@ def round_seconds(layout: FederationLayout) -> list[float]:
         except (ValueError, KeyError, TypeError):
             continue
     return [out[r] for r in sorted(out)]
+
+
+def plan_of(workspace: Path) -> dict:
+    """A participant's plan as a mapping ({} where it cannot be read: the participant says why when it starts)."""
+    try:
+        return yaml.safe_load((workspace / "plan" / "plan.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
 
 
 def straggler_wait_s(layout: FederationLayout) -> float:
@@ -215,6 +224,9 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         env = fx_environment(f"logs/{name}.log", threads=threads,
                              status_file=str(status_file(ws, name).relative_to(ws)))
         env[INSECURE_ENV] = ",".join(layout.insecure)  # what the user's flags allowed off, and nothing else
+        # The run's owner wrote the plan: the absolute folders it names (data, reports) are allowed (src.plan.paths).
+        env[ALLOWED_ENV] = os.pathsep.join([*filter(None, [env.get(ALLOWED_ENV, "")]),
+                                            *map(str, owner_allowance(plan_of(ws)))])
         processes[name] = started = registry.start(name, [fx, *args], cwd=ws, log_path=logs[name], env=env,
                                                    launcher=launcher)
         # Recorded as each one starts: an interrupted launch still names every participant that ran

@@ -139,6 +139,7 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     from openfl.callbacks import LambdaCallback
 
     from audit import FINISHED, INTERRUPTED, RUNNING, flush_reports, redraw_index, write_run_file
+    from src.plan.paths import allowing, owner_allowance
     from src.process.metric_writer import PartyMetricWriter
 
     tensorboard_enabled()  # fails here, not inside OpenFL's MetricWriter
@@ -181,7 +182,10 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
         writer = PartyMetricWriter(log_dir=logs_dir)
         plan.config["collaborator"]["settings"]["callbacks"] = [writer]
         clients[name] = DirectClient(aggregator, name)
-        cols[name] = plan.get_collaborator(name, client=clients[name])
+        # This process's caller owns every party and wrote the plan: the absolute paths it names are its own choice
+        # on its own disk (src.plan.paths); a relative one still stays in the run's folder.
+        with allowing(owner_allowance(plan.config)):
+            cols[name] = plan.get_collaborator(name, client=clients[name])
         writer.record_source = cols[name].task_runner  # the bounds of its audit's figures (its own TensorBoard run)
         if on_audit_start is not None:
             cols[name].task_runner.audit.on_audit_start = on_audit_start

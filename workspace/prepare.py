@@ -244,6 +244,22 @@ class RunFolder:
         self.made.clear()
 
 
+def check_report_folders(config: Mapping) -> None:
+    """The report folders the plan puts outside the run folder (an absolute aggregator.settings.report_dir or
+    task_runner.settings.audit.report_dir) can be written, before any folder or certificate is made (a read-only one
+    stopped the run only when its index was written). The run folder itself is checked when it is claimed."""
+    from audit.config.fields import SettingsError
+    from src.plan.paths import check_writable
+
+    for key, value in (("aggregator.settings.report_dir", aggregator_report_dir(config)),
+                       ("task_runner.settings.audit.report_dir", collaborator_report_dir(config))):
+        if os.path.isabs(os.path.expanduser(value)):
+            try:
+                check_writable(key, value)
+            except SettingsError as err:
+                raise SetupError(str(err)) from None
+
+
 def restrict_private_keys(ws: Path) -> list[Path]:
     """Make every private key under ws/cert owner-only: OpenFL 1.9 writes the CA's keys 0644 (in 0700 folders)."""
     keys = sorted((ws / "cert").rglob("*.key")) if (ws / "cert").is_dir() else []
@@ -281,9 +297,11 @@ def prepare(run_dir: Path, *, collaborators: int, rounds: int, use_tls: bool = T
     run_dir = check_run_dir(run_dir)
     port = free_port() if port is None else check_port(port)
     config = build_run_plan(base_plan or WORKSPACE_ROOT / "plan" / "plan.yaml", collaborators=collaborators,
-                            rounds=rounds, port=port, use_tls=use_tls, overrides=overrides, client_auth=client_auth)
+                            rounds=rounds, port=port, use_tls=use_tls, overrides=overrides, client_auth=client_auth,
+                            workspace=run_dir / "collaborator")  # any collaborator's folder: all are alike
     insecure = insecure_allowed(use_tls, client_auth)
     names = collaborator_names(collaborators)
+    check_report_folders(config)
     check_in_process(config, names)
     folder = RunFolder(run_dir, lock)
     try:

@@ -91,10 +91,13 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
 
 
 def build_run_plan(base_plan: Path, *, collaborators: int, rounds: int, port: int, use_tls: bool,
-                   overrides: Mapping | None = None, client_auth: bool = True) -> dict:
+                   overrides: Mapping | None = None, client_auth: bool = True,
+                   workspace: Path | None = None) -> dict:
     """The run's plan: the base plan, this run's settings, then the user's overrides (which win). TLS is off only by
     `use_tls` (--no-tls); client authentication may be off (network.settings.require_client_auth: false) only with
-    client_auth=False (--no-client-auth): a plan turning either off otherwise is refused."""
+    client_auth=False (--no-client-auth): a plan turning either off otherwise is refused. `workspace`: a
+    collaborator's workspace folder, where its plan's paths are checked (src.plan.paths) before anything reads
+    them: inside it, or an absolute folder the plan names (this run's owner wrote it); `../../x` is refused."""
     if collaborators < 1:
         raise PlanOverrideError(f"--collaborators: need at least 1, got {collaborators}")
     if rounds < 1:
@@ -117,6 +120,10 @@ def build_run_plan(base_plan: Path, *, collaborators: int, rounds: int, port: in
     config = deep_merge(config, run_settings)
     check_overrides(config, overrides or {})
     config = deep_merge(config, overrides or {})
+    if workspace is not None:
+        from src.plan.paths import check_collaborator_paths, owner_allowance
+
+        check_collaborator_paths(config, workspace, owner_allowance(config))
     check_flag_bounds(config, collaborators=collaborators, rounds=rounds)
     check_run_plan(config, collaborator_names(collaborators))
     from src.plan.checks import INSECURE_ENV, check_transport

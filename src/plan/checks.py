@@ -28,6 +28,7 @@ from audit import (Mismatch, SettingsError, boolean, check_plugins, custom, did_
                    validate_party_name)
 from src.plan import bounds as plan_bounds
 from src.plan.openfl_sections import check_included_files, check_openfl_sections
+from src.plan.paths import check_collaborator_paths, workspace_of
 
 __all__ = ["TASK_RUNNER_TEMPLATE", "DATA_LOADER_TEMPLATE", "TASK_FUNCTIONS", "FINAL_AUDIT_TASK", "FINAL_AUDIT_FUNCTION",
            "final_round", "check_final_round", "planned_rounds", "task_names", "split_settings",
@@ -335,6 +336,7 @@ def check_built_plan(built: PlanBeingBuilt, collaborators: Sequence[str] | None 
         check_name("plan/data.yaml", name)
     if built.collaborator is not None:
         check_name("fx collaborator start -n", built.collaborator)
+        check_collaborator_paths(built.config, workspace_of(built.files))  # before it writes or reads anything
     check_plan(built.config, collaborators)
 
 
