@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -37,9 +35,11 @@ from audit import (AuditSettings, BOUND_CHOICES, GATE_ACTIONS, REFERENCE_KINDS, 
 from src.data.datasets import DATASETS  # noqa: E402  (numpy only)
 from src.runner.model_names import ModelChoices  # noqa: E402  (torch-free)
 from workspace.arguments import NEAREST, SuggestingParser  # noqa: E402
+from workspace.report_folder import RUN_FOLDER, LogDirClaim, check_log_dir, resolve_log_dir  # noqa: E402,F401
+from workspace.run_lock import FolderBusyError  # noqa: E402
 
 PLAN = ROOT / "plan" / "plan.yaml"  # the plan every run starts from
-RUN_FOLDER = "_run"  # inside --log_dir: the run's plan and the aggregator's report; marks a report folder of ours
+REPORTS = ROOT / "reports"  # where a relative --log_dir goes
 
 
 def str2bool(text: str) -> bool:
@@ -494,63 +494,44 @@ def typed_flags(argv) -> set[str]:
     return set(vars(parser.parse_known_args(argv)[0]))
 
 
-def check_log_dir(report_dir: Path, replace: bool) -> None:
-    """--log_dir must be a folder that can be made, new or empty: a run never mixes its rounds with an earlier run's.
-    With --replace_log_dir, a folder holding an earlier run's reports (its _run/ folder) may be replaced. Nothing is
-    made or deleted here; ValueError naming --log_dir."""
-    if report_dir.exists() and not report_dir.is_dir():
-        raise ValueError(f"--log_dir {report_dir}: exists and is not a folder; give a new or empty folder")
-    if report_dir.is_dir():
-        if not any(report_dir.iterdir()):
-            return
-        if not replace:
-            raise ValueError(f"--log_dir {report_dir}: not empty (an earlier run's reports would mix with this "
-                             "run's); give a new or empty folder, or add --replace_log_dir to replace them")
-        if not (report_dir / RUN_FOLDER).is_dir():
-            raise ValueError(f"--log_dir {report_dir}: not empty and not a report folder of this script (it has no "
-                             f"{RUN_FOLDER}/); --replace_log_dir replaces only those: give a new or empty folder")
-        return
-    parent = report_dir.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise ValueError(f"--log_dir {report_dir}: cannot be made: {parent} is a file")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ValueError(f"--log_dir {report_dir}: cannot be made: no permission to write in {parent}")
-
-
-def make_log_dir(report_dir: Path) -> None:
-    """The checked --log_dir, emptied of an earlier run's reports (check_log_dir allowed it)."""
-    try:
-        if report_dir.is_dir() and any(report_dir.iterdir()):
-            shutil.rmtree(report_dir)
-        report_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        raise ValueError(f"--log_dir {report_dir}: cannot be made ({err.strerror or err})") from None
-
-
 def main(argv=None) -> int:
+    """The demo; its exit code: 0 finished, 1 failed during the run, 2 a bad flag or setting, 130 / 143 interrupted
+    (Ctrl-C / SIGTERM), each said in one line."""
+    from workspace.interrupts import DemoSignals, Interrupted
+
+    with DemoSignals() as signals:
+        try:
+            return _main(argv, signals)
+        except Interrupted as stop:  # before the run started: nothing of it was made
+            print(f"\ninterrupted ({stop}) before the run started; nothing was written", file=sys.stderr)
+            return 128 + stop.signum
+
+
+def _main(argv, signals) -> int:
     args = parse_args(argv)
-    log_dir = Path(args.log_dir)
-    args.report_dir = (log_dir if log_dir.is_absolute() else ROOT / "reports" / log_dir).resolve()
+    try:
+        args.report_dir = resolve_log_dir(args.log_dir, REPORTS)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if not args.verbose:
         logging.getLogger("openfl").setLevel(logging.ERROR)
 
     _workspace_on_path()
     from src.data.datasets import DatasetUnavailableError, check_available
-    from src.dataloader import clear_dataset_cache
-    from workspace.demo_output import Progress, print_attack_summary, print_summary
-    from workspace.in_process import run_in_process, tensorboard_enabled
+    from workspace.demo_run import run_demo
+    from workspace.in_process import tensorboard_enabled
     from workspace.plan_file import check_run_plan, collaborator_names, run_plan_config
-    from workspace.run_summary import print_run_summary, run_account_lines
-    from workspace.tutorial_outputs import write_tutorial_outputs
 
     start = time.perf_counter()
     names = collaborator_names(args.collaborators)
-    # Every check before anything is made or deleted: the folder, the data, the plan file and every setting of the
-    # plan the flags give (as `fx plan initialize` checks it, and the tasks, the aggregator's settings).
+    # The folder's lock first (one demo per folder), then every check before anything else is made or deleted: the
+    # folder, the data, the plan file and every setting of the plan the flags give (as `fx plan initialize` checks it,
+    # and the tasks, the aggregator's settings). A refused or interrupted start gives the folder back as it found it.
+    claim = LogDirClaim(args.report_dir)
     try:
+        claim.acquire()
         check_log_dir(args.report_dir, args.replace_log_dir)
         tensorboard = tensorboard_enabled()
         check_available(args.dataset, args.data_dir, download=args.download)
@@ -560,63 +541,23 @@ def main(argv=None) -> int:
                                  overrides=overrides, plan_path=PLAN)
         check_run_plan(config, names)
         sizing = check_deanon_sizes(args, config)
-        make_log_dir(args.report_dir)
-    except (DatasetUnavailableError, ValueError) as err:  # the message names the flag, the key or the file
+        claim.replace_contents()
+    except (DatasetUnavailableError, ValueError, FolderBusyError) as err:  # it names the flag, the key or the file
+        claim.undo()
         text = str(err).replace("task_runner.settings.gate.run_epsilon_budget", "--run_epsilon_budget")
         gate_key = "task_runner.settings.gate.thresholds."  # set by --gate: named so
         print(f"error: {'--gate: ' + text[len(gate_key):] if text.startswith(gate_key) else text}", file=sys.stderr)
         return 2
-    for note in [*flag_notes(args, typed_flags(argv)), *sizing]:
-        print(f"note: {note}", file=sys.stderr)
-    progress = Progress(args.comm_round, args.collaborators, args.auditing_interval, enabled=not args.no_progress)
-
-    def on_round_end(round_num, _logs):
-        progress.end_round()
-        write_tutorial_outputs(args.report_dir, names)  # after each round: a crash keeps earlier rounds' files
-
-    pool_cached = [True]
-
-    def on_task(col, phase, round_num):
-        if pool_cached:
-            # Every collaborator is built before its first task and holds views of its own sets in the loaders' one
-            # array of the split's samples: the cache's reference to it is not needed any more.
-            pool_cached.clear()
-            clear_dataset_cache()
-        progress.phase(col, phase, round_num)
-
+    except BaseException:
+        claim.undo()
+        raise
     try:
-        with progress:
-            result = run_in_process(
-                run_dir, collaborators=args.collaborators, rounds=args.comm_round,
-                overrides=overrides, on_task=on_task, on_round_end=on_round_end,
-                on_audit_start=lambda col, round_num: progress.phase(col, "audit", round_num), check=False,
-                plan_path=PLAN,
-            )
-    except DatasetUnavailableError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    except ValueError as err:  # bad settings: the message names the setting
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    write_tutorial_outputs(args.report_dir, names)
-
-    print_summary(result)
-    print_attack_summary(result.report_dir, names)
-    print_run_summary({name: result.report_dir / name for name in names}, result.aggregator_report_dir,
-                      args.comm_round)
-    for line in run_account_lines(result.report_dir):
-        print(line)
-    print(f"\nfinished {args.comm_round} rounds in {time.perf_counter() - start:.1f}s")
-    print(f"reports: {result.report_dir}  (open {result.report_dir / 'index.html'})")
-    if result.aggregator_report_dir is not None:
-        print(f"aggregator report (kept/withheld per round): {result.aggregator_report_dir / 'index.html'}")
-    if tensorboard:  # src.process.metric_writer wrote event files: one run per party, tags named by metric
-        from src.process.metric_writer import UNSMOOTHED_URL
-
-        print(f"TensorBoard event files: tensorboard --logdir {run_dir / 'logs'}, then open {UNSMOOTHED_URL} "
-              "(one run per party, privacy/<metric> tags overlay the parties; smoothing 0: the event files cannot "
-              "set it)")
-    return 0
+        for note in [*flag_notes(args, typed_flags(argv)), *sizing]:
+            print(f"note: {note}", file=sys.stderr)
+        return run_demo(args, names=names, run_dir=run_dir, plan=PLAN, overrides=overrides, signals=signals,
+                        start=start, tensorboard=tensorboard)
+    finally:
+        claim.release()
 
 
 if __name__ == "__main__":

@@ -70,7 +70,7 @@ _NAMES = {
     # ------------------------------------------------------------ the registry of audit steps
     "AuditStep": "audit.config.steps", "register": "audit.config.steps", "unregister": "audit.config.steps",
     "registered": "audit.config.steps", "step": "audit.config.steps", "is_audit_metric": "audit.config.steps",
-    "METRICS": "audit.config.steps",
+    "METRICS": "audit.config.steps", "StepContractError": "audit.config.steps",
     # ------------------------------------------------------------ the gate's contract with the aggregator
     "Decision": "audit.config.gate_contract", "decide": "audit.config.gate_contract",
     "GATE_KEPT": "audit.config.gate_contract", "GATE_WITHHELD": "audit.config.gate_contract",
@@ -85,7 +85,9 @@ _NAMES = {
     "flush_reports": "audit.reporting.background:flush", "render_queue": "audit.reporting.background",
     "atomic_write_json": "audit.reporting.atomic_io", "atomic_write_text": "audit.reporting.atomic_io",
     "atomic_write_bytes": "audit.reporting.atomic_io", "atomic_write_stream": "audit.reporting.atomic_io",
-    "atomic_savefig": "audit.reporting.atomic_io",
+    "atomic_savefig": "audit.reporting.atomic_io", "remove_unfinished_writes": "audit.reporting.atomic_io",
+    "remove_leftover_temps": "audit.reporting.atomic_io", "is_temp_name": "audit.reporting.atomic_io",
+    "cancel_drawing": "audit.reporting.background:cancel", "RunState": "audit.reporting.run_state",
     "epsilon_status": "audit.reporting.verdicts", "leak_status": "audit.reporting.verdicts",
     "sent_leak_status": "audit.reporting.verdicts", "AS_TRAINED": "audit.reporting.verdicts",
     "EPSILON_ZERO_SHORT": "audit.reporting.verdicts", "NOTHING_SENT": "audit.reporting.verdicts",

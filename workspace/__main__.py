@@ -34,6 +34,7 @@ if str(WORKSPACE_ROOT) not in sys.path:  # src.server.settings, audit.reporting.
 
 from workspace.federation import stale_state, start  # noqa: E402
 from workspace.federation_state import AGGREGATOR, STATE_FILE, FederationLayout, SetupError  # noqa: E402
+from workspace.interrupts import REDELIVER_S, Interrupted, importing  # noqa: E402
 from workspace.prepare import prepare  # noqa: E402
 from workspace.processes import FxNotFoundError, ProcessRegistry  # noqa: E402
 from workspace.run_lock import FolderBusyError, FolderLock  # noqa: E402
@@ -42,38 +43,19 @@ from workspace.run_plan import merge_overrides  # noqa: E402
 from workspace.run_summary import print_run_summary, run_account_lines  # noqa: E402
 
 
-class Interrupted(KeyboardInterrupt):
-    """Raised by the SIGINT/SIGTERM handler so that the `finally` blocks stop every process started."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
-# A module being imported may be a C extension running Python code from C++ (torch's import does): an exception a
-# signal handler raises there cannot unwind through the C++ frames, and the process ends in abort() (SIGABRT), with
-# no clean-up and no exit code of its own. So a signal that comes during an import is delivered again this much later.
-_REDELIVER_S = 0.05
-
-
-def _importing() -> bool:
-    """Whether any module is being imported now, in any thread (importlib marks its spec while it runs)."""
-    return any(getattr(getattr(module, "__spec__", None), "_initializing", False)
-               for module in list(sys.modules.values()))
-
-
 def interrupt_handler(registry: ProcessRegistry):
     """The SIGINT/SIGTERM handler: the first signal cancels the registry (no process starts, every queued job is
     dropped) and raises Interrupted in the main thread, whose handlers clean up (during an import, once it is done:
-    _importing); a signal that comes while the tooling winds down anyway (that clean-up, a failed set-up's, the end
-    of a run) never interrupts it: it only hastens it (ProcessRegistry.hurry: every process killed at once)."""
+    workspace.interrupts.importing); a signal that comes while the tooling winds down anyway (that clean-up, a failed
+    set-up's, the end of a run) never interrupts it: it only hastens it (ProcessRegistry.hurry: every process killed
+    at once)."""
     def handler(signum, _frame):
         if registry.launching:  # inside a fork's hooks: raised here, the exception would be dropped
             registry.defer(signum)
             return
         first = registry.interrupted_by is None and not registry.winding_down
-        if first and _importing():  # delivered again, whole, once the import is done
-            threading.Timer(_REDELIVER_S, os.kill, (os.getpid(), signum)).start()
+        if first and importing():  # delivered again, whole, once the import is done
+            threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signum)).start()
             return
         registry.cancel()
         if first:
@@ -209,6 +191,16 @@ def print_reports(outcome_or_layout, say=print) -> None:
         say(f"  {name:<14} {page if page.exists() else path}{'' if path.exists() else '  (none written)'}")
 
 
+def _rounds_said(layout) -> str:
+    """" after N of M rounds" for a started federation (the rounds its aggregator finished), else nothing."""
+    if layout is None or layout.status not in ("running", "interrupted"):
+        return ""
+    from workspace.federation import metrics_file
+    from workspace.progress import rounds_done
+
+    return f" after {min(rounds_done(metrics_file(layout)), layout.rounds)} of {layout.rounds} rounds"
+
+
 def main(argv=None, *, exiting: bool = False) -> int:
     """The command line; `exiting` (the CLI): the process ends after this, so the signal handlers stay in place (a
     late signal then only hastens the exit, instead of killing it with the default action and another exit code);
@@ -219,7 +211,7 @@ def main(argv=None, *, exiting: bool = False) -> int:
 
         return verdict(args.run_dir, fail_on_leak=args.fail_on_leak, err=lambda line: print(line, file=sys.stderr))
     registry = ProcessRegistry()
-    lock = None
+    lock = layout = None
     previous = {s: signal.signal(s, interrupt_handler(registry)) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if getattr(args, "timeout", None) is not None and not args.timeout > 0:  # also NaN
@@ -269,11 +261,15 @@ def main(argv=None, *, exiting: bool = False) -> int:
         stop = caught if isinstance(caught, Interrupted) else Interrupted(registry.interrupted_by)
         registry.stop_all()  # a further signal only hastens this (interrupt_handler)
         stopped = registry.stopped_running
-        print(f"\ninterrupted ({stop}); stopped {len(stopped)} running process(es): {', '.join(stopped) or '-'}",
-              file=sys.stderr)
+        print(f"\ninterrupted ({stop}){_rounds_said(layout)}; stopped {len(stopped)} running process(es): "
+              f"{', '.join(stopped) or '-'}", file=sys.stderr)
         return 128 + stop.signum
     except (SetupError, ValueError, FxNotFoundError, TimeoutError, FolderBusyError) as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a full or read-only disk before the participants started
+        where = f" {err.filename}" if getattr(err, "filename", None) else ""
+        print(f"error: cannot write{where}: {err.strerror or err}", file=sys.stderr)
         return 2
     finally:
         registry.winding_down = True

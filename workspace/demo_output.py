@@ -52,8 +52,12 @@ class Progress:
                                disable=not self.enabled, dynamic_ncols=True)
         return self
 
-    def __exit__(self, *exc):
-        self.end_round()
+    def __exit__(self, exc_type, *exc):
+        if exc_type is None:
+            self.end_round()
+        elif self.phase_bar is not None:  # a round cut short is not done: no line claims it
+            self.phase_bar.close()
+            self.phase_bar, self.pending = None, False
         if self.rounds_bar is not None:
             self.rounds_bar.close()
         return False

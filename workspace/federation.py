@@ -32,7 +32,8 @@ from typing import Callable
 
 import yaml
 
-from audit import FINISHED, INTERRUPTED, RUNNING, RunInfo, library_versions, write_index
+from audit import (INTERRUPTED, RUN_STATES, RUNNING, RunInfo, RunState, library_versions, remove_leftover_temps,
+                   write_index)
 from workspace.federation_state import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
 from workspace.processes import (ParticipantLauncher, ProcessRegistry, Started, describe_returncode, fx_environment,
                                  fx_executable, is_running, party_threads, snapshot)
@@ -72,22 +73,42 @@ def report_locations(layout: FederationLayout) -> dict[str, Path]:
     return reports
 
 
-def write_run_index(layout: FederationLayout, state: str = RUNNING) -> Path:
+def write_run_index(layout: FederationLayout, state: RunState | None = None) -> Path:
     """Write the run index (audit.reporting.html.write_index: every participant's page, its latest verdict) and the
-    run's record (run.json, with the run's `state`) into the federation folder, and the same into each participant's
-    report root. Every page links back to "../index.html", its report root's index: writing the full run index there
-    (its links relative to where it lies) makes that back link reach the whole run with no participant told where the
-    federation folder is. Returns <federation folder>/index.html."""
+    run's record (run.json) into the federation folder, and the same into each participant's report root. Every page links back to
+    "../index.html", its report root's index: writing the full run index there (its links relative to where it
+    lies) makes that back link reach the whole run with no participant told where the federation folder is.
+    `state`: how the run stands (audit.reporting.run_state), written beside each index first (a participant's own
+    rewrite of its root's index reads it too). Returns <federation folder>/index.html."""
     reports = report_locations(layout)
     aggregators = {AGGREGATOR: reports[AGGREGATOR]}
     parties = {name: path for name, path in reports.items() if name != AGGREGATOR}
     settings = {"rounds": layout.rounds, "collaborators": list(layout.collaborators),
                 "plan": str(layout.workspace(AGGREGATOR) / "plan" / "plan.yaml")}
-    info = RunInfo(state, layout.rounds, settings, library_versions({"openfl": importlib.metadata.version("openfl")}))
+    status = state.status if state is not None else RUNNING
+    info = RunInfo(status if status in RUN_STATES else INTERRUPTED, layout.rounds, settings,
+                   library_versions({"openfl": importlib.metadata.version("openfl")}))
     for root in dict.fromkeys([layout.root, *(path.parent for path in reports.values())]):
         root.mkdir(parents=True, exist_ok=True)
+        if state is not None:
+            state.write(root)
         write_index(root, aggregators=aggregators, parties=parties, info=info)
     return layout.root / "index.html"
+
+
+def _ended_state(layout: FederationLayout, outcome: "Outcome", interrupted_by: int | None) -> RunState:
+    """How the run ended, for its run state: finished, interrupted (by which signal) or failed (the first problem's
+    first line)."""
+    import signal
+
+    rounds = max(1, int(layout.rounds))
+    state = RunState(RunState.RUNNING, rounds, min(outcome.rounds_done, rounds))
+    if interrupted_by is not None:
+        return state.ended(RunState.INTERRUPTED, signal.Signals(interrupted_by).name)
+    if outcome.ok:
+        return state.ended(RunState.FINISHED)
+    first = next((p.strip().splitlines()[0] for p in outcome.problems if p.strip()), None)
+    return state.ended(RunState.FAILED, None if first is None else first[:300])
 
 
 def round_seconds(layout: FederationLayout) -> list[float]:
@@ -241,7 +262,7 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         launcher = ParticipantLauncher(registry, cwd=layout.root, log_path=layout.root / LAUNCHER_LOG)
         # Written before the participants start: the aggregator's page links back to its root's index only when one
         # is there (audit.aggregator_report.writer); the parties rewrite theirs each round, the end of the run them all.
-        write_run_index(layout)
+        write_run_index(layout, RunState(RunState.RUNNING, max(1, int(layout.rounds))))
         layout.status = "running"
         layout.extra["tool"] = _this_process()  # so the next command can tell a killed tooling (stale_state)
         layout.save()
@@ -283,10 +304,25 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
             layout.extra.pop("tool", None)
         else:
             layout.status = "interrupted" if interrupted else "finished" if outcome.ok else "failed"
+        # Every participant is gone: a write one of them was making when it was stopped (its temp file) never ends.
+        for name in (AGGREGATOR, *layout.collaborators):
+            remove_leftover_temps(layout.workspace(name))
         layout.extra["stopped_by_tooling"] = still_running
         layout.extra["problems"] = outcome.problems
-        layout.save()
-        outcome.run_index = write_run_index(layout, FINISHED if outcome.ok else INTERRUPTED)
+        # On a full or read-only disk these writes fail too: the run's end is still said (its problems, the summary),
+        # and the files that could not be written are named among its problems.
+        try:
+            layout.save()
+        except OSError as err:
+            outcome.problems.append(f"could not record how the run ended in {layout.root / STATE_FILE}: "
+                                    f"{err.strerror or err}")
+        try:
+            outcome.run_index = write_run_index(
+                layout, _ended_state(layout, outcome, (registry.interrupted_by or 2) if interrupted else None))
+        except OSError as err:
+            outcome.problems.append(f"could not write the run index in {getattr(err, 'filename', None) or layout.root}"
+                                    f": {err.strerror or err}")
+            outcome.run_index = None
     return outcome
 
 

@@ -138,7 +138,7 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     the caller did (`check=False`)."""
     from openfl.callbacks import LambdaCallback
 
-    from audit import FINISHED, INTERRUPTED, RUNNING, flush_reports, redraw_index, write_run_file
+    from audit import FINISHED, INTERRUPTED, RUNNING, write_run_file
     from src.plan.paths import allowing, owner_allowance
     from src.process.metric_writer import PartyMetricWriter
 
@@ -198,13 +198,21 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     try:
         _run_rounds(aggregator, cols, clients, on_task, collaborator_metrics)
         state = FINISHED
-    finally:
-        # The collaborators' plots and pages are drawn by the process's report worker: all there when this returns.
-        flush_reports()
-        # The run's record with how it ended (an exception, Ctrl-C: interrupted), and the run index that shows it.
-        write_run_file(report_dir, info=info(state))
-        redraw_index(report_dir)
-        flush_reports()
+    except KeyboardInterrupt:
+        # An interrupt stops the drawing too (the caller: audit.reporting.background.cancel), not waits for it: only
+        # the run's record says how it ended (the caller may say more, and draws the run index).
+        try:
+            write_run_file(report_dir, info=info(state))
+        except OSError:
+            pass
+        raise
+    except BaseException:
+        try:  # the rounds done get their pages, and the run's record says the run ended early
+            _end_run(report_dir, info(state))
+        except OSError:  # a disk fault: the error being raised says so
+            pass
+        raise
+    _end_run(report_dir, info(state))
     final = getattr(aggregator, "final_round", None)
     final_metrics = collaborator_metrics.pop() if final is not None and len(collaborator_metrics) > final else None
 
@@ -213,6 +221,17 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
                             aggregator=aggregator, collaborators=cols,
                             round_logs=round_logs, collaborator_metrics=collaborator_metrics,
                             final_logs=final_logs[0] if final_logs else None, final_metrics=final_metrics)
+
+
+def _end_run(report_dir: Path, info) -> None:
+    """The collaborators' plots and pages (drawn by the process's report worker) all there, then the run's record with
+    how it ended and the run index that shows it."""
+    from audit import flush_reports, redraw_index, write_run_file
+
+    flush_reports()
+    write_run_file(report_dir, info=info)
+    redraw_index(report_dir)
+    flush_reports()
 
 
 def run_info(plan_dir: Path, names: list[str], rounds: int, aggregator) -> Callable[[str], object]:

@@ -248,7 +248,7 @@ def check_report_folders(config: Mapping) -> None:
     """The report folders the plan puts outside the run folder (an absolute aggregator.settings.report_dir or
     task_runner.settings.audit.report_dir) can be written, before any folder or certificate is made (a read-only one
     stopped the run only when its index was written). The run folder itself is checked when it is claimed."""
-    from audit.config.fields import SettingsError
+    from audit import SettingsError
     from src.plan.paths import check_writable
 
     for key, value in (("aggregator.settings.report_dir", aggregator_report_dir(config)),

@@ -2,7 +2,10 @@
 
 A reader (or a restarted process) therefore sees either the previous complete file or the new complete
 file, never a truncated one. On any error the temp file is removed and the error re-raised; the previous
-file is left untouched. Parent directories are created as needed.
+file is left untouched. Parent directories are created as needed. A temp file still being written when the
+process ends (a write in another thread, cut short by an interrupt) is removed at exit
+(`remove_unfinished_writes`, an atexit hook); one whose process was killed outright is removed by whoever stopped it,
+once it is gone (`remove_leftover_temps`).
 
 Permissions: a new file gets what the process's umask allows (0666 & ~umask, as ``open`` would give it), a
 replaced file keeps its own; a ``private=True`` file (per-sample data: the audit steps' signals, scores and
@@ -11,21 +14,29 @@ reconstructions) is 0600 whatever it replaces, from its first byte, and its fold
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import re
 import tempfile
 import threading
 from pathlib import Path
 from typing import IO, Any, Callable
 
 __all__ = ["atomic_write_stream", "atomic_write_text", "atomic_write_bytes", "atomic_write_json", "atomic_savefig",
-           "TEMP_SUFFIX", "PRIVATE_FILE_MODE", "PRIVATE_FOLDER_MODE", "private_folder", "current_umask"]
+           "TEMP_SUFFIX", "PRIVATE_FILE_MODE", "PRIVATE_FOLDER_MODE", "private_folder", "current_umask",
+           "remove_unfinished_writes", "remove_leftover_temps", "is_temp_name"]
 
 #: Suffix of the temp files; a leftover one (after a hard kill) is named ``.<target name>.<random>.tmp``.
 TEMP_SUFFIX = ".tmp"
 PRIVATE_FILE_MODE = 0o600
 PRIVATE_FOLDER_MODE = 0o700
 _umask_lock = threading.Lock()
+# The temp files this process is writing now (in any thread).
+_in_flight: set[str] = set()
+_in_flight_lock = threading.Lock()
+# mkstemp's names: "." + the target's name + "." + 8 random characters + TEMP_SUFFIX.
+_TEMP_NAME = re.compile(r"^\..+\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX) + "$")
 
 
 def current_umask() -> int:
@@ -78,6 +89,8 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], p
         except OSError:
             mode = 0o666 & ~current_umask()
     fd, tmp = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)  # 0600 while written
+    with _in_flight_lock:
+        _in_flight.add(tmp)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -91,8 +104,49 @@ def _atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], None], p
         except OSError:
             pass
         raise
+    finally:
+        with _in_flight_lock:
+            _in_flight.discard(tmp)
     _fsync_dir(parent)
     return path
+
+
+def remove_unfinished_writes() -> list[str]:
+    """Remove the temp files this process is writing now (a write another thread has not finished: its target keeps
+    its previous content); returns them. Called at exit, and by an interrupted run before it says so."""
+    with _in_flight_lock:
+        pending = sorted(_in_flight)
+    removed = []
+    for tmp in pending:
+        try:
+            os.unlink(tmp)
+            removed.append(tmp)
+        except OSError:
+            pass
+    return removed
+
+
+atexit.register(remove_unfinished_writes)
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether a file name is one of these writes' temp files."""
+    return bool(_TEMP_NAME.match(name))
+
+
+def remove_leftover_temps(folder: str | os.PathLike) -> list[Path]:
+    """Remove the temp files of unfinished writes under `folder` (recursively): only for a folder no live process
+    writes into any more (e.g. the reports of participants that were killed); returns what was removed."""
+    removed = []
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            if is_temp_name(name):
+                try:
+                    os.unlink(os.path.join(dirpath, name))
+                    removed.append(Path(dirpath) / name)
+                except OSError:
+                    pass
+    return removed
 
 
 def atomic_write_stream(path: str | os.PathLike, write: Callable[[IO[bytes]], None], *, private: bool = False) -> Path:

@@ -17,7 +17,7 @@ import logging
 import threading
 from typing import Protocol
 
-__all__ = ["RenderQueue", "render_queue", "flush"]
+__all__ = ["RenderQueue", "render_queue", "flush", "cancel"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,14 @@ class RenderQueue:
         with self._cond:
             return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
 
+    def cancel(self, timeout: float | None = None) -> bool:
+        """Drop every queued job and wait for the one being drawn (at most `timeout` seconds): an interrupted run
+        stops drawing (its pages are derived state, drawn again from the records by the next write). True when the
+        worker is idle on return."""
+        with self._cond:
+            self._pending.clear()
+            return self._cond.wait_for(lambda: not self._busy, timeout)
+
     def _work(self) -> None:
         while True:
             with self._cond:
@@ -104,6 +112,11 @@ render_queue = RenderQueue()  # the process's one worker
 def flush(timeout: float | None = None) -> bool:
     """Wait until the process's queued report drawing is done (see RenderQueue.flush)."""
     return render_queue.flush(timeout)
+
+
+def cancel(timeout: float | None = None) -> bool:
+    """Drop the process's queued report drawing and wait for the job being drawn (see RenderQueue.cancel)."""
+    return render_queue.cancel(timeout)
 
 
 # A process that ends without calling flush (an `fx` collaborator) still gets its last round's pages. The worker is

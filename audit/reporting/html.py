@@ -19,15 +19,16 @@ from audit.reporting.page_parts import escape, href, now, page
 from audit.reporting.party_page import party_page, sampling_note, verdict_cell
 from audit.reporting.readings import fmt
 from audit.reporting.records import load_cached_round_records, load_round_files
+from audit.reporting.run_file import RunInfo, write_run_file
+from audit.reporting.run_state import RunState
 from audit.reporting.verdicts import (AS_TRAINED, DP_RETRAIN_SENT, EPSILON_ZERO_SHORT, LEAK, NO_LEAK,
                                       epsilon_zero_note, round_verdict, sent_of)
-from audit.reporting.run_file import RunInfo, write_run_file
 from audit.round_record import RoundRecord
 from audit.run_record import RUN_FILE, RunRecord
 from audit.run_states import FINISHED, INTERRUPTED, RUNNING
 
-__all__ = ["page", "party_page", "write_index", "redraw_index", "run_account_section", "escape", "href", "now",
-           "verdict_cell", "verdict_grid", "grid_cell", "sampling_note", "AGGREGATOR_MARKER", "GRID_IMAGE"]
+__all__ = ["page", "party_page", "write_index", "redraw_index", "run_account_section", "run_state_lines", "escape",
+           "href", "now", "verdict_cell", "verdict_grid", "grid_cell", "sampling_note", "AGGREGATOR_MARKER", "GRID_IMAGE"]
 
 # A folder of the run's report root holding this file is the aggregator's report (audit.aggregator_report.writer), not a party's.
 AGGREGATOR_MARKER = "decisions.csv"
@@ -248,6 +249,19 @@ def run_account_section(run: RunRecord) -> list[str]:
     return out
 
 
+def run_state_lines(state: RunState | None) -> list[str]:
+    """The run index's first line: how the run stands (audit.reporting.run_state), so that a run that stopped early
+    never reads like a finished short run; nothing where no state was written."""
+    if state is None:
+        return []
+    text = escape(state.describe()[0].upper() + state.describe()[1:])
+    if state.status == FINISHED:
+        return [f"<p>{text}.</p>"]
+    if state.status == RUNNING:
+        return [f'<p class="muted">{text}; this page is rewritten as rounds end.</p>']
+    return [f'<p class="withheld">{text}. The figures below are those rounds\' only: the run did not finish.</p>']
+
+
 def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | None = None,
                 parties: Mapping[str, Path] | None = None, info: RunInfo | None = None) -> Path:
     """Write ``root/run.json`` (audit.reporting.run_file: the parties' accounts; `info`: the run's state and settings
@@ -263,13 +277,17 @@ def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | No
     aggregators, parties = dict(aggregators or {}), dict(parties or {})
     run = write_run_file(root, parties=None if scanned else parties, info=info)
 
+    records = {name: _party_records(Path(folder)) for name, folder in parties.items()}
+
     def name_cell(name: str, folder: Path) -> str:
         if (Path(folder) / "index.html").is_file():
             return f'<td><a href="{_page_link(root, Path(folder))}">{escape(name)}</a></td>'
-        return f'<td>{escape(name)} <span class="muted">(no report written)</span></td>'
+        held = len(records.get(name) or ())
+        said = (f"{held} round record{'s' if held != 1 else ''} written, its page not drawn" if held else
+                "no report written")
+        return f'<td>{escape(name)} <span class="muted">({said})</span></td>'
 
-    body = ["<h1>Privacy audit: run index</h1>", *run_account_section(run)]
-    records = {name: _party_records(Path(folder)) for name, folder in parties.items()}
+    body = ["<h1>Privacy audit: run index</h1>", *run_state_lines(RunState.read(root)), *run_account_section(run)]
     if plot_verdict_grid({name: {r: headline_of(rec) for r, rec in by_round.items()}
                           for name, by_round in records.items()}, root / GRID_IMAGE):
         body += run_summary(records)

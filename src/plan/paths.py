@@ -27,7 +27,7 @@ import threading
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
-from audit.config.fields import SettingsError
+from audit import SettingsError
 
 __all__ = ["ALLOWED_ENV", "COLLABORATOR_PATHS", "collaborator_paths", "owner_allowance", "allowed_folders",
            "allowing", "workspace_of", "check_collaborator_paths", "check_writable"]
