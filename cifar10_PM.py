@@ -245,8 +245,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def check_count_flags(args) -> None:
-    """--comm_round, --collaborators and --audit_sample_size against what the data and this machine allow
-    (src.plan.bounds), before anything is loaded; ValueError naming the flag and the limit."""
+    """--comm_round, --collaborators, --audit_sample_size, --local_epochs and --reference_models against what the data,
+    the time and this machine allow (src.plan.bounds), before anything is loaded; ValueError naming the flag and the
+    limit."""
     _workspace_on_path()
     from src.plan import bounds as plan_bounds
     from src.plan.checks import task_names
@@ -259,6 +260,19 @@ def check_count_flags(args) -> None:
     plan_bounds.check_collaborators("--collaborators", args.collaborators, dataset=args.dataset, ratios=ratios,
                                     prefix="--")
     plan_bounds.check_sample_size("--audit_sample_size", args.audit_sample_size, dataset=args.dataset)
+    # The trainings of a round, on the plan's other settings with these flags: --local_epochs and --reference_models
+    plan = read_plan(PLAN)
+    runner = plan["task_runner"]["settings"]
+    audit = dict(runner.get("audit") or {})
+    audit["rmia"] = {**(audit.get("rmia") or {}), **audit_flags(args)["rmia"]}
+    audit["deanon"] = {**(audit.get("deanon") or {}), "enabled": args.deanon}
+    config = {"tasks": {"train": {"function": "train_task", "kwargs": {"epochs": args.local_epochs}}},
+              "task_runner": {"settings": {**runner, "audit": audit}}}
+    data = {**(plan["data_loader"].get("settings") or {}), **ratios, "dataset": args.dataset,
+            "collaborator_count": args.collaborators}
+    plan_bounds.check_training_counts(config, data, names={
+        "tasks.train.kwargs.epochs": "--local_epochs",
+        "task_runner.settings.audit.rmia.reference_models": "--reference_models"})
 
 
 # The audit flags and the plan keys they set, for error messages that name the flag.

@@ -54,6 +54,7 @@ RMIA = register(AuditStep(
     name="rmia", section="rmia", parse=rmia_settings,
     metric_names=lambda settings, audit_settings: settings.metric_names(audit_settings.fpr_tolerance),
     run="audit.membership.rmia_step:run", metric_prefix=RMIA + "_",
+    check_model="audit.membership.rmia_step:check_references",
     histograms="audit.membership.views:rmia_histograms", private_files=(RMIA_SCORES_FILE,), summary=None,
     final_model=True, attack_models=(RMIA,),
 ))

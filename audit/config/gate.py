@@ -147,6 +147,11 @@ def non_finite_tensors(tensors: Mapping[str, object]) -> list[str]:
 # settings
 
 
+# Each DP retrain doubles the noise multiplier: the 30th runs at 2^29 (5.4e8) times the first's noise, an update that
+# carries nothing of the data (nor of the task); more tries could only overflow the multiplier.
+MAX_DP_RETRIES = 30
+
+
 @dataclass(frozen=True)
 class DPSettings:
     """DP-SGD settings for `action: dp_retrain`."""
@@ -154,7 +159,8 @@ class DPSettings:
     noise_multiplier: float = setting(1.0, real(gt=0), "noise multiplier of the first DP retrain; doubled on each "
                                                        "further try")
     max_grad_norm: float = setting(1.0, real(gt=0), "per-sample clipping norm")
-    max_retries: int = setting(2, integer(min=1), "DP retrains before the update is withheld")
+    max_retries: int = setting(2, integer(min=1, max=MAX_DP_RETRIES, note="each doubles the noise"),
+                               "DP retrains before the update is withheld")
     delta: float = setting(1e-5, real(gt=0, lt=1), "the accountant's delta for the reported epsilon")
 
     def noise_for_try(self, attempt: int) -> float:

@@ -199,3 +199,36 @@ def run(context: AuditContext, settings: RMIASettings) -> StepResult:
 
     return StepResult(metrics=metrics, attacks=attacks, details=details, timings={"rmia_kinds_s": seconds},
                       write_private=write_scores)
+
+
+# The share of the temporary folder's free space RMIA's stored references may take (the rest: the spilled initial
+# model, the other steps' files, the system's).
+REFERENCE_DISK_SHARE = 0.5
+
+
+def check_references(model: torch.nn.Module, feature_shape, settings: RMIASettings, key: str) -> None:
+    """At start: the K references of each trained kind are kept across rounds, each a copy of the model's weights (on
+    disk, in the temporary folder, once they are more than audit.training's spill size together): they must fit in
+    REFERENCE_DISK_SHARE of its free space. SettingsError naming `key`.reference_models."""
+    import shutil
+    import tempfile
+
+    from audit.config.fields import SettingsError
+    from audit.training import _SPILL_BYTES
+
+    trained = [kind for kind in settings.references if kind != GLOBAL]
+    if not settings.enabled or not trained:
+        return
+    copy_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    total = settings.reference_models * len(trained) * copy_bytes
+    if total <= _SPILL_BYTES:
+        return  # in memory, less than one spill's size
+    folder = tempfile.gettempdir()
+    free = shutil.disk_usage(folder).free
+    if total > REFERENCE_DISK_SHARE * free:
+        most = max(1, int(REFERENCE_DISK_SHARE * free // (len(trained) * copy_bytes)))
+        raise SettingsError(f"{key}.reference_models: {settings.reference_models:,} reference models; at most {most:,} "
+                            f"here: {len(trained)} trained kind{'s' if len(trained) != 1 else ''} x "
+                            f"{settings.reference_models:,} copies of the model ({copy_bytes / 2**20:,.1f} MB each) are "
+                            f"kept across rounds, {total / 2**30:,.2f} GB in {folder}, which has "
+                            f"{free / 2**30:,.2f} GB free (a reference may take {REFERENCE_DISK_SHARE:.0%} of it)")

@@ -235,8 +235,9 @@ def split_ratios(data: Mapping) -> dict:
 
 def check_plan_bounds(config: Mapping, collaborators: Sequence[str] | None = None) -> None:
     """The counts the plan asks for against what the data and the machine allow (src.plan.bounds): the rounds
-    (OpenFL's assigner), the collaborators (a sample of each set each, with this workspace's data loader) and the
-    audit's sample size."""
+    (OpenFL's assigner), the collaborators (a sample of each set each, with this workspace's data loader), the
+    audit's sample size and the counts that multiply a round's trainings (epochs, reference models, shadow updates,
+    canaries, DP retrains)."""
     tasks, data = task_names(config), split_settings(config)
     count = len(collaborators) if collaborators is not None else (data or {}).get("collaborator_count", 0)
     aggregator = config.get("aggregator")
@@ -253,6 +254,7 @@ def check_plan_bounds(config: Mapping, collaborators: Sequence[str] | None = Non
     if isinstance(audit, Mapping):
         plan_bounds.check_sample_size("task_runner.settings.audit.sample_size", audit.get("sample_size"),
                                       dataset=data["dataset"])
+    plan_bounds.check_training_counts(config, data)
 
 
 def check_plan(config: Mapping, collaborators: Sequence[str] | None = None) -> None:
