@@ -25,6 +25,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from audit.reporting.atomic_io import is_temp_name
+from audit.reporting.run_state import RunState
 from shared_runs import workspace_here
 from test_federation_multiprocess import FX, is_gone, state
 
@@ -128,6 +130,8 @@ def assert_stopped_and_still(proc: subprocess.Popen, folder: Path, sent: list, l
         first = signal.Signals(proc.returncode - 128).name
         assert f"interrupted ({first})" in output, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
+    # No unfinished write is left behind (a participant stopped in the middle of one: the tool removes its temp file)
+    assert [p for p in snapshot(folder) if is_temp_name(Path(p).name)] == []
     before = snapshot(folder)
     time.sleep(2.0)
     assert processes_in(folder) == [], processes_in(folder)
@@ -249,7 +253,9 @@ def interrupted_starts(interrupted_prepares, tmp_path_factory):
         assert_stopped_and_still(proc, run_dir, sent, log)
         pids = state(run_dir).get("extra", {}).get("pids", {})
         case.update(sent=sent, status=state(run_dir)["status"], pids=pids,
-                    left_running=[pid for pid in pids.values() if not is_gone(pid)])
+                    left_running=[pid for pid in pids.values() if not is_gone(pid)],
+                    run_state=RunState.read(run_dir),
+                    index=(run_dir / "index.html").read_text() if (run_dir / "index.html").is_file() else "")
         if sent:
             case["again"] = workspace_here("start", "--dir", run_dir, "--timeout", 600)
             case["status_after_again"] = state(run_dir)["status"]
@@ -267,6 +273,10 @@ def test_an_interrupted_start_stops_every_participant_and_says_so(interrupted_st
         # Never `running`: `prepared` only if no participant had started (nothing ran), else `interrupted`.
         assert case["status"] == ("prepared" if not case["pids"] else "interrupted"), case
         again, run_dir = case["again"], case["run_dir"]
+        # The run index says it was interrupted, and after how many of its rounds: never a finished short run.
+        state = case["run_state"]
+        assert state is not None and state.status == "interrupted" and state.reason in ("SIGINT", "SIGTERM"), state
+        assert f"Interrupted ({state.reason}) after {state.rounds_done} of {state.rounds} rounds" in case["index"]
         if case["status"] == "interrupted":  # the next command says so, in one line, at once
             assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]
             assert again.stderr.strip() == (f"error: {run_dir} was already started (status 'interrupted'); prepare "
