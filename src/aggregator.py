@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import queue
 import threading
 from typing import Any, Iterable
 
@@ -183,6 +184,13 @@ def build_callbacks(entries: Any) -> list:
     return built
 
 
+class UnreadQueue(queue.Queue):
+    """OpenFL's metric_queue, with nothing kept: the same calls, and nothing in it (no one reads it)."""
+
+    def _put(self, item) -> None:
+        pass
+
+
 class AuditingAggregator(Aggregator):
     """OpenFL's Aggregator with a plan-set poll interval, a bound gRPC server and aggregator-side audit callbacks."""
 
@@ -254,6 +262,9 @@ class AuditingAggregator(Aggregator):
         # OpenFL's pandas TensorDB was most of the end of a round (src/server/tensordb.py): the same rows and
         # answers, indexed. Converted in place: the callbacks already hold this object.
         IndexedTensorDB.convert(self.tensor_db)
+        # OpenFL 1.9 puts every metric of every round into metric_queue, and nothing of OpenFL or of this workspace
+        # reads it (OpenFL marks it for deprecation): a dict a metric that the aggregator held for the whole run.
+        self.metric_queue = UnreadQueue()
         self._attach_canary_clients(clients)
         self._tensor_names = list(utils.deconstruct_model_proto(self.model, self.compression_pipeline,
                                                                 keys_only=True)[0])
@@ -403,5 +414,9 @@ class AuditingAggregator(Aggregator):
                     and isinstance(self.tensor_db, IndexedTensorDB)):
                 # what only a collaborator with delta updates reads (IndexedTensorDB.drop_model_copies)
                 self.tensor_db.drop_model_copies(self.round_number, self.uuid)
+            if self.round_number != round_number and isinstance(self.tensor_db, IndexedTensorDB):
+                # OpenFL's clean_up keeps every round's metric rows; the rounds' readers (the aggregation functions,
+                # this report, the callbacks) read only the round that ends: older ones go as its tensors do.
+                self.tensor_db.drop_reports_before(self.round_number - self.db_store_rounds)
             with self._round_ended:  # wake the held requests: the next round's tasks (or the quit signal) are ready
                 self._round_ended.notify_all()

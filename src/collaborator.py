@@ -20,20 +20,22 @@ _MODEL_TAGS = ("model", "trained")
 
 
 def drop_finished_models(col, round_num: int) -> int:
-    """Free the model tensors (received and trained, each a model's size) of `col`'s rounds up to `round_num`, once
-    its round is over; returns how many rows went. OpenFL's own clean-up (`db_store_rounds`, 2 in our plan) keeps the
-    last rounds' models, a received and a trained array a round, and no later task reads them: the next round's model
-    comes from the aggregator. Not with delta updates (`use_delta_updates`): the collaborator then applies the
-    aggregator's deltas to the model it holds, so nothing is dropped. Metric rows stay."""
-    if getattr(col, "use_delta_updates", False):
-        return 0
+    """Free the model tensors (received and trained, each a model's size) and the metric rows of `col`'s rounds up to
+    `round_num`, once its round is over; returns how many rows went. OpenFL's own clean-up (`db_store_rounds`, 2 in
+    our plan) keeps the last rounds' models, a received and a trained array a round, and every round's metrics (each
+    sent with its task, read by nothing later): neither is read by a later task, the next round's model comes from
+    the aggregator. The models stay with delta updates (`use_delta_updates`): the collaborator then applies the
+    aggregator's deltas to the model it holds."""
     db = col.tensor_db
+    keep_models = getattr(col, "use_delta_updates", False)
     with db.mutex:
         frame = db.tensor_db
         finished = frame["round"].astype(int) <= round_num
-        model_rows = frame["tags"].map(lambda tags: any(tag in _MODEL_TAGS for tag in tags))
-        drop = finished & model_rows & ~frame["report"].astype(bool)
-        db.tensor_db = frame[~drop].reset_index(drop=True)
+        report = frame["report"].astype(bool)
+        model_rows = frame["tags"].map(lambda tags: any(tag in _MODEL_TAGS for tag in tags)) & ~report
+        drop = finished & (report | (model_rows & (not keep_models)))
+        if drop.any():
+            db.tensor_db = frame[~drop].reset_index(drop=True)
     return int(drop.sum())
 
 

@@ -205,3 +205,21 @@ def test_dropping_the_next_models_copies_keeps_everything_else():
     assert all(db.get_tensor_from_cache(k).tobytes() == v.tobytes() for k, v in before.items())
     assert len(db.tensor_db) == len(kept)
     assert db.drop_model_copies(2, "agg") == 0
+
+
+def test_dropping_earlier_rounds_reports_keeps_everything_else():
+    """drop_reports_before: the metric rows of rounds before the given one go (OpenFL's clean_up keeps them for the
+    whole run, so the store grew with the rounds); tensors of any round and later metrics stay, with their answers."""
+    db = IndexedTensorDB()
+    w = np.arange(6, dtype=np.float32)
+    for r in range(4):
+        db.cache_tensor({TensorKey("acc", "c1", r, True, ("metric", "c1")): np.array(0.1 * r),
+                         TensorKey("acc", "agg", r, True, ("metric",)): np.array(0.2 * r),
+                         TensorKey("w", "agg", r, False, ("model",)): w + r})
+    assert db.drop_reports_before(2) == 4
+    left = {(k.tensor_name, k.origin, k.round_number) for k in db.get_tensors_by_filter()}
+    assert left == {("acc", "c1", 2), ("acc", "agg", 2), ("acc", "c1", 3), ("acc", "agg", 3),
+                    *(("w", "agg", r) for r in range(4))}
+    assert db.get_tensor_from_cache(TensorKey("w", "agg", 0, False, ("model",))).tobytes() == w.tobytes()
+    assert float(db.get_tensor_from_cache(TensorKey("acc", "agg", 3, True, ("metric",)))) == pytest.approx(0.6)
+    assert db.drop_reports_before(2) == 0

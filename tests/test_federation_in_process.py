@@ -178,9 +178,10 @@ def test_the_plans_collaborator_drops_a_rounds_models_when_openfl_ends_the_round
             assert ("acc", later) in {(r.tensor_name, int(r.round)) for r in frame.itertuples()}
 
 
-def test_drop_finished_models_keeps_later_rounds_metrics_and_delta_bases():
-    """drop_finished_models on a real TensorDB: model and trained rows of rounds <= the given one go, metrics and
-    later rounds stay; with delta updates nothing goes (the collaborator applies deltas to the model it holds)."""
+def test_drop_finished_models_keeps_later_rounds_and_delta_bases():
+    """drop_finished_models on a real TensorDB: model, trained and metric rows of rounds <= the given one go, later
+    rounds stay; with delta updates the models stay (the collaborator applies deltas to the model it holds). Before,
+    every round's metric rows stayed for the whole run: the collaborator's memory grew with the rounds."""
     from types import SimpleNamespace
 
     from openfl.databases import TensorDB
@@ -194,11 +195,10 @@ def test_drop_finished_models_keeps_later_rounds_metrics_and_delta_bases():
         db.cache_tensor({TensorKey("w", "col", round_num, False, ("model",)): weights,
                          TensorKey("w", "col", round_num, False, ("trained",)): weights,
                          TensorKey("acc", "col", round_num, True, ("metric",)): np.array(0.5)})
-    assert drop_finished_models(SimpleNamespace(tensor_db=db, use_delta_updates=True), 1) == 0
-    assert drop_finished_models(SimpleNamespace(tensor_db=db, use_delta_updates=False), 1) == 4
+    assert drop_finished_models(SimpleNamespace(tensor_db=db, use_delta_updates=True), 1) == 2  # the metrics
+    assert drop_finished_models(SimpleNamespace(tensor_db=db, use_delta_updates=False), 1) == 4  # the models
     left = {(row.tensor_name, int(row.round), row.tags) for row in db.tensor_db.itertuples()}
-    assert left == {("acc", 0, ("metric",)), ("acc", 1, ("metric",)), ("acc", 2, ("metric",)),
-                    ("w", 2, ("model",)), ("w", 2, ("trained",))}
+    assert left == {("acc", 2, ("metric",)), ("w", 2, ("model",)), ("w", 2, ("trained",))}
     assert db.get_tensor_from_cache(TensorKey("w", "col", 2, False, ("model",))) is not None
 
 

@@ -166,3 +166,49 @@ def test_in_process_round_returns_before_drawing_and_the_run_ends_with_every_pag
         assert (party / "round_0000" / "roc.png").is_file() and (party / "auc.png").is_file()
         assert "round_0000/roc.png" in (party / "index.html").read_text()
     assert broken_links(result.report_dir) == []
+
+
+class _Writer:
+    """A writer whose summaries take `seconds` (asleep: no CPU, no matplotlib) and say which rounds they saw."""
+
+    party = "p"
+
+    def __init__(self, seconds: float):
+        self.seconds, self.drawn, self.summaries, self.stored = seconds, [], [], []
+
+    def render_key(self) -> str:
+        return "p"
+
+    def render_round(self, round_num: int) -> None:
+        self.drawn.append(round_num)
+
+    def rebuild_summary(self) -> None:
+        import time
+
+        time.sleep(self.seconds)
+        self.summaries.append(max(self.stored))
+
+
+def test_summaries_are_redrawn_no_faster_than_their_cost_allows_and_flush_draws_the_last():
+    """A long run's summaries grow with its rounds: drawn every round they took the worker's whole core once they
+    took longer than a round. Paced, they take at most 1 / (pace + 1) of its time; each round's own images are still
+    drawn every round, and flush() draws the summaries of the last round."""
+    import time
+
+    from audit.reporting.background import RenderQueue
+
+    queue = RenderQueue("paced-test", pace=4.0)
+    writer = _Writer(0.1)
+    began = time.monotonic()
+    for r in range(40):
+        writer.stored.append(r)
+        queue.submit(writer, r)
+        time.sleep(0.05)
+    elapsed = time.monotonic() - began
+    assert queue.flush(30)
+    assert writer.drawn == list(range(40))  # every round's images, in order
+    assert writer.summaries[0] <= 3  # the first at once (it reads what is stored when it is drawn)
+    assert writer.summaries[-1] == 39  # flush: the last round's
+    # each summary is followed by at least 4 x its 0.1 s without one: at most elapsed / 0.5 + the first and flush's
+    assert len(writer.summaries) <= elapsed / 0.5 + 2, (len(writer.summaries), elapsed)
+    assert len(writer.summaries) >= 2

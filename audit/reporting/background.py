@@ -4,9 +4,11 @@ A round's record and private files are written synchronously by the caller (Repo
 from them (the round's ROC and histogram images, the cross-round plots and pages) is derived state, rebuildable from
 disk, so it can be late. One thread draws everything (matplotlib is never used from two threads of this process
 for reports), rounds queue per party, and a party with several queued rounds gets its per-round images drawn for
-each but its summaries rebuilt once, for the latest. `flush()` waits until everything queued is drawn: the in-process
-run calls it at its end and an atexit hook calls it at interpreter exit (an `fx` collaborator's process).
-A drawing error is logged with the party and round and does not stop the worker or the training.
+each but its summaries rebuilt once, for the latest; and no more often than their own cost allows (PACE), so that a
+long run's growing summaries never take more than a fixed share of a core. `flush()` waits until everything queued
+is drawn, the summaries too: the in-process run calls it at its end and an atexit hook calls it at interpreter exit
+(an `fx` collaborator's process). A drawing error is logged with the party and round and does not stop the worker or
+the training.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import atexit
 import gc
 import logging
 import threading
+import time
 from typing import Protocol
 
 __all__ = ["RenderQueue", "render_queue", "flush", "cancel"]
@@ -32,13 +35,26 @@ class Renderable(Protocol):
     def rebuild_summary(self) -> None: ...
 
 
+# A writer's summaries (its plots over rounds, its pages) are drawn again once PACE times the seconds their last
+# drawing took have passed since it ended: the worker then spends at most 1 / (PACE + 1) of a core on them, whatever
+# the rounds (their plots grow with the rounds: 1.3 CPU-s at round 10, 3.6 at round 100 for a party of the
+# benchmark's run, benchmarks/README.md "A long run"), where redrawing them every round took a whole core from the
+# party's training once they took longer than a round. Each round's own images are drawn every round; flush() draws
+# the summaries that are due at once.
+PACE = 4.0
+
+
 class RenderQueue:
     """A queue of (writer, round) drawing jobs served by one daemon thread, started on the first job."""
 
-    def __init__(self, name: str = "report-renderer"):
+    def __init__(self, name: str = "report-renderer", pace: float = PACE):
         self._name = name
+        self._pace = pace
         self._cond = threading.Condition()
         self._pending: dict[str, tuple[Renderable, list[int]]] = {}  # key -> (latest writer, rounds in order)
+        self._stale: dict[str, Renderable] = {}  # key -> writer whose summaries wait for their pace
+        self._last: dict[str, tuple[float, float]] = {}  # key -> (when its summaries ended, seconds they took)
+        self._forced = False  # flush(): every stale summary now
         self._busy = False
         self._thread: threading.Thread | None = None
 
@@ -56,11 +72,16 @@ class RenderQueue:
             self._cond.notify_all()
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until every queued job is drawn; False if `timeout` seconds passed first."""
+        """Wait until every queued job is drawn, the summaries that wait for their pace too; False if `timeout`
+        seconds passed first."""
         if self._thread is threading.current_thread():  # from a job: waiting on itself would never end
             return False
         with self._cond:
-            return self._cond.wait_for(lambda: not self._pending and not self._busy, timeout)
+            self._forced = True
+            self._cond.notify_all()
+            done = self._cond.wait_for(lambda: not self._pending and not self._stale and not self._busy, timeout)
+            self._forced = False
+            return done
 
     def cancel(self, timeout: float | None = None) -> bool:
         """Drop every queued job and wait for the one being drawn (at most `timeout` seconds): an interrupted run
@@ -68,17 +89,48 @@ class RenderQueue:
         worker is idle on return."""
         with self._cond:
             self._pending.clear()
+            self._stale.clear()
             return self._cond.wait_for(lambda: not self._busy, timeout)
+
+    def _due_in(self, key: str, now: float) -> float:
+        """Seconds until `key`'s summaries may be drawn again (<= 0: now)."""
+        if self._forced or key not in self._last:
+            return 0.0
+        ended, seconds = self._last[key]
+        return ended + self._pace * seconds - now
+
+    def _next_jobs(self) -> tuple[dict, dict]:
+        """Wait for work: rounds to draw, or summaries whose pace allows them (called holding the condition)."""
+        while True:
+            now = time.monotonic()
+            due = {key: w for key, w in self._stale.items() if self._due_in(key, now) <= 0}
+            if self._pending or due:
+                jobs, self._pending = self._pending, {}
+                for key in due:
+                    del self._stale[key]
+                return jobs, due
+            wait = min((self._due_in(key, now) for key in self._stale), default=None)
+            self._cond.wait(wait)
 
     def _work(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: bool(self._pending))
-                jobs, self._pending = self._pending, {}
+                jobs, due = self._next_jobs()
                 self._busy = True
             try:
-                for writer, rounds in jobs.values():
-                    _draw(writer, rounds)
+                for key, (writer, rounds) in jobs.items():
+                    _draw_rounds(writer, rounds)
+                    with self._cond:
+                        if self._due_in(key, time.monotonic()) <= 0 and key not in due:
+                            due[key] = writer
+                        elif key not in due:
+                            self._stale[key] = writer
+                for key, writer in due.items():
+                    started = time.monotonic()
+                    _draw_summary(writer)
+                    ended = time.monotonic()
+                    with self._cond:
+                        self._last[key] = (ended, ended - started)
                 # A drawn figure is a web of reference cycles (figure, axes, artists, transforms) holding its data
                 # and the renderer's buffers: freed only by a collection of the oldest generation, which a process
                 # holding a model's millions of objects runs seldom. Each round's figures are then still held while
@@ -93,17 +145,25 @@ class RenderQueue:
                     self._cond.notify_all()
 
 
-def _draw(writer: Renderable, rounds: list[int]) -> None:
-    """Each queued round's images, then the summaries once (they are rebuilt from every record on disk)."""
+def _draw_rounds(writer: Renderable, rounds: list[int]) -> None:
+    """Each queued round's own images."""
     for round_num in rounds:
         try:
             writer.render_round(round_num)
+        except OSError as err:  # a full or read-only disk: one line, the run says the rest
+            logger.error("%s round %d: drawing the round's report images failed: %s", writer.party, round_num, err)
         except Exception:  # noqa: BLE001 - a drawing error must not stop the worker; it is logged, never silent
             logger.exception("%s round %d: drawing the round's report images failed", writer.party, round_num)
+
+
+def _draw_summary(writer: Renderable) -> None:
+    """The writer's summaries (rebuilt from every record on disk)."""
     try:
         writer.rebuild_summary()
+    except OSError as err:
+        logger.error("%s: rebuilding the report's summaries and pages failed: %s", writer.party, err)
     except Exception:  # noqa: BLE001
-        logger.exception("%s round %d: rebuilding the report's summaries and pages failed", writer.party, rounds[-1])
+        logger.exception("%s: rebuilding the report's summaries and pages failed", writer.party)
 
 
 render_queue = RenderQueue()  # the process's one worker

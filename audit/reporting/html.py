@@ -13,12 +13,13 @@ from typing import Mapping
 
 from audit.aggregator_report.page import utility_of
 from audit.reporting.atomic_io import atomic_write_text
-from audit.reporting.headline import OVER_SENT, headline_of, worst_of
+from audit.reporting.headline import OVER_SENT, worst_of
 from audit.reporting.overview_plots import plot_verdict_grid
 from audit.reporting.page_parts import escape, href, now, page
 from audit.reporting.party_page import party_page, sampling_note, verdict_cell
 from audit.reporting.readings import fmt
-from audit.reporting.records import load_cached_round_records, load_round_files
+from audit.reporting.records import load_round_files
+from audit.reporting.round_views import RoundView, load_round_views, view_of
 from audit.reporting.run_file import RunInfo, write_run_file
 from audit.reporting.run_state import RunState
 from audit.reporting.verdicts import (AS_TRAINED, DP_RETRAIN_SENT, EPSILON_ZERO_SHORT, LEAK, NO_LEAK,
@@ -67,14 +68,10 @@ def _scan_reports(root: Path) -> tuple[dict[str, Path], dict[str, Path]]:
     return aggregators, parties
 
 
-# Parsed round records of the parties, kept across index writes (the index is rewritten every round; a record is
-# parsed again only when its file changed: audit.reporting.records.load_cached_round_records).
-_RECORD_CACHE: dict = {}
-
-
-def _party_records(folder: Path) -> dict[int, RoundRecord]:
-    """Round -> the party's readable round record."""
-    return {r.round: r for r in load_cached_round_records(folder, _RECORD_CACHE)}
+def _party_views(folder: Path) -> dict[int, RoundView]:
+    """Round -> the view of the party's readable round record (audit.reporting.round_views: made once per record,
+    kept for the process; the index is rewritten every round)."""
+    return {v.round: v for v in load_round_views(folder)}
 
 
 def _short_figure(finding: Mapping) -> str:
@@ -112,15 +109,20 @@ def grid_cell(record: RoundRecord | None) -> str:
     return f'<td class="text cell-{escape(v.leak)}" title="{escape(v.leak_text)}">{text}</td>'
 
 
-def verdict_grid(parties: Mapping[str, Mapping[int, RoundRecord]], labels: Mapping[str, str]) -> list[str]:
+def verdict_grid(parties: Mapping[str, Mapping[int, RoundView | RoundRecord]], labels: Mapping[str, str]) -> list[str]:
     """The run index's table under its picture (GRID_IMAGE): a party x round table of leak verdicts (red: leak
-    detected, green: none detected, grey: not audited), each cell's figures in full and each party's page linked."""
+    detected, green: none detected, grey: not audited), each cell's figures in full and each party's page linked.
+    `parties`: each party's rounds, their views (audit.reporting.round_views) or records."""
     rounds = sorted({r for records in parties.values() for r in records})
     if not rounds:
         return ["<p>No audited rounds yet.</p>"]
+
+    def cell(found) -> str:
+        return found.grid_cell if isinstance(found, RoundView) else grid_cell(found)
+
     out = ['<div class="scroll"><table><tr><th>party</th>' + "".join(f"<th>round {r}</th>" for r in rounds) + "</tr>"]
     for name, records in parties.items():
-        out.append(f"<tr>{labels[name]}" + "".join(grid_cell(records.get(r)) for r in rounds) + "</tr>")
+        out.append(f"<tr>{labels[name]}" + "".join(cell(records.get(r)) for r in rounds) + "</tr>")
     out.append("</table></div>")
     out.append('<p class="muted">Each cell: whether an attack on that party\'s trained update beat chance after the '
                "correction for the number of figures tested (its strongest figure and adjusted p-value), or the "
@@ -129,48 +131,19 @@ def verdict_grid(parties: Mapping[str, Mapping[int, RoundRecord]], labels: Mappi
     return out
 
 
-def _gate_set(record: RoundRecord) -> bool:
-    """Whether the round's gate had anything to decide on: a threshold or an epsilon budget."""
-    return record.gate is not None and record.gate.decides
-
-
-def _worst_how(h, record: RoundRecord) -> str:
+def _worst_how(h, view: RoundView) -> str:
     """The worst round's figure, how sure, and its epsilon bound said as what it is."""
     how = (f"{h.attack} {h.figure} (corrected interval [{fmt(h.corrected[0], 2)}, {fmt(h.corrected[1], 2)}], "
            f"chance {fmt(h.chance, 3)}, adjusted p = {fmt(h.p_adjusted, 2)})")
     if not math.isnan(h.epsilon):
         how += f"; ε ≥ {fmt(h.epsilon, 3)}" + (f" against a budget of {fmt(h.budget)}" if not math.isnan(h.budget)
                                                else "")
-        if epsilon_zero_note(record.leak):
+        if view.epsilon_zero:
             how += f" ({EPSILON_ZERO_SHORT}: see below)"
     return how
 
 
-def _sent_summary(records: Mapping[str, Mapping[int, RoundRecord]]) -> list[str]:
-    """What was sent, per party: the rounds sent as trained, as a DP retrain (with its own audit's verdict) or not at
-    all, and the rule that tripped the gate (the compared value named), the same words as the console's."""
-    items = []
-    for name, by_round in records.items():
-        groups: dict[str, list[int]] = {}
-        for r, rec in sorted(by_round.items()):
-            sent = sent_of(rec)
-            if sent.what == AS_TRAINED:
-                key = "sent as trained" + ("" if rec.gate is not None and rec.gate.decides else " (no gate)")
-            elif sent.what == DP_RETRAIN_SENT:
-                key = f"sent a DP retrain ({sent.text.split('(', 1)[1]}"
-            else:
-                key = "sent nothing (withheld)"
-            groups.setdefault(key, []).append(r)
-        said = "; ".join(f"{what} in round{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
-                         for what, rs in groups.items())
-        why = sorted({reason for rec in by_round.values() if (reason := _rule_of(rec))})
-        items.append(f"<li><strong>{escape(name)}</strong>: {escape(said)}."
-                     + (f'<br><span class="muted">Tripped by: {escape("; ".join(why))}.</span>' if why else "")
-                     + "</li>")
-    return items
-
-
-def _rule_of(record: RoundRecord) -> str:
+def gate_rule(record: RoundRecord) -> str:
     """The rule that tripped a round's gate, without its figures ("the upper bound of mia_local_loss_exact_auc > 0.6"),
     to say once per party which rules acted; "" where none tripped."""
     v = round_verdict(record)
@@ -181,14 +154,41 @@ def _rule_of(record: RoundRecord) -> str:
     return ", ".join(rules)
 
 
-def run_summary(records: Mapping[str, Mapping[int, RoundRecord]]) -> list[str]:
+def _sent_summary(views: Mapping[str, Mapping[int, RoundView]]) -> list[str]:
+    """What was sent, per party: the rounds sent as trained, as a DP retrain (with its own audit's verdict) or not at
+    all, and the rule that tripped the gate (the compared value named), the same words as the console's."""
+    items = []
+    for name, by_round in views.items():
+        groups: dict[str, list[int]] = {}
+        for r, view in sorted(by_round.items()):
+            sent = view.sent
+            if sent.what == AS_TRAINED:
+                key = "sent as trained" + ("" if view.gate_set else " (no gate)")
+            elif sent.what == DP_RETRAIN_SENT:
+                key = f"sent a DP retrain ({sent.text.split('(', 1)[1]}"
+            else:
+                key = "sent nothing (withheld)"
+            groups.setdefault(key, []).append(r)
+        said = "; ".join(f"{what} in round{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
+                         for what, rs in groups.items())
+        why = sorted({view.rule for view in by_round.values() if view.rule})
+        items.append(f"<li><strong>{escape(name)}</strong>: {escape(said)}."
+                     + (f'<br><span class="muted">Tripped by: {escape("; ".join(why))}.</span>' if why else "")
+                     + "</li>")
+    return items
+
+
+def run_summary(records: Mapping[str, Mapping[int, RoundView | RoundRecord]]) -> list[str]:
     """The run index's first lines: which parties' trained updates leaked in which rounds, the worst round (its
     strongest figure and how sure), what was sent (as trained, a DP retrain with its own verdict, nothing) and the
-    rule that tripped each gate, each in one sentence."""
-    headlines = {(name, r): headline_of(rec) for name, by_round in records.items() for r, rec in by_round.items()}
+    rule that tripped each gate, each in one sentence. `records`: each party's rounds, their views
+    (audit.reporting.round_views) or records."""
+    records = {name: {r: rec if isinstance(rec, RoundView) else view_of(rec) for r, rec in by_round.items()}
+               for name, by_round in records.items()}
+    headlines = {(name, r): view.headline for name, by_round in records.items() for r, view in by_round.items()}
     audited = sum(1 for h in headlines.values() if h.state in (LEAK, NO_LEAK))
     leaked = [key for key, h in headlines.items() if h.state == LEAK]
-    gated = any(sent_of(rec).what != AS_TRAINED for by_round in records.values() for rec in by_round.values())
+    gated = any(view.sent.what != AS_TRAINED for by_round in records.values() for view in by_round.values())
     out = []
     if leaked:
         per_party = {}
@@ -205,14 +205,13 @@ def run_summary(records: Mapping[str, Mapping[int, RoundRecord]]) -> list[str]:
                    "(\"not detected\" is not \"safe\": each cell below says what its counts could have "
                    "detected).</p>")
     if gated:
-        sent_leaks = [key for key in headlines if (s := sent_of(records[key[0]][key[1]])) and s.sent
-                      and s.leak == LEAK]
+        sent_leaks = [key for key in headlines if (s := records[key[0]][key[1]].sent) and s.sent and s.leak == LEAK]
         verdict = (f'<span class="leak">leak detected in {len(sent_leaks)} of the updates sent</span>' if sent_leaks
                    else '<span class="no_leak">no leak detected in any update that was sent</span>')
         out.append(f"<p><strong>What was sent</strong> ({verdict}; a withheld or DP-retrained update's own leak was "
                    "never sent):</p><ul>" + "".join(_sent_summary(records)) + "</ul>")
     else:
-        gate_set = any(_gate_set(rec) for by_round in records.values() for rec in by_round.values())
+        gate_set = any(view.gate_set for by_round in records.values() for view in by_round.values())
         out.append(f"<p>What was sent: every update as trained{'' if gate_set else ' (no gate is set)'}.</p>")
     over = {name: [r for r in sorted(by_round) if headlines[(name, r)].gate == OVER_SENT]
             for name, by_round in records.items()}
@@ -220,8 +219,8 @@ def run_summary(records: Mapping[str, Mapping[int, RoundRecord]]) -> list[str]:
         said = "; ".join(f"{name} in round{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
                          for name, rs in over.items() if rs)
         out.append(f"<p>Over the gate's limit and sent as trained (the gate only reports): {escape(said)}.</p>")
-    zero = next((note for by_round in records.values() for rec in by_round.values()
-                 if (note := epsilon_zero_note(rec.leak))), None)
+    zero = next((view.epsilon_zero for by_round in records.values() for view in by_round.values()
+                 if view.epsilon_zero), None)
     if zero:
         out.append(f'<p class="muted">{escape(zero)}.</p>')
     return out
@@ -277,7 +276,7 @@ def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | No
     aggregators, parties = dict(aggregators or {}), dict(parties or {})
     run = write_run_file(root, parties=None if scanned else parties, info=info)
 
-    records = {name: _party_records(Path(folder)) for name, folder in parties.items()}
+    records = {name: _party_views(Path(folder)) for name, folder in parties.items()}
 
     def name_cell(name: str, folder: Path) -> str:
         if (Path(folder) / "index.html").is_file():
@@ -288,7 +287,7 @@ def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | No
         return f'<td>{escape(name)} <span class="muted">({said})</span></td>'
 
     body = ["<h1>Privacy audit: run index</h1>", *run_state_lines(RunState.read(root)), *run_account_section(run)]
-    if plot_verdict_grid({name: {r: headline_of(rec) for r, rec in by_round.items()}
+    if plot_verdict_grid({name: {r: view.headline for r, view in by_round.items()}
                           for name, by_round in records.items()}, root / GRID_IMAGE):
         body += run_summary(records)
         body.append(f'<p><img src="{GRID_IMAGE}" alt="leak verdict per party and round"></p>')

@@ -46,12 +46,13 @@ from audit.config.steps import registered
 from audit.reporting.atomic_io import PRIVATE_FILE_MODE, atomic_write_json, atomic_write_text, private_folder
 from audit.reporting.background import render_queue
 from audit.reporting.html import party_page, write_index
-from audit.reporting.headline import headline_of, strongest_per_family
+from audit.reporting.headline import strongest_per_family
 from audit.reporting.overview_plots import plot_headline
 from audit.reporting.plots import plot_per_round, plot_roc, plot_signal_histograms
 from audit.reporting.readings import (csv_cell, exact_auc_band, exact_auc_of, rates_at, tolerances_of, tpr_at,
                                       tpr_band_at, unresolvable)
 from audit.reporting.records import HISTOGRAMS_FILE, load_cached_round_records, load_round_records, round_dir_name
+from audit.reporting.round_views import load_round_views
 from audit.reporting.writer import RoundReportWriter
 
 # The final model's audit, in the party's report: its folder, and its drawing job on the report worker (no round).
@@ -125,7 +126,6 @@ class ReportWriter(RoundReportWriter):
         self.party = validate_party_name(party)
         self.party_dir: Path = self.root / party
         self.log_scale = bool(log_scale)
-        self._cache: dict = {}  # parsed audit.json files (read-only use), see load_cached_round_records
 
     def round_dir(self, round_: int) -> Path:
         return self.party_dir / round_dir_name(round_)
@@ -233,30 +233,35 @@ class ReportWriter(RoundReportWriter):
                 plot_roc(record, self.final_model_dir() / "roc.png", self.log_scale)
             return
         path = self.record_path(round_num)
-        record = next((r for r in self.load_rounds() if r.round == round_num), None)
-        if record is None:
-            raise FileNotFoundError(f"{path}: missing or unreadable, nothing to draw")
+        try:
+            record = RoundRecord.read(path)  # this round's record alone, not every round's
+        except (OSError, ValueError) as err:
+            raise FileNotFoundError(f"{path}: missing or unreadable, nothing to draw ({err})") from None
         round_dir = path.parent
         plot_roc(record, round_dir / "roc.png", self.log_scale)
         self._plot_histograms(record, round_dir)
 
     def load_rounds(self, refused: list[str] | None = None) -> list[RoundRecord]:
         """The readable round records; `refused` gets a line per record of another schema version."""
-        return load_cached_round_records(self.party_dir, self._cache, refused)
+        return load_cached_round_records(self.party_dir, None, refused)
 
     def rebuild_summary(self) -> None:
-        """Rewrite metrics.csv, auc.png, tpr_at_*.png, index.html and root/index.html from disk."""
+        """Rewrite metrics.csv, auc.png, tpr_at_*.png, index.html and root/index.html from disk: from each round's
+        view (audit.reporting.round_views), made once per record, so that a rewrite costs the same in round 200 as
+        in round 10."""
         refused: list[str] = []
-        records = self.load_rounds(refused)
+        views = load_round_views(self.party_dir, refused)
+        records = [v.summary for v in views]  # what the plots and the tolerances read
         self.party_dir.mkdir(parents=True, exist_ok=True)
-        self._write_metrics_csv(records)
+        self._write_metrics_csv(views)
         tols = tolerances_of(records) if records else []
         # A tolerance no record's population can resolve gets no plot (its figure is the TPR at population FPR 0,
         # whatever the tolerance); the page says why, the tables show its values marked.
         unplotted = {t: n for t in tols if (n := unresolvable(records, t)) is not None}
         tpr_files = [f"tpr_at_{t:g}.png" for t in tols if t not in unplotted]
         if records:
-            self._plot_over_rounds(records, [t for t in tols if t not in unplotted], tpr_files)
+            self._plot_over_rounds(records, [v.headline for v in views], [t for t in tols if t not in unplotted],
+                                   tpr_files)
         # Derived state: drop plots no longer backed by the records (e.g. a tolerance was removed).
         stale = [p for pattern in ("tpr_at_*.png", ALL_SERIES + "tpr_at_*.png") for p in self.party_dir.glob(pattern)
                  if p.name.removeprefix(ALL_SERIES) not in tpr_files]
@@ -268,17 +273,18 @@ class ReportWriter(RoundReportWriter):
         final_roc = self.final_model_dir() / "roc.png"
         atomic_write_text(
             self.party_dir / "index.html",
-            party_page(self.party, records, tols, tpr_files, self.log_scale, unplotted,
-                       {r.round: _file_names(self.round_dir(r.round)) for r in records}, refused=refused,
+            party_page(self.party, views, tols, tpr_files, self.log_scale, unplotted,
+                       {v.round: _file_names(self.round_dir(v.round)) for v in views}, refused=refused,
                        account=self._account(),
                        final_roc=f"{FINAL_MODEL_DIR}/roc.png" if final_roc.is_file() else None)
         )
         write_index(self.root)
 
-    def _plot_over_rounds(self, records: list[RoundRecord], tols: list[float], tpr_files: list[str]) -> None:
+    def _plot_over_rounds(self, records: list[RoundRecord], headlines: list, tols: list[float],
+                          tpr_files: list[str]) -> None:
         """headline.png (the page's first chart), then each figure per round: the strongest attack of each family
         (auc.png, tpr_at_<t>.png) and every attack (all_auc.png, all_tpr_at_<t>.png, a click away)."""
-        plot_headline(records, [headline_of(r) for r in records], self.party_dir / HEADLINE_PLOT, party=self.party)
+        plot_headline(records, headlines, self.party_dir / HEADLINE_PLOT, party=self.party)
         for prefix, only in (("", strongest_per_family(records, exact_auc_of)), (ALL_SERIES, None)):
             plot_per_round(
                 records, self.party_dir / (prefix + "auc.png"), party=self.party, value_of=exact_auc_of,
@@ -304,11 +310,12 @@ class ReportWriter(RoundReportWriter):
                     only=only,
                 )
 
-    def _write_metrics_csv(self, records: list[RoundRecord]) -> None:
-        names = sorted({k for r in records for k in r.metrics})
+    def _write_metrics_csv(self, views) -> None:
+        names = sorted({k for v in views for k in v.metric_names})
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         writer.writerow(["round", *(csv_cell(n) for n in names)])
-        for r in records:
-            writer.writerow([r.round, *(csv_cell(r.metrics.get(n)) for n in names)])
+        for v in views:
+            metrics = dict(zip(v.metric_names, v.metric_values))
+            writer.writerow([v.round, *(csv_cell(metrics.get(n)) for n in names)])
         atomic_write_text(self.party_dir / "metrics.csv", buf.getvalue())

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from audit.config.fields import is_int
 from audit.config.steps import registered
 from audit.config.vocabulary import BOUNDS
-from audit.reporting.headline import headline_of, strongest_in_round
+from audit.reporting.headline import strongest_in_round
 from audit.reporting.overview_plots import GATE_COLORS, epsilon_chart
 from audit.reporting.page_parts import escape, href, page
 from audit.reporting.readings import (advantage_of, auc_of, confidence_of, csv_cell, epsilon_lb_of, exact_auc_band,
@@ -27,8 +27,11 @@ from audit.reporting.verdicts import (EPSILON_ZERO_SHORT, LEAK, NO_LEAK, epsilon
                                       round_verdict, sent_of)
 from audit.round_record import RoundRecord
 
-__all__ = ["party_page", "round_section", "verdict_block", "verdict_table", "metrics_table", "sampling_note",
-           "verdict_cell", "UNRESOLVED_MARK"]
+if TYPE_CHECKING:
+    from audit.reporting.round_views import RoundView
+
+__all__ = ["party_page", "round_section", "verdict_block", "verdict_row", "verdict_table", "metrics_table",
+           "sampling_note", "verdict_cell", "UNRESOLVED_MARK"]
 
 _AUC_NOTE = (
     "Exact AUC: members against non-members over every threshold (ties count half), with its "
@@ -210,72 +213,61 @@ def round_section(record: RoundRecord, tols: list[float], files: set[str] | None
     return out
 
 
-def verdict_table(records: list[RoundRecord]) -> list[str]:
+def verdict_row(record: RoundRecord) -> str:
+    """One round's row of the verdict table."""
+    v = round_verdict(record)
+    decided = "; ".join(c.text() for c in v.deciding) or "–"
+    low = inverted_attacks(record)
+    flag = (f'<br><span class="flag">{len(low)} attack{"s" if len(low) != 1 else ""} with AUC below 0.5 '
+            "(signal direction wrong, not safer)</span>") if low else ""
+    zero = epsilon_zero_note(record.leak)
+    proven = escape(v.proven) + (f'<br><span class="muted">{escape(EPSILON_ZERO_SHORT)} (see below)</span>'
+                                 if zero else "")
+    sent = sent_of(record)
+    sent_css = {LEAK: "leak", NO_LEAK: "no_leak"}.get(sent.leak or "", "muted")
+    return (f'<tr><td><a href="#{escape(round_dir_name(record.round))}">{escape(record.round)}</a></td>'
+            f'<td class="text cell-{escape(v.leak)}">{escape(v.leak_text)}{flag}</td>'
+            f'<td class="text">{proven}</td>'
+            f"{verdict_cell(v.verdict)}<td class=\"text\">{escape(decided)}</td>"
+            f'<td class="text"><span class="{sent_css}">{escape(sent.text)}</span></td><td class="text">'
+            f"{escape(v.epsilon)}</td></tr>")
+
+
+def verdict_table(views: list[RoundView]) -> list[str]:
     """Every round's verdict, newest first: what the page leads with after its chart."""
-    rows = []
-    for r in reversed(records):
-        v = round_verdict(r)
-        decided = "; ".join(c.text() for c in v.deciding) or "–"
-        low = inverted_attacks(r)
-        flag = (f'<br><span class="flag">{len(low)} attack{"s" if len(low) != 1 else ""} with AUC below 0.5 '
-                "(signal direction wrong, not safer)</span>") if low else ""
-        zero = epsilon_zero_note(r.leak)
-        proven = escape(v.proven) + (f'<br><span class="muted">{escape(EPSILON_ZERO_SHORT)} (see below)</span>'
-                                     if zero else "")
-        sent = sent_of(r)
-        sent_css = {LEAK: "leak", NO_LEAK: "no_leak"}.get(sent.leak or "", "muted")
-        rows.append(f'<tr><td><a href="#{escape(round_dir_name(r.round))}">{escape(r.round)}</a></td>'
-                    f'<td class="text cell-{escape(v.leak)}">{escape(v.leak_text)}{flag}</td>'
-                    f'<td class="text">{proven}</td>'
-                    f"{verdict_cell(v.verdict)}<td class=\"text\">{escape(decided)}</td>"
-                    f'<td class="text"><span class="{sent_css}">{escape(sent.text)}</span></td><td class="text">'
-                    f"{escape(v.epsilon)}</td></tr>")
-    notes = sorted({note for r in records if (note := epsilon_zero_note(r.leak))})
+    notes = sorted({v.epsilon_zero for v in views if v.epsilon_zero})
     return ["<h2>Verdict per round</h2>",
             '<div class="scroll"><table><tr><th>round</th><th>leak verdict (the trained update)</th><th>proven</th>'
-            "<th>gate</th><th>decided by</th><th>sent</th><th>DP ε spent</th></tr>", *rows, "</table></div>",
-            *(f'<p class="muted">{escape(notes[0])}.</p>' for _ in notes[:1])]
+            "<th>gate</th><th>decided by</th><th>sent</th><th>DP ε spent</th></tr>", *(v.verdict_row for v in reversed(views)),
+            "</table></div>", *(f'<p class="muted">{escape(notes[0])}.</p>' for _ in notes[:1])]
 
 
-def metrics_table(records: list[RoundRecord]) -> tuple[list[str], bool]:
+def metrics_table(views: list[RoundView]) -> tuple[list[str], bool]:
     """Every metric (a row) per round (a column, newest first), each with its interval where the record has both
     bounds (`<metric>_lower`, `<metric>_upper`: no columns of their own); returns the rows and whether any figure
     is marked unresolvable."""
-    names = sorted({k for r in records for k in r.metrics})
-    bounds = {f"{n}_{b}" for n in names for b in BOUNDS}  # shown as the interval of their estimate
-    shown = [n for n in names if n not in bounds]
-    newest = list(reversed(records))
-    unresolved = {r.round: unresolvable_metrics(r) for r in records}
-    marked = False
+    shown = sorted({name for v in views for name in v.metric_cells})
+    newest = list(reversed(views))
     out = ['<div class="scroll"><table><tr><th>metric</th>'
-           + "".join(f'<th><a href="#{escape(round_dir_name(r.round))}">round {escape(r.round)}</a></th>'
-                     for r in newest) + "</tr>"]
+           + "".join(f'<th><a href="#{escape(round_dir_name(v.round))}">round {escape(v.round)}</a></th>'
+                     for v in newest) + "</tr>"]
     for name in shown:
-        cells = []
-        for r in newest:
-            m = r.metrics
-            if name not in m:
-                cells.append("<td></td>")
-                continue
-            text = fmt_interval(m[name], m.get(f"{name}_lower"), m.get(f"{name}_upper"))
-            mark = UNRESOLVED_MARK if name in unresolved[r.round] else ""
-            marked = marked or bool(mark)
-            cells.append(f'<td title="{escape(csv_cell(m[name]))}">{escape(text)}{mark}</td>')
-        out.append(f"<tr><td>{escape(name)}</td>{''.join(cells)}</tr>")
+        out.append(f"<tr><td>{escape(name)}</td>" + "".join(v.metric_cells.get(name, "<td></td>") for v in newest)
+                   + "</tr>")
     out.append("</table></div>")
-    return out, marked
+    return out, any(v.any_unresolved for v in views)
 
 
-def _summary_line(records: list[RoundRecord]) -> str:
-    states = [round_verdict(r) for r in records]
-    leaked = [r.round for r, v in zip(records, states) if v.leak == LEAK]
-    gated = {kind: [r.round for r, v in zip(records, states) if v.verdict == kind]
+def _summary_line(views: list[RoundView]) -> str:
+    states = [v.verdict for v in views]
+    leaked = [r.round for r, v in zip(views, states) if v.leak == LEAK]
+    gated = {kind: [r.round for r, v in zip(views, states) if v.verdict == kind]
              for kind in ("withheld", "dp_retrained")}
-    latest = records[-1].round
-    text = (f"{len(records)} audited round{'s' if len(records) != 1 else ''} (latest: "
+    latest = views[-1].round
+    text = (f"{len(views)} audited round{'s' if len(views) != 1 else ''} (latest: "
             f'<a href="#{escape(round_dir_name(latest))}">round {escape(latest)}</a>). ')
     if leaked:
-        text += (f'<strong class="leak">Leak detected in {len(leaked)} of {len(records)}</strong> '
+        text += (f'<strong class="leak">Leak detected in {len(leaked)} of {len(views)}</strong> '
                  f"(rounds {escape(', '.join(map(str, leaked)))}). ")
     else:
         text += '<strong class="no_leak">No leak detected in any audited round</strong> (not the same as safe). '
@@ -283,26 +275,22 @@ def _summary_line(records: list[RoundRecord]) -> str:
         if rounds:
             text += (f'<span class="{kind}">Update {escape(kind.replace("_", "-"))} in round'
                      f'{"s" if len(rounds) > 1 else ""} {escape(", ".join(map(str, rounds)))}.</span> ')
-    over = [r.round for r, v in zip(records, states) if v.verdict == "kept" and any(c.tripped for c in v.checks)]
+    over = [r.round for r, v in zip(views, states) if v.verdict == "kept" and any(c.tripped for c in v.checks)]
     if over:
         text += (f'<span class="flag">Over the gate\'s limit in round{"s" if len(over) > 1 else ""} '
                  f'{escape(", ".join(map(str, over)))}, sent all the same (its action only reports).</span> ')
     elif not any(gated.values()):
-        gate_set = any(v.checks or _budget_set(r) for r, v in zip(records, states))
+        gate_set = any(v.checks or r.budget_set for r, v in zip(views, states))
         text += "Every update was sent as trained" + ("" if gate_set else " (no gate is set)") + ". "
     return f"<p>{text}Data: <a href=\"metrics.csv\">metrics.csv</a>.</p>"
 
 
-def _budget_set(record: RoundRecord) -> bool:
-    return record.gate is not None and record.gate.has_budget
-
-
-def _headline_caption(records: list[RoundRecord]) -> str:
+def _headline_caption(views: list[RoundView]) -> str:
     hatched = (" Shaded rounds, named under the axis: the update was withheld, DP-retrained, or over the gate's "
                "limit and sent all the same (a gate that only reports)."
-               if any(headline_of(r).gate in GATE_COLORS for r in records) else "")
-    if epsilon_chart([headline_of(r) for r in records]):
-        actions = {round_verdict(r).action for r in records if _budget_set(r)}
+               if any(v.headline.gate in GATE_COLORS for v in views) else "")
+    if epsilon_chart([v.headline for v in views]):
+        actions = {v.verdict.action for v in views if v.budget_set}
         done = ("only reported (the gate's action is report_only)" if actions == {"report_only"} else
                 "withheld or DP-retrained, as the gate's action says")
         return ("Each dot: the epsilon lower bound the round's audit proves (family-wise over its attacks, at the "
@@ -328,30 +316,34 @@ def _run_account(account, final_roc: str | None) -> list[str]:
             f"<p>{escape(dp)}; {escape(account.empirical.text())} (account.json).</p>"]
 
 
-def party_page(party: str, records: list[RoundRecord], tols: list[float], tpr_files: list[str], log_scale: bool,
-               unplotted: Mapping[float, int] | None = None, round_files: Mapping[int, set[str]] | None = None,
-               *, headline: str | None = "headline.png", all_prefix: str = "all_",
-               refused: Sequence[str] = (), account=None, final_roc: str | None = None) -> str:
-    """The party's page; `unplotted`: tolerances without a TPR plot (no record's population resolves them) ->
-    population size; `round_files`: round -> the file names in its folder (the private views it links);
-    `headline`: the headline chart's file (None: none drawn); `all_prefix`: the every-attack plots' prefix;
-    `refused`: a line per round record left out for its schema version (audit.round_record.RecordSchemaError);
-    `account`: the party's account of the run (audit.run_record.PartyRun; None: none yet), shown first;
-    `final_roc`: the final model's ROC image, relative to the page."""
+def party_page(party: str, records: list[RoundRecord] | list[RoundView], tols: list[float], tpr_files: list[str],
+               log_scale: bool, unplotted: Mapping[float, int] | None = None,
+               round_files: Mapping[int, set[str]] | None = None, *, headline: str | None = "headline.png",
+               all_prefix: str = "all_", refused: Sequence[str] = (), account=None, final_roc: str | None = None) -> str:
+    """The party's page, from its rounds' records or their views (audit.reporting.round_views); `unplotted`:
+    tolerances without a TPR plot (no record's population resolves them) -> population size; `round_files`: round ->
+    the file names in its folder (the private views it links); `headline`: the headline chart's file (None: none
+    drawn); `all_prefix`: the every-attack plots' prefix; `refused`: a line per round record left out for its schema
+    version (audit.round_record.RecordSchemaError); `account`: the party's account of the run
+    (audit.run_record.PartyRun; None: none yet), shown first; `final_roc`: the final model's ROC image, relative to
+    the page."""
+    from audit.reporting.round_views import RoundView, view_of
+
+    views = [r if isinstance(r, RoundView) else view_of(r) for r in records]
     body = ['<p><a href="../index.html">&larr; run index</a></p>', f"<h1>Privacy audit: {escape(party)}</h1>"]
     body += [f'<p class="flag">Not shown: {escape(line)}</p>' for line in refused]
     if account is not None:
         body += _run_account(account, final_roc)
-    if not records:
+    if not views:
         body.append('<p>No audited rounds yet.</p>')
         return page(f"Privacy audit: {party}", body)
-    body.append(_summary_line(records))
+    body.append(_summary_line(views))
     if headline:
         body.append(f'<p><img src="{href(headline)}" alt="{escape(party)}: headline leakage per round"></p>'
-                    f'<p class="muted">{escape(_headline_caption(records))}</p>')
-    body += verdict_table(records)
+                    f'<p class="muted">{escape(_headline_caption(views))}</p>')
+    body += verdict_table(views)
 
-    marked = any(not resolvable_at(res, t) for r in records for res in r.attacks.values() for t in tols)
+    marked = any(not resolvable_at(res, t) for v in views for res in v.summary.attacks.values() for t in tols)
     notes = [_VERDICT_NOTE, _FAMILY_NOTE, _AUC_NOTE, _HIST_NOTE] + ([_UNRESOLVED_NOTE] if marked else [])
     body.append("<details><summary>How to read this page</summary>"
                 + "".join(f'<p class="muted">{escape(n)}</p>' for n in notes) + "</details>")
@@ -377,17 +369,15 @@ def party_page(party: str, records: list[RoundRecord], tols: list[float], tpr_fi
                           ' loading="lazy"></p>' for t, name in zip(plotted, tpr_files))
                 + "</details></details>")
 
-    body.append(f"<details><summary>Rounds, newest first ({len(records)}): each round's verdict, attacks, ROC "
+    body.append(f"<details><summary>Rounds, newest first ({len(views)}): each round's verdict, attacks, ROC "
                 "curves and histograms</summary>")
-    for r in reversed(records):
-        body += round_section(r, tols, None if round_files is None else round_files.get(r.round),
-                              open_=r is records[-1])
+    for v in reversed(views):
+        body += v.section(tols, None if round_files is None else round_files.get(v.round), v is views[-1])
     body.append("</details>")
 
-    names = {k for r in records for k in r.metrics}
     body.append("<details><summary>Metrics per round (table: one row per metric, its interval beside it)</summary>")
-    if names:
-        table, any_marked = metrics_table(records)
+    if any(v.metric_names for v in views):
+        table, any_marked = metrics_table(views)
         body += table
         if any_marked:
             body.append(f'<p class="muted">{escape(_UNRESOLVED_NOTE)}</p>')

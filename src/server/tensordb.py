@@ -139,6 +139,17 @@ class IndexedTensorDB(TensorDB):
                 kept = [row for row, r in zip(rows, rounds) if r > current_round - remove_older_than or bool(row[3])]
             self._set_rows(kept)
 
+    def drop_reports_before(self, fl_round: int) -> int:
+        """Drop the report (metric) rows of the rounds before `fl_round`; returns how many went. OpenFL's clean_up
+        keeps them for the whole run, so the store, and every scan of it (an aggregation function's history, the
+        frame a callback reads), grows with the rounds."""
+        with self.mutex:
+            rows = self._store[0]
+            kept = [row for row in rows if not (bool(row[3]) and int(row[2]) < fl_round)]
+            if len(kept) != len(rows):
+                self._set_rows(kept)
+        return len(rows) - len(kept)
+
     def drop_model_copies(self, fl_round: int, origin: str) -> int:
         """Drop the rows of round `fl_round` from `origin` tagged ('aggregated',) or ('aggregated', 'delta'); returns
         their bytes. OpenFL's end of round stores the next model three times over (the aggregate, the delta from the
