@@ -93,7 +93,8 @@ def test_rmia_references_kept_across_rounds_must_fit_the_temporary_folder(monkey
     import shutil
 
     from audit.config.rmia_settings import RMIASettings
-    from audit.membership.rmia_step import REFERENCE_DISK_SHARE, check_references
+    from audit.config.rmia_settings import REFERENCE_DISK_SHARE
+    from audit.membership.rmia_step import check_references
 
     model = torch.nn.Linear(1000, 1000)  # 4.0 MB of float32 weights
     copy_bytes = 1001 * 1000 * 4

@@ -71,6 +71,44 @@ def tasks_text() -> list[str]:
     return lines
 
 
+def bounds_text() -> list[str]:
+    """The counts' bounds (src/plan/bounds.py), from the constants themselves."""
+    from audit.config.gate import MAX_DP_RETRIES
+    from audit.config.rmia_settings import REFERENCE_DISK_SHARE
+    from src.plan import bounds
+
+    return [
+        "## Counts and their bounds", "",
+        "Every count the plan asks for is bounded by what the data, the time and the machine allow, checked before "
+        "any work in one line naming the key and the limit (`src/plan/bounds.py`; the demo names its flags):", "",
+        f"- `aggregator.settings.rounds_to_train`: at most {bounds.MAX_ROUNDS:,}, and no more than OpenFL's task "
+        f"assigner can hold in {bounds.ASSIGNER_MEMORY_SHARE:.3g} of the machine's memory (a list per round for "
+        f"each task and collaborator, made at start: about {bounds.ASSIGNER_BYTES_PER_ENTRY} bytes each).",
+        "- `data_loader.settings.collaborator_count`: at most the samples of the smallest set "
+        "(`floor(samples x ratio)`: each collaborator needs one of each); a local federation (`python -m workspace`) "
+        f"also at most one process of ~{bounds.PARTY_PROCESS_BYTES / 2**30:.2f} GB each in the machine's memory.",
+        "- `task_runner.settings.audit.sample_size`: at most the dataset's samples.",
+        "- The counts that multiply a round's trainings: `tasks.train.kwargs.epochs` and each "
+        "`task_runner.settings.per_collaborator.<name>.epochs` (epochs x batches), "
+        "`task_runner.settings.audit.rmia.reference_models` (each reference of a trained kind is about one local "
+        "training), `task_runner.settings.audit.deanon.shadows_per_user` (one shadow update per crowd user and for "
+        "the collaborator, each about one local training), `task_runner.settings.audit.canary.count` (half the "
+        "canaries join the shadow training) and `task_runner.settings.gate.dp.max_retries` (each a DP local "
+        f"training): each at most {bounds.MAX_ROUND_STEPS:,} optimizer steps a round on the plan's mean shard "
+        "(`floor(samples x train_dataset_ratio) / collaborator_count` samples, in batches of "
+        "`data_loader.settings.batch_size`). The cheapest step measured, the fcnn on digits at batch 32 on one "
+        f"core, takes {bounds.STEP_CPU_MS} CPU-ms (`benchmarks/README.md`, \"Counts and their bounds\"): a round at "
+        f"the bound is at least {bounds.CPU_MINUTES_AT_MAX:,.0f} CPU-minutes of one training, far beyond any "
+        "federated recipe and far short of what a typo asks for.",
+        f"- `task_runner.settings.gate.dp.max_retries`: at most {MAX_DP_RETRIES}: each retry doubles the noise "
+        f"multiplier, the last runs at 2^{MAX_DP_RETRIES - 1} times the first's.",
+        "- `task_runner.settings.audit.rmia.reference_models`, on the machine: the K references of each trained kind "
+        "are kept across rounds (on disk in the temporary folder once they are larger than 32 MB together), and "
+        f"must fit in {REFERENCE_DISK_SHARE:.0%} of its free space; checked when the collaborator builds its model.",
+        "",
+    ]
+
+
 def generate() -> str:
     lines = [HEADER]
     for key, template, declared_in, cls in SECTIONS:
@@ -84,7 +122,8 @@ def generate() -> str:
                       + ", ".join(f"`{k}`" for k in OPENFL_FILLED) + "."]
         lines.append("")
     lines += tasks_text()
-    return "\n".join(lines) + "\n"
+    lines += ["", *bounds_text()]
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main(argv=None) -> int:

@@ -42,6 +42,11 @@ TUNE = "tune"
 GLOBAL_A = 0.3
 
 
+# The share of the temporary folder's free space RMIA's references kept across rounds may take (the rest: the spilled
+# initial model, the other steps' files, the system's): audit.membership.rmia_step.check_references.
+REFERENCE_DISK_SHARE = 0.5
+
+
 @dataclass(frozen=True)
 class RMIASettings:
     """RMIA on the local model, one attack per kind of reference model (docs/membership.md, "RMIA")."""

@@ -16,7 +16,8 @@ import time
 import numpy as np
 import torch
 
-from audit.config.rmia_settings import FINE_TUNED, GLOBAL, GLOBAL_A, INDEPENDENT, TUNE, RMIASettings
+from audit.config.rmia_settings import (FINE_TUNED, GLOBAL, GLOBAL_A, INDEPENDENT, REFERENCE_DISK_SHARE, TUNE,
+                                        RMIASettings)
 from audit.config.vocabulary import FINAL, RMIA
 from audit.membership.population_attack import population_attack
 from audit.membership.references import (References, fine_tuned_references, independent_references,
@@ -199,11 +200,6 @@ def run(context: AuditContext, settings: RMIASettings) -> StepResult:
 
     return StepResult(metrics=metrics, attacks=attacks, details=details, timings={"rmia_kinds_s": seconds},
                       write_private=write_scores)
-
-
-# The share of the temporary folder's free space RMIA's stored references may take (the rest: the spilled initial
-# model, the other steps' files, the system's).
-REFERENCE_DISK_SHARE = 0.5
 
 
 def check_references(model: torch.nn.Module, feature_shape, settings: RMIASettings, key: str) -> None:
