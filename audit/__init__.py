@@ -43,9 +43,9 @@ _NAMES = {
     # ------------------------------------------------------------ settings (torch-free)
     "AuditSettings": "audit.config.audit_settings", "FprTolerances": "audit.config.tolerances",
     "GatePolicy": "audit.config.gate",
-    "GateVerdict": "audit.config.gate", "BOUND_CHOICES": "audit.config.gate",
+    "GateVerdict": "audit.config.gate", "BOUND_CHOICES": "audit.config.gate", "MAX_DP_RETRIES": "audit.config.gate",
     "Mitigation": "audit.config.mitigation_settings", "RMIASettings": "audit.config.rmia_settings",
-    "REFERENCE_KINDS": "audit.config.rmia_settings", "FidelSettings": "audit.config.fidel_settings",
+    "REFERENCE_KINDS": "audit.config.rmia_settings", "REFERENCE_DISK_SHARE": "audit.config.rmia_settings", "FidelSettings": "audit.config.fidel_settings",
     "DeanonSettings": "audit.config.deanon_settings", "CanarySettings": "audit.config.canary_settings",
     "PER_COLLABORATOR": "audit.config.per_collaborator", "parse_per_collaborator": "audit.config.per_collaborator",
     "check_gate_resolution": "audit.config.per_collaborator",

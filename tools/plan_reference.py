@@ -73,8 +73,7 @@ def tasks_text() -> list[str]:
 
 def bounds_text() -> list[str]:
     """The counts' bounds (src/plan/bounds.py), from the constants themselves."""
-    from audit.config.gate import MAX_DP_RETRIES
-    from audit.config.rmia_settings import REFERENCE_DISK_SHARE
+    from audit import MAX_DP_RETRIES, REFERENCE_DISK_SHARE
     from src.plan import bounds
 
     return [

@@ -16,14 +16,14 @@ from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.headline import OVER_SENT, worst_of
 from audit.reporting.overview_plots import plot_verdict_grid
 from audit.reporting.page_parts import escape, href, now, page
-from audit.reporting.party_page import party_page, sampling_note, verdict_cell
+from audit.reporting.party_page import party_page, sampling_note
 from audit.reporting.readings import fmt
 from audit.reporting.records import load_round_files
+from audit.reporting.round_cells import grid_cell, verdict_cell
 from audit.reporting.round_views import RoundView, load_round_views, view_of
 from audit.reporting.run_file import RunInfo, write_run_file
 from audit.reporting.run_state import RunState
-from audit.reporting.verdicts import (AS_TRAINED, DP_RETRAIN_SENT, EPSILON_ZERO_SHORT, LEAK, NO_LEAK,
-                                      epsilon_zero_note, round_verdict, sent_of)
+from audit.reporting.verdicts import AS_TRAINED, DP_RETRAIN_SENT, EPSILON_ZERO_SHORT, LEAK, NO_LEAK
 from audit.round_record import RoundRecord
 from audit.run_record import RUN_FILE, RunRecord
 from audit.run_states import FINISHED, INTERRUPTED, RUNNING
@@ -74,41 +74,6 @@ def _party_views(folder: Path) -> dict[int, RoundView]:
     return {v.round: v for v in load_round_views(folder)}
 
 
-def _short_figure(finding: Mapping) -> str:
-    statistic = str(finding.get("statistic", ""))
-    name = "AUC" if statistic == "exact_auc" else statistic.replace("tpr_at_fpr_", "TPR@")
-    return f"{finding.get('attack')}: {name} {fmt(finding.get('estimate'), 2)}"
-
-
-def grid_cell(record: RoundRecord | None) -> str:
-    """One party's round on the run index: coloured by the leak verdict, the headline figure (or the floor), and
-    the gate's verdict where it did not keep the update."""
-    if record is None:
-        return '<td class="text cell-not_audited muted">not audited</td>'
-    v = round_verdict(record)
-    leak = record.leak or {}
-    if v.leak == LEAK:
-        head = leak.get("headline") or {}
-        text = f"<strong>leak</strong><br>{escape(_short_figure(head))}<br>p {escape(fmt(head.get('p_adjusted'), 2))}"
-    elif v.leak == NO_LEAK:
-        floor = leak.get("floor") or {}
-        text = ("no leak<br><span class=\"muted\">could detect AUC ≥ "
-                f"{escape(fmt(floor.get('exact_auc'), 2))}</span>")
-    else:
-        text = "no verdict"
-    epsilon = (leak.get("epsilon") or {}).get("value")
-    if epsilon is not None:
-        zero = epsilon_zero_note(leak)
-        text += f"<br>{escape(EPSILON_ZERO_SHORT) if zero else 'ε ≥ ' + escape(fmt(epsilon, 2))}"
-    sent = sent_of(record)
-    gate = v.verdict or "kept"  # without a gate the update is sent as trained
-    said = ("sent as trained" + ("" if v.verdict else " (no gate)") if sent.what == AS_TRAINED else
-            f"dp_retrained: sent a DP retrain, {sent.text.split('(', 1)[1].rstrip(')')}" if sent.what == DP_RETRAIN_SENT
-            else "withheld: nothing sent")
-    text += f'<br><span class="{escape(gate)}">{escape(said)}</span>'
-    return f'<td class="text cell-{escape(v.leak)}" title="{escape(v.leak_text)}">{text}</td>'
-
-
 def verdict_grid(parties: Mapping[str, Mapping[int, RoundView | RoundRecord]], labels: Mapping[str, str]) -> list[str]:
     """The run index's table under its picture (GRID_IMAGE): a party x round table of leak verdicts (red: leak
     detected, green: none detected, grey: not audited), each cell's figures in full and each party's page linked.
@@ -141,17 +106,6 @@ def _worst_how(h, view: RoundView) -> str:
         if view.epsilon_zero:
             how += f" ({EPSILON_ZERO_SHORT}: see below)"
     return how
-
-
-def gate_rule(record: RoundRecord) -> str:
-    """The rule that tripped a round's gate, without its figures ("the upper bound of mia_local_loss_exact_auc > 0.6"),
-    to say once per party which rules acted; "" where none tripped."""
-    v = round_verdict(record)
-    rules = [f"{'the ' + c.bound + ' bound of ' if c.bound != 'point' else ''}{c.metric} > {fmt(c.threshold)}"
-             for c in v.checks if c.tripped]
-    if not rules and record.gate is not None and record.gate.verdict == "withheld":
-        return v.status
-    return ", ".join(rules)
 
 
 def _sent_summary(views: Mapping[str, Mapping[int, RoundView]]) -> list[str]:

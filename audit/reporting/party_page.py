@@ -11,24 +11,20 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from audit.config.fields import is_int
 from audit.config.steps import registered
-from audit.config.vocabulary import BOUNDS
 from audit.reporting.headline import strongest_in_round
 from audit.reporting.overview_plots import GATE_COLORS, epsilon_chart
 from audit.reporting.page_parts import escape, href, page
-from audit.reporting.readings import (advantage_of, auc_of, confidence_of, csv_cell, epsilon_lb_of, exact_auc_band,
-                                      exact_auc_of, fmt, fmt_interval, rates_at, resolvable_at, series_keys, tpr_at,
-                                      unresolvable_metrics)
+from audit.reporting.readings import (advantage_of, auc_of, confidence_of, epsilon_lb_of, exact_auc_band, exact_auc_of,
+                                      fmt, fmt_interval, rates_at, resolvable_at, series_keys, tpr_at)
 from audit.reporting.records import HISTOGRAMS_FILE, round_dir_name
-from audit.reporting.verdicts import (EPSILON_ZERO_SHORT, LEAK, NO_LEAK, epsilon_zero_note, inverted_attacks,
-                                      round_verdict, sent_of)
+from audit.reporting.round_cells import UNRESOLVED_MARK, verdict_cell, verdict_row
+from audit.reporting.round_views import RoundView, view_of
+from audit.reporting.verdicts import LEAK, NO_LEAK, inverted_attacks, round_verdict
 from audit.round_record import RoundRecord
-
-if TYPE_CHECKING:
-    from audit.reporting.round_views import RoundView
 
 __all__ = ["party_page", "round_section", "verdict_block", "verdict_row", "verdict_table", "metrics_table",
            "sampling_note", "verdict_cell", "UNRESOLVED_MARK"]
@@ -60,8 +56,6 @@ _HIST_NOTE = ("Histograms: members' (blue) and non-members' (grey) per-sample va
               "the two differ, the better a threshold tells them apart (the exact AUC above each panel). Panels in "
               "red have an AUC below 0.5; a log axis where the values span decades (losses near 0).")
 
-# A figure read at an FPR tolerance the party's sets are too small for (audit.config.resolution).
-UNRESOLVED_MARK = '<sup title="unresolvable: fewer than 1/t population samples">*</sup>'
 _UNRESOLVED_NOTE = (
     "* Unresolvable: the population has fewer than 1/t samples, so the threshold at FPR t flags "
     "none of it and the figure is the TPR at population FPR 0, not at FPR t. Use a larger tolerance or a larger "
@@ -69,13 +63,6 @@ _UNRESOLVED_NOTE = (
 )
 
 _INVERTED = "below 0.5: signal direction wrong, not a safer model"
-
-
-def verdict_cell(verdict: str | None) -> str:
-    """A verdict in the one vocabulary of every page (kept, dp_retrained, withheld, ...), styled by its class."""
-    if not verdict:
-        return '<td class="text muted">no gate</td>'
-    return f'<td class="text {escape(verdict)}">{escape(verdict)}</td>'
 
 
 def verdict_block(record: RoundRecord) -> list[str]:
@@ -213,26 +200,6 @@ def round_section(record: RoundRecord, tols: list[float], files: set[str] | None
     return out
 
 
-def verdict_row(record: RoundRecord) -> str:
-    """One round's row of the verdict table."""
-    v = round_verdict(record)
-    decided = "; ".join(c.text() for c in v.deciding) or "–"
-    low = inverted_attacks(record)
-    flag = (f'<br><span class="flag">{len(low)} attack{"s" if len(low) != 1 else ""} with AUC below 0.5 '
-            "(signal direction wrong, not safer)</span>") if low else ""
-    zero = epsilon_zero_note(record.leak)
-    proven = escape(v.proven) + (f'<br><span class="muted">{escape(EPSILON_ZERO_SHORT)} (see below)</span>'
-                                 if zero else "")
-    sent = sent_of(record)
-    sent_css = {LEAK: "leak", NO_LEAK: "no_leak"}.get(sent.leak or "", "muted")
-    return (f'<tr><td><a href="#{escape(round_dir_name(record.round))}">{escape(record.round)}</a></td>'
-            f'<td class="text cell-{escape(v.leak)}">{escape(v.leak_text)}{flag}</td>'
-            f'<td class="text">{proven}</td>'
-            f"{verdict_cell(v.verdict)}<td class=\"text\">{escape(decided)}</td>"
-            f'<td class="text"><span class="{sent_css}">{escape(sent.text)}</span></td><td class="text">'
-            f"{escape(v.epsilon)}</td></tr>")
-
-
 def verdict_table(views: list[RoundView]) -> list[str]:
     """Every round's verdict, newest first: what the page leads with after its chart."""
     notes = sorted({v.epsilon_zero for v in views if v.epsilon_zero})
@@ -327,8 +294,6 @@ def party_page(party: str, records: list[RoundRecord] | list[RoundView], tols: l
     version (audit.round_record.RecordSchemaError); `account`: the party's account of the run
     (audit.run_record.PartyRun; None: none yet), shown first; `final_roc`: the final model's ROC image, relative to
     the page."""
-    from audit.reporting.round_views import RoundView, view_of
-
     views = [r if isinstance(r, RoundView) else view_of(r) for r in records]
     body = ['<p><a href="../index.html">&larr; run index</a></p>', f"<h1>Privacy audit: {escape(party)}</h1>"]
     body += [f'<p class="flag">Not shown: {escape(line)}</p>' for line in refused]
@@ -372,7 +337,8 @@ def party_page(party: str, records: list[RoundRecord] | list[RoundView], tols: l
     body.append(f"<details><summary>Rounds, newest first ({len(views)}): each round's verdict, attacks, ROC "
                 "curves and histograms</summary>")
     for v in reversed(views):
-        body += v.section(tols, None if round_files is None else round_files.get(v.round), v is views[-1])
+        body += v.section(round_section, tols, None if round_files is None else round_files.get(v.round),
+                          v is views[-1])
     body.append("</details>")
 
     body.append("<details><summary>Metrics per round (table: one row per metric, its interval beside it)</summary>")

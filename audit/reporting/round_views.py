@@ -28,6 +28,7 @@ from audit.reporting.headline import Headline, headline_of
 from audit.reporting.readings import csv_cell, fmt_interval, unresolvable_metrics
 from audit.reporting.page_parts import escape
 from audit.reporting.records import load_cached_round_records
+from audit.reporting.round_cells import UNRESOLVED_MARK, gate_rule, grid_cell, verdict_row
 from audit.reporting.verdicts import RoundVerdict, Sent, epsilon_zero_note, round_verdict, sent_of
 from audit.record_parts import RecordSettings
 from audit.round_record import RoundRecord
@@ -91,14 +92,13 @@ class RoundView:
     _sections: dict = field(default_factory=dict, repr=False)
     _record: RoundRecord | None = field(default=None, repr=False)  # the full record, for a view made without a file
 
-    def section(self, tols: list[float], files: set[str] | None, open_: bool) -> list[str]:
-        """Its section of the party's page (audit.reporting.party_page.round_section), drawn once per inputs."""
-        from audit.reporting.party_page import round_section
-
+    def section(self, draw, tols: list[float], files: set[str] | None, open_: bool) -> list[str]:
+        """Its section of the party's page, `draw(record, tols, files, open_=...)` (audit.reporting.party_page's
+        round_section), drawn once per inputs."""
         key = (tuple(tols), None if files is None else frozenset(files), open_)
         if key not in self._sections:
             record = self._record if self._record is not None else RoundRecord.read(self.path)
-            self._sections = {key: "\n".join(round_section(record, tols, files, open_=open_))}  # one kept
+            self._sections = {key: "\n".join(draw(record, tols, files, open_=open_))}  # one kept
         return [self._sections[key]]
 
 
@@ -107,9 +107,6 @@ _NAMES: dict[tuple, tuple] = {}  # the rounds' metric names, one tuple for all t
 
 def view_of(record: RoundRecord, path: Path | None = None) -> RoundView:
     """The view of one full record (`path`: its audit.json, or None to keep the record in the view)."""
-    from audit.reporting.html import gate_rule, grid_cell
-    from audit.reporting.party_page import UNRESOLVED_MARK, verdict_row
-
     names = tuple(sorted(record.metrics))
     names = _NAMES.setdefault(names, names)
     unresolved = unresolvable_metrics(record)
