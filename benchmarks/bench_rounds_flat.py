@@ -4,7 +4,8 @@ collaborators as separate `fx` processes on 127.0.0.1).
 
 Each participant's peak of a round is its kernel high-water mark (VmHWM) read when the aggregator finishes the
 round (a new line in its metrics log) and then reset (`/proc/PID/clear_refs` 5, Linux >= 4.0): the peak within the
-round, not since the start. The seconds per round are the aggregator's own (OpenFL's MetricWriter
+round, not since the start; its CPU time in the round likewise (/proc/PID/stat; it moves far less with the
+machine's load than the wall time). The seconds per round are the aggregator's own (OpenFL's MetricWriter
 `elapsed_seconds`, round begin to round end). From round `--from` on, each series is summarised by its median, its
 spread (max - min over the median) and a least-squares line: the drift it predicts over those rounds, as a share of
 the median, with its standard error (a trend the noise of a shared machine cannot hide); `flat` when the drift is
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -47,6 +49,15 @@ def high_water_mb(pid: int) -> float | None:
     return None
 
 
+def cpu_seconds(pid: int) -> float | None:
+    """The process's CPU time so far (user + system, /proc/PID/stat), seconds; None once it has gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def reset_high_water(pid: int) -> bool:
     try:
         Path(f"/proc/{pid}/clear_refs").write_text("5")
@@ -62,6 +73,8 @@ class RoundPeaks(threading.Thread):
         super().__init__(daemon=True)
         self.registry, self.metrics_file, self.done = registry, metrics_file, threading.Event()
         self.peaks: list[dict[str, float]] = []  # per finished round: name -> MB
+        self.cpu: list[dict[str, float]] = []  # per finished round: name -> CPU-seconds it took
+        self._cpu_before: dict[str, float] = {}
         self.resettable = True
 
     def run(self):
@@ -72,14 +85,19 @@ class RoundPeaks(threading.Thread):
             finished = rounds_done(self.metrics_file)
             if finished == seen:
                 continue
-            peaks = {}
+            peaks, cpu = {}, {}
             for started in self.registry.started:
-                mb = high_water_mb(started.pid)
+                mb, used = high_water_mb(started.pid), cpu_seconds(started.pid)
                 if mb is not None:
                     peaks[started.name] = mb
                     self.resettable &= reset_high_water(started.pid)
+                if used is not None:
+                    if started.name in self._cpu_before:
+                        cpu[started.name] = (used - self._cpu_before[started.name]) / (finished - seen)
+                    self._cpu_before[started.name] = used
             for _ in range(finished - seen):  # rounds shorter than a poll share their peak
                 self.peaks.append(peaks)
+                self.cpu.append(cpu)
             seen = finished
 
 
@@ -102,7 +120,7 @@ def summary(name: str, values: list[float], unit: str, within: float) -> str:
     drift, drift_se = slope * span / median, se * span / median
     spread = (max(values) - min(values)) / median
     flat = abs(drift) <= within
-    return (f"{name:<14} median {median:8.2f} {unit}, min {min(values):8.2f}, max {max(values):8.2f} (spread "
+    return (f"{name:<18} median {median:8.2f} {unit}, min {min(values):8.2f}, max {max(values):8.2f} (spread "
             f"{100 * spread:5.1f}%); trend {slope:+.4f} {unit}/round = {100 * drift:+5.2f}% +- {100 * drift_se:.2f}% "
             f"over {span} rounds: {'flat' if flat else 'NOT flat'}")
 
@@ -148,17 +166,24 @@ def main() -> int:
           f"{time.monotonic() - began:.0f} s in all; folder {layout.root}")
     if not sampler.resettable:
         print("note: /proc/PID/clear_refs could not be written: each figure is the peak since the process started")
-    print("round  seconds  " + "  ".join(f"{n + ' MB':>16}" for n in names))
+    print("round  seconds  " + "  ".join(f"{n + ' MB':>16}" for n in names)
+          + "  " + "  ".join(f"{n + ' CPU-s':>19}" for n in names))
     for r, peaks in enumerate(sampler.peaks):
         sec = seconds[r] if r < len(seconds) else float("nan")
-        print(f"{r:5d}  {sec:7.2f}  " + "  ".join(f"{peaks.get(n, float('nan')):16.1f}" for n in names))
+        cpu = sampler.cpu[r] if r < len(sampler.cpu) else {}
+        print(f"{r:5d}  {sec:7.2f}  " + "  ".join(f"{peaks.get(n, float('nan')):16.1f}" for n in names)
+              + "  " + "  ".join(f"{cpu.get(n, float('nan')):19.2f}" for n in names))
     print(f"\nfrom round {args.start} on ({len(seconds) - args.start} rounds):")
     print(summary("seconds/round", seconds[args.start:], "s", args.within))
     for n in names:
         series = [peaks[n] for peaks in sampler.peaks[args.start:] if n in peaks]
         print(summary(n, series, "MB", args.within))
+    for n in names:  # CPU time moves far less with the machine's load than wall time
+        series = [cpu[n] for cpu in sampler.cpu[args.start:] if n in cpu]
+        print(summary(f"{n} CPU", series, "CPU-s", args.within))
     if args.json is not None:
-        args.json.write_text(json.dumps({"seconds": seconds, "peaks_mb": sampler.peaks}, indent=1))
+        args.json.write_text(json.dumps({"seconds": seconds, "peaks_mb": sampler.peaks, "cpu_s": sampler.cpu},
+                                        indent=1))
     return 0
 
 

@@ -75,7 +75,8 @@ logger = logging.getLogger(__name__)
 
 
 def _file_names(folder: Path) -> set[str]:
-    return {p.name for p in folder.iterdir()} if folder.is_dir() else set()
+    """The files of a round's folder a page may link (not its hidden ones: the page section kept there, temp files)."""
+    return {p.name for p in folder.iterdir() if not p.name.startswith(".")} if folder.is_dir() else set()
 
 
 def histogram_panels(record: RoundRecord, round_dir: Path) -> list:

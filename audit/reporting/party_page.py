@@ -22,7 +22,7 @@ from audit.reporting.readings import (advantage_of, auc_of, confidence_of, epsil
                                       fmt, fmt_interval, rates_at, resolvable_at, series_keys, tpr_at)
 from audit.reporting.records import HISTOGRAMS_FILE, round_dir_name
 from audit.reporting.round_cells import UNRESOLVED_MARK, verdict_cell, verdict_row
-from audit.reporting.round_views import RoundView, view_of
+from audit.reporting.round_views import RoundView, metric_cells, view_of
 from audit.reporting.verdicts import LEAK, NO_LEAK, inverted_attacks, round_verdict
 from audit.round_record import RoundRecord
 
@@ -213,16 +213,17 @@ def metrics_table(views: list[RoundView]) -> tuple[list[str], bool]:
     """Every metric (a row) per round (a column, newest first), each with its interval where the record has both
     bounds (`<metric>_lower`, `<metric>_upper`: no columns of their own); returns the rows and whether any figure
     is marked unresolvable."""
-    shown = sorted({name for v in views for name in v.metric_cells})
     newest = list(reversed(views))
+    cells = [metric_cells(v) for v in newest]
+    shown = sorted({name for by_name in cells for name in by_name})
     out = ['<div class="scroll"><table><tr><th>metric</th>'
            + "".join(f'<th><a href="#{escape(round_dir_name(v.round))}">round {escape(v.round)}</a></th>'
                      for v in newest) + "</tr>"]
     for name in shown:
-        out.append(f"<tr><td>{escape(name)}</td>" + "".join(v.metric_cells.get(name, "<td></td>") for v in newest)
+        out.append(f"<tr><td>{escape(name)}</td>" + "".join(by_name.get(name, "<td></td>") for by_name in cells)
                    + "</tr>")
     out.append("</table></div>")
-    return out, any(v.any_unresolved for v in views)
+    return out, any(v.unresolved & set(by_name) for v, by_name in zip(newest, cells))
 
 
 def _summary_line(views: list[RoundView]) -> str:
@@ -308,7 +309,8 @@ def party_page(party: str, records: list[RoundRecord] | list[RoundView], tols: l
                     f'<p class="muted">{escape(_headline_caption(views))}</p>')
     body += verdict_table(views)
 
-    marked = any(not resolvable_at(res, t) for v in views for res in v.summary.attacks.values() for t in tols)
+    marked = any(not resolvable_at(res, t) for summary in (v.summary for v in views)
+                 for res in summary.attacks.values() for t in tols)
     notes = [_VERDICT_NOTE, _FAMILY_NOTE, _AUC_NOTE, _HIST_NOTE] + ([_UNRESOLVED_NOTE] if marked else [])
     body.append("<details><summary>How to read this page</summary>"
                 + "".join(f'<p class="muted">{escape(n)}</p>' for n in notes) + "</details>")

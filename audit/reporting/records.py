@@ -120,26 +120,14 @@ def round_file_name(round_num: int) -> str:
     return f"round_{int(round_num):04d}.json"
 
 
-def load_round_files(root: str | Path, what: str, cache: dict | None = None) -> list[dict]:
+def load_round_files(root: str | Path, what: str) -> list[dict]:
     """The readable round records under `root`, by round; unreadable or misnamed ones are logged and skipped. These
     are the aggregator's and the deanonymization report's records (JSON dicts with a "round"), not a party's
-    RoundRecord. `cache`: parsed files kept by path and (inode, mtime, size), as load_cached_round_records keeps
-    them: a record is parsed once, not at every rewrite of the summaries (read-only use)."""
+    RoundRecord."""
     records = []
-    seen = set()
     for path in sorted(Path(root).glob("round_*.json")):
         match = _ROUND_FILE_RE.match(path.name)
         if not match:
-            continue
-        try:
-            st = path.stat()
-        except OSError as err:
-            logger.warning("skipping unreadable %s record %s: %s", what, path, err)
-            continue
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        seen.add(path)
-        if cache is not None and path in cache and cache[path][0] == key:
-            records.append(cache[path][1])
             continue
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
@@ -149,10 +137,5 @@ def load_round_files(root: str | Path, what: str, cache: dict | None = None) -> 
         if not isinstance(record, dict) or record.get("round") != int(match.group(1)):
             logger.warning("skipping %s record %s: not the record of its round", what, path)
             continue
-        if cache is not None:
-            cache[path] = (key, record)
         records.append(record)
-    if cache is not None:
-        for path in set(cache) - seen:
-            del cache[path]
     return sorted(records, key=lambda r: r["round"])

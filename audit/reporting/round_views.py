@@ -17,13 +17,15 @@ process (`load_round_views`) and made again when the file changes (os.replace: a
 from __future__ import annotations
 
 import os
-import sys
+import pickle
 import threading
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
 from audit.config.vocabulary import BOUNDS
+from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.headline import Headline, headline_of
 from audit.reporting.readings import csv_cell, fmt_interval, unresolvable_metrics
 from audit.reporting.page_parts import escape
@@ -33,7 +35,7 @@ from audit.reporting.verdicts import RoundVerdict, Sent, epsilon_zero_note, roun
 from audit.record_parts import RecordSettings
 from audit.round_record import RoundRecord
 
-__all__ = ["RoundView", "project", "view_of", "load_round_views", "forget_views"]
+__all__ = ["RoundView", "project", "view_of", "metric_cells", "load_round_views", "forget_views", "SECTION_FILE"]
 
 # What the summaries over rounds read of an attack's result (audit.reporting.readings, verdicts, plots).
 _ATTACK_KEYS = ("attack", "signal", "auc", "exact_auc", "tpr_at_fpr", "resolvable", "tolerances", "n_members",
@@ -69,12 +71,24 @@ def project(record: RoundRecord) -> RoundRecord:
                        sampling=record.sampling)
 
 
+def _packed(value) -> bytes:
+    return zlib.compress(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL), 1)
+
+
+def _unpacked(data: bytes):
+    return pickle.loads(zlib.decompress(data))  # noqa: S301 - bytes this process packed itself (_packed)
+
+
+SECTION_FILE = ".page_section.part"  # beside audit.json: the round's section of the page (HTML), drawn once per inputs
+
+
 @dataclass(eq=False)
 class RoundView:
-    """One round of a party's report, as its summaries read it (module docstring)."""
+    """One round of a party's report, as its summaries read it (module docstring). What the summaries read of every
+    round at once (its projection, its metrics) is kept packed (a few KB) and unpacked while they are drawn; its page
+    section is drawn once and kept in its round folder."""
 
     round: int
-    summary: RoundRecord          # project(record)
     headline: Headline
     verdict: RoundVerdict
     verdict_row: str              # its row of the page's verdict table (newest first there)
@@ -85,49 +99,77 @@ class RoundView:
     epsilon_zero: str | None      # why a detected leak proves an epsilon bound of 0 (None unless both hold)
     budget_set: bool              # an epsilon budget
     metric_names: tuple[str, ...]
-    metric_values: tuple
-    metric_cells: Mapping[str, str]  # metric -> its cell of the page's metrics table (its interval, marked)
-    any_unresolved: bool          # a cell of it is marked unresolvable
+    unresolved: frozenset         # its metric names read at a tolerance its sets could not resolve
     path: Path | None = None      # its audit.json, read again when its page section must be drawn anew
-    _sections: dict = field(default_factory=dict, repr=False)
+    _summary: bytes = field(default=b"", repr=False)
+    _values: bytes = field(default=b"", repr=False)
     _record: RoundRecord | None = field(default=None, repr=False)  # the full record, for a view made without a file
+    _section: tuple | None = field(default=None, repr=False)  # (key, html) in memory, for a view made without a file
+
+    @property
+    def summary(self) -> RoundRecord:
+        """project(record)."""
+        return _unpacked(self._summary)
+
+    @property
+    def metric_values(self) -> tuple:
+        return _unpacked(self._values)
 
     def section(self, draw, tols: list[float], files: set[str] | None, open_: bool) -> list[str]:
         """Its section of the party's page, `draw(record, tols, files, open_=...)` (audit.reporting.party_page's
-        round_section), drawn once per inputs."""
-        key = (tuple(tols), None if files is None else frozenset(files), open_)
-        if key not in self._sections:
-            record = self._record if self._record is not None else RoundRecord.read(self.path)
-            self._sections = {key: "\n".join(draw(record, tols, files, open_=open_))}  # one kept
-        return [self._sections[key]]
+        round_section), drawn once per inputs (kept in its round folder, SECTION_FILE, with the inputs' key)."""
+        key = repr((tuple(tols), None if files is None else sorted(files), open_))
+        if self.path is None:
+            if self._section is None or self._section[0] != key:
+                self._section = (key, "\n".join(draw(self._record, tols, files, open_=open_)))
+            return [self._section[1]]
+        kept = self.path.parent / SECTION_FILE
+        try:
+            stored_key, _, html = kept.read_text(encoding="utf-8").partition("\n")
+            if stored_key == key:
+                return [html]
+        except OSError:
+            pass
+        html = "\n".join(draw(RoundRecord.read(self.path), tols, files, open_=open_))
+        try:
+            atomic_write_text(kept, f"{key}\n{html}")
+        except OSError:  # a full disk: drawn again next time
+            pass
+        return [html]
 
 
 _NAMES: dict[tuple, tuple] = {}  # the rounds' metric names, one tuple for all the rounds that share them
+
+
+def metric_cells(view: RoundView) -> dict[str, str]:
+    """Its cells of the page's metrics table: each metric (but the bounds of an interval, shown with their estimate)
+    with its interval, marked where unresolvable."""
+    names = view.metric_names
+    m = dict(zip(names, view.metric_values))
+    bounds = {f"{n}_{b}" for n in names for b in BOUNDS}
+    cells = {}
+    for name in names:
+        if name in bounds:
+            continue
+        text = fmt_interval(m[name], m.get(f"{name}_lower"), m.get(f"{name}_upper"))
+        mark = UNRESOLVED_MARK if name in view.unresolved else ""
+        cells[name] = f'<td title="{escape(csv_cell(m[name]))}">{escape(text)}{mark}</td>'
+    return cells
 
 
 def view_of(record: RoundRecord, path: Path | None = None) -> RoundView:
     """The view of one full record (`path`: its audit.json, or None to keep the record in the view)."""
     names = tuple(sorted(record.metrics))
     names = _NAMES.setdefault(names, names)
-    unresolved = unresolvable_metrics(record)
-    m = record.metrics
-    bounds = {f"{n}_{b}" for n in names for b in BOUNDS}
-    cells, marked = {}, False
-    for name in names:
-        if name in bounds:
-            continue
-        text = fmt_interval(m[name], m.get(f"{name}_lower"), m.get(f"{name}_upper"))
-        mark = UNRESOLVED_MARK if name in unresolved else ""
-        marked = marked or bool(mark)
-        cells[sys.intern(name)] = f'<td title="{escape(csv_cell(m[name]))}">{escape(text)}{mark}</td>'
     return RoundView(
-        round=record.round, summary=project(record), headline=headline_of(record), verdict=round_verdict(record),
+        round=record.round, headline=headline_of(record), verdict=round_verdict(record),
         verdict_row=verdict_row(record), grid_cell=grid_cell(record),
         gate_set=record.gate is not None and record.gate.decides, sent=sent_of(record), rule=gate_rule(record),
         epsilon_zero=epsilon_zero_note(record.leak),
         budget_set=record.gate is not None and record.gate.has_budget,
-        metric_names=names, metric_values=tuple(m[n] for n in names), metric_cells=cells, any_unresolved=marked,
-        path=path, _record=record if path is None else None)
+        metric_names=names, unresolved=frozenset(unresolvable_metrics(record)), path=path,
+        _summary=_packed(project(record)), _values=_packed(tuple(record.metrics[n] for n in names)),
+        _record=record if path is None else None)
 
 
 # party folder -> its views' cache (audit.reporting.records.load_cached_round_records): every view this process made

@@ -25,7 +25,6 @@ class RoundReportWriter:
 
     def __init__(self, root: str | Path):
         self.root = Path(root)
-        self._parsed: dict = {}  # the round files parsed so far (audit.reporting.records.load_round_files)
 
     def record_path(self, round_num: int) -> Path:
         return self.root / round_file_name(round_num)
@@ -46,8 +45,8 @@ class RoundReportWriter:
         return path
 
     def load_rounds(self) -> list[dict]:
-        """Every round's record, each parsed once for this writer (read-only use)."""
-        return load_round_files(self.root, self.what, self._parsed)
+        """Every round's record, read from disk (kept by no one: a long run's records would grow with it)."""
+        return load_round_files(self.root, self.what)
 
     def rebuild_summary(self) -> None:
         raise NotImplementedError
