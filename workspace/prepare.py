@@ -298,7 +298,7 @@ def prepare(run_dir: Path, *, collaborators: int, rounds: int, use_tls: bool = T
     port = free_port() if port is None else check_port(port)
     config = build_run_plan(base_plan or WORKSPACE_ROOT / "plan" / "plan.yaml", collaborators=collaborators,
                             rounds=rounds, port=port, use_tls=use_tls, overrides=overrides, client_auth=client_auth,
-                            workspace=run_dir / "collaborator")  # any collaborator's folder: all are alike
+                            workspace=run_dir / collaborator_names(max(1, collaborators))[0])  # all are alike
     insecure = insecure_allowed(use_tls, client_auth)
     names = collaborator_names(collaborators)
     check_report_folders(config)
