@@ -15,6 +15,7 @@ from audit.config.gate_contract import (DP_RETRAINED, DP_VIOLATED, KEPT, LEFT_OU
                                         STRAGGLER, WITHHELD)
 from audit.config.vocabulary import LEAK_EPSILON_LB, LEAK_P_VALUE
 from audit.reporting.page_parts import page
+from audit.reporting.records import round_file_name
 from audit.reporting.party_page import UNRESOLVED_MARK  # the parties' mark, on their figures here too
 from audit.reporting.metric_labels import averageable, metric_label, worse_when_lower
 from audit.reporting.plots import plot_collaborators
@@ -112,7 +113,7 @@ def leak_text(entry: Mapping) -> str:
     return said + (f"; ε ≥ {fmt(leak['epsilon_lb'])}{zero}" if leak.get("epsilon_lb") is not None else "")
 
 
-def _round_row(record: Mapping, names: list[str], watched: list[str]) -> str:
+def _round_row(record: Mapping, names: list[str], watched: list[str], newest: int) -> str:
     e = html.escape
     cells = []
     for n in names:
@@ -136,7 +137,7 @@ def _round_row(record: Mapping, names: list[str], watched: list[str]) -> str:
         cells.append(f'<td class="text"><span class="{e(verdict)}">{e(verdict)}</span> · '
                      f'<span class="{state}">{e(leak_text(entry))}</span>'
                      + "".join(f'<br><span class="muted">{e(d)}</span>' for d in details) + "</td>")
-    return (f'<tr><td><a href="#round-{record["round"]}">{record["round"]}</a></td>' + "".join(cells)
+    return (f'<tr><td>{_round_link(record, newest)}</td>' + "".join(cells)
             + f"<td class=\"text\">{e(', '.join(record['kept']) or 'none')}</td></tr>")
 
 
@@ -253,7 +254,7 @@ def _received_model_section(records: list[dict], names: list[str]) -> list[str]:
             verdict = (r["collaborators"].get(n) or {}).get("received_model") or ""
             css = {"rejected": WITHHELD, "alarm": "dp_retrained", "passed": KEPT}.get(verdict, "")
             cells.append(f'<td class="text"><span class="{css}">{e(verdict)}</span></td>')
-        out.append(f'<tr><td><a href="#round-{r["round"]}">{r["round"]}</a></td>' + "".join(cells) + "</tr>")
+        out.append(f'<tr><td>{_round_link(r, records[-1]["round"])}</td>' + "".join(cells) + "</tr>")
     out.append("</table></div>")
     out.append(f"<p>{len(flagged)} of {len(checked)} rounds' global models were flagged by at least one party.</p>")
     return out
@@ -326,6 +327,19 @@ def _summary(records: list[dict], names: list[str], watched: list[str]) -> list[
         out.append(f'<p class="{"leak" if leaked else "no_leak"}">Leak detected{e(whose)}: '
                    f"{e('; '.join(leaks))}.</p>")
     return out
+
+
+# The rounds whose tables of every audit metric the page shows, the newest (each a table per collaborator and metric):
+# a long run's page, and its every rewrite, would grow with its rounds; the older rounds' are in their round files.
+SECTIONS_SHOWN = 20
+
+
+def _round_link(record: Mapping, newest: int) -> str:
+    """A round's number, linked to its section on the page, or to its round file when the page shows no section of
+    it (SECTIONS_SHOWN)."""
+    rnd = int(record["round"])
+    target = f"#round-{rnd}" if rnd > newest - SECTIONS_SHOWN else round_file_name(rnd)
+    return f'<a href="{target}">{rnd}</a>'
 
 
 def _round_section(record: Mapping, names: list[str]) -> list[str]:
@@ -412,7 +426,7 @@ def page_html(records: list[dict], plots: list[tuple[str, str]], *, run_index: b
     body.append("<h2>Verdict per round</h2>")
     body.append('<div class="scroll"><table><tr><th>round</th>' + "".join(f"<th>{e(n)}</th>" for n in names)
                 + "<th>averaged</th></tr>")
-    body += [_round_row(r, names, watched) for r in reversed(records)]
+    body += [_round_row(r, names, watched, records[-1]["round"]) for r in reversed(records)]
     body.append("</table></div>")
     body += _received_model_section(records, names)
     body += _canary_clients_section(records)
@@ -432,9 +446,11 @@ def page_html(records: list[dict], plots: list[tuple[str, str]], *, run_index: b
                                                         "below 1 − the audit's confidence (0.05 at 95%)."
                                                         if worse_when_lower(name) else "")) + "</p>")
         body.append(f'<p><img src="{e(file)}" alt="{e(name)} per round for every collaborator"></p>')
-    body.append(f"<details><summary>Rounds, newest first ({len(records)}): each collaborator's status, the reason "
-                "and its audit metrics</summary>")
-    for r in reversed(records):
+    shown = records[-SECTIONS_SHOWN:]
+    older = f"; rounds before {shown[0]['round']}: their round_NNNN.json" if len(records) > len(shown) else ""
+    body.append(f"<details><summary>Rounds, newest first ({len(shown)} of {len(records)}{older}): each collaborator's "
+                "status, the reason and its audit metrics</summary>")
+    for r in reversed(shown):
         body += _round_section(r, names)
     body.append("</details>")
     return page("Aggregator report", body)

@@ -5,7 +5,7 @@ from them (the round's ROC and histogram images, the cross-round plots and pages
 disk, so it can be late. One thread draws everything (matplotlib is never used from two threads of this process
 for reports), rounds queue per party, and a party with several queued rounds gets its per-round images drawn for
 each but its summaries rebuilt once, for the latest; and no more often than their own cost allows (PACE), so that a
-long run's growing summaries never take more than a fixed share of a core. `flush()` waits until everything queued
+long run's growing summaries never take more than a fixed share of the process's CPU time. `flush()` waits until everything queued
 is drawn, the summaries too: the in-process run calls it at its end and an atexit hook calls it at interpreter exit
 (an `fx` collaborator's process). A drawing error is logged with the party and round and does not stop the worker or
 the training.
@@ -35,15 +35,14 @@ class Renderable(Protocol):
     def rebuild_summary(self) -> None: ...
 
 
-# A writer's summaries (its plots over rounds, its pages) are drawn again once PACE times the seconds their last
-# drawing took have passed since it ended: the worker then spends at most 1 / (PACE + 1) of a core on them, whatever
-# the rounds (their plots grow with the rounds: 1.3 CPU-s at round 10, 3.6 at round 100 for a party of the
-# benchmark's run, benchmarks/README.md "A long run"), where redrawing them every round took a whole core from the
-# party's training once they took longer than a round. Each round's own images are drawn every round; flush() draws
-# the summaries that are due at once.
+# A writer's summaries (its plots over rounds, its pages) are drawn again once the process has spent PACE times the
+# CPU time their last drawing took on other work (its training and audit): they then take at most 1 / (PACE + 1) of
+# the process's CPU time, a fixed share of each round's work, whatever the rounds and the machine's load. Their plots
+# grow with the rounds (1.3 CPU-s at round 10, 3.6 at round 100 for a party of benchmarks/bench_rounds_flat.py's run):
+# drawn every round they took more of each round, and a whole core once they took longer than a round. Each round's
+# own images are drawn every round; flush() draws the summaries that wait at once.
 PACE = 4.0
-
-
+_RECHECK_S = 0.5  # how often a worker with summaries waiting looks whether the process's work has paid for them
 class RenderQueue:
     """A queue of (writer, round) drawing jobs served by one daemon thread, started on the first job."""
 
@@ -53,7 +52,7 @@ class RenderQueue:
         self._cond = threading.Condition()
         self._pending: dict[str, tuple[Renderable, list[int]]] = {}  # key -> (latest writer, rounds in order)
         self._stale: dict[str, Renderable] = {}  # key -> writer whose summaries wait for their pace
-        self._last: dict[str, tuple[float, float]] = {}  # key -> (when its summaries ended, seconds they took)
+        self._last: dict[str, tuple[float, float]] = {}  # key -> (process CPU-s when its summaries ended, their CPU-s)
         self._forced = False  # flush(): every stale summary now
         self._busy = False
         self._thread: threading.Thread | None = None
@@ -92,25 +91,23 @@ class RenderQueue:
             self._stale.clear()
             return self._cond.wait_for(lambda: not self._busy, timeout)
 
-    def _due_in(self, key: str, now: float) -> float:
-        """Seconds until `key`'s summaries may be drawn again (<= 0: now)."""
+    def _due(self, key: str) -> bool:
+        """Whether `key`'s summaries may be drawn now (PACE)."""
         if self._forced or key not in self._last:
-            return 0.0
-        ended, seconds = self._last[key]
-        return ended + self._pace * seconds - now
+            return True
+        ended, cost = self._last[key]
+        return time.process_time() - ended >= self._pace * cost
 
     def _next_jobs(self) -> tuple[dict, dict]:
         """Wait for work: rounds to draw, or summaries whose pace allows them (called holding the condition)."""
         while True:
-            now = time.monotonic()
-            due = {key: w for key, w in self._stale.items() if self._due_in(key, now) <= 0}
+            due = {key: w for key, w in self._stale.items() if self._due(key)}
             if self._pending or due:
                 jobs, self._pending = self._pending, {}
                 for key in due:
                     del self._stale[key]
                 return jobs, due
-            wait = min((self._due_in(key, now) for key in self._stale), default=None)
-            self._cond.wait(wait)
+            self._cond.wait(_RECHECK_S if self._stale else None)
 
     def _work(self) -> None:
         while True:
@@ -121,16 +118,17 @@ class RenderQueue:
                 for key, (writer, rounds) in jobs.items():
                     _draw_rounds(writer, rounds)
                     with self._cond:
-                        if self._due_in(key, time.monotonic()) <= 0 and key not in due:
-                            due[key] = writer
-                        elif key not in due:
-                            self._stale[key] = writer
+                        if key not in due:
+                            if self._due(key):
+                                due[key] = writer
+                            else:
+                                self._stale[key] = writer
                 for key, writer in due.items():
-                    started = time.monotonic()
+                    started = time.thread_time()  # this thread's: what the drawing itself costs
                     _draw_summary(writer)
-                    ended = time.monotonic()
+                    cost = time.thread_time() - started
                     with self._cond:
-                        self._last[key] = (ended, ended - started)
+                        self._last[key] = (time.process_time(), cost)
                 # A drawn figure is a web of reference cycles (figure, axes, artists, transforms) holding its data
                 # and the renderer's buffers: freed only by a collection of the oldest generation, which a process
                 # holding a model's millions of objects runs seldom. Each round's figures are then still held while
