@@ -39,7 +39,8 @@ _NAMES = {
     "RunInfo": "audit.reporting.run_file", "write_run_file": "audit.reporting.run_file",
     "read_run_file": "audit.reporting.run_file", "redraw_index": "audit.reporting.html",
     "RUNNING": "audit.run_states", "FINISHED": "audit.run_states", "INTERRUPTED": "audit.run_states",
-    "RUN_STATES": "audit.run_states",
+    "FAILED": "audit.run_states", "RUN_STATES": "audit.run_states", "ENDED_EARLY": "audit.run_states",
+    "describe_run": "audit.run_states",
     # ------------------------------------------------------------ settings (torch-free)
     "AuditSettings": "audit.config.audit_settings", "FprTolerances": "audit.config.tolerances",
     "GatePolicy": "audit.config.gate",
@@ -87,7 +88,7 @@ _NAMES = {
     "atomic_write_bytes": "audit.reporting.atomic_io", "atomic_write_stream": "audit.reporting.atomic_io",
     "atomic_savefig": "audit.reporting.atomic_io", "remove_unfinished_writes": "audit.reporting.atomic_io",
     "remove_leftover_temps": "audit.reporting.atomic_io", "is_temp_name": "audit.reporting.atomic_io",
-    "cancel_drawing": "audit.reporting.background:cancel", "RunState": "audit.reporting.run_state",
+    "cancel_drawing": "audit.reporting.background:cancel",
     "epsilon_status": "audit.reporting.verdicts", "leak_status": "audit.reporting.verdicts",
     "sent_leak_status": "audit.reporting.verdicts", "AS_TRAINED": "audit.reporting.verdicts",
     "EPSILON_ZERO_SHORT": "audit.reporting.verdicts", "NOTHING_SENT": "audit.reporting.verdicts",

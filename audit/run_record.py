@@ -9,7 +9,8 @@ Per party: each round's verdict and what was sent (kept, withheld, dp_retrained,
 (audit.run_account), the empirical summary, the final model's audit (its verdict is the party's headline), each
 registered audit step's scalars of its last round (`steps`: a step's cross-round result lands there, under its
 name, with no change to this file), the party's settings and library versions. For the run: its state
-(audit.run_states), the planned rounds, the run's settings and versions.
+(audit.run_states), the planned rounds, the rounds whose reports were written, why it stopped (if it did), the run's
+settings and versions.
 """
 
 from __future__ import annotations
@@ -23,13 +24,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from audit.run_account import DPAccount, RoundRelease, Mechanism
-from audit.run_states import RUN_STATES
+from audit.run_states import RUN_STATES, describe_run
 
 __all__ = ["SCHEMA_VERSION", "RUN_FILE", "ACCOUNT_FILE", "RunRecordSchemaError", "library_versions", "LeakSummary",
            "RoundEntry", "FinalModel", "Empirical", "PartyRun", "RunRecord"]
 
 # The version of run.json's and account.json's layout: raised whenever a field is added, removed or changes meaning.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _VERSION_KEY = "schema_version"
 RUN_FILE = "run.json"          # in the run's report folder (the demo's --log_dir, a federation's folder)
 ACCOUNT_FILE = "account.json"  # in each party's own report folder
@@ -329,17 +330,30 @@ class PartyRun:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """run.json: the run's state, its planned rounds, settings and versions, and each party's account."""
+    """run.json: the run's state, its planned rounds, the rounds whose reports were written (`rounds_done`: rounds
+    0 .. rounds_done - 1; a round being audited when the run stopped is not counted), why it stopped (the signal or
+    the failure's line; None while it runs or once it finished), its settings and versions, and each party's
+    account."""
 
     state: str
     parties: dict[str, PartyRun] = field(default_factory=dict)
     rounds: int | None = None
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
+    rounds_done: int = 0
+    reason: str | None = None
 
     def __post_init__(self):
         if self.state not in RUN_STATES:
             raise ValueError(f"run state {self.state!r}; one of {', '.join(RUN_STATES)}")
+        if not (isinstance(self.rounds_done, int) and self.rounds_done >= 0
+                and (self.rounds is None or (isinstance(self.rounds, int) and self.rounds_done <= self.rounds))):
+            raise ValueError(f"run state: rounds {self.rounds!r}, rounds_done {self.rounds_done!r}: whole numbers, "
+                             "0 <= rounds_done <= rounds")
+
+    def describe(self) -> str:
+        """How the run stands, in one sentence (audit.run_states.describe_run)."""
+        return describe_run(self.state, self.rounds, self.rounds_done, self.reason)
 
     def beyond_budget(self) -> dict[str, list[str]]:
         """Party -> why its run is beyond the plan's limits (only the parties that are)."""
@@ -349,7 +363,8 @@ class RunRecord:
         return [party.line() for party in self.parties.values()]
 
     def to_json(self) -> dict:
-        return {_VERSION_KEY: SCHEMA_VERSION, "state": self.state, "rounds": self.rounds, "settings": self.settings,
+        return {_VERSION_KEY: SCHEMA_VERSION, "state": self.state, "rounds": self.rounds,
+                "rounds_done": self.rounds_done, "reason": self.reason, "settings": self.settings,
                 "versions": self.versions, "parties": {n: p.to_json() for n, p in self.parties.items()},
                 "beyond_budget": self.beyond_budget()}
 
@@ -359,7 +374,8 @@ class RunRecord:
         try:
             parties = {str(n): PartyRun.from_json(p, f"{source}: parties.{n}") for n, p in data["parties"].items()}
             return cls(state=data["state"], parties=parties, rounds=data.get("rounds"),
-                       settings=dict(data.get("settings") or {}), versions=dict(data.get("versions") or {}))
+                       settings=dict(data.get("settings") or {}), versions=dict(data.get("versions") or {}),
+                       rounds_done=data.get("rounds_done", 0), reason=data.get("reason"))
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"{source}: not a run record ({type(err).__name__}: {err})") from None
 

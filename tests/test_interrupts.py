@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from audit.reporting.atomic_io import is_temp_name
-from audit.reporting.run_state import RunState
+from audit.reporting.run_file import read_run_file
 from shared_runs import workspace_here
 from test_federation_multiprocess import FX, is_gone, state
 
@@ -254,7 +254,7 @@ def interrupted_starts(interrupted_prepares, tmp_path_factory):
         pids = state(run_dir).get("extra", {}).get("pids", {})
         case.update(sent=sent, status=state(run_dir)["status"], pids=pids,
                     left_running=[pid for pid in pids.values() if not is_gone(pid)],
-                    run_state=RunState.read(run_dir),
+                    run_state=read_run_file(run_dir),
                     index=(run_dir / "index.html").read_text() if (run_dir / "index.html").is_file() else "")
         if sent:
             case["again"] = workspace_here("start", "--dir", run_dir, "--timeout", 600)
@@ -275,7 +275,7 @@ def test_an_interrupted_start_stops_every_participant_and_says_so(interrupted_st
         again, run_dir = case["again"], case["run_dir"]
         # The run index says it was interrupted, and after how many of its rounds: never a finished short run.
         state = case["run_state"]
-        assert state is not None and state.status == "interrupted" and state.reason in ("SIGINT", "SIGTERM"), state
+        assert state is not None and state.state == "interrupted" and state.reason in ("SIGINT", "SIGTERM"), state
         assert f"Interrupted ({state.reason}) after {state.rounds_done} of {state.rounds} rounds" in case["index"]
         if case["status"] == "interrupted":  # the next command says so, in one line, at once
             assert again.returncode == 2, again.stdout[-2000:] + again.stderr[-2000:]

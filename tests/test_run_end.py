@@ -1,5 +1,5 @@
-"""How a run ends, as the user sees it: a run that stopped early never reads like a finished short one (its run state,
-the run index, the demo's lines), Ctrl-C and SIGTERM end the demo with 130 / 143 in one line and no traceback, no
+"""How a run ends, as the user sees it: a run that stopped early never reads like a finished short one (run.json's
+state, the run index, the demo's lines), Ctrl-C and SIGTERM end the demo with 130 / 143 in one line and no traceback, no
 temp file of an unfinished write is left, and a full or read-only disk is named in one line, before any work where it
 can be found then."""
 
@@ -9,6 +9,7 @@ import errno
 import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,33 +21,51 @@ import pytest
 
 from audit.reporting.atomic_io import (atomic_write_bytes, atomic_write_text, is_temp_name, remove_leftover_temps,
                                        remove_unfinished_writes)
-from audit.reporting.run_state import FAILED, FINISHED, INTERRUPTED, RUNNING, STATE_FILE, RunState
+from audit.reporting.run_file import RunInfo, read_run_file, write_run_file
 from audit.round_record import RoundRecord
+from audit.run_record import RUN_FILE, SCHEMA_VERSION, RunRecord, RunRecordSchemaError
+from audit.run_states import FAILED, FINISHED, INTERRUPTED, RUNNING
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 # ------------------------------------------------------------------------------------------------- the run state
 
+def _run_of(folder: Path) -> RunRecord | None:
+    """The folder's run.json, or None while there is none (or it is being replaced)."""
+    try:
+        return read_run_file(folder)
+    except (OSError, ValueError):
+        return None
+
+
 def test_the_run_state_says_how_far_a_run_got_and_round_trips(tmp_path):
-    state = RunState(RUNNING, 8)
-    assert state.describe() == "running: 0 of 8 rounds written so far" and state.last_round is None
-    state = state.round_written(2)
-    stopped = state.ended(INTERRUPTED, "SIGINT")
+    info = RunInfo(RUNNING, 8)
+    record = write_run_file(tmp_path, info=info)
+    assert record.describe() == "running: 0 of 8 rounds written so far"
+    info = info.round_written(2)
+    assert info.round_written(1).rounds_done == 2 and info.round_written(99).rounds_done == 8  # never back, or over
+    stopped = write_run_file(tmp_path, info=info.ended(INTERRUPTED, "SIGINT"))
     assert stopped.describe() == "interrupted (SIGINT) after 2 of 8 rounds (the last written: round 1)"
-    assert RunState(RUNNING, 8).ended(FAILED, "disk full").describe() == ("failed (disk full) after 0 of 8 rounds (no "
+    assert RunRecord(FAILED, rounds=8, reason="disk full").describe() == ("failed (disk full) after 0 of 8 rounds (no "
                                                                          "round was written)")
-    assert state.round_written(8).ended(FINISHED).describe() == "finished 8 rounds"
-    stopped.write(tmp_path)
-    assert RunState.read(tmp_path) == stopped
-    data = json.loads((tmp_path / STATE_FILE).read_text())
-    assert data["schema_version"] == 1 and data["status"] == "interrupted" and data["rounds_done"] == 2
-    (tmp_path / STATE_FILE).write_text(json.dumps({**data, "schema_version": 99}))
-    assert RunState.read(tmp_path) is None  # another schema: not read as this one
-    with pytest.raises(ValueError, match="status 'paused'"):
-        RunState("paused", 3)
+    assert RunRecord(FINISHED, rounds=8, rounds_done=8).describe() == "finished 8 rounds"
+    assert info.ended(FINISHED).rounds_done == 8
+    assert read_run_file(tmp_path) == stopped
+    # a rewrite without the driver's info (a party's rewrite of the index) keeps how the run stands
+    assert write_run_file(tmp_path) == stopped
+    # an update changes only what it says, under the one writer's lock
+    assert write_run_file(tmp_path, update=lambda i: i.ended(FAILED, "disk full")).rounds_done == 2
+    data = json.loads((tmp_path / RUN_FILE).read_text())
+    assert data["schema_version"] == SCHEMA_VERSION and data["state"] == FAILED and data["rounds_done"] == 2
+    assert data["reason"] == "disk full"
+    (tmp_path / RUN_FILE).write_text(json.dumps({**data, "schema_version": 99}))
+    with pytest.raises(RunRecordSchemaError):  # another schema: not read as this one
+        read_run_file(tmp_path)
+    with pytest.raises(ValueError, match="run state 'paused'"):
+        RunRecord("paused", rounds=3)
     with pytest.raises(ValueError, match="rounds_done 4"):
-        RunState(RUNNING, 3, 4)
+        RunRecord(RUNNING, rounds=3, rounds_done=4)
 
 
 def _party_with_records(root: Path, name: str, rounds: int, page: bool) -> None:
@@ -66,17 +85,17 @@ def test_the_run_index_says_a_run_was_interrupted_and_which_pages_were_not_drawn
     _party_with_records(tmp_path, "collaborator2", 2, page=False)
     parties = {"collaborator1": tmp_path / "collaborator1", "collaborator2": tmp_path / "collaborator2",
                "collaborator3": tmp_path / "collaborator3"}
-    RunState(RUNNING, 8, 2).ended(INTERRUPTED, "SIGTERM").write(tmp_path)
-    text = write_index(tmp_path, parties=parties).read_text()
+    text = write_index(tmp_path, parties=parties, info=RunInfo(RUNNING, 8, rounds_done=2).ended(INTERRUPTED, "SIGTERM")
+                       ).read_text()
     assert "Interrupted (SIGTERM) after 2 of 8 rounds (the last written: round 1). The figures below are those " \
            "rounds&#x27; only: the run did not finish." in text or \
            "Interrupted (SIGTERM) after 2 of 8 rounds (the last written: round 1). The figures below are those " \
            "rounds' only: the run did not finish." in text, text[:2000]
     assert "collaborator2 <span class=\"muted\">(2 round records written, its page not drawn)</span>" in text
     assert "collaborator3 <span class=\"muted\">(no report written)</span>" in text
-    RunState(RUNNING, 2, 2).ended(FINISHED).write(tmp_path)
-    assert "<p>Finished 2 rounds.</p>" in write_index(tmp_path, parties=parties).read_text()
-    (tmp_path / STATE_FILE).unlink()  # a report folder written without a run state: nothing is claimed
+    assert "<p>Finished 2 rounds.</p>" in write_index(tmp_path, parties=parties,
+                                                      info=RunInfo(RUNNING, 2).ended(FINISHED)).read_text()
+    (tmp_path / RUN_FILE).unlink()  # a report folder written without a driver (plain fx): no run line is claimed
     text = write_index(tmp_path, parties=parties).read_text()
     assert "Finished" not in text and "Interrupted" not in text
 
@@ -92,7 +111,7 @@ def test_a_round_cut_short_is_not_said_to_be_done():
             progress.phase("collaborator1", "train", 1)
             raise KeyboardInterrupt  # Ctrl-C in round 1
     lines = stream.getvalue().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("round 1/4 done"), lines
+    assert len(lines) == 1 and lines[0].startswith("round 0 done (1 of 4)"), lines
 
 
 # ------------------------------------------------------------------------------------------------- temp files
@@ -158,7 +177,7 @@ def test_an_interrupted_demo_exits_in_one_line_and_its_index_says_so(tmp_path, s
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while (RunState.read(log_dir) or RunState(RUNNING, rounds)).rounds_done < 1:  # a round written, then stop
+        while getattr(_run_of(log_dir), "rounds_done", 0) < 1:  # a round written, then stop
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
         time.sleep(0.3)
@@ -169,13 +188,13 @@ def test_an_interrupted_demo_exits_in_one_line_and_its_index_says_so(tmp_path, s
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == code, err[-3000:]
     assert "Traceback" not in err and "Traceback" not in out, err[-3000:]
-    state = RunState.read(log_dir)
-    assert state.status == INTERRUPTED and state.reason == sig.name and 1 <= state.rounds_done < rounds, state
+    state = read_run_file(log_dir)
+    assert state.state == INTERRUPTED and state.reason == sig.name and 1 <= state.rounds_done < rounds, state
     last = err.strip().splitlines()[-1]
     assert last.startswith(f"interrupted ({sig.name}) after {state.rounds_done} of {rounds} rounds; the reports of "
                            f"the {state.rounds_done} round"), err[-2000:]
     # No line claims a round it did not write; no temp file is left; the index says how the run ended.
-    done = [line for line in err.splitlines() if line.startswith("round ") and " done in " in line]
+    done = [line for line in err.splitlines() if re.match(r"round \d+ done \(\d+ of \d+\) in ", line)]
     assert len(done) <= state.rounds_done, done
     assert [str(p) for p in log_dir.rglob("*") if is_temp_name(p.name)] == []
     assert f"Interrupted ({sig.name}) after {state.rounds_done} of {rounds} rounds" in \
@@ -206,8 +225,8 @@ def test_a_full_disk_during_the_demo_is_named_in_one_line(tmp_path, monkeypatch)
     assert lines[0].startswith("error: cannot write the reports: No space left on device (") and \
         "round_0001" in lines[0], lines
     assert lines[1].startswith("failed after 1 of 3 rounds; the reports of the 1 round written"), lines
-    state = RunState.read(log_dir)
-    assert state.status == FAILED and state.rounds_done == 1
+    state = read_run_file(log_dir)
+    assert state.state == FAILED and state.rounds_done == 1 and "No space left on device" in state.reason, state
     assert [str(p) for p in log_dir.rglob("*") if is_temp_name(p.name)] == []
 
 
@@ -296,10 +315,10 @@ def test_a_full_disk_when_the_run_ends_still_gives_the_tools_summary(tmp_path, p
             raise full(self.root / "federation.json")
         return real_save(self)
 
-    def write_run_index(layout, state=None):
-        if state is not None and state.status != RUNNING:
+    def write_run_index(layout, state=RUNNING, **ended):
+        if state != RUNNING:
             raise full(layout.root / "index.html")
-        return real_index(layout, state)
+        return real_index(layout, state, **ended)
 
     monkeypatch.setattr(FederationLayout, "save", save)
     monkeypatch.setattr(federation, "write_run_index", write_run_index)

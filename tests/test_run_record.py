@@ -15,7 +15,7 @@ from audit.party_account import PartyAccount
 from audit.reporting.run_file import RunInfo, write_run_file
 from audit.round_record import RoundRecord
 from audit.run_account import dp_sgd_mechanism
-from audit.run_record import ACCOUNT_FILE, RUN_FILE, PartyRun, RunRecord, RunRecordSchemaError
+from audit.run_record import ACCOUNT_FILE, RUN_FILE, SCHEMA_VERSION, PartyRun, RunRecord, RunRecordSchemaError
 from audit.run_states import FINISHED, INTERRUPTED, RUNNING
 from shared_runs import workspace_here
 
@@ -79,7 +79,7 @@ def test_run_json_round_trips_and_names_every_party(tmp_path):
                 _account(_policy(), [UNDER, UNDER], final_metrics=FINAL_UNDER, final_leak=LEAK, name="c2")]
     written = _write(tmp_path, accounts)
     data = json.loads((tmp_path / RUN_FILE).read_text())
-    assert data["schema_version"] == 1 and data["state"] == FINISHED and set(data["parties"]) == {"c1", "c2"}
+    assert data["schema_version"] == SCHEMA_VERSION and data["state"] == FINISHED and set(data["parties"]) == {"c1", "c2"}
     read = RunRecord.read(tmp_path / RUN_FILE)
     assert read == written
     assert RunRecord.from_json(read.to_json()) == read
@@ -95,7 +95,7 @@ def test_run_json_round_trips_and_names_every_party(tmp_path):
     assert PartyRun.read(tmp_path / "c1" / ACCOUNT_FILE) == c1  # the party's own file, the same account
 
 
-@pytest.mark.parametrize("found", [None, 0, 2, "1"])
+@pytest.mark.parametrize("found", [None, 0, SCHEMA_VERSION - 1, SCHEMA_VERSION + 1, str(SCHEMA_VERSION)])
 def test_another_schema_version_is_refused_naming_the_file(tmp_path, found):
     _write(tmp_path, [_account(_policy(), [UNDER], final_metrics=FINAL_UNDER)])
     for path, read in ((tmp_path / RUN_FILE, RunRecord.read), (tmp_path / "c1" / ACCOUNT_FILE, PartyRun.read)):
@@ -107,7 +107,7 @@ def test_another_schema_version_is_refused_naming_the_file(tmp_path, found):
         path.write_text(json.dumps(data))
         with pytest.raises(RunRecordSchemaError) as caught:
             read(path)
-        assert str(caught.value).startswith(f"{path}: has ") and "this code reads schema version 1" in str(caught.value)
+        assert str(caught.value).startswith(f"{path}: has ") and f"this code reads schema version {SCHEMA_VERSION}" in str(caught.value)
     # the run's file gathers no account it cannot read, and says so in the log, never with figures missing
     assert write_run_file(tmp_path).parties == {}
 

@@ -1,8 +1,8 @@
 """The demo's run (cifar10_PM.py, once its flags, folder and plan are checked): the rounds in one process, what it
 shows while they run, and how it ends.
 
-Every end is said in one line and recorded in the report folder's run state (audit.reporting.run_state), which the
-run index shows: finished; interrupted by Ctrl-C or SIGTERM (exit 130 / 143: the report drawing stops, no temp file
+Every end is said in one line and recorded in the report folder's run record (run.json: its state, audit.run_states,
+the rounds written and why it stopped), which the run index shows: finished; interrupted by Ctrl-C or SIGTERM (exit 130 / 143: the report drawing stops, no temp file
 is left, the rounds written stay); failed on a disk fault (a full or read-only disk: exit 1, naming the file) or on
 a step that returned a name it does not own (exit 1, naming the step and the name). A bad setting found only once
 the run started exits 2, as the checks before it do.
@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from audit import RunState, StepContractError
+from audit import FAILED, FINISHED, INTERRUPTED, RUNNING, RunInfo, StepContractError
 from workspace.interrupts import DemoSignals, Interrupted
 
 __all__ = ["run_demo", "CANCEL_DRAWING_S"]
@@ -27,27 +27,28 @@ CANCEL_DRAWING_S = 10.0
 
 
 class _Run:
-    """The run's state as it goes, in the report folder."""
+    """The run's state as it goes: the rounds written, counted here for the lines it prints, and how it ended, in
+    the report folder's run.json (whose rounds written the in-process run keeps as each round ends)."""
 
     def __init__(self, report_dir: Path, rounds: int):
-        self.report_dir, self.state = report_dir, RunState(RunState.RUNNING, rounds)
-        self.save()
+        self.report_dir, self.rounds, self.rounds_done = report_dir, rounds, 0
+        self._write(lambda _earlier: RunInfo(RUNNING, rounds))
 
-    def save(self) -> None:
+    def _write(self, update) -> None:
+        from audit import write_run_file
+
         try:
-            self.state.write(self.report_dir)
+            write_run_file(self.report_dir, update=update)
         except OSError:  # a disk fault: the run's own writes fail next, and say so
             pass
 
     def round_ended(self, round_num: int) -> None:
-        self.state = self.state.round_written(round_num + 1)
-        self.save()
+        self.rounds_done = max(self.rounds_done, min(round_num + 1, self.rounds))
 
-    def end(self, status: str, reason: str | None, *, drawing_idle: bool) -> None:
+    def end(self, state: str, reason: str | None, *, drawing_idle: bool) -> None:
         """Record how the run ended and draw the run index once more (only when the report worker is idle: matplotlib
         is used by one thread at a time)."""
-        self.state = self.state.ended(status, reason)
-        self.save()
+        self._write(lambda info: info.ended(state, reason, self.rounds_done))
         if drawing_idle:
             from audit import write_index
 
@@ -90,15 +91,15 @@ def run_demo(args, *, names: list[str], run_dir: Path, plan: Path, overrides: di
         progress.phase(col, phase, round_num)
 
     def written() -> str:
-        done = state.state.rounds_done
+        done = state.rounds_done
         return (f"the reports of the {done} round{'s' if done != 1 else ''} written: {report_dir / 'index.html'}"
                 if done else f"no round was written ({report_dir})")
 
     def failed(line: str, code: int) -> int:
-        state.end(RunState.FAILED, line, drawing_idle=cancel_drawing(0 if signals.hurry else CANCEL_DRAWING_S))
+        state.end(FAILED, line, drawing_idle=cancel_drawing(0 if signals.hurry else CANCEL_DRAWING_S))
         remove_unfinished_writes()
         print(f"error: {line}", file=sys.stderr)
-        print(f"failed after {state.state.rounds_done} of {args.comm_round} rounds; {written()}", file=sys.stderr)
+        print(f"failed after {state.rounds_done} of {args.comm_round} rounds; {written()}", file=sys.stderr)
         return code
 
     try:
@@ -111,9 +112,9 @@ def run_demo(args, *, names: list[str], run_dir: Path, plan: Path, overrides: di
         idle = cancel_drawing(0 if signals.hurry else CANCEL_DRAWING_S)
         remove_unfinished_writes()
         name = signal.Signals(stop.signum).name
-        state.end(RunState.INTERRUPTED, name, drawing_idle=idle and not signals.hurry)
+        state.end(INTERRUPTED, name, drawing_idle=idle and not signals.hurry)
         remove_unfinished_writes()
-        print(f"\ninterrupted ({name}) after {state.state.rounds_done} of {args.comm_round} rounds; {written()}",
+        print(f"\ninterrupted ({name}) after {state.rounds_done} of {args.comm_round} rounds; {written()}",
               file=sys.stderr)
         return 128 + stop.signum
     except (DatasetUnavailableError, ValueError) as err:  # a setting only the run could check: it names the key
@@ -124,11 +125,11 @@ def run_demo(args, *, names: list[str], run_dir: Path, plan: Path, overrides: di
         where = f" ({err.filename})" if getattr(err, "filename", None) else ""
         return failed(f"cannot write the reports: {err.strerror or err}{where}", 1)
     except BaseException as err:
-        state.end(RunState.FAILED, f"{type(err).__name__}: {err}", drawing_idle=False)
+        state.end(FAILED, f"{type(err).__name__}: {err}", drawing_idle=False)
         remove_unfinished_writes()
         raise
     write_tutorial_outputs(report_dir, names)
-    state.end(RunState.FINISHED, None, drawing_idle=True)
+    state.end(FINISHED, None, drawing_idle=False)  # the in-process run drew the run index that says so
 
     print_summary(result)
     print_attack_summary(result.report_dir, names)

@@ -32,7 +32,7 @@ from typing import Callable
 
 import yaml
 
-from audit import (INTERRUPTED, RUN_STATES, RUNNING, RunInfo, RunState, library_versions, remove_leftover_temps,
+from audit import (FAILED, FINISHED, INTERRUPTED, RUNNING, RunInfo, library_versions, remove_leftover_temps,
                    write_index)
 from workspace.federation_state import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
 from workspace.processes import (ParticipantLauncher, ProcessRegistry, Started, describe_returncode, fx_environment,
@@ -73,42 +73,41 @@ def report_locations(layout: FederationLayout) -> dict[str, Path]:
     return reports
 
 
-def write_run_index(layout: FederationLayout, state: RunState | None = None) -> Path:
+def write_run_index(layout: FederationLayout, state: str = RUNNING, *, rounds_done: int = 0,
+                    reason: str | None = None) -> Path:
     """Write the run index (audit.reporting.html.write_index: every participant's page, its latest verdict) and the
-    run's record (run.json) into the federation folder, and the same into each participant's report root. Every page links back to
-    "../index.html", its report root's index: writing the full run index there (its links relative to where it
-    lies) makes that back link reach the whole run with no participant told where the federation folder is.
-    `state`: how the run stands (audit.reporting.run_state), written beside each index first (a participant's own
-    rewrite of its root's index reads it too). Returns <federation folder>/index.html."""
+    run's record (run.json: how the run stands, `state`, with the rounds written and why it stopped) into the
+    federation folder, and the same into each participant's report root (a participant's own rewrite of its root's
+    index keeps the run's state). Every page links back to "../index.html", its report root's index: writing the full
+    run index there (its links relative to where it lies) makes that back link reach the whole run with no
+    participant told where the federation folder is. Returns <federation folder>/index.html."""
     reports = report_locations(layout)
     aggregators = {AGGREGATOR: reports[AGGREGATOR]}
     parties = {name: path for name, path in reports.items() if name != AGGREGATOR}
     settings = {"rounds": layout.rounds, "collaborators": list(layout.collaborators),
                 "plan": str(layout.workspace(AGGREGATOR) / "plan" / "plan.yaml")}
-    status = state.status if state is not None else RUNNING
-    info = RunInfo(status if status in RUN_STATES else INTERRUPTED, layout.rounds, settings,
-                   library_versions({"openfl": importlib.metadata.version("openfl")}))
+    rounds = int(layout.rounds)
+    info = RunInfo(RUNNING, rounds, settings, library_versions({"openfl": importlib.metadata.version("openfl")}),
+                   rounds_done=min(max(0, int(rounds_done)), rounds))
+    if state != RUNNING:
+        info = info.ended(state, reason)
     for root in dict.fromkeys([layout.root, *(path.parent for path in reports.values())]):
         root.mkdir(parents=True, exist_ok=True)
-        if state is not None:
-            state.write(root)
         write_index(root, aggregators=aggregators, parties=parties, info=info)
     return layout.root / "index.html"
 
 
-def _ended_state(layout: FederationLayout, outcome: "Outcome", interrupted_by: int | None) -> RunState:
-    """How the run ended, for its run state: finished, interrupted (by which signal) or failed (the first problem's
-    first line)."""
+def _ended(outcome: "Outcome", interrupted_by: int | None) -> tuple[str, str | None]:
+    """How the run ended (audit.run_states) and why: finished, interrupted (by which signal) or failed (the first
+    problem's first line)."""
     import signal
 
-    rounds = max(1, int(layout.rounds))
-    state = RunState(RunState.RUNNING, rounds, min(outcome.rounds_done, rounds))
     if interrupted_by is not None:
-        return state.ended(RunState.INTERRUPTED, signal.Signals(interrupted_by).name)
+        return INTERRUPTED, signal.Signals(interrupted_by).name
     if outcome.ok:
-        return state.ended(RunState.FINISHED)
+        return FINISHED, None
     first = next((p.strip().splitlines()[0] for p in outcome.problems if p.strip()), None)
-    return state.ended(RunState.FAILED, None if first is None else first[:300])
+    return FAILED, None if first is None else first[:300]
 
 
 def round_seconds(layout: FederationLayout) -> list[float]:
@@ -262,7 +261,7 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
         launcher = ParticipantLauncher(registry, cwd=layout.root, log_path=layout.root / LAUNCHER_LOG)
         # Written before the participants start: the aggregator's page links back to its root's index only when one
         # is there (audit.aggregator_report.writer); the parties rewrite theirs each round, the end of the run them all.
-        write_run_index(layout, RunState(RunState.RUNNING, max(1, int(layout.rounds))))
+        write_run_index(layout)
         layout.status = "running"
         layout.extra["tool"] = _this_process()  # so the next command can tell a killed tooling (stale_state)
         layout.save()
@@ -317,8 +316,8 @@ def start(layout: FederationLayout, *, registry: ProcessRegistry, timeout_s: flo
             outcome.problems.append(f"could not record how the run ended in {layout.root / STATE_FILE}: "
                                     f"{err.strerror or err}")
         try:
-            outcome.run_index = write_run_index(
-                layout, _ended_state(layout, outcome, (registry.interrupted_by or 2) if interrupted else None))
+            state, reason = _ended(outcome, (registry.interrupted_by or 2) if interrupted else None)
+            outcome.run_index = write_run_index(layout, state, rounds_done=outcome.rounds_done, reason=reason)
         except OSError as err:
             outcome.problems.append(f"could not write the run index in {getattr(err, 'filename', None) or layout.root}"
                                     f": {err.strerror or err}")

@@ -138,7 +138,7 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
     the caller did (`check=False`)."""
     from openfl.callbacks import LambdaCallback
 
-    from audit import FINISHED, INTERRUPTED, RUNNING, write_run_file
+    from audit import FAILED, FINISHED, INTERRUPTED, flush_reports, write_run_file
     from src.plan.paths import allowing, owner_allowance
     from src.process.metric_writer import PartyMetricWriter
 
@@ -153,12 +153,15 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
 
     round_logs: list[dict] = []
     final_logs: list[dict] = []
+    rounds_written: list[Path] = []  # the report folder, once run.json is written
 
     def record_round(round_num, logs=None):
         if round_num == getattr(aggregator, "final_round", None):  # the final model's audit: no training round
             final_logs.append(dict(logs or {}))
             return
         round_logs.append(dict(logs or {}))
+        for folder in rounds_written:  # the round's reports are written: run.json counts it
+            write_run_file(folder, update=lambda info: info.round_written(round_num + 1))
         if on_round_end is not None:
             on_round_end(round_num, dict(logs or {}))
 
@@ -192,27 +195,27 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
         cols[name].callbacks.on_experiment_begin()  # as Collaborator.run() does
 
     collaborator_metrics: list[dict] = []
-    info = run_info(plan_dir, collaborator_names(collaborators), rounds, aggregator)
-    write_run_file(report_dir, info=info(RUNNING))
-    state = INTERRUPTED
+    write_run_file(report_dir, info=run_info(plan_dir, collaborator_names(collaborators), rounds, aggregator))
+    rounds_written[:] = [report_dir]  # from here on each round's end is recorded in run.json
     try:
         _run_rounds(aggregator, cols, clients, on_task, collaborator_metrics)
-        state = FINISHED
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:
         # An interrupt stops the drawing too (the caller: audit.reporting.background.cancel), not waits for it: only
         # the run's record says how it ended (the caller may say more, and draws the run index).
-        try:
-            write_run_file(report_dir, info=info(state))
-        except OSError:
-            pass
+        _record_end(report_dir, INTERRUPTED, str(stop) or "SIGINT")  # a plain KeyboardInterrupt: Python's SIGINT
         raise
-    except BaseException:
+    except BaseException as err:
         try:  # the rounds done get their pages, and the run's record says the run ended early
-            _end_run(report_dir, info(state))
+            flush_reports()
+            _record_end(report_dir, FAILED, f"{type(err).__name__}: {err}"[:300])
+            _draw_index(report_dir)
         except OSError:  # a disk fault: the error being raised says so
             pass
         raise
-    _end_run(report_dir, info(state))
+    # The collaborators' plots and pages are drawn by the process's report worker: all there when this returns.
+    flush_reports()
+    _record_end(report_dir, FINISHED)
+    _draw_index(report_dir)
     final = getattr(aggregator, "final_round", None)
     final_metrics = collaborator_metrics.pop() if final is not None and len(collaborator_metrics) > final else None
 
@@ -223,28 +226,38 @@ def run_in_process(run_dir: Path, *, collaborators: int = 2, rounds: int = 3, ov
                             final_logs=final_logs[0] if final_logs else None, final_metrics=final_metrics)
 
 
-def _end_run(report_dir: Path, info) -> None:
-    """The collaborators' plots and pages (drawn by the process's report worker) all there, then the run's record with
-    how it ended and the run index that shows it."""
-    from audit import flush_reports, redraw_index, write_run_file
+def _record_end(report_dir: Path, state: str, reason: str | None = None) -> None:
+    """run.json says how the run ended (audit.run_states), keeping the rounds written."""
+    from audit import write_run_file
 
-    flush_reports()
-    write_run_file(report_dir, info=info)
+    try:
+        write_run_file(report_dir, update=lambda info: info.ended(state, reason))
+    except OSError:
+        if state == FINISHED:
+            raise
+        # a run that ends early on a disk fault: the error being raised names it
+
+
+def _draw_index(report_dir: Path) -> None:
+    """The run index that shows how the run ended, drawn by the report worker, waited for."""
+    from audit import flush_reports, redraw_index
+
     redraw_index(report_dir)
     flush_reports()
 
 
-def run_info(plan_dir: Path, names: list[str], rounds: int, aggregator) -> Callable[[str], object]:
-    """The run's record's run-level part (audit.reporting.run_file.RunInfo) for a state: the planned rounds, the
-    collaborators, the plan file and whether the final model is audited, and the versions."""
+def run_info(plan_dir: Path, names: list[str], rounds: int, aggregator):
+    """The run's record's run-level part as the run starts (audit.reporting.run_file.RunInfo, running, no round
+    written): the planned rounds, the collaborators, the plan file and whether the final model is audited, and the
+    versions."""
     import importlib.metadata
 
-    from audit import RunInfo, library_versions
+    from audit import RUNNING, RunInfo, library_versions
 
     settings = {"rounds": rounds, "collaborators": list(names), "plan": str(Path(plan_dir) / "plan.yaml"),
                 "final_model_audit": getattr(aggregator, "final_round", None) is not None}
     versions = library_versions({"openfl": importlib.metadata.version("openfl")})
-    return lambda state: RunInfo(state, rounds, settings, versions)
+    return RunInfo(RUNNING, rounds, settings, versions)
 
 
 def _run_rounds(aggregator, cols: dict, clients: dict, on_task, collaborator_metrics: list[dict]) -> None:

@@ -22,11 +22,10 @@ from audit.reporting.records import load_round_files
 from audit.reporting.round_cells import grid_cell, verdict_cell
 from audit.reporting.round_views import RoundView, load_round_views, view_of
 from audit.reporting.run_file import RunInfo, write_run_file
-from audit.reporting.run_state import RunState
 from audit.reporting.verdicts import AS_TRAINED, DP_RETRAIN_SENT, EPSILON_ZERO_SHORT, LEAK, NO_LEAK
 from audit.round_record import RoundRecord
 from audit.run_record import RUN_FILE, RunRecord
-from audit.run_states import FINISHED, INTERRUPTED, RUNNING
+from audit.run_states import FAILED, FINISHED, INTERRUPTED, RUNNING
 
 __all__ = ["page", "party_page", "write_index", "redraw_index", "run_account_section", "run_state_lines", "escape",
            "href", "now", "verdict_cell", "verdict_grid", "grid_cell", "sampling_note", "AGGREGATOR_MARKER", "GRID_IMAGE"]
@@ -186,7 +185,8 @@ def run_account_section(run: RunRecord) -> list[str]:
     if not run.parties:
         return []
     state = {RUNNING: "running: the figures cover the rounds written so far", FINISHED: "finished",
-             INTERRUPTED: "interrupted: the run ended early; the figures cover the rounds written"}[run.state]
+             INTERRUPTED: "interrupted: the run ended early; the figures cover the rounds written",
+             FAILED: "failed: the run ended early on an error; the figures cover the rounds written"}[run.state]
     out = ["<h2>What the run cost each party</h2>",
            f'<p class="muted">Run {escape(state)}; {escape(RUN_FILE)} holds all of it (python -m workspace verdict '
            "prints it).</p>", "<ul>"]
@@ -202,15 +202,17 @@ def run_account_section(run: RunRecord) -> list[str]:
     return out
 
 
-def run_state_lines(state: RunState | None) -> list[str]:
-    """The run index's first line: how the run stands (audit.reporting.run_state), so that a run that stopped early
-    never reads like a finished short run; nothing where no state was written."""
-    if state is None:
+def run_state_lines(run: RunRecord) -> list[str]:
+    """The run index's first line: how the run stands (run.json's state, audit.run_states), so that a run that
+    stopped early never reads like a finished short run; nothing where no driver said how many rounds it planned (a
+    report folder written by other means: its parties' accounts say what they did)."""
+    if run.rounds is None:
         return []
-    text = escape(state.describe()[0].upper() + state.describe()[1:])
-    if state.status == FINISHED:
+    said = run.describe()
+    text = escape(said[0].upper() + said[1:])
+    if run.state == FINISHED:
         return [f"<p>{text}.</p>"]
-    if state.status == RUNNING:
+    if run.state == RUNNING:
         return [f'<p class="muted">{text}; this page is rewritten as rounds end.</p>']
     return [f'<p class="withheld">{text}. The figures below are those rounds\' only: the run did not finish.</p>']
 
@@ -240,7 +242,7 @@ def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | No
                 "no report written")
         return f'<td>{escape(name)} <span class="muted">({said})</span></td>'
 
-    body = ["<h1>Privacy audit: run index</h1>", *run_state_lines(RunState.read(root)), *run_account_section(run)]
+    body = ["<h1>Privacy audit: run index</h1>", *run_state_lines(run), *run_account_section(run)]
     if plot_verdict_grid({name: {r: view.headline for r, view in by_round.items()}
                           for name, by_round in records.items()}, root / GRID_IMAGE):
         body += run_summary(records)
