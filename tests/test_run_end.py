@@ -331,3 +331,30 @@ def test_a_full_disk_when_the_run_ends_still_gives_the_tools_summary(tmp_path, p
         in errors
     assert f"error: could not write the run index in {run_dir / 'index.html'}: No space left on device" in errors
     assert "federation FAILED: 0/2 rounds" in result.stdout and "reports (each party's own folder):" in result.stdout
+
+
+@pytest.mark.federation  # the tool's layout of a prepared federation
+def test_the_tool_counts_each_rounds_end_in_every_run_json(tmp_path, prepared_federation):
+    """While `python -m workspace start` runs, each run.json it wrote (the federation folder's, each participant's
+    report root's) says how many rounds were written as they end, with every party's account still gathered."""
+    import shutil
+
+    from test_run_record import UNDER, _account, _policy
+    from workspace.federation import _rounds_written, report_locations, write_run_index
+    from workspace.federation_state import AGGREGATOR, FederationLayout
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(prepared_federation, run_dir, symlinks=True)
+    layout = FederationLayout.load(run_dir)
+    reports = report_locations(layout)
+    for name in layout.collaborators:
+        _account(_policy(), [UNDER], name=name).write(reports[name].parent)
+    write_run_index(layout)
+    roots = list(dict.fromkeys([layout.root, *(path.parent for path in reports.values())]))
+    assert len(roots) >= 2 and all(read_run_file(root).rounds_done == 0 for root in roots)
+    _rounds_written(layout, 1)
+    for root in roots:
+        run = read_run_file(root)
+        assert (run.state, run.rounds_done, run.rounds) == (RUNNING, 1, int(layout.rounds)), root
+        assert set(run.parties) == set(layout.collaborators), root
+    assert AGGREGATOR not in read_run_file(layout.root).parties

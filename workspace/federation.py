@@ -33,7 +33,7 @@ from typing import Callable
 import yaml
 
 from audit import (FAILED, FINISHED, INTERRUPTED, RUNNING, RunInfo, library_versions, remove_leftover_temps,
-                   write_index)
+                   write_index, write_run_file)
 from workspace.federation_state import AGGREGATOR, STATE_FILE, FederationLayout, SetupError
 from workspace.processes import (ParticipantLauncher, ProcessRegistry, Started, describe_returncode, fx_environment,
                                  fx_executable, is_running, party_threads, snapshot)
@@ -95,6 +95,18 @@ def write_run_index(layout: FederationLayout, state: str = RUNNING, *, rounds_do
         root.mkdir(parents=True, exist_ok=True)
         write_index(root, aggregators=aggregators, parties=parties, info=info)
     return layout.root / "index.html"
+
+
+def _rounds_written(layout: FederationLayout, done: int) -> None:
+    """Each run.json the tool wrote says `done` rounds written (a participant's own rewrite of its root's index keeps
+    it; one that read the file just before loses it until the next round, the run's end sets it for good)."""
+    reports = report_locations(layout)
+    parties = {name: path for name, path in reports.items() if name != AGGREGATOR}  # as write_run_index gathers them
+    for root in dict.fromkeys([layout.root, *(path.parent for path in reports.values())]):
+        try:
+            write_run_file(root, parties=parties, update=lambda info: info.round_written(done))
+        except OSError:  # a disk fault: the run's end names it
+            pass
 
 
 def _ended(outcome: "Outcome", interrupted_by: int | None) -> tuple[str, str | None]:
@@ -344,6 +356,7 @@ def _watch(layout, processes, logs, outcome, *, total, timeout_s, keep_going, sa
         done = rounds_done(metrics_file(layout))
         if done != last_done:
             last_done, round_began = done, time.monotonic()
+            _rounds_written(layout, min(done, total))
             if layout.insecure and done < total:  # every round it runs that way
                 (progress.message if progress is not None else say)(f"WARNING: round {done}: {insecure_note(layout)}")
         for name, follower in followers.items():
