@@ -11,7 +11,8 @@ import pytest
 from scipy.stats import norm
 
 from audit.canary.accountant import gaussian_epsilon
-from audit.canary.clients import CanaryClients, gdp_epsilon
+from audit.canary.clients import CanaryClients
+from audit.canary.tradeoff import gdp_epsilon
 
 
 def test_gdp_epsilon_is_the_gaussian_mechanisms_own():

@@ -26,30 +26,12 @@ import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import brentq
-from scipy.stats import norm, t as student
+from scipy.stats import t as student
 
 from audit.canary.accountant import gaussian_epsilon
+from audit.canary.tradeoff import gdp_epsilon
 
-__all__ = ["CanaryClients", "gdp_epsilon"]
-
-
-def gdp_epsilon(mu: float, delta: float) -> float:
-    """The epsilon at `delta` of mu-Gaussian DP (Dong, Roth and Su): delta(eps) = Phi(-eps/mu + mu/2) -
-    e^eps Phi(-eps/mu - mu/2)."""
-    if not mu > 0:
-        return 0.0
-
-    def gap(eps):
-        # e^eps Phi(b) in logs: e^eps alone overflows for the epsilons of a large mu
-        return norm.cdf(-eps / mu + mu / 2) - math.exp(eps + norm.logcdf(-eps / mu - mu / 2)) - delta
-
-    if gap(0.0) <= 0:
-        return 0.0
-    hi = max(1.0, mu * mu)
-    while gap(hi) > 0:
-        hi *= 2
-    return float(brentq(gap, 0.0, hi, xtol=1e-9))
+__all__ = ["CanaryClients"]
 
 
 def _finite(value: float) -> float | None:
