@@ -191,11 +191,14 @@ class ReportWriter(RoundReportWriter):
         """The party's account of the run (account.json; None: none yet, or unreadable: logged)."""
         from audit.run_record import ACCOUNT_FILE, PartyRun
 
-        path = self.party_dir / ACCOUNT_FILE
+        return self._read_if_there(self.party_dir / ACCOUNT_FILE, PartyRun.read)
+
+    def _read_if_there(self, path: Path, read):
+        """`read(path)`; None where the file is not there, or where it cannot be read (logged)."""
         if not path.is_file():
             return None
         try:
-            return PartyRun.read(path)
+            return read(path)
         except (OSError, ValueError) as err:
             logger.warning("%s: %s", self.party, err)
             return None
@@ -216,14 +219,7 @@ class ReportWriter(RoundReportWriter):
 
     def load_final_model(self) -> RoundRecord | None:
         """The final model's record (None: none written, or unreadable: logged)."""
-        path = self.final_model_dir() / "audit.json"
-        if not path.is_file():
-            return None
-        try:
-            return RoundRecord.read(path)
-        except (OSError, ValueError) as err:
-            logger.warning("%s: %s", self.party, err)
-            return None
+        return self._read_if_there(self.final_model_dir() / "audit.json", RoundRecord.read)
 
     def render_round(self, round_num: int) -> None:
         """Draw a stored round's images (roc.png, the histograms) from its audit.json and private files on disk (the
