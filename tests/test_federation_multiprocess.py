@@ -437,6 +437,7 @@ def test_tensorboard_event_files_hold_each_partys_metrics_as_the_one_process_run
     values, and a collaborator's bounds beside them; the one-process run (the demo's) of the same plan writes the
     same tags."""
     from event_files import read_events, read_metric_lines, same_float32
+    from report_drawing import no_report_drawing
     from src.process.metric_writer import tensorboard_tag
     from workspace.in_process import run_in_process
 
@@ -458,7 +459,8 @@ def test_tensorboard_event_files_hold_each_partys_metrics_as_the_one_process_run
             if tag in tags:
                 assert all(same_float32(value, lines[step][tags[tag]]) for step, value in points), (party, tag)
     monkeypatch.setenv("TENSORBOARD", "1")
-    run_in_process(tmp_path / "one_process", collaborators=len(COLLABORATORS), rounds=ROUNDS,
-                   plan_path=federation.run_dir / "aggregator" / "plan" / "plan.yaml")
+    with no_report_drawing():  # its event files are read, not its report's pages
+        run_in_process(tmp_path / "one_process", collaborators=len(COLLABORATORS), rounds=ROUNDS,
+                       plan_path=federation.run_dir / "aggregator" / "plan" / "plan.yaml")
     for party in parties:
         assert set(read_events(tmp_path / "one_process" / "logs" / f"{party}_tensorboard")) == set(events[party])

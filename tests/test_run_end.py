@@ -207,6 +207,7 @@ def test_a_full_disk_during_the_demo_is_named_in_one_line(tmp_path, monkeypatch)
     """ENOSPC, simulated where the party writes round 1's record (the disk fills during the run): the demo says which
     file could not be written, and how far it got, with exit code 1 and no traceback."""
     import audit.reporting.atomic_io as atomic_io
+    from report_drawing import no_report_drawing
     from shared_runs import run_demo_here
 
     real = atomic_io._atomic_write
@@ -218,7 +219,8 @@ def test_a_full_disk_during_the_demo_is_named_in_one_line(tmp_path, monkeypatch)
 
     monkeypatch.setattr(atomic_io, "_atomic_write", full_disk)
     log_dir = tmp_path / "logs"
-    result = run_demo_here([*DEMO, "--comm_round", "3", "--no_progress", "--log_dir", log_dir], tmp_path)
+    with no_report_drawing():  # what it printed and the run's record are read, not the pages
+        result = run_demo_here([*DEMO, "--comm_round", "3", "--no_progress", "--log_dir", log_dir], tmp_path)
     assert result.returncode == 1, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if line.startswith(("error:", "failed after"))]
