@@ -106,7 +106,7 @@ def differs(a: dict, b: dict) -> bool:
 @pytest.fixture(scope="module")
 def withheld(tmp_path_factory):
     """collaborator3 is leaky and withheld; collaborator2 trips its own report-only gate and is kept."""
-    with pages_drawn_at_the_end():  # one test reads a page, none a round's images
+    with pages_drawn_at_the_end(images=False):  # one test reads a page, none an image
         return run_in_process(
             tmp_path_factory.mktemp("withhold"), collaborators=3, rounds=1,
             overrides=overrides(
@@ -339,7 +339,7 @@ def test_the_summary_says_what_was_trained_what_was_sent_and_why(retrained):
 def diverged(tmp_path_factory):
     """collaborator2 diverges (learning rate 1e30: its weights become NaN) under a report-only gate without
     thresholds; round 1 is not audited (interval 2)."""
-    with pages_drawn_at_the_end():  # one test reads metrics.csv
+    with pages_drawn_at_the_end(images=False):  # one test reads metrics.csv, none an image
         return run_in_process(
             tmp_path_factory.mktemp("nan"), collaborators=3, rounds=2,
             overrides=overrides({}, {"collaborator2": {"learning_rate": 1e30}}, audit={"interval": 2}),

@@ -139,8 +139,8 @@ def _verdicts(monkeypatch) -> dict:
 def _crafted_federation(tmp_path_factory, model: str, *, honest_party: bool = False):
     """Five parties each sent a construction in round CRAFT_ROUND; with `honest_party` a sixth gets the honest model
     and that round is audited, so that its parties send different audits (OpenFL needs the same names)."""
-    # The tests read the reports' pages, not each round's images (tests/report_drawing.py).
-    with pytest.MonkeyPatch.context() as monkeypatch, pages_drawn_at_the_end():
+    # The tests read the reports' pages, no image (tests/report_drawing.py).
+    with pytest.MonkeyPatch.context() as monkeypatch, pages_drawn_at_the_end(images=False):
         crafts = _crafts(model)
         built = _crafting_server(monkeypatch, crafts)
         trained = _trained_rounds(monkeypatch)
