@@ -513,12 +513,17 @@ def main(argv=None) -> int:
     (Ctrl-C / SIGTERM), each said in one line."""
     from workspace.interrupts import DemoSignals, Interrupted
 
-    with DemoSignals() as signals:
-        try:
-            return _main(argv, signals)
-        except Interrupted as stop:  # before the run started: nothing of it was made
-            print(f"\ninterrupted ({stop}) before the run started; nothing was written", file=sys.stderr)
-            return 128 + stop.signum
+    code = None
+    try:
+        with DemoSignals() as signals:
+            code = _main(argv, signals)
+    except Interrupted as stop:
+        # Before the run started: nothing of it was made. After the demo's end: a signal that came during an import
+        # in its last moments (workspace.interrupts), raised as the signal handling ends.
+        print(f"\ninterrupted ({stop}) " + ("before the run started; nothing was written" if code is None else
+                                           "as the demo ended"), file=sys.stderr)
+        return 128 + stop.signum
+    return code
 
 
 def _main(argv, signals) -> int:

@@ -22,7 +22,6 @@ import argparse
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ if str(WORKSPACE_ROOT) not in sys.path:  # src.server.settings, audit.reporting.
 
 from workspace.federation import stale_state, start  # noqa: E402
 from workspace.federation_state import AGGREGATOR, STATE_FILE, FederationLayout, SetupError  # noqa: E402
-from workspace.interrupts import REDELIVER_S, Interrupted, importing  # noqa: E402
+from workspace.interrupts import Interrupted, Redelivery, in_import  # noqa: E402
 from workspace.prepare import prepare  # noqa: E402
 from workspace.processes import FxNotFoundError, ProcessRegistry  # noqa: E402
 from workspace.run_lock import FolderBusyError, FolderLock  # noqa: E402
@@ -46,16 +45,16 @@ from workspace.run_summary import print_run_summary, run_account_lines  # noqa: 
 def interrupt_handler(registry: ProcessRegistry):
     """The SIGINT/SIGTERM handler: the first signal cancels the registry (no process starts, every queued job is
     dropped) and raises Interrupted in the main thread, whose handlers clean up (during an import, once it is done:
-    workspace.interrupts.importing); a signal that comes while the tooling winds down anyway (that clean-up, a failed
+    workspace.interrupts.in_import); a signal that comes while the tooling winds down anyway (that clean-up, a failed
     set-up's, the end of a run) never interrupts it: it only hastens it (ProcessRegistry.hurry: every process killed
-    at once)."""
-    def handler(signum, _frame):
+    at once). `handler.redelivery` (workspace.interrupts.Redelivery) is closed by whoever removes the handler."""
+    def handler(signum, frame):
         if registry.launching:  # inside a fork's hooks: raised here, the exception would be dropped
             registry.defer(signum)
             return
         first = registry.interrupted_by is None and not registry.winding_down
-        if first and importing():  # delivered again, whole, once the import is done
-            threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signum)).start()
+        if first and in_import(frame):  # handed to this handler again, whole, once the import is done
+            redelivery.later(signum)
             return
         registry.cancel()
         if first:
@@ -64,6 +63,9 @@ def interrupt_handler(registry: ProcessRegistry):
             raise Interrupted(signum)
         registry.interrupted_by = registry.interrupted_by or signum
         registry.hurry()
+    redelivery = Redelivery()
+    redelivery.handler = handler
+    handler.redelivery = redelivery
     return handler
 
 
@@ -212,7 +214,8 @@ def main(argv=None, *, exiting: bool = False) -> int:
         return verdict(args.run_dir, fail_on_leak=args.fail_on_leak, err=lambda line: print(line, file=sys.stderr))
     registry = ProcessRegistry()
     lock = layout = None
-    previous = {s: signal.signal(s, interrupt_handler(registry)) for s in (signal.SIGINT, signal.SIGTERM)}
+    handler = interrupt_handler(registry)
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if getattr(args, "timeout", None) is not None and not args.timeout > 0:  # also NaN
             raise SetupError(f"--timeout {args.timeout:g}: must be a number of seconds > 0 (leave it out for no limit)")
@@ -277,8 +280,9 @@ def main(argv=None, *, exiting: bool = False) -> int:
         if lock is not None:
             lock.release()
         if not exiting:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+            for s, earlier in previous.items():
+                signal.signal(s, earlier)
+            handler.redelivery.close()
 
 
 if __name__ == "__main__":
