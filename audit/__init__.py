@@ -36,7 +36,7 @@ _NAMES = {
     "RUN_FILE": "audit.run_record", "ACCOUNT_FILE": "audit.run_record", "library_versions": "audit.run_record",
     "Mechanism": "audit.run_account", "compose": "audit.run_account", "dp_account": "audit.run_account",
     "RunBudget": "audit.run_account",
-    "RunInfo": "audit.reporting.run_file", "write_run_file": "audit.reporting.run_file",
+    "RunInfo": "audit.run_record", "write_run_file": "audit.reporting.run_file",
     "read_run_file": "audit.reporting.run_file", "redraw_index": "audit.reporting.html",
     "RUNNING": "audit.run_states", "FINISHED": "audit.run_states", "INTERRUPTED": "audit.run_states",
     "FAILED": "audit.run_states", "RUN_STATES": "audit.run_states", "ENDED_EARLY": "audit.run_states",

@@ -19,15 +19,15 @@ import importlib.metadata
 import json
 import math
 import platform
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
 from audit.run_account import DPAccount, RoundRelease, Mechanism
-from audit.run_states import RUN_STATES, describe_run
+from audit.run_states import FINISHED, RUN_STATES, describe_run
 
 __all__ = ["SCHEMA_VERSION", "RUN_FILE", "ACCOUNT_FILE", "RunRecordSchemaError", "library_versions", "LeakSummary",
-           "RoundEntry", "FinalModel", "Empirical", "PartyRun", "RunRecord"]
+           "RoundEntry", "FinalModel", "Empirical", "PartyRun", "RunInfo", "RunRecord"]
 
 # The version of run.json's and account.json's layout: raised whenever a field is added, removed or changes meaning.
 SCHEMA_VERSION = 2
@@ -329,14 +329,13 @@ class PartyRun:
 
 
 @dataclass(frozen=True)
-class RunRecord:
-    """run.json: the run's state, its planned rounds, the rounds whose reports were written (`rounds_done`: rounds
-    0 .. rounds_done - 1; a round being audited when the run stopped is not counted), why it stopped (the signal or
-    the failure's line; None while it runs or once it finished), its settings and versions, and each party's
-    account."""
+class RunInfo:
+    """The run-level part of run.json, what the run's driver knows of the run: its state (audit.run_states), the
+    planned rounds, the rounds whose reports were written (`rounds_done`: rounds 0 .. rounds_done - 1; a round being
+    audited when the run stopped is not counted), why it stopped (the signal or the failure's line; None while it runs
+    or once it finished), its settings and versions. RunRecord is these fields and each party's account."""
 
     state: str
-    parties: dict[str, PartyRun] = field(default_factory=dict)
     rounds: int | None = None
     settings: dict = field(default_factory=dict)
     versions: dict = field(default_factory=dict)
@@ -351,9 +350,45 @@ class RunRecord:
             raise ValueError(f"run state: rounds {self.rounds!r}, rounds_done {self.rounds_done!r}: whole numbers, "
                              "0 <= rounds_done <= rounds")
 
+    @property
+    def info(self) -> "RunInfo":
+        """The run-level fields alone (a RunRecord's without its parties)."""
+        return RunInfo(**{f.name: getattr(self, f.name) for f in fields(RunInfo)})
+
+    def round_written(self, rounds_done: int) -> "RunInfo":
+        """With `rounds_done` rounds written (never fewer than already said, never more than planned)."""
+        done = max(self.rounds_done, int(rounds_done))
+        return replace(self, rounds_done=done if self.rounds is None else min(done, self.rounds))
+
+    def ended(self, state: str, reason: str | None = None, rounds_done: int | None = None) -> "RunInfo":
+        """How the run ended: FINISHED (every planned round written), INTERRUPTED or FAILED (`reason`)."""
+        done = self.rounds_done if rounds_done is None else int(rounds_done)
+        if state == FINISHED and self.rounds is not None:
+            done = self.rounds
+        elif self.rounds is not None:
+            done = min(done, self.rounds)
+        return replace(self, state=state, reason=reason, rounds_done=done)
+
     def describe(self) -> str:
         """How the run stands, in one sentence (audit.run_states.describe_run)."""
         return describe_run(self.state, self.rounds, self.rounds_done, self.reason)
+
+    def _run_json(self) -> dict:
+        return {"state": self.state, "rounds": self.rounds, "rounds_done": self.rounds_done, "reason": self.reason,
+                "settings": self.settings, "versions": self.versions}
+
+    @staticmethod
+    def _run_fields(data) -> dict:
+        return {"state": data["state"], "rounds": data.get("rounds"), "settings": dict(data.get("settings") or {}),
+                "versions": dict(data.get("versions") or {}), "rounds_done": data.get("rounds_done", 0),
+                "reason": data.get("reason")}
+
+
+@dataclass(frozen=True)
+class RunRecord(RunInfo):
+    """run.json: the run's fields (RunInfo) and each party's account."""
+
+    parties: dict[str, PartyRun] = field(default_factory=dict)
 
     def beyond_budget(self) -> dict[str, list[str]]:
         """Party -> why its run is beyond the plan's limits (only the parties that are)."""
@@ -363,19 +398,15 @@ class RunRecord:
         return [party.line() for party in self.parties.values()]
 
     def to_json(self) -> dict:
-        return {_VERSION_KEY: SCHEMA_VERSION, "state": self.state, "rounds": self.rounds,
-                "rounds_done": self.rounds_done, "reason": self.reason, "settings": self.settings,
-                "versions": self.versions, "parties": {n: p.to_json() for n, p in self.parties.items()},
-                "beyond_budget": self.beyond_budget()}
+        return {_VERSION_KEY: SCHEMA_VERSION, **self._run_json(),
+                "parties": {n: p.to_json() for n, p in self.parties.items()}, "beyond_budget": self.beyond_budget()}
 
     @classmethod
     def from_json(cls, data, source: str = RUN_FILE) -> "RunRecord":
         _check_version(data, source)
         try:
             parties = {str(n): PartyRun.from_json(p, f"{source}: parties.{n}") for n, p in data["parties"].items()}
-            return cls(state=data["state"], parties=parties, rounds=data.get("rounds"),
-                       settings=dict(data.get("settings") or {}), versions=dict(data.get("versions") or {}),
-                       rounds_done=data.get("rounds_done", 0), reason=data.get("reason"))
+            return cls(parties=parties, **RunInfo._run_fields(data))
         except (KeyError, TypeError, AttributeError, ValueError) as err:
             raise ValueError(f"{source}: not a run record ({type(err).__name__}: {err})") from None
 

@@ -21,9 +21,9 @@ import pytest
 
 from audit.reporting.atomic_io import (atomic_write_bytes, atomic_write_text, is_temp_name, remove_leftover_temps,
                                        remove_unfinished_writes)
-from audit.reporting.run_file import RunInfo, read_run_file, write_run_file
+from audit.reporting.run_file import read_run_file, write_run_file
 from audit.round_record import RoundRecord
-from audit.run_record import RUN_FILE, SCHEMA_VERSION, RunRecord, RunRecordSchemaError
+from audit.run_record import RUN_FILE, SCHEMA_VERSION, RunInfo, RunRecord, RunRecordSchemaError
 from audit.run_states import FAILED, FINISHED, INTERRUPTED, RUNNING
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,10 +12,11 @@ from audit.config.gate import GatePolicy
 from audit.config.mitigation_settings import Mitigation
 from audit.gate_flow import Retrained, run_gate
 from audit.party_account import PartyAccount
-from audit.reporting.run_file import RunInfo, write_run_file
+from audit.reporting.run_file import write_run_file
 from audit.round_record import RoundRecord
 from audit.run_account import dp_sgd_mechanism
-from audit.run_record import ACCOUNT_FILE, RUN_FILE, SCHEMA_VERSION, PartyRun, RunRecord, RunRecordSchemaError
+from audit.run_record import (ACCOUNT_FILE, RUN_FILE, SCHEMA_VERSION, PartyRun, RunInfo, RunRecord,
+                              RunRecordSchemaError)
 from audit.run_states import FINISHED, INTERRUPTED, RUNNING
 from shared_runs import workspace_here
 

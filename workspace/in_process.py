@@ -247,7 +247,7 @@ def _draw_index(report_dir: Path) -> None:
 
 
 def run_info(plan_dir: Path, names: list[str], rounds: int, aggregator):
-    """The run's record's run-level part as the run starts (audit.reporting.run_file.RunInfo, running, no round
+    """The run's record's run-level part as the run starts (audit.run_record.RunInfo, running, no round
     written): the planned rounds, the collaborators, the plan file and whether the final model is audited, and the
     versions."""
     import importlib.metadata

@@ -21,10 +21,10 @@ from audit.reporting.readings import fmt
 from audit.reporting.records import load_round_files
 from audit.reporting.round_cells import grid_cell, verdict_cell
 from audit.reporting.round_views import RoundView, load_round_views, view_of
-from audit.reporting.run_file import RunInfo, write_run_file
+from audit.reporting.run_file import write_run_file
 from audit.reporting.verdicts import AS_TRAINED, DP_RETRAIN_SENT, EPSILON_ZERO_SHORT, LEAK, NO_LEAK
 from audit.round_record import RoundRecord
-from audit.run_record import RUN_FILE, RunRecord
+from audit.run_record import RUN_FILE, RunInfo, RunRecord
 from audit.run_states import FAILED, FINISHED, INTERRUPTED, RUNNING
 
 __all__ = ["page", "party_page", "write_index", "redraw_index", "run_account_section", "run_state_lines", "escape",

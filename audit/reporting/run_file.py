@@ -3,7 +3,7 @@ account (`<party>/account.json`, audit.party_account), and written atomically.
 
 It is rewritten with the run index (audit.reporting.html.write_index), so every round's end updates it; the run's
 driver (the demo, an in-process run, `python -m workspace`) writes it at the start, as rounds end and at the end
-with the run's state, planned rounds, rounds written, why it stopped, settings and versions (`RunInfo`), which the
+with the run's state, planned rounds, rounds written, why it stopped, settings and versions (audit.run_record.RunInfo), which the
 writes in between keep. Where no driver writes (a plain `fx` deployment: each participant's report folder), the
 state is read off the parties' accounts: finished once every party audited the final model, running before.
 """
@@ -13,44 +13,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping
 
 from audit.reporting.atomic_io import atomic_write_json
-from audit.run_record import ACCOUNT_FILE, RUN_FILE, PartyRun, RunRecord
+from audit.run_record import ACCOUNT_FILE, RUN_FILE, PartyRun, RunInfo, RunRecord
 from audit.run_states import FINISHED, RUNNING
 
-__all__ = ["RunInfo", "write_run_file", "read_run_file", "party_accounts"]
+__all__ = ["write_run_file", "read_run_file", "party_accounts"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """What the run's driver knows of the run: its state (audit.run_states), planned rounds, the rounds whose reports
-    were written, why it stopped (the signal or the failure's line), settings and versions."""
-
-    state: str
-    rounds: int | None = None
-    settings: dict = field(default_factory=dict)
-    versions: dict = field(default_factory=dict)
-    rounds_done: int = 0
-    reason: str | None = None
-
-    def round_written(self, rounds_done: int) -> "RunInfo":
-        """With `rounds_done` rounds written (never fewer than already said, never more than planned)."""
-        done = max(self.rounds_done, int(rounds_done))
-        return replace(self, rounds_done=done if self.rounds is None else min(done, self.rounds))
-
-    def ended(self, state: str, reason: str | None = None, rounds_done: int | None = None) -> "RunInfo":
-        """How the run ended: FINISHED (every planned round written), INTERRUPTED or FAILED (`reason`)."""
-        done = self.rounds_done if rounds_done is None else int(rounds_done)
-        if state == FINISHED and self.rounds is not None:
-            done = self.rounds
-        elif self.rounds is not None:
-            done = min(done, self.rounds)
-        return replace(self, state=state, reason=reason, rounds_done=done)
 
 
 # One writer at a time in a process (the run's thread and the report worker both rewrite run.json): an update of the
@@ -101,14 +73,13 @@ def write_run_file(root: str | os.PathLike, *, parties: Mapping[str, Path] | Non
             logger.warning("%s; written anew", err)
         accounts = party_accounts(root, parties)
         if info is None:
-            info = (RunInfo(earlier.state, earlier.rounds, earlier.settings, earlier.versions, earlier.rounds_done,
-                            earlier.reason) if earlier is not None else RunInfo(RUNNING))
+            info = earlier.info if earlier is not None else RunInfo(RUNNING)
             if info.state == RUNNING and accounts and all(p.complete for p in accounts.values()):
                 info = info.ended(FINISHED)
         if update is not None:
             info = update(info)
-        record = RunRecord(state=info.state, parties=accounts, rounds=info.rounds, settings=dict(info.settings),
-                           versions=dict(info.versions), rounds_done=info.rounds_done, reason=info.reason)
+        record = RunRecord(parties=accounts, **{**vars(info.info), "settings": dict(info.settings),
+                                                "versions": dict(info.versions)})
         root.mkdir(parents=True, exist_ok=True)
         atomic_write_json(root / RUN_FILE, record.to_json())
     return record
