@@ -125,6 +125,18 @@ def test_the_run_state_is_kept_between_writes_and_read_off_the_parties_without_a
     assert (again.state, again.rounds) == (INTERRUPTED, 3)
 
 
+
+def test_the_records_run_fields_are_the_drivers(tmp_path):
+    """run.json's run-level fields are RunInfo's, read back as the driver wrote them; a bad state or count is refused
+    by RunInfo itself, before any write."""
+    info = RunInfo(RUNNING, 4, {"rounds": 4}, {"python": "3"}).round_written(2).ended(INTERRUPTED, "SIGTERM")
+    record = write_run_file(tmp_path, info=info)
+    assert record.info == info == RunRecord.read(tmp_path / RUN_FILE).info
+    assert (record.parties, record.describe()) == ({}, info.describe())
+    for bad in (dict(state="paused"), dict(state=RUNNING, rounds=3, rounds_done=4)):
+        with pytest.raises(ValueError, match="run state"):
+            RunInfo(**bad)
+
 def _verdict(tmp_path, *flags):
     result = workspace_here("verdict", tmp_path, *flags)
     return result.returncode, result.stdout + result.stderr
