@@ -20,6 +20,7 @@ import json
 import math
 import platform
 from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -302,12 +303,17 @@ class PartyRun:
 
     def to_json(self, *, versioned: bool = False) -> dict:
         out = {_VERSION_KEY: SCHEMA_VERSION} if versioned else {}
-        out.update({"party": self.party, "rounds": [e.to_json() for e in self.rounds],
-                    "dp": None if self.dp is None else self.dp.to_json(), "empirical": self.empirical.to_json(),
-                    "final_model": None if self.final_model is None else self.final_model.to_json(),
-                    "steps": self.steps, "settings": self.settings, "versions": self.versions,
-                    "beyond_budget": self.beyond_budget(), "line": self.line()})
+        out.update(self._json)
         return out
+
+    @cached_property
+    def _json(self) -> dict:
+        # Made once per account read: run.json, rewritten several times a round, holds every party's.
+        return {"party": self.party, "rounds": [e.to_json() for e in self.rounds],
+                "dp": None if self.dp is None else self.dp.to_json(), "empirical": self.empirical.to_json(),
+                "final_model": None if self.final_model is None else self.final_model.to_json(),
+                "steps": self.steps, "settings": self.settings, "versions": self.versions,
+                "beyond_budget": self.beyond_budget(), "line": self.line()}
 
     @classmethod
     def from_json(cls, data, source: str = "party account", *, versioned: bool = False) -> "PartyRun":

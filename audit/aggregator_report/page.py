@@ -185,6 +185,16 @@ def utility_sentence(acc: Mapping[int, float], said: list[str], both: bool) -> s
         + ("" if both else " (the run has no rounds of the other kind to compare with)") + ".")
 
 
+def utility_view(record: Mapping) -> dict:
+    """What the utility section reads of an aggregator's round record (its round, the global model's accuracy, each
+    collaborator's status and verdict): kept per round by a run index rewritten every round."""
+    logs = record.get("aggregator_logs") or {}
+    return {"round": record["round"],
+            "aggregator_logs": {GLOBAL_ACCURACY: logs[GLOBAL_ACCURACY]} if GLOBAL_ACCURACY in logs else {},
+            "collaborators": {name: {k: entry[k] for k in ("status", "verdict") if k in entry}
+                              for name, entry in (record.get("collaborators") or {}).items()}}
+
+
 def utility_of(records: list[dict]) -> str | None:
     """The utility sentence of an aggregator's round records, None where fewer than 2 rounds have an accuracy."""
     section = _utility_section(records)

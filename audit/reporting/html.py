@@ -8,10 +8,11 @@ import json
 import math
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Mapping
 
-from audit.aggregator_report.page import utility_of
+from audit.aggregator_report.page import utility_of, utility_view
 from audit.reporting.atomic_io import atomic_write_text
 from audit.reporting.headline import OVER_SENT, worst_of
 from audit.reporting.overview_plots import plot_verdict_grid
@@ -256,7 +257,7 @@ def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | No
         body.append("<p>No party reports yet.</p>")
     if aggregators:
         for name, folder in aggregators.items():
-            utility = utility_of(load_round_files(Path(folder), "aggregator round"))
+            utility = utility_of(_utility_views(folder))
             if utility:  # the privacy actions' cost in utility, a result beside the verdicts
                 body.insert(body.index("<h2>Leak verdict per party and round</h2>"),
                             f"<p><strong>Utility</strong> ({escape(name)}): {utility}</p>")
@@ -275,6 +276,20 @@ def write_index(root: str | os.PathLike, *, aggregators: Mapping[str, Path] | No
                         f'<td>{escape(latest.get("round", "–"))}</td><td class="text">{escape(counts or "–")}</td></tr>')
         body.append("</table></div>")
     return atomic_write_text(root / "index.html", page("Privacy audit: run index", body))
+
+
+# The aggregators' round views the run index's utility line reads (report folder -> load_round_files' cache), kept
+# for the process: a rewrite reads only the rounds written since the last one.
+_UTILITY_VIEWS: dict[Path, dict] = {}
+_UTILITY_LOCK = threading.Lock()
+
+
+def _utility_views(folder) -> list[dict]:
+    """The utility views of the aggregator's rounds under `folder`, by round (one thread at a time: the run's thread
+    and the report worker both draw the index)."""
+    with _UTILITY_LOCK:
+        cache = _UTILITY_VIEWS.setdefault(Path(folder).resolve(), {})
+        return load_round_files(Path(folder), "aggregator round", cache, make=utility_view)
 
 
 class _RunIndex:

@@ -120,22 +120,44 @@ def round_file_name(round_num: int) -> str:
     return f"round_{int(round_num):04d}.json"
 
 
-def load_round_files(root: str | Path, what: str) -> list[dict]:
+def load_round_files(root: str | Path, what: str, cache: dict | None = None, *, make=None) -> list:
     """The readable round records under `root`, by round; unreadable or misnamed ones are logged and skipped. These
     are the aggregator's and the deanonymization report's records (JSON dicts with a "round"), not a party's
-    RoundRecord."""
-    records = []
+    RoundRecord. `cache` (path -> (inode, mtime, size), what was kept): a file is read only when it is new or changed
+    (every write is an os.replace: a new inode), so that a summary rewritten every round reads only the new rounds;
+    `make(record)`: what is kept and returned for each record instead of the record itself (it has a "round")."""
+    out = []
+    seen = set()
     for path in sorted(Path(root).glob("round_*.json")):
         match = _ROUND_FILE_RE.match(path.name)
         if not match:
             continue
+        key = None
+        if cache is not None:
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+            seen.add(path)
+            if path in cache and cache[path][0] == key:
+                if cache[path][1] is not None:
+                    out.append(cache[path][1])
+                continue
+        kept = None
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as err:
             logger.warning("skipping unreadable %s record %s: %s", what, path, err)
-            continue
-        if not isinstance(record, dict) or record.get("round") != int(match.group(1)):
-            logger.warning("skipping %s record %s: not the record of its round", what, path)
-            continue
-        records.append(record)
-    return sorted(records, key=lambda r: r["round"])
+        else:
+            if not isinstance(record, dict) or record.get("round") != int(match.group(1)):
+                logger.warning("skipping %s record %s: not the record of its round", what, path)
+            else:
+                kept = record if make is None else make(record)
+                out.append(kept)
+        if cache is not None:
+            cache[path] = (key, kept)  # a skipped file is said once, not at every rewrite
+    if cache is not None:
+        for gone in [path for path in cache if path not in seen]:
+            del cache[gone]
+    return sorted(out, key=lambda r: r["round"])

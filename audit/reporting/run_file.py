@@ -28,6 +28,11 @@ logger = logging.getLogger(__name__)
 # One writer at a time in a process (the run's thread and the report worker both rewrite run.json): an update of the
 # rounds written is never lost to a rewrite that read the file before it.
 _LOCK = threading.RLock()
+# Each account read (path -> (inode, mtime, size), the PartyRun or None if unreadable), kept for the process: a party
+# rewrites its account once a round, run.json is rewritten several times a round; an account is read once it changed.
+_ACCOUNTS: dict[Path, tuple] = {}
+# The run-level fields of each run.json this process wrote (path -> (inode, mtime, size), RunInfo).
+_WRITTEN: dict[Path, tuple] = {}
 
 
 def party_accounts(root: Path, parties: Mapping[str, Path] | None = None) -> dict[str, PartyRun]:
@@ -40,14 +45,24 @@ def party_accounts(root: Path, parties: Mapping[str, Path] | None = None) -> dic
             folders = []
         parties = {d.name: d for d in folders}
     out = {}
-    for name, folder in parties.items():
-        path = Path(folder) / ACCOUNT_FILE
-        if not path.is_file():
-            continue
-        try:
-            out[name] = PartyRun.read(path)
-        except (OSError, ValueError) as err:  # RunRecordSchemaError too: named, never read with figures missing
-            logger.warning("%s", err)
+    with _LOCK:
+        for name, folder in parties.items():
+            path = Path(folder) / ACCOUNT_FILE
+            try:
+                st = path.stat()
+            except OSError:
+                continue
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+            cached = _ACCOUNTS.get(path)
+            if cached is None or cached[0] != key:
+                try:
+                    cached = (key, PartyRun.read(path))
+                except (OSError, ValueError) as err:  # RunRecordSchemaError too: named, never read with figures missing
+                    logger.warning("%s", err)
+                    cached = (key, None)
+                _ACCOUNTS[path] = cached
+            if cached[1] is not None:
+                out[name] = cached[1]
     return out
 
 
@@ -66,14 +81,10 @@ def write_run_file(root: str | os.PathLike, *, parties: Mapping[str, Path] | Non
     written."""
     root = Path(root)
     with _LOCK:
-        earlier = None
-        try:
-            earlier = read_run_file(root)
-        except (OSError, ValueError) as err:  # another schema version (RunRecordSchemaError), or damaged
-            logger.warning("%s; written anew", err)
+        earlier = _earlier_info(root)
         accounts = party_accounts(root, parties)
         if info is None:
-            info = earlier.info if earlier is not None else RunInfo(RUNNING)
+            info = earlier if earlier is not None else RunInfo(RUNNING)
             if info.state == RUNNING and accounts and all(p.complete for p in accounts.values()):
                 info = info.ended(FINISHED)
         if update is not None:
@@ -81,5 +92,35 @@ def write_run_file(root: str | os.PathLike, *, parties: Mapping[str, Path] | Non
         record = RunRecord(parties=accounts, **{**vars(info.info), "settings": dict(info.settings),
                                                 "versions": dict(info.versions)})
         root.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(root / RUN_FILE, record.to_json())
+        path = atomic_write_json(root / RUN_FILE, record.to_json())
+        try:
+            _WRITTEN[path] = (_file_key(path), record.info)
+        except OSError:
+            _WRITTEN.pop(path, None)
     return record
+
+
+def _file_key(path: Path) -> tuple:
+    st = path.stat()
+    return st.st_ino, st.st_mtime_ns, st.st_size  # every write is an os.replace: a new inode
+
+
+def _earlier_info(root: Path) -> RunInfo | None:
+    """The run-level fields of root/run.json: those this process wrote last while the file is still that write
+    (another process may have rewritten it since: `python -m workspace` and the participants), else read from it."""
+    path = root / RUN_FILE
+    try:
+        key = _file_key(path)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        logger.warning("%s: %s; written anew", path, err)
+        return None
+    written = _WRITTEN.get(path)
+    if written is not None and written[0] == key:
+        return written[1]
+    try:
+        return RunRecord.read(path).info
+    except (OSError, ValueError) as err:  # another schema version (RunRecordSchemaError), or damaged
+        logger.warning("%s; written anew", err)
+        return None
