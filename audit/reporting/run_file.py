@@ -3,9 +3,11 @@ account (`<party>/account.json`, audit.party_account), and written atomically.
 
 It is rewritten with the run index (audit.reporting.html.write_index), so every round's end updates it; the run's
 driver (the demo, an in-process run, `python -m workspace`) writes it at the start, as rounds end and at the end
-with the run's state, planned rounds, rounds written, why it stopped, settings and versions (audit.run_record.RunInfo), which the
-writes in between keep. Where no driver writes (a plain `fx` deployment: each participant's report folder), the
-state is read off the parties' accounts: finished once every party audited the final model, running before.
+with the run's state, planned rounds, rounds written, why it stopped, settings and versions
+(audit.run_record.RunInfo), which the writes in between keep. Where no driver writes (a plain `fx` deployment: each
+participant's report folder), the state is read off the parties' accounts: finished once every party audited the
+final model, running before. A rewrite reads an account only once it changed, and run.json itself only when another
+process wrote it last.
 """
 
 from __future__ import annotations
