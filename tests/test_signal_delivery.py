@@ -32,8 +32,8 @@ def _child(tmp_path: Path, body: str, modules: dict[str, str] | None = None) -> 
 
 
 def test_an_import_in_another_thread_does_not_hold_the_signal_back(tmp_path):
-    """The report worker importing (here: an import that waits until the main thread is interrupted) does not delay
-    the main thread's Interrupted: raising there is safe, the import is in another thread."""
+    """The report worker importing (here: an import that waits until the main thread is interrupted) does not hold
+    back the main thread's Interrupted: raising there is safe, the import is in another thread, still going on."""
     proc = _child(tmp_path, """
         import os, signal, threading, time
         import gate
@@ -45,20 +45,19 @@ def test_an_import_in_another_thread_does_not_hold_the_signal_back(tmp_path):
             with DemoSignals():
                 threading.Thread(target=worker, daemon=True).start()
                 assert gate.entered.wait(10)
-                started = time.monotonic()
                 os.kill(os.getpid(), signal.SIGTERM)
                 time.sleep(5)
                 print("not interrupted within 5 s")
         except Interrupted as stop:
-            print(f"interrupted ({stop}) after {time.monotonic() - started:.2f} s")
+            importing = sys.modules["waits_in_its_import"].__spec__._initializing
+            print(f"interrupted ({stop}) while the other thread imports: {importing}")
             gate.release.set()
             sys.exit(128 + stop.signum)
         """, modules={
             "gate": "import threading\nentered, release = threading.Event(), threading.Event()\n",
             "waits_in_its_import": "import gate\ngate.entered.set()\ngate.release.wait(30)\n"})
-    assert proc.returncode == 143, (proc.returncode, proc.stdout, proc.stderr)
-    seconds = float(proc.stdout.split(" after ")[1].split()[0])
-    assert proc.stdout.startswith("interrupted (SIGTERM)") and seconds < 2.5, proc.stdout
+    assert (proc.returncode, proc.stdout) == (143, "interrupted (SIGTERM) while the other thread imports: True\n"), \
+        (proc.returncode, proc.stdout, proc.stderr)
 
 
 def test_a_signal_during_the_main_threads_import_waits_for_the_import(tmp_path):
