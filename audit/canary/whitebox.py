@@ -9,13 +9,16 @@ s / a (noise over the contribution one example can make) equals the claimed sigm
 than it tells its accountant (s < 1), or clips to more than it claims (a > 1 / sigma), shows s / a < sigma; one that
 skips clipping shows a = the canary's norm.
 
-Estimates: s from the observations where the canary was not in the step (every excluded canary, and the included
-ones' other steps), a from the difference of the means where it was and where it was not; their variances by the
-central limit theorem with the data's own moments (s's from the fourth moment: no normality assumed), and the
-interval of s / a by Fieller's method (the ratio's own interval: the delta method on log(s / a) undercovers when a is
-known to only a few percent, as with a few hundred canaries). With m canaries over T steps the counts are about m T
-and q m T / 2 (a million and a hundred thousand at m = 10,000, T = 140, q = 1/7), where these intervals are exact to
-well below their width.
+Estimates: s from the pooled spread of both groups (in a DP-SGD the canary's contribution is a constant, so
+the observations where the canary was in the step and where it was not share the noise's variance), a from the
+difference of the means. Under the observation model with Gaussian noise (what a DP-SGD that adds Gaussian noise
+releases, exactly), the two-sample t statistic t = (mean_1 - mean_0) / (s sqrt(1 / n_0 + 1 / n_1)) has the
+noncentral t distribution with n_0 + n_1 - 2 degrees of freedom and noncentrality (a / s) / sqrt(1 / n_0 + 1 / n_1):
+an exact pivot for a / s = 1 / (the effective noise multiplier), whatever the counts. The test of a claim, and each
+limit of the noise multiplier's interval, invert it at the test's own level, each tail on its own; the clipping
+bound's interval is Student's t interval of a. Exact, not asymptotic: the delta method, Fieller's method on
+moment-based variances and the normal quantile all cover less than their level when the canaries' steps are few (a
+hundred observations of the contribution), and a test shared four ways must hold its share there too.
 The epsilon the accountant gives the effective noise multiplier (at the claimed sampling rate and steps: the
 canaries are sampled at the claimed rate, so the estimate says nothing of the training's own sampling) is shown with
 the interval the noise multiplier's gives.
@@ -31,21 +34,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from scipy.stats import norm
+from scipy.optimize import brentq
+from scipy.stats import nct
+from scipy.stats import t as student_t
 
 __all__ = ["StepStatistics", "Estimate", "estimate"]
 
 
 @dataclass(frozen=True)
 class StepStatistics:
-    """Sums of the per-step observations (units of the claimed sigma C): `noise_*` where the canary was not in the
-    step (powers 1 to 4), `signal_*` where it was (powers 1 and 2)."""
+    """Sums of the per-step observations (units of the claimed sigma C) and of their squares: `noise_*` where the
+    canary was not in the step, `signal_*` where it was."""
 
     noise_count: int = 0
     noise_sum: float = 0.0
     noise_sum2: float = 0.0
-    noise_sum3: float = 0.0
-    noise_sum4: float = 0.0
     signal_count: int = 0
     signal_sum: float = 0.0
     signal_sum2: float = 0.0
@@ -66,7 +69,7 @@ class Estimate:
     noise_interval: tuple[float, float]
     clipping_bound: float            # a sigma C: the claimed C when the training clips as claimed
     clipping_interval: tuple[float, float]
-    noise_std: float                 # s: 1 when the training adds the claimed noise (units of sigma C)
+    noise_std: float                 # s (pooled): 1 when the training adds the claimed noise (units of sigma C)
     noise_mean_z: float              # the noise's mean along the canaries over its standard error: about N(0, 1)
     epsilon: float                   # the accountant's epsilon of the effective noise multiplier
     epsilon_interval: tuple[float, float]
@@ -103,47 +106,65 @@ def estimate(stats: StepStatistics, *, noise_multiplier: float, max_grad_norm: f
     n0, n1 = stats.noise_count, stats.signal_count
     if n0 < 2 or n1 < 2:
         return None
-    mean0 = stats.noise_sum / n0
-    var0 = max(stats.noise_sum2 / n0 - mean0 ** 2, 0.0) * n0 / (n0 - 1)
-    # central moments of the noise observations: the variance estimate's own variance needs the fourth
-    m2 = stats.noise_sum2 / n0 - mean0 ** 2
-    m3 = stats.noise_sum3 / n0 - 3 * mean0 * stats.noise_sum2 / n0 + 2 * mean0 ** 3
-    m4 = (stats.noise_sum4 / n0 - 4 * mean0 * stats.noise_sum3 / n0 + 6 * mean0 ** 2 * stats.noise_sum2 / n0
-          - 3 * mean0 ** 4)
-    mean1 = stats.signal_sum / n1
-    var1 = max(stats.signal_sum2 / n1 - mean1 ** 2, 0.0) * n1 / (n1 - 1)
-    s = math.sqrt(var0)
+    mean0, mean1 = stats.noise_sum / n0, stats.signal_sum / n1
+    squares0 = max(stats.noise_sum2 - n0 * mean0 ** 2, 0.0)
+    squares1 = max(stats.signal_sum2 - n1 * mean1 ** 2, 0.0)
+    df = n0 + n1 - 2
+    s = math.sqrt((squares0 + squares1) / df)
     a = mean1 - mean0
-    var_a = var1 / n1 + var0 / n0
-    var_s = max(m4 - m2 ** 2, 0.0) / (4 * m2 * n0) if m2 > 0 else math.inf  # the delta method on sqrt(s^2)
-    cov_sa = -m3 / (2 * s * n0) if s > 0 else 0.0  # a holds -mean0, which covaries with s through the third moment
-    z = float(norm.isf(alpha))
+    k = math.sqrt(1 / n0 + 1 / n1)  # the difference of the means' standard deviation, in units of s
     claimed = float(noise_multiplier)
-    sigma = s / a if a > 0 else math.inf
-    interval = _fieller(s, a, var_s, var_a, cov_sa, z)
-    # The test: s - claimed a >= 0 (noise at least the claim's share of the contribution) rejected at alpha.
-    spread = math.sqrt(max(var_s + claimed ** 2 * var_a - 2 * claimed * cov_sa, 0.0))
-    rejected = bool(spread > 0 and (s - claimed * a) / spread < -z)
+    if s > 0:
+        sigma = s / a if a > 0 else math.inf
+        t = a / (s * k)
+        # the claim (a / s <= 1 / claimed, noise at least the claim's share of the contribution) rejected at alpha:
+        # the noncentral t's upper tail at the claim's noncentrality
+        rejected = bool(1 - _below(t, df, 1 / (claimed * k)) < alpha)
+        interval = _ratio_interval(t, df, k, alpha)
+    else:  # no noise at all along the canaries: any positive contribution is infinitely many noise units
+        sigma = 0.0 if a > 0 else math.inf
+        rejected = a > 0
+        interval = (sigma, sigma) if a > 0 else (0.0, math.inf)
     scale = claimed * max_grad_norm  # the observations' unit
     clip = a * scale
-    clip_half = z * math.sqrt(var_a) * scale
+    clip_half = float(student_t.isf(alpha, df)) * s * k * scale
     eps = epsilon_of(sigma, False) if math.isfinite(sigma) else 0.0
     eps_interval = (epsilon_of(interval[1], True) if math.isfinite(interval[1]) else 0.0,
                     epsilon_of(interval[0], False) if math.isfinite(interval[0]) and interval[0] > 0 else math.inf)
+    spread0 = math.sqrt(squares0 / (n0 - 1))
     return Estimate(sigma, interval, clip, (clip - clip_half, clip + clip_half), s,
-                    mean0 / math.sqrt(var0 / n0) if var0 > 0 else 0.0, eps, eps_interval, claimed, rejected,
+                    mean0 / (spread0 / math.sqrt(n0)) if spread0 > 0 else 0.0, eps, eps_interval, claimed, rejected,
                     float(alpha), (n0, n1))
 
 
-def _fieller(s: float, a: float, var_s: float, var_a: float, cov: float, z: float) -> tuple[float, float]:
-    """Fieller's interval for the ratio s / a: the r with (s - r a)^2 <= z^2 Var(s - r a), the roots of a quadratic
-    (an exact pivot for jointly normal estimates; the delta method on log(s / a) undercovers when a is known to
-    only a few percent). Unbounded above when a is not significantly positive."""
-    lead = a * a - z * z * var_a
-    half = s * a - z * z * cov
-    const = s * s - z * z * var_s
-    if lead <= 0 or a <= 0:
-        return (0.0, math.inf)
-    root = math.sqrt(max(half * half - lead * const, 0.0))
-    return (max((half - root) / lead, 0.0), (half + root) / lead)
+def _ratio_interval(t: float, df: int, k: float, alpha: float) -> tuple[float, float]:
+    """The noise multiplier's interval s / a from the noncentral t pivot: the a / s whose noncentrality
+    (a / s) / k puts the observed t at the alpha quantile (the lower limit of a / s, so the upper limit of the noise
+    multiplier) and at the 1 - alpha quantile. Unbounded above when a is not significantly positive."""
+    def noncentrality(excess) -> float:
+        # the root of excess(nc), which grows with nc: bracketed by widening around t (T's spread is about
+        # sqrt(1 + nc^2 / (2 df)), with Student's tails at few degrees of freedom)
+        width = 10 * math.sqrt(1 + t * t / (2 * df)) * float(student_t.isf(alpha, df)) + 1
+        lo, hi = t - width, t + width
+        while excess(lo) > 0:
+            lo -= width
+            width *= 2
+        while excess(hi) < 0:
+            hi += width
+            width *= 2
+        return brentq(excess, lo, hi, xtol=1e-12 * max(1.0, abs(t)), rtol=1e-12)
 
+    upper_nc = noncentrality(lambda nc: alpha - _below(t, df, nc))  # P(T <= t) = alpha: the largest a / s
+    if upper_nc <= 0:
+        return (0.0, math.inf)
+    lower_nc = noncentrality(lambda nc: 1 - _below(t, df, nc) - alpha)  # P(T >= t) = alpha: the smallest a / s
+    return (1 / (upper_nc * k), 1 / (lower_nc * k) if lower_nc > 0 else math.inf)
+
+
+def _below(t: float, df: int, nc: float) -> float:
+    """P(T <= t) for T noncentral t (df, nc). scipy's (Boost's) series returns NaN tens of standard deviations out in
+    a tail, where the probability is 0 or 1 to double precision: the side of t that nc is on says which."""
+    value = float(nct.cdf(t, df, nc))
+    if math.isnan(value):
+        return 0.0 if nc > t else 1.0
+    return value
