@@ -43,7 +43,7 @@ Steinke et al.'s bound, the f-DP bound, the independent-canary bound, the white-
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part ideal [--seeds 3]
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part correct [--seeds 17]
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part broken [--seeds 10]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part broken [--seeds 10] [--factors 0.5 0.8]
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part input [--seeds 3]
 
 Each writes <out>/<part>.json (as it goes; `--resume` keeps it and runs only the missing cells of correct and
@@ -600,7 +600,7 @@ def broken_part(args) -> tuple[list, str]:
     path = args.out / "broken.json"
     runs, done = _earlier(args, path, ("bug", "factor", "target", "seed"))
     name, make, members = _models()[0]  # the tabular MLP: one canary per trainable value (5,828)
-    cases = [("noise", f) for f in NOISE_FACTORS] + [("clip", 1.0)]
+    cases = [("noise", f) for f in NOISE_FACTORS if f in args.factors] + [("clip", 1.0)]
     for bug, factor in cases:
         for target in BROKEN_TARGETS:
             for seed in range(args.seeds):
@@ -678,6 +678,9 @@ def main() -> None:
     p.add_argument("--datasets", nargs="+", default=["digits", "tabular"], choices=["digits", "tabular"])
     p.add_argument("--out", type=Path, default=ROOT / "reports" / "canary_benchmark")
     p.add_argument("--part", choices=sorted(PARTS), default=None, help="one of the DP check's benchmarks (above)")
+    p.add_argument("--factors", type=float, nargs="+", default=list(NOISE_FACTORS), choices=NOISE_FACTORS,
+                   metavar="F", help=f"--part broken: the noise fractions to run (of {NOISE_FACTORS}; clipping at 2x "
+                   "always runs)")
     p.add_argument("--resume", action="store_true",
                    help="--part correct or broken: keep the runs in <out>/<part>.json, run only the missing ones")
     args = p.parse_args()
