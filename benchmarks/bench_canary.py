@@ -40,11 +40,14 @@ Steinke et al.'s bound, the f-DP bound, the independent-canary bound, the white-
              bound with the claimed bound's noise: how often the check withholds them
     input    the canary step without DP (input canaries, Steinke et al.'s and the f-DP bound) against the best
              attack-based bound of the same round
+    coverage the white-box estimate's interval on simulated correct DP-SGD (sigma 0.3 to 13, the check's counts and
+             few observations): each limit's miss rate on its own side, `--seeds` runs per row
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part ideal [--seeds 3]
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part correct [--seeds 17]
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part broken [--seeds 10] [--factors 0.5 0.8]
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part input [--seeds 3]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part coverage [--seeds 3000]
 
 Each writes <out>/<part>.json (as it goes; `--resume` keeps it and runs only the missing cells of correct and
 broken) and <out>/<part>.md.
@@ -654,6 +657,54 @@ def input_part(args) -> tuple[list, str]:
     return runs, "\n".join(lines) + "\n"
 
 
+COVERAGE_SIGMAS = (0.3, 0.5, 0.9085, 1.355, 2.195, 3.838, 7.031, 13.125)  # the correct part's, and 0.3 and 0.5
+
+
+def coverage_part(args) -> tuple[list, str]:
+    """The white-box estimate's interval (audit.canary.whitebox, at the check's share alpha / 4) on observations
+    y = b / sigma + z of a correct Gaussian DP-SGD: how often each limit misses the truth on its own side. The
+    statistics the estimate reads (each group's count, mean and sum of squared deviations) are drawn from their exact
+    distributions (normal means, chi-square sums of squares), at the counts of the correct part's checks (140 steps,
+    q 1/7: 5,764 and 10,000 canaries) and at few observations of the contribution (few canaries, few steps)."""
+    from audit import StepStatistics, whitebox_estimate
+
+    q, steps = 1 / 7, 140
+    cells = [(f"{m:,} canaries, 140 steps", m * steps - round(m / 2 * q * steps), round(m / 2 * q * steps))
+             for m in (5764, 10_000)] + [("few steps and canaries", 200, 5), ("few steps and canaries", 130, 20),
+                                          ("few steps and canaries", 1300, 100)]
+    runs, lines = [], []
+    for label, n0, n1 in cells:
+        for sigma in COVERAGE_SIGMAS:
+            rng = np.random.default_rng([n0, n1, round(sigma * 1000)])
+            misses = np.zeros(5, dtype=int)
+            for _ in range(args.seeds):
+                mean0 = rng.standard_normal() / math.sqrt(n0)
+                mean1 = 1 / sigma + rng.standard_normal() / math.sqrt(n1)
+                stats = StepStatistics(n0, n0 * mean0, rng.chisquare(n0 - 1) + n0 * mean0 ** 2,
+                                       n1, n1 * mean1, rng.chisquare(n1 - 1) + n1 * mean1 ** 2)
+                found = whitebox_estimate(stats, noise_multiplier=sigma, max_grad_norm=1.0,
+                                          epsilon_of=lambda v, up: 0.0, alpha=EACH)
+                lo, hi = found.noise_interval
+                misses += [found.claim_rejected, sigma > hi, sigma < lo, 1.0 > found.clipping_interval[1],
+                           1.0 < found.clipping_interval[0]]
+            row = {"cell": label, "noise_observations": n0, "signal_observations": n1, "sigma": sigma,
+                   "runs": args.seeds, "rejected": int(misses[0]), "sigma_above": int(misses[1]),
+                   "sigma_below": int(misses[2]), "clip_above": int(misses[3]), "clip_below": int(misses[4])}
+            runs.append(row)
+            print(label, sigma, misses, flush=True)
+    lines += [f"The white-box estimate's misses on correct Gaussian DP-SGD, {args.seeds} simulated runs per row, each "
+              f"limit at alpha / 4 = {EACH} (its nominal miss rate), count and [95% Clopper-Pearson interval]:", "",
+              "| observations (noise + contribution) | σ | claim rejected (σ above the upper limit) | "
+              "σ below the lower limit | clipping bound above its interval | below it |", "|---|---|---|---|---|---|"]
+    for r in runs:
+        def rate(k):
+            return (f"{k / r['runs']:.2%} [{_cp_lower(k, r['runs']):.2%}, {_cp_upper(k, r['runs']):.2%}]")
+        lines.append(f"| {r['cell']} ({r['noise_observations']:,} + {r['signal_observations']:,}) | {r['sigma']:g} | "
+                     f"{rate(r['rejected'])} | {rate(r['sigma_below'])} | {rate(r['clip_above'])} | "
+                     f"{rate(r['clip_below'])} |")
+    return runs, "\n".join(lines) + "\n"
+
+
 def _cp_upper(k: int, n: int) -> float:
     from audit import clopper_pearson
 
@@ -666,7 +717,8 @@ def _cp_lower(k: int, n: int) -> float:
     return clopper_pearson(k, n, 0.95).lower
 
 
-PARTS = {"ideal": ideal_part, "correct": correct_part, "broken": broken_part, "input": input_part}
+PARTS = {"ideal": ideal_part, "correct": correct_part, "broken": broken_part, "input": input_part,
+         "coverage": coverage_part}
 
 
 def main() -> None:
