@@ -40,6 +40,8 @@ Steinke et al.'s bound, the f-DP bound, the independent-canary bound, the white-
              bound with the claimed bound's noise: how often the check withholds them
     input    the canary step without DP (input canaries, Steinke et al.'s and the f-DP bound) against the best
              attack-based bound of the same round
+    cost     where the check's CPU goes (the training with canaries, the tests cold and warm) beside a plain DP
+             training, per model
     coverage the white-box estimate's interval on simulated correct DP-SGD (sigma 0.3 to 13, the check's counts and
              few observations): each limit's miss rate on its own side, `--seeds` runs per row
 
@@ -48,6 +50,7 @@ Steinke et al.'s bound, the f-DP bound, the independent-canary bound, the white-
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part broken [--seeds 10] [--factors 0.5 0.8]
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part input [--seeds 3]
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part coverage [--seeds 3000]
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_canary.py --part cost [--seeds 3]
 
 Each writes <out>/<part>.json (as it goes; `--resume` keeps it and runs only the missing cells of correct and
 broken) and <out>/<part>.md.
@@ -657,6 +660,66 @@ def input_part(args) -> tuple[list, str]:
     return runs, "\n".join(lines) + "\n"
 
 
+def _cost_of(index: int, seeds: int) -> list[dict]:
+    """One model's check costs (see cost_part), in a fresh interpreter: its first check meets no cached curve."""
+    import warnings
+
+    import torch
+
+    from audit import CanarySettings, DPTraining, audit_dp_training
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", message=".*Optimal order is the largest alpha.*")
+    warnings.filterwarnings("ignore", message=".*Secure RNG turned off.*")
+    name, make, members = _models()[index]
+    clock = time.process_time
+    batches = math.ceil(MEMBERS / BATCH)
+    sigma = noise_for(4.0, 1 / batches, batches * 20)
+    trainer = DPTraining(lambda m: torch.optim.Adam(m.parameters(), lr=LR), BATCH, 20, sigma, CLIP)
+    torch.manual_seed(0)
+    start = make()
+    x, y = members(0)
+    trainer(start, x, y, seed=1)  # opacus' first use in the process
+    out = []
+    for seed in range(seeds + 1):  # the first check is cold, the others warm
+        began = clock()
+        trainer(start, x, y, seed=70_000 + seed)
+        plain = clock() - began
+        began = clock()
+        check = audit_dp_training(trainer, start, (x, y), CanarySettings(), delta=DELTA, alpha=ALPHA,
+                                  seed=71_000 + seed)
+        out.append({"model": name, "seed": seed, "state": "cold" if seed == 0 else "warm",
+                    "canaries": check.details["canaries"], "plain_s": plain, "check_s": clock() - began,
+                    "training_share": check.details["training_s"] / check.details["seconds"]})
+        print(out[-1], flush=True)
+    return out
+
+
+def cost_part(args) -> tuple[list, str]:
+    """Where the DP check's CPU goes, per model at accountant's epsilon 4, in CPU-seconds (time.process_time, one
+    thread) beside a plain DP training of the same recipe: the check cold (the first of its claim in the process:
+    trade-off curves and accountant's epsilons computed) and warm (the same claim again, as in a federation's later
+    rounds: the curves cached), and the share of the check's time its training with canaries took (wall clock)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:
+        runs = [r for i in range(len(_models())) for r in pool.apply(_cost_of, (i, args.seeds))]
+    lines = ["The DP check's CPU (CPU-seconds, one thread) beside a plain DP training of the same recipe (accountant's "
+             f"epsilon 4, 140 steps, 200 members); warm: mean [min, max] over {args.seeds} checks:", "",
+             "| model | canaries | plain DP training | check, cold | check / plain, cold | check, warm | "
+             "check / plain, warm | training's share of the check, cold; warm |", "|---|---|---|---|---|---|---|---|"]
+    for name, _, _ in _models():
+        cold = [r for r in runs if r["model"] == name and r["state"] == "cold"]
+        warm = [r for r in runs if r["model"] == name and r["state"] == "warm"]
+        lines.append(f"| {name} | {cold[0]['canaries']:,} | {_cell([r['plain_s'] for r in cold + warm])} s | "
+                     f"{_cell([r['check_s'] for r in cold])} s | "
+                     f"{_cell([r['check_s'] / r['plain_s'] for r in cold], 1)}x | "
+                     f"{_cell([r['check_s'] for r in warm])} s | "
+                     f"{_cell([r['check_s'] / r['plain_s'] for r in warm], 1)}x | "
+                     f"{_cell([r['training_share'] for r in cold])}; {_cell([r['training_share'] for r in warm])} |")
+    return runs, "\n".join(lines) + "\n"
+
+
 COVERAGE_SIGMAS = (0.3, 0.5, 0.9085, 1.355, 2.195, 3.838, 7.031, 13.125)  # the correct part's, and 0.3 and 0.5
 
 
@@ -718,7 +781,7 @@ def _cp_lower(k: int, n: int) -> float:
 
 
 PARTS = {"ideal": ideal_part, "correct": correct_part, "broken": broken_part, "input": input_part,
-         "coverage": coverage_part}
+         "coverage": coverage_part, "cost": cost_part}
 
 
 def main() -> None:
