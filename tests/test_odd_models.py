@@ -337,15 +337,16 @@ def test_audit_round_on_tabular_batchnorm_dropout_model(tabular):
     assert record.metrics["fidel_revealed_fraction"] == record.metrics["fidel_revealed_fraction_ica"] == 0.0
 
 
-def assert_self_audit_leaves_models_unchanged(received, x, y):
-    """The deanonymization self-audit on `received` and a model trained from it on x[:50]: both models bit for bit
-    unchanged after it, every metric the settings declare, each finite (x needs at least 101 samples)."""
+def assert_self_audit_leaves_models_unchanged(received, x, y, members: int = 50):
+    """The deanonymization self-audit on `received` and a model trained from it on its first `members` samples of x,
+    the next `members` the prior: both models bit for bit unchanged after it, every metric the settings declare,
+    each finite (x needs at least 2 * members + 1 samples; 8 * members gives the whole crowd of 3 users)."""
     recipe = TrainingRecipe("SGD", 0.05, 0.9, epochs=1, batch_size=16)
-    trained = train_one(received, x[:50], y[:50], recipe, [torch.arange(50)])
+    trained = train_one(received, x[:members], y[:members], recipe, [torch.arange(members)])
     before = [(received, state_of(received)), (trained, state_of(trained))]
     settings = DeanonSettings(enabled=True, crowd_users=3, shadows_per_user=3)
-    result = deanon_self_audit(received, trained, (x[50:100], y[50:100]), 50, (x[100:], y[100:]), recipe,
-                               settings, federation_alpha=0.5, seed=0)
+    result = deanon_self_audit(received, trained, (x[members:2 * members], y[members:2 * members]), members,
+                               (x[2 * members:], y[2 * members:]), recipe, settings, federation_alpha=0.5, seed=0)
     for model, state in before:
         assert_unchanged(model, state)
     assert set(result.metrics) == set(settings.metric_names())
