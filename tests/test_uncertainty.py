@@ -11,6 +11,7 @@ from scipy.optimize import brentq
 from scipy.stats import binom, binomtest, ks_2samp, norm
 from sklearn.metrics import roc_auc_score
 
+from audit.membership.auc_bounds import auc_bounds
 from audit.membership.epsilon_bound import epsilon_lower_bound
 from audit.membership.uncertainty import (
     attacker_advantage,
@@ -18,6 +19,7 @@ from audit.membership.uncertainty import (
     auc_interval,
     clopper_pearson,
     delong,
+    placements,
     population_threshold,
     rates_at_threshold,
     tpr_at_population_fpr,
@@ -111,19 +113,22 @@ def test_auc_interval_covers_each_side_at_its_rate_a_little_wider_than_delongs()
     and 10,000 a class."""
     rng = np.random.default_rng(3)
     mu = math.sqrt(2) * norm.ppf(0.75)
-    below = above = 0
-    widths, wald_widths = [], []
-    for _ in range(DRAWS):
-        pos, neg = rng.normal(mu, 1, 100), rng.normal(0, 1, 400)
-        ci = auc_interval(pos, neg)
-        below += 0.75 < ci.lower
-        above += 0.75 > ci.upper
-        widths.append(ci.upper - ci.lower)
-        wald_widths.append(2 * 1.959964 * math.sqrt(delong(pos, neg)[1]))
+    draws = [(rng.normal(mu, 1, 100), rng.normal(0, 1, 400)) for _ in range(DRAWS)]
+    # Every draw's interval in one call of auc_bounds on its placements' statistics (auc_interval's own steps; a
+    # call of auc_interval costs ~4 ms, nearly all of it auc_bounds on one draw), tied to auc_interval's answer
+    # exactly on every 20th draw.
+    stats = np.array([(v10.mean(), v10.var(ddof=1), v01.var(ddof=1))
+                      for v10, v01 in (placements(p, n) for p, n in draws)])
+    lower, upper = auc_bounds(stats[:, 0], stats[:, 1], stats[:, 2], np.full(DRAWS, 100), np.full(DRAWS, 400), 0.95)
+    for i in range(0, DRAWS, 20):
+        ci = auc_interval(*draws[i])
+        assert (ci.estimate, ci.lower, ci.upper) == (stats[i, 0], lower[i], upper[i])
         assert (ci.n_pos, ci.n_neg, ci.method) == (100, 400, "lf-binomial")
+    below, above = np.sum(0.75 < lower), np.sum(0.75 > upper)
+    wald_widths = [2 * 1.959964 * math.sqrt(delong(pos, neg)[1]) for pos, neg in draws]
     allowed = 0.025 + 3 * math.sqrt(0.025 * 0.975 / DRAWS)
     assert below / DRAWS <= allowed and above / DRAWS <= allowed
-    assert 1.0 <= np.mean(widths) / np.mean(wald_widths) < 1.25
+    assert 1.0 <= np.mean(upper - lower) / np.mean(wald_widths) < 1.25
 
 
 def test_auc_interval_rejects_bad_input():
