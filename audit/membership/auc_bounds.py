@@ -81,14 +81,16 @@ def _variance(a, estimate, pos_var, neg_var, m, n):
 
 def _log_tail(a, side, estimate, pos_var, neg_var, m, n):
     """log P(a binomial proportion with n(a) = a(1 - a) / V(a) trials at `a` lies at least as far out as the
-    estimate): beyond it above `a` for side -1, below it for side +1. For `a` in (0, 1)."""
+    estimate): beyond it above `a` for side -1, below it for side +1 (`side`: -1, +1, or an array of them). For `a`
+    in (0, 1)."""
     trials = a * (1 - a) / _variance(a, estimate, pos_var, neg_var, m, n)
     hits = trials * estimate
+    low = np.asarray(side) < 0
     with np.errstate(invalid="ignore", divide="ignore"):
-        if side < 0:   # P(X >= hits) = I_a(hits, trials - hits + 1)
-            tail = betainc(np.maximum(hits, 1e-300), trials - hits + 1, a)
-        else:          # P(X <= hits) = 1 - I_a(hits + 1, trials - hits)
-            tail = betainc(np.maximum(trials - hits, 1e-300), hits + 1, 1 - a)
+        # side -1: P(X >= hits) = I_a(hits, trials - hits + 1); side +1: P(X <= hits) = 1 - I_a(hits + 1, trials -
+        # hits) = I_(1-a)(trials - hits, hits + 1)
+        tail = betainc(np.where(low, np.maximum(hits, 1e-300), np.maximum(trials - hits, 1e-300)),
+                       np.where(low, trials - hits + 1, hits + 1), np.where(low, a, 1 - a))
         return np.log(np.maximum(tail, 1e-300))
 
 
@@ -100,10 +102,12 @@ def _rejected(a, side, estimate, pos_var, neg_var, m, n, alpha):
 
 
 def _bound(side, estimate, pos_var, neg_var, m, n, alpha):
-    """The outermost accepted candidate on one side: a grid scanned from the far end (0 or 1) towards the estimate
-    finds the first accepted point, and scipy's bracketing root finder (Chandrupatla) the crossing between it and the
-    rejected point before it."""
-    far = np.zeros_like(estimate) if side < 0 else np.ones_like(estimate)
+    """The outermost accepted candidate on side `side` (-1: lower, +1: upper; an array of them bounds each element
+    on its own side, so that both sides share one scan and one root finding): a grid scanned from the far end (0 or
+    1) towards the estimate finds the first accepted point, and scipy's bracketing root finder (Chandrupatla) the
+    crossing between it and the rejected point before it."""
+    low = np.broadcast_to(np.asarray(side) < 0, estimate.shape)
+    far = np.where(low, 0.0, 1.0)
     span = estimate - far
     data = (estimate, pos_var, neg_var, m, n)
     rejected, accepted = far.copy(), estimate.copy()  # the estimate itself is always accepted
@@ -118,16 +122,16 @@ def _bound(side, estimate, pos_var, neg_var, m, n, alpha):
     if not refine.any():
         return accepted
     # the crossing lies strictly inside (0, 1): nudge a far-end bracket point inwards for the log tail
-    lo, hi = (rejected, accepted) if side < 0 else (accepted, rejected)
-    lo, hi = lo[refine], hi[refine]
+    lo, hi = np.where(low, rejected, accepted)[refine], np.where(low, accepted, rejected)[refine]
     inset = np.minimum(1e-12, (hi - lo) / 4)
     lo_in, hi_in = np.maximum(lo, inset), np.minimum(hi, 1 - inset)
-    args = tuple(np.broadcast_to(d, estimate.shape)[refine] for d in data)
+    sides = np.where(low, -1.0, 1.0)[refine]
+    args = (sides, *(np.broadcast_to(d, estimate.shape)[refine] for d in data))
     log_alpha = np.log(alpha)
-    found_root = elementwise.find_root(lambda a, *d: _log_tail(a, side, *d) - log_alpha, (lo_in, hi_in), args=args,
+    found_root = elementwise.find_root(lambda a, s, *d: _log_tail(a, s, *d) - log_alpha, (lo_in, hi_in), args=args,
                                        tolerances={"xatol": _TOLERANCE, "xrtol": 0.0})
     # where the root finder fails, the bracket's rejected end: wider, never narrower
-    root = np.where(np.isfinite(found_root.x), found_root.x, np.where(side < 0, lo_in, hi_in))
+    root = np.where(np.isfinite(found_root.x), found_root.x, np.where(sides < 0, lo_in, hi_in))
     out = accepted.copy()
     out[refine] = root
     return out
@@ -144,6 +148,7 @@ def auc_bounds(estimate, pos_var, neg_var, n_pos, n_neg, confidence: float = 0.9
     if not 0 < confidence < 1:
         raise ValueError(f"auc_bounds: confidence {confidence!r} must be in (0, 1)")
     alpha = (1 - confidence) / 2
-    lower = _bound(-1, estimate, pos_var, neg_var, m, n, alpha)
-    upper = _bound(+1, estimate, pos_var, neg_var, m, n, alpha)
-    return lower, upper
+    # both sides in one pass (scipy's root finder costs most per call, not per element): the lower bounds first
+    both = _bound(np.repeat([-1.0, 1.0], estimate.size),
+                  *(np.tile(v.ravel(), 2) for v in (estimate, pos_var, neg_var, m, n)), alpha)
+    return both[:estimate.size].reshape(estimate.shape), both[estimate.size:].reshape(estimate.shape)
