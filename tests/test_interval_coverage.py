@@ -26,7 +26,7 @@ from scipy.stats import binom, norm
 from audit.membership.auc_bounds import METHOD, _rejected, auc_bounds
 from audit.membership.attack_uncertainty import attack_uncertainty
 from audit.membership.epsilon_bound import epsilon_lower_bound
-from audit.membership.uncertainty import attacker_advantage, auc_interval, clopper_pearson
+from audit.membership.uncertainty import attacker_advantage, auc_interval, clopper_pearson, placements
 from tests.score_families import FAMILIES, binned_statistics, exact_auc, level_statistics, rounded_loss
 
 AUCS = (0.5, 0.75, 0.9, 0.95, 0.99, 0.995)
@@ -167,6 +167,23 @@ def test_each_bound_is_the_outermost_candidate_the_test_accepts():
         assert upper[i] - 1 / 4000 < accepted_above.max() <= upper[i]
         assert accepted_below.size == ((below >= lower[i]) & (below <= estimate[i])).sum()
         assert accepted_above.size == ((above <= upper[i]) & (above >= estimate[i])).sum()
+
+
+def test_each_elements_bounds_are_its_own_alone_or_in_an_array():
+    """auc_bounds finds both sides of every element in one root finding: each element's bounds are the same, bit
+    for bit, as when it is bounded alone (at the boundaries too: all tied, perfect separation, one class one value)."""
+    rng = np.random.default_rng(11)
+    samples = [(rng.normal(mu, 1, m), rng.normal(0, 1, n)) for mu, m, n in
+               [(0, 20, 20), (0.7, 100, 400), (2, 20, 400), (4, 400, 20), (1, 90, 404)]]
+    samples += [(np.zeros(20), np.zeros(20)), (np.ones(20), np.zeros(30)), (rng.normal(size=25), np.zeros(40))]
+    rows = []
+    for pos, neg in samples:
+        v10, v01 = placements(pos, neg)
+        rows.append((v10.mean(), v10.var(ddof=1), v01.var(ddof=1), pos.size, neg.size))
+    lower, upper = auc_bounds(*np.array(rows).T, CONFIDENCE)
+    for row, low, high in zip(rows, lower, upper):
+        alone = auc_bounds(*row, CONFIDENCE)
+        assert np.shape(alone[0]) == () and (float(alone[0]), float(alone[1])) == (low, high), row
 
 
 # ------------------------------------------------------------------------------------------ degenerate samples
