@@ -132,11 +132,11 @@ def test_gradient_norms_match_per_sample_autograd(name, layer):
     parameter of a net with squeeze-excitation and hardswish) against autograd, sample by sample. In float64, where
     the two paths differ by rounding alone (tests/rounding.py; in float32 by up to 4e-5 through resnet18)."""
     net = model(name).double()
-    x, y = (torch.as_tensor(a) for a in images(6))
+    x, y = (torch.as_tensor(a) for a in images(3))
     x = x.double()
     names = gradient_parameter_names(net, layer)
     before = state_of(net)
-    norms, _ = gradient_norms(net, x, y, names, batch_size=4)
+    norms, _ = gradient_norms(net, x, y, names, batch_size=2)  # a full batch and a partial one
     assert_unchanged(net, before)
     assert_same_float64(norms, autograd_norms(net, x, y, names))
     assert norms.min() > 0
