@@ -1,4 +1,4 @@
-"""How a run stands: the states run.json (audit.run_record.RunRecord.state) records and the run index shows, and the
+"""How a run stands: the states run.json (audit.run_record.RunInfo.state) records and the run index shows, and the
 one sentence that says them.
 
 running: the run is under way (run.json is rewritten as each round ends); finished: every round and every party's
