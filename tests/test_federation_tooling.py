@@ -526,13 +526,15 @@ def test_a_folder_with_an_earlier_runs_state_is_not_started(tmp_path):
 CHATTY = "import time\nfor i in range(200):\n    print('working', i, flush=True); time.sleep(0.05)"  # logs for 10 s
 STOPS = "import os, signal, time; print('up', flush=True); time.sleep(0.3); os.kill(os.getpid(), signal.SIGSTOP)"
 HANGS = "import time; time.sleep(60)"  # a deadlock: no log line, no CPU, state S
-# training: CPU, no log line. A third of a core (30 ms of work in every 90), over three times the share that counts
-# as working (workspace.progress.BUSY_CPU_SHARE), for the 4 s a full core would have spun.
+# training: CPU, no log line. 30 ms of CPU in every burst, then 60 ms asleep: a third of a core on an idle machine,
+# over three times the share that counts as working (workspace.progress.BUSY_CPU_SHARE). The burst is counted in CPU
+# time, not wall time, as a training's work is: on a loaded machine each burst takes longer but is still the same
+# work, so the share stays above the threshold where a wall-clock burst falls below it when others share the core.
 BUSY = """import time
 end = time.monotonic() + 4
 while time.monotonic() < end:
-    spin = time.monotonic() + 0.03
-    while time.monotonic() < spin:
+    spin = time.process_time() + 0.03
+    while time.process_time() < spin:
         pass
     time.sleep(0.06)"""
 SLOW_AGGREGATOR = """
