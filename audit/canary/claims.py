@@ -39,9 +39,11 @@ class Family:
     steps: int = 1            # DP_SGD: steps; GAUSSIAN: releases
     sensitivity: float = 1.0  # GAUSSIAN: in clipping bounds (dp_fedavg: 2)
 
-    def curve(self, noise: float):
+    def curve(self, noise: float, *, coarse: bool = False):
+        """`coarse`: a cheaper curve, still an upper bound but less tight (tradeoff.subsampled_gaussian), for
+        figures a looser curve may only understate (the ceilings); the Gaussian ones are exact either way."""
         if self.kind == DP_SGD:
-            return subsampled_gaussian(noise, self.sample_rate, self.steps)
+            return subsampled_gaussian(noise, self.sample_rate, self.steps, coarse=coarse)
         if self.kind == GAUSSIAN:
             return GaussianDP(self.sensitivity * math.sqrt(self.steps) / noise)
         return GaussianDP(1.0 / noise)

@@ -63,7 +63,7 @@ class FamilyBound:
     noise: float | None       # sigma*: every noise multiplier >= it is rejected (None: none is)
     epsilon: float            # family.epsilon(noise, delta): 0 when nothing is rejected
     ceiling: float            # the figure when the canaries are told apart perfectly (at least: the search stops at a
-                              # sixteenth of the claimed noise)
+                              # sixteenth of the claimed noise, on the family's coarse curves)
     claim_rejected: bool | None  # the claimed noise multiplier is rejected (None: no claim)
     alpha: float              # the whole figure's one-sided level (each grid entry's share inside)
     delta: float
@@ -80,8 +80,8 @@ def one_sided_counts(counts: CanaryCounts) -> tuple[GuessCount, ...]:
     return tuple(c for c in counts.counts if c.guess.out_guesses == 0)
 
 
-def _rejects_any(family: Family, noise: float, m: int, entries, level: float) -> bool:
-    curve = family.curve(noise)
+def _rejects_any(family: Family, noise: float, m: int, entries, level: float, coarse: bool = False) -> bool:
+    curve = family.curve(noise, coarse=coarse)
     return any(rejects(curve, m, c.guess.r, c.correct, level) for c in entries)
 
 
@@ -96,7 +96,9 @@ def fdp_bound(counts: CanaryCounts, family: Family, *, delta: float, alpha: floa
     scale = claimed_noise or 1.0
     noise = least_rejected_noise(lambda s: _rejects_any(family, s, counts.m, entries, level), scale)
     perfect = tuple(GuessCount(c.guess, c.guess.r) for c in entries)
-    best = least_rejected_noise(lambda s: _rejects_any(family, s, counts.m, perfect, level), scale,
+    # The ceiling on coarse curves: a looser curve is rejected at no lower noise than the fine one (the recursion
+    # grows with f_inv, which a looser curve lowers), so the ceiling is understated, never overstated.
+    best = least_rejected_noise(lambda s: _rejects_any(family, s, counts.m, perfect, level, coarse=True), scale,
                                 CEILING_TOLERANCE, CEILING_LOWEST)
     claim = None if claimed_noise is None else _rejects_any(family, claimed_noise, counts.m, entries, level)
     return FamilyBound("f-DP one run", family, noise, family.epsilon(noise, delta), family.epsilon(best, delta),
