@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest, norm
 
-from audit.canary.claims import dp_sgd_family, gdp_family, least_rejected_noise
+from audit.canary.claims import CEILING_LOWEST, CEILING_TOLERANCE, dp_sgd_family, gdp_family, least_rejected_noise
 from audit.canary.dp import dp_sgd_tests
-from audit.canary.fdp import fdp_bound, rejects
+from audit.canary.fdp import fdp_bound, one_sided_counts, rejects
 from audit.canary.gradients import DEFAULT_COUNT, ROW_BUDGET_BYTES, resolve_count
 from audit.canary.independent import FPR_TARGETS, ThresholdCounts, independent_bound, threshold_counts
 from audit.canary.one_run import CanaryCounts, Guess, GuessCount, counts_from_scores, epsilon_lower_bound
@@ -71,6 +71,63 @@ def test_a_curve_thinned_for_the_cache_still_bounds_every_point_of_the_full_one(
     assert len(kept) < 25_000 and kept[0] == 0 and kept[-1] == len(fpr) - 1
     coarse = np.interp(fpr, fpr[kept], lifted)
     assert np.all(coarse >= tpr - 1e-15) and np.max(coarse - tpr) < 1e-4
+
+
+@pytest.mark.parametrize("sigma, q, steps", [(1.0, 0.1, 30), (0.3, 0.2, 10), (4.0, 0.05, 60), (0.01, 0.16, 20)])
+def test_a_coarse_curve_is_looser_than_the_fine_one_everywhere(sigma, q, steps):
+    """The ceilings' coarse curves must only understate a ceiling: at every false-positive rate their ceiling of the
+    true-positive rate is at least the fine curve's, and their inverse at most the fine one's."""
+    fine, coarse = subsampled_gaussian(sigma, q, steps), subsampled_gaussian(sigma, q, steps, coarse=True)
+    assert coarse.tpr_margin >= fine.tpr_margin and coarse.fpr_margin >= fine.fpr_margin
+    for a in np.concatenate([[0.0], np.geomspace(1e-9, 1.0, 60)]):
+        assert coarse.tpr(float(a)) >= fine.tpr(float(a))
+    for t in np.concatenate([np.geomspace(1e-9, 1.0, 60), [0.5, 0.9, 0.999]]):
+        assert coarse.fpr_for(float(t)) <= fine.fpr_for(float(t))
+
+
+def _fine_ceilings(counts: CanaryCounts, thresholds: ThresholdCounts, family, claimed: float, alpha: float):
+    """The two ceilings' noise on the fine curves: the searches of fdp_bound and independent_bound with the main
+    search's curves."""
+    entries = one_sided_counts(counts)
+    level = alpha / len(entries)
+    perfect = [GuessCount(c.guess, c.guess.r) for c in entries]
+    fdp = least_rejected_noise(lambda s: any(rejects(family.curve(s), counts.m, c.guess.r, c.correct, level)
+                                             for c in perfect), claimed, CEILING_TOLERANCE, CEILING_LOWEST)
+    best = ThresholdCounts(thresholds.thresholds, thresholds.included, thresholds.excluded,
+                           (thresholds.included,) * len(thresholds.thresholds), (0,) * len(thresholds.thresholds))
+    independent = least_rejected_noise(lambda s: best.rejects(family.curve(s), alpha), claimed, CEILING_TOLERANCE,
+                                       CEILING_LOWEST)
+    return fdp, independent
+
+
+def _ceilings_match(q, steps, sigma, m):
+    """The ceilings the bounds report (coarse curves) against the fine curves' on the same counts: never above, and
+    at most one step of the ceiling search's grid (its stated precision, CEILING_TOLERANCE in noise) below."""
+    family = dp_sgd_family(q, steps)
+    included = np.random.default_rng(m).random(m) < 0.5
+    scores = np.random.default_rng([m, 1]).standard_normal(m) + 2.0 * included
+    counts = counts_from_scores(scores, included)
+    thresholds = threshold_counts(scores, included, (0.5, 1.0, 2.0))
+    bounds = (fdp_bound(counts, family, delta=DELTA, alpha=ALPHA / 4, claimed_noise=sigma),
+              independent_bound(thresholds, family, delta=DELTA, alpha=ALPHA / 4, claimed_noise=sigma))
+    for bound, fine in zip(bounds, _fine_ceilings(counts, thresholds, family, sigma, ALPHA / 4)):
+        assert bound.ceiling <= family.epsilon(fine, DELTA)
+        # one grid step up, a hair further: the product rounds otherwise than the search's scale x exp(j ratio)
+        assert bound.ceiling >= family.epsilon(None if fine is None else fine * (1 + CEILING_TOLERANCE) * (1 + 1e-12),
+                                               DELTA)
+
+
+@pytest.mark.parametrize("q, steps, sigma, m", [(0.16, 5, 0.01, 200), (0.3, 10, 3.0, 5000)])
+def test_ceilings_on_coarse_curves_are_the_fine_curves_ceilings_or_below(q, steps, sigma, m):
+    _ceilings_match(q, steps, sigma, m)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("q, steps, sigma, m", [(0.1, 30, 1.0, 1000), (1 / 7, 140, 1.4, 5764), (1 / 7, 140, 0.6, 10000),
+                                                 (0.05, 60, 0.8, 1000), (0.02, 400, 1.0, 2000),
+                                                 (0.16, 280, 0.01, 200)])
+def test_ceilings_on_coarse_curves_match_at_the_checks_sizes(q, steps, sigma, m):
+    _ceilings_match(q, steps, sigma, m)
 
 
 def test_the_curve_and_its_inverse_agree_and_grow_with_less_noise():
