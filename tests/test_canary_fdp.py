@@ -101,8 +101,9 @@ def _fine_ceilings(counts: CanaryCounts, thresholds: ThresholdCounts, family, cl
 
 
 def _ceilings_match(q, steps, sigma, m):
-    """The ceilings the bounds report (coarse curves) against the fine curves' on the same counts: never above, and
-    at most one step of the ceiling search's grid (its stated precision, CEILING_TOLERANCE in noise) below."""
+    """The bounds (their search helped by the coarse curves) are the fine curves' search's, exactly; the ceilings
+    they report (coarse curves) against the fine curves' on the same counts: never above, and at most one step of the
+    ceiling search's grid (its stated precision, CEILING_TOLERANCE in noise) below."""
     family = dp_sgd_family(q, steps)
     included = np.random.default_rng(m).random(m) < 0.5
     scores = np.random.default_rng([m, 1]).standard_normal(m) + 2.0 * included
@@ -110,6 +111,13 @@ def _ceilings_match(q, steps, sigma, m):
     thresholds = threshold_counts(scores, included, (0.5, 1.0, 2.0))
     bounds = (fdp_bound(counts, family, delta=DELTA, alpha=ALPHA / 4, claimed_noise=sigma),
               independent_bound(thresholds, family, delta=DELTA, alpha=ALPHA / 4, claimed_noise=sigma))
+    # the bounds themselves: the plain search on the fine curves, with neither the coarse curves' start nor their
+    # rejections, finds the same noise
+    entries = one_sided_counts(counts)
+    level = ALPHA / 4 / len(entries)
+    assert bounds[0].noise == least_rejected_noise(
+        lambda s: any(rejects(family.curve(s), m, c.guess.r, c.correct, level) for c in entries), sigma)
+    assert bounds[1].noise == least_rejected_noise(lambda s: thresholds.rejects(family.curve(s), ALPHA / 4), sigma)
     for bound, fine in zip(bounds, _fine_ceilings(counts, thresholds, family, sigma, ALPHA / 4)):
         assert bound.ceiling <= family.epsilon(fine, DELTA)
         # one grid step up, a hair further: the product rounds otherwise than the search's scale x exp(j ratio)
@@ -118,7 +126,7 @@ def _ceilings_match(q, steps, sigma, m):
 
 
 @pytest.mark.parametrize("q, steps, sigma, m", [(0.16, 5, 0.01, 200), (0.3, 10, 3.0, 5000)])
-def test_ceilings_on_coarse_curves_are_the_fine_curves_ceilings_or_below(q, steps, sigma, m):
+def test_bounds_are_the_fine_searchs_and_ceilings_the_fine_curves_or_below(q, steps, sigma, m):
     _ceilings_match(q, steps, sigma, m)
 
 
@@ -126,7 +134,7 @@ def test_ceilings_on_coarse_curves_are_the_fine_curves_ceilings_or_below(q, step
 @pytest.mark.parametrize("q, steps, sigma, m", [(0.1, 30, 1.0, 1000), (1 / 7, 140, 1.4, 5764), (1 / 7, 140, 0.6, 10000),
                                                  (0.05, 60, 0.8, 1000), (0.02, 400, 1.0, 2000),
                                                  (0.16, 280, 0.01, 200)])
-def test_ceilings_on_coarse_curves_match_at_the_checks_sizes(q, steps, sigma, m):
+def test_bounds_and_ceilings_match_the_fine_curves_at_the_checks_sizes(q, steps, sigma, m):
     _ceilings_match(q, steps, sigma, m)
 
 

@@ -156,11 +156,16 @@ def subsampled_gaussian(noise_multiplier: float, sample_rate: float, steps: int,
     if sample_rate == 1:  # every step samples the canary: `steps` Gaussian mechanisms, sqrt(steps)/sigma-GDP
         return GaussianDP(math.sqrt(steps) / noise_multiplier)
     if not coarse:
-        return _subsampled_gaussian(float(noise_multiplier), float(sample_rate), int(steps), _BIAS, _MAX_POINTS)
+        return _fine(float(noise_multiplier), float(sample_rate), int(steps))
     return _coarse(float(noise_multiplier), float(sample_rate), int(steps))
 
 
 @lru_cache(maxsize=64)
+def _fine(sigma: float, q: float, steps: int) -> PiecewiseTradeOff:
+    return _subsampled_gaussian(sigma, q, steps, _BIAS, _MAX_POINTS)
+
+
+@lru_cache(maxsize=128)  # apart from the fine curves: a check's coarse curves do not push its fine ones out
 def _coarse(sigma: float, q: float, steps: int) -> PiecewiseTradeOff:
     """The coarse curve, looser than the fine one of the same mechanism: its grid step is 16 of the fine one's (the
     same origin, where neither window widens its grid), so its rounded-up pair is the fine pair rounded up further (a
@@ -292,7 +297,6 @@ def _margins(steps: int, beyond: float, size: int, tail_in: float, tail_out: flo
     return tail_in + infinite + rounding, tail_out + rounding
 
 
-@lru_cache(maxsize=64)
 def _subsampled_gaussian(sigma: float, q: float, steps: int, bias: float, max_points: int) -> PiecewiseTradeOff:
     lo, h, p_in, p_out, beyond, start, size, tail_in, tail_out = _window(sigma, q, steps, bias, max_points)
     composed = []
