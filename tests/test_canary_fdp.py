@@ -101,7 +101,7 @@ def _fine_ceilings(counts: CanaryCounts, thresholds: ThresholdCounts, family, cl
 
 
 def _ceilings_match(q, steps, sigma, m):
-    """The bounds (their search helped by the coarse curves) are the fine curves' search's, exactly; the ceilings
+    """The bounds (their search helped by the coarse curves' rejections) are the fine curves' search's, exactly; the ceilings
     they report (coarse curves) against the fine curves' on the same counts: never above, and at most one step of the
     ceiling search's grid (its stated precision, CEILING_TOLERANCE in noise) below."""
     family = dp_sgd_family(q, steps)
@@ -111,8 +111,8 @@ def _ceilings_match(q, steps, sigma, m):
     thresholds = threshold_counts(scores, included, (0.5, 1.0, 2.0))
     bounds = (fdp_bound(counts, family, delta=DELTA, alpha=ALPHA / 4, claimed_noise=sigma),
               independent_bound(thresholds, family, delta=DELTA, alpha=ALPHA / 4, claimed_noise=sigma))
-    # the bounds themselves: the plain search on the fine curves, with neither the coarse curves' start nor their
-    # rejections, finds the same noise
+    # the bounds themselves: the plain search on the fine curves, without the coarse curves' rejections, finds the
+    # same noise
     entries = one_sided_counts(counts)
     level = ALPHA / 4 / len(entries)
     assert bounds[0].noise == least_rejected_noise(

@@ -91,30 +91,22 @@ def on_grid(noise: float, scale: float, *, up: bool = False) -> float:
 
 
 def least_rejected_noise(rejects: Callable[[float], bool], scale: float = 1.0,
-                         tolerance: float = _TOLERANCE, lowest: float = _LOWEST,
-                         hint: float | None = None) -> float | None:
+                         tolerance: float = _TOLERANCE, lowest: float = _LOWEST) -> float | None:
     """The least noise multiplier a monotone test rejects (every larger one rejected too), to a relative
     `tolerance`, the returned value itself rejected. The candidates are scale x (1 + tolerance)^j (a grid anchored at
     the claim, so that audits of the same claim meet the same curves and epsilons in the caches), searched from j = 0
     outwards by factors of about 4 until the boundary is bracketed, then by bisection over j, within
     [lowest, _HIGHEST] x `scale`. None when not even the largest is rejected; the lowest when everything is (the
-    canaries resolve more than the search's range).
-
-    `hint`: a noise believed near the answer (a search on cheaper, looser curves): the search starts at its grid
-    point and widens by 1, 2, 4, .. grid steps. A monotone test has one boundary on the grid, so the answer is the
-    same from any start; only the number of tests changes."""
+    canaries resolve more than the search's range)."""
     ratio = math.log1p(tolerance)
     low_end, high_end = math.floor(math.log(lowest) / ratio), math.ceil(math.log(_HIGHEST) / ratio)
-    if hint is None or not (math.isfinite(hint) and hint > 0):
-        start, stride, growth = 0, max(1, round(math.log(4.0) / ratio)), 1
-    else:
-        start, stride, growth = min(max(round(math.log(hint / scale) / ratio), low_end + 1), high_end - 1), 1, 2
+    stride = max(1, round(math.log(4.0) / ratio))
 
     def test(j: int) -> bool:
         return rejects(scale * math.exp(j * ratio))
 
-    if test(start):
-        hi = start
+    if test(0):
+        hi = 0
         while True:
             if hi - stride <= low_end:
                 if test(low_end):
@@ -125,9 +117,8 @@ def least_rejected_noise(rejects: Callable[[float], bool], scale: float = 1.0,
                 lo = hi - stride
                 break
             hi -= stride
-            stride *= growth
     else:
-        lo = start
+        lo = 0
         while True:
             if lo + stride >= high_end:
                 if not test(high_end):
@@ -138,7 +129,6 @@ def least_rejected_noise(rejects: Callable[[float], bool], scale: float = 1.0,
                 hi = lo + stride
                 break
             lo += stride
-            stride *= growth
     while hi - lo > 1:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if test(mid) else (mid, hi)

@@ -94,14 +94,10 @@ def fdp_bound(counts: CanaryCounts, family: Family, *, delta: float, alpha: floa
         raise ValueError("f-DP bound: the counts hold no one-sided (\"in\" only) guess count")
     level = alpha / len(entries)
     scale = claimed_noise or 1.0
-    # The search on the fine curves starts where the same search on the coarse ones ended, and a noise whose coarse
-    # curve is rejected needs no fine one: a looser curve rejected means the fine one is (the recursion grows with
-    # f_inv), so the answer is the fine search's, from fewer fine curves.
-    def coarse(s):
-        return _rejects_any(family, s, counts.m, entries, level, coarse=True)
-
-    noise = least_rejected_noise(lambda s: coarse(s) or _rejects_any(family, s, counts.m, entries, level), scale,
-                                 hint=least_rejected_noise(coarse, scale))
+    # A noise whose coarse curve is rejected needs no fine one: a looser curve rejected means the fine one is (the
+    # recursion grows with f_inv), so the answer is the fine curves' alone, from fewer of them.
+    noise = least_rejected_noise(lambda s: (_rejects_any(family, s, counts.m, entries, level, coarse=True)
+                                            or _rejects_any(family, s, counts.m, entries, level)), scale)
     perfect = tuple(GuessCount(c.guess, c.guess.r) for c in entries)
     # The ceiling on coarse curves: a looser curve is rejected at no lower noise than the fine one (the recursion
     # grows with f_inv, which a looser curve lowers), so the ceiling is understated, never overstated.

@@ -91,13 +91,9 @@ def independent_bound(counts: ThresholdCounts, family: Family, *, delta: float, 
     """The least noise of `family` the counts reject at alpha, its epsilon, the ceiling (every included canary above
     every threshold, no excluded one) and whether the claimed noise is rejected."""
     scale = claimed_noise or 1.0
-    # the fine search starts where the coarse one ended, and a rejected coarse curve (looser) means a rejected fine
-    # one: the fine search's answer from fewer fine curves
-    def coarse(s):
-        return counts.rejects(family.curve(s, coarse=True), alpha)
-
-    noise = least_rejected_noise(lambda s: coarse(s) or counts.rejects(family.curve(s), alpha), scale,
-                                 hint=least_rejected_noise(coarse, scale))
+    # a rejected coarse curve (looser) means a rejected fine one: the fine curves' answer from fewer of them
+    noise = least_rejected_noise(lambda s: (counts.rejects(family.curve(s, coarse=True), alpha)
+                                            or counts.rejects(family.curve(s), alpha)), scale)
     perfect = ThresholdCounts(counts.thresholds, counts.included, counts.excluded,
                               (counts.included,) * len(counts.thresholds), (0,) * len(counts.thresholds))
     # on coarse curves (looser, higher ceilings of the true-positive rate: rejected at no lower noise than the fine
